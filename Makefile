@@ -1,0 +1,41 @@
+# asp: `make run` (dvc repro of the whole pipeline, demo preset) and `make test` (pytest suite).
+# Both create .venv and install the project first. On a GPU machine: make install TORCH=2.14.0 EXTRAS=dev,vllm
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+TORCH ?= 2.13.0
+EXTRAS ?= dev
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(TORCH)-$(subst $(comma),_,$(EXTRAS))
+comma := ,
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export DVC_NO_ANALYTICS := 1
+
+.PHONY: install run test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==$(TORCH)
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+run: install
+	asp repro
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check src tests stages benchmarks scripts flows
+	$(VENV)/bin/ruff format --check src tests stages benchmarks scripts flows
+
+bench: install
+	$(PY) benchmarks/bench_schedule.py
+
+clean:
+	rm -rf outputs metrics plots mlflow.db mlartifacts .dvc/tmp .dvc/cache

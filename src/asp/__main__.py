@@ -1,0 +1,5 @@
+"""`python -m asp` is the `asp` command."""
+
+from asp.cli import main
+
+main()

@@ -1,0 +1,177 @@
+"""Typed params: pydantic v2 models of `params.yaml` (one top-level key per stage plus `common`).
+
+Every model forbids unknown keys and is frozen. `load_params(path)` reads the YAML, applies an optional
+preset overlay, validates, and turns any problem into one `UserError` that names the file, the key, the
+value and what is allowed.
+
+Run `asp params check [params.yaml]` to validate a file from the shell.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from asp.errors import UserError
+
+DEMO_DATASET = "builtin:demo-arith"
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CommonParams(_Params):
+    seed: int = Field(0, ge=0, description="Base seed; each stage derives its own from it.")
+    experiment: str = Field("asp", min_length=1, description="MLflow experiment name.")
+    tracking_uri: str | None = Field(None, description="MLflow store; default sqlite:///mlflow.db in the repo.")
+
+
+class PrepareParams(_Params):
+    dataset: str = Field(DEMO_DATASET, description=f"'{DEMO_DATASET}' or a JSON/JSONL/Parquet file of prompts.")
+    demo_prompts: int = Field(2000, ge=1, description="Prompts generated for the built-in demo task.")
+    problem_field: str = "problem"
+    answer_field: str = "answer"
+    id_field: str | None = Field(None, description="Column holding a prompt id; None numbers rows.")
+    bad_rows: Literal["error", "drop"] = "error"
+    max_prompts: int | None = Field(None, ge=1, description="Keep only the first N valid prompts.")
+    profile_prompts: int = Field(400, ge=2, description="Prompts profiled to train the predictor.")
+    heldout_prompts: int = Field(150, ge=2, description="Profiled prompts kept aside to evaluate the predictor.")
+    chat_template: bool = Field(True, description="Apply the policy tokenizer's chat template when it has one.")
+    system_prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _subsets_fit(self) -> PrepareParams:
+        if self.dataset == DEMO_DATASET:
+            total = self.demo_prompts if self.max_prompts is None else min(self.demo_prompts, self.max_prompts)
+            if self.profile_prompts + self.heldout_prompts > total:
+                raise ValueError(
+                    f"profile_prompts + heldout_prompts = {self.profile_prompts + self.heldout_prompts} exceeds "
+                    f"the dataset size {total}; lower them or raise demo_prompts"
+                )
+        return self
+
+
+class DemoPolicyParams(_Params):
+    hidden_size: int = Field(128, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(256, ge=8)
+    max_position_embeddings: int = Field(512, ge=16)
+    warm_start_steps: int = Field(300, ge=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    warm_start_problems: int = Field(4000, ge=1)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> DemoPolicyParams:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be a multiple of num_heads {self.num_heads}")
+        return self
+
+
+class PolicyEvalParams(_Params):
+    prompts: int = Field(64, ge=2)
+    samples: int = Field(2, ge=1)
+    max_new_tokens: int = Field(256, ge=1)
+    temperature: float = Field(1.0, gt=0)
+
+
+class PolicyParams(_Params):
+    source: Literal["build", "path"] = Field("build", description="build the demo policy, or record a local path")
+    path: str | None = Field(None, description="Local Hugging Face checkpoint (source: path).")
+    demo: DemoPolicyParams = DemoPolicyParams()
+    eval: PolicyEvalParams = PolicyEvalParams()
+
+    @model_validator(mode="after")
+    def _path_given(self) -> PolicyParams:
+        if self.source == "path" and not self.path:
+            raise ValueError("source is 'path' but no path is set; give the local checkpoint directory")
+        return self
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def format_validation_error(err: ValidationError, source: str, raw: dict[str, Any]) -> str:
+    """Turn a pydantic error into one readable paragraph naming key, value and what is allowed."""
+    lines = []
+    for e in err.errors():
+        key = _format_loc(e["loc"])
+        if e["type"] == "extra_forbidden":
+            parent = e["loc"][:-1]
+            allowed = _allowed_keys(parent)
+            lines.append(f"unknown key '{key}'" + (f" (allowed here: {', '.join(allowed)})" if allowed else ""))
+        elif e["type"] == "missing":
+            lines.append(f"missing key '{key}'")
+        else:
+            value = e.get("input")
+            where = f"'{key}' = {value!r}" if key else f"value {value!r}"
+            lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+    return f"{source}: invalid params: " + "; ".join(lines) + ". Fix the value in the file and run again."
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] = Params
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return sorted(model.model_fields)
+
+
+class Params(_Params):
+    """The whole params.yaml. Stage sections that later issues add join this model."""
+
+    common: CommonParams = CommonParams()
+    prepare: PrepareParams = PrepareParams()
+    policy: PolicyParams = PolicyParams()
+
+
+def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """Return `base` with `overlay` merged in recursively (overlay wins on leaves)."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with a clear error when the file is missing or malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: file not found. Run from the repository root or pass the params file path.")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({exc}). Fix the syntax and run again.") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of stage sections at the top level, got {type(data).__name__}.")
+    return data
+
+
+def validate_params(raw: dict[str, Any], source: str = "params") -> Params:
+    """Validate a raw mapping; raise `UserError` with a readable message on any problem."""
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(format_validation_error(err, source, raw)) from None
+
+
+def load_params(path: str | Path = "params.yaml", overlay: str | Path | None = None) -> Params:
+    """Load and validate `params.yaml`, optionally overlaid with a preset file."""
+    raw = read_yaml(path)
+    source = str(path)
+    if overlay is not None:
+        raw = deep_merge(raw, read_yaml(overlay))
+        source = f"{path} + {overlay}"
+    return validate_params(raw, source)

@@ -1,0 +1,1 @@
+"""asp.pipeline."""

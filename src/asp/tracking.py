@@ -1,0 +1,202 @@
+"""Experiment tracking: a `Tracker` protocol, an MLflow implementation and a no-op one.
+
+This is the only module that imports mlflow. Conventions (see shared/DESIGN.md):
+
+* store: `MLFLOW_TRACKING_URI`, else `common.tracking_uri`, else `sqlite:///mlflow.db` in the repo root,
+  with artifacts under `mlartifacts/`;
+* one parent run per pipeline execution (`asp repro` creates it and hands its id to the stage processes
+  through the `ASP_PARENT_RUN_ID` environment variable) and one nested run per stage;
+* metric names are namespaced: `prepare/prompts`, `schedule/group_load_cv`, `runtime/queue_depth`, ...
+
+Usage::
+
+    with open_tracker("prepare", experiment="asp") as tracker:
+        tracker.log_params({"prepare.b": 32})
+        tracker.log_metrics({"prepare/prompts": 2000})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+PARENT_ENV = "ASP_PARENT_RUN_ID"
+DEFAULT_URI = "sqlite:///mlflow.db"
+ARTIFACT_DIR = "mlartifacts"
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """What stages and the runtime may log. Implementations never raise on a closed store."""
+
+    run_id: str | None
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+
+    def log_figure(self, figure: Any, name: str) -> None: ...
+
+    def log_dict(self, data: Mapping[str, Any], name: str) -> None: ...
+
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+
+
+class NullTracker:
+    """A tracker that records nothing, with the same signatures (code never branches on tracking)."""
+
+    run_id: str | None = None
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        return None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        return None
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        return None
+
+    def log_figure(self, figure: Any, name: str) -> None:
+        return None
+
+    def log_dict(self, data: Mapping[str, Any], name: str) -> None:
+        return None
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        return None
+
+
+def resolve_tracking_uri(configured: str | None = None, root: str | Path = ".") -> str:
+    """The store to use: env var, then params, then the repo's SQLite file."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or configured
+    if uri:
+        return uri
+    return f"sqlite:///{(Path(root).resolve() / 'mlflow.db').as_posix()}"
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts to dotted keys: {'a': {'b': 1}} -> {'a.b': 1}."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+class MlflowTracker:
+    """Logs to one MLflow run through an explicit `MlflowClient` (no global active-run state)."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 500])
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_figure(self, figure: Any, name: str) -> None:
+        self.client.log_figure(self.run_id, figure, name)
+
+    def log_dict(self, data: Mapping[str, Any], name: str) -> None:
+        self.client.log_dict(self.run_id, dict(data), name)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+
+def _client(uri: str) -> Any:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(client: Any, name: str, root: str | Path = ".") -> str:
+    """Get or create the experiment; artifacts go to `<root>/mlartifacts/` for local SQLite stores."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if client.tracking_uri.startswith("sqlite:"):
+        location = (Path(root).resolve() / ARTIFACT_DIR).as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def start_run(
+    uri: str, experiment: str, run_name: str, parent_run_id: str | None = None, tags: Mapping[str, str] | None = None
+) -> MlflowTracker:
+    """Create a run (nested under `parent_run_id` when given) and return a tracker bound to it."""
+    client = _client(uri)
+    exp_id = ensure_experiment(client, experiment)
+    all_tags = {"mlflow.runName": run_name, **(tags or {})}
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+    return MlflowTracker(client, run.info.run_id)
+
+
+def end_run(tracker: Tracker, status: str = "FINISHED") -> None:
+    """Mark an MLflow run finished (or FAILED / KILLED); no-op for the null tracker."""
+    if isinstance(tracker, MlflowTracker):
+        tracker.client.set_terminated(tracker.run_id, status=status)
+
+
+@contextlib.contextmanager
+def open_tracker(
+    run_name: str,
+    *,
+    experiment: str = "asp",
+    tracking_uri: str | None = None,
+    enabled: bool = True,
+    tags: Mapping[str, str] | None = None,
+) -> Iterator[Tracker]:
+    """Open a stage run nested under `$ASP_PARENT_RUN_ID` when set; mark it FAILED if the block raises."""
+    if not enabled or os.environ.get("ASP_TRACKING", "1") == "0":
+        yield NullTracker()
+        return
+    tracker = start_run(resolve_tracking_uri(tracking_uri), experiment, run_name, os.environ.get(PARENT_ENV), tags)
+    try:
+        yield tracker
+    except BaseException as exc:
+        end_run(tracker, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    end_run(tracker)
+
+
+def log_text(tracker: Tracker, text: str, name: str) -> None:
+    """Log a small text file as an artifact (via a temporary file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(name).name
+        path.write_text(text)
+        parent = str(Path(name).parent)
+        tracker.log_artifact(path, None if parent == "." else parent)

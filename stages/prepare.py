@@ -1,0 +1,16 @@
+"""DVC stage `prepare`: load, check, template and split the prompts.
+
+Run: `asp stage prepare` (dvc.yaml calls this). Reads params `common.seed`, `prepare`; writes
+outputs/prompts/{train,profile,heldout}.parquet and metrics/prepare.json.
+"""
+
+from asp.pipeline import prepare
+from asp.stage import run_stage
+
+
+def main() -> None:
+    run_stage("prepare", prepare.run, prepare.Paths())
+
+
+if __name__ == "__main__":
+    main()
