@@ -1,0 +1,73 @@
+"""Generation engines behind one protocol (`Engine`), built by `make_engine`.
+
+``make_engine("hf", path, device="cpu")`` gives an `HFEngine` (transformers `generate`, CPU or GPU);
+``make_engine("vllm", path, tensor_parallel_size=1, ...)`` gives a `VLLMEngine` (needs vLLM and CUDA).
+Both read a local checkpoint directory only and return `PromptResult`s with per-sample token ids, lengths,
+finish reasons and behaviour log-probs; see `asp.rollout.base` for the types and log-prob semantics.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from asp.errors import UserError
+from asp.rollout.base import (
+    Engine,
+    FinishReason,
+    LogprobsMode,
+    MinibatchResult,
+    MinibatchTiming,
+    PromptResult,
+    Sample,
+    minibatch_timing,
+    timed_generate,
+)
+from asp.rollout.model_dir import check_model_dir, load_tokenizer
+
+ENGINE_KINDS = ("hf", "vllm")
+
+__all__ = [
+    "ENGINE_KINDS",
+    "Engine",
+    "FinishReason",
+    "LogprobsMode",
+    "MinibatchResult",
+    "MinibatchTiming",
+    "PromptResult",
+    "Sample",
+    "check_model_dir",
+    "load_tokenizer",
+    "make_engine",
+    "minibatch_timing",
+    "timed_generate",
+]
+
+
+def make_engine(kind: str, model_path: str | Path, **kwargs: Any) -> Engine:
+    """Build a generation engine.
+
+    Args:
+        kind: ``"hf"`` or ``"vllm"``.
+        model_path: local checkpoint directory (config.json, tokenizer files, *.safetensors).
+        **kwargs: engine options: `HFEngine` (device, dtype, logprobs_mode, attn_implementation) or
+            `VLLMEngine` (tensor_parallel_size, gpu_memory_utilization, dtype, max_model_len, seed,
+            logprobs_mode, enforce_eager).
+
+    Raises:
+        UserError: unknown kind, a missing or incomplete model directory, vLLM not installed, or an
+            option the engine does not take.
+    """
+    if kind not in ENGINE_KINDS:
+        raise UserError(f"unknown generation engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}.")
+    path = check_model_dir(model_path)
+    if kind == "hf":
+        from asp.rollout.hf import HFEngine as cls
+    else:
+        from asp.rollout.vllm import VLLMEngine as cls
+    allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "model_path")]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise UserError(f"engine {kind!r} does not take option(s) {unknown}; it takes {allowed}.")
+    return cls(path, **kwargs)

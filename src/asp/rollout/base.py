@@ -1,0 +1,194 @@
+"""Typed results and the `Engine` protocol shared by every generation engine (hf, vllm).
+
+One `Engine.generate` call decodes one minibatch: a list of already chat-templated prompt strings, each
+sampled `n` times. Results come back as one `PromptResult` per prompt (same order as the input), each
+holding `n` `Sample`s with token ids, response length, finish reason and per-token behaviour log-probs.
+`timed_generate` wraps a call and returns a `MinibatchResult` whose `MinibatchTiming` is what the
+`profile` stage records per minibatch (a later cost model fits wall time on batch size and lengths).
+
+Log-prob semantics (both engines, see `LogprobsMode`): names follow vLLM's `logprobs_mode`.
+``processed_logprobs`` (the default here) is log-softmax of the logits after temperature scaling and
+top-p filtering, i.e. the log-probability of the sampled token under the distribution it was actually
+drawn from (the behaviour policy); with ``top_p=1`` it equals ``log_softmax(logits / T)``, which is what
+TRL/verl trainers recompute. ``raw_logprobs`` (vLLM's own default) is log-softmax of the unscaled logits.
+With ``temperature=0`` (greedy) both modes give ``log_softmax(logits)``.
+
+Run the tests with ``python -m pytest tests/rollout -q``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
+LOGPROBS_MODES: tuple[str, ...] = ("processed_logprobs", "raw_logprobs")
+
+
+@dataclass(slots=True)
+class Sample:
+    """One sampled response.
+
+    Attributes:
+        token_ids: response token ids, up to and including the EOS token when one was produced; no padding.
+        text: decoded response (special tokens skipped).
+        length: number of response tokens, ``len(token_ids)``.
+        finish_reason: ``"stop"`` if an EOS token ended it, ``"length"`` if it hit ``max_new_tokens``.
+        logprobs: per-token log-probability of each sampled token (same length as `token_ids`, all <= 0),
+            in the engine's `LogprobsMode`; empty when the engine was asked for none.
+    """
+
+    token_ids: list[int]
+    text: str
+    length: int
+    finish_reason: FinishReason
+    logprobs: list[float]
+
+
+@dataclass(slots=True)
+class PromptResult:
+    """The `n` samples of one prompt.
+
+    Attributes:
+        prompt_index: position of the prompt in the minibatch passed to `Engine.generate`.
+        samples: the `n` samples, in sample order.
+        prompt_tokens: number of prompt tokens (after tokenisation, no padding).
+    """
+
+    prompt_index: int
+    samples: list[Sample]
+    prompt_tokens: int = 0
+
+    @property
+    def lengths(self) -> list[int]:
+        """Response lengths in tokens, one per sample."""
+        return [s.length for s in self.samples]
+
+
+@dataclass(slots=True)
+class MinibatchTiming:
+    """Timing of one `generate` call (one minibatch), the unit the cost model is fitted on.
+
+    Attributes:
+        wall_s: wall-clock seconds of the call.
+        num_prompts: prompts in the minibatch (batch size counted in prompts).
+        n: samples per prompt.
+        max_new_tokens: the per-sample token cap used.
+        total_tokens: generated tokens summed over all samples.
+        max_length: longest response in the minibatch (tokens); decode time grows with it.
+        prompt_tokens: prompt tokens summed over the prompts (prefill work).
+    """
+
+    wall_s: float
+    num_prompts: int
+    n: int
+    max_new_tokens: int
+    total_tokens: int
+    max_length: int
+    prompt_tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per wall-clock second (0 when no time elapsed)."""
+        return self.total_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(slots=True)
+class MinibatchResult:
+    """Results of one minibatch together with its timing."""
+
+    results: list[PromptResult]
+    timing: MinibatchTiming
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A generation engine: decodes minibatches of prompts, reloads weights in place, releases resources."""
+
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
+    ) -> list[PromptResult]:
+        """Sample `n` responses per prompt (prompts are chat-templated text); one call is one minibatch."""
+        ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load new policy weights in place (names as in the Hugging Face checkpoint)."""
+        ...
+
+    def close(self) -> None:
+        """Release the model and any device memory."""
+        ...
+
+
+def validate_sampling(n: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
+    """Check sampling arguments shared by all engines.
+
+    Raises:
+        ValueError: naming the argument and its value when it is out of range.
+    """
+    if n < 1:
+        raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def validate_logprobs_mode(mode: str) -> None:
+    """Raise ValueError unless `mode` is one of `LOGPROBS_MODES`."""
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {mode!r}")
+
+
+def minibatch_timing(results: Sequence[PromptResult], wall_s: float, n: int, max_new_tokens: int) -> MinibatchTiming:
+    """Summarise one minibatch's results into a `MinibatchTiming`.
+
+    Args:
+        results: the `PromptResult`s of one `generate` call.
+        wall_s: wall-clock seconds the call took.
+        n: samples per prompt requested.
+        max_new_tokens: token cap requested.
+    """
+    lengths = [s.length for r in results for s in r.samples]
+    return MinibatchTiming(
+        wall_s=float(wall_s),
+        num_prompts=len(results),
+        n=n,
+        max_new_tokens=max_new_tokens,
+        total_tokens=int(sum(lengths)),
+        max_length=int(max(lengths, default=0)),
+        prompt_tokens=int(sum(r.prompt_tokens for r in results)),
+    )
+
+
+def timed_generate(
+    engine: Engine,
+    prompts: list[str],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+) -> MinibatchResult:
+    """Run one `engine.generate` call and time it with `time.perf_counter`."""
+    start = time.perf_counter()
+    results = engine.generate(
+        prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
+    wall = time.perf_counter() - start
+    return MinibatchResult(results=results, timing=minibatch_timing(results, wall, n, max_new_tokens))

@@ -1,0 +1,280 @@
+"""vLLM engine: request building and output parsing as pure functions, plus a thin `VLLMEngine`.
+
+vLLM needs CUDA, so everything that can be checked without it lives in pure functions tested with
+stand-in objects (tests/rollout/test_vllm.py):
+
+* `llm_kwargs(...)` -> keyword arguments for ``vllm.LLM`` (tensor_parallel_size, gpu_memory_utilization,
+  dtype, max_model_len, seed, ``logprobs_mode``, and the worker extension used for in-place weight reload);
+* `sampling_kwargs(...)` -> keyword arguments for ``vllm.SamplingParams`` (n, max_tokens, temperature,
+  top_p, seed, logprobs);
+* `prompt_seeds(...)` -> one seed per prompt (vLLM derives sample k's seed as ``seed + k``, so prompts get
+  seeds ``seed + i * n`` and no two samples of a minibatch share a stream);
+* `token_prompts(...)` -> ``TokensPrompt`` dicts: prompts are tokenised by `asp.rollout.load_tokenizer`
+  exactly as `HFEngine` does, so both engines see identical prompt ids (and responses are decoded with
+  that tokenizer too, vLLM's own detokenisation switched off);
+* `parse_request_outputs(outputs)` -> `PromptResult`s from ``RequestOutput`` objects: ``.outputs[i]`` is a
+  ``CompletionOutput`` with ``.index``, ``.token_ids`` (the EOS token included when it stopped on EOS),
+  ``.text``, ``.finish_reason`` (``"stop"``/``"length"``/``"abort"``) and ``.logprobs`` (one mapping per
+  position, token id -> ``Logprob(logprob=...)``, holding the sampled token plus any top-k extras).
+
+Log-probs: vLLM's default ``logprobs_mode`` is ``raw_logprobs`` (before temperature / top-p); we set
+``processed_logprobs`` by default so values are behaviour log-probs and agree with `HFEngine`.
+
+Weight reload (`VLLMEngine.update_weights`) uses vLLM's documented RLHF path: ``LLM(worker_extension_cls=...)``
+adds `AspWorkerExtension.asp_load_weights` to every worker, ``LLM.collective_rpc`` calls it with
+(name, tensor) pairs, it feeds them to the model's ``load_weights`` (which handles fused QKV / tensor
+parallel sharding), and ``reset_prefix_cache`` drops KV blocks computed with the old weights. It sends
+tensors through vLLM's RPC serialisation: fine for small policies; a GPU-side or file-snapshot transport
+(paper appendix C) belongs to the async runtime. This class cannot run here (no CUDA); it is exercised
+by scripts/gpu_smoke_profile.py on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from asp.errors import UserError
+from asp.rollout.base import FinishReason, PromptResult, Sample, validate_logprobs_mode, validate_sampling
+from asp.rollout.model_dir import check_model_dir, load_tokenizer
+
+VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
+WORKER_EXTENSION = "asp.rollout.vllm.AspWorkerExtension"
+VLLM_MISSING = "vLLM is not installed; pip install 'asp[vllm]' on a CUDA machine"
+
+
+def sampling_kwargs(
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    logprobs: int | None = 0,
+    detokenize: bool = True,
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams``.
+
+    Args:
+        n: samples per prompt.
+        max_new_tokens: token cap per sample (vLLM's ``max_tokens``).
+        temperature: sampling temperature; 0 is greedy.
+        top_p: nucleus mass in (0, 1].
+        seed: per-request seed (vLLM gives sample k the seed ``seed + k``).
+        logprobs: top-k log-probs per position besides the sampled token's (0 = sampled token only,
+            None = no log-probs).
+        detokenize: let vLLM decode text (`VLLMEngine` turns it off and decodes with `load_tokenizer`'s
+            tokenizer, so both engines produce the same text).
+    """
+    validate_sampling(n, max_new_tokens, temperature, top_p)
+    if logprobs is not None and logprobs < 0:
+        raise ValueError(f"logprobs must be None or >= 0, got {logprobs}")
+    return {
+        "n": n,
+        "max_tokens": max_new_tokens,
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "seed": int(seed),
+        "logprobs": logprobs,
+        "detokenize": detokenize,
+    }
+
+
+def prompt_seeds(seed: int, num_prompts: int, n: int) -> list[int]:
+    """Per-prompt seeds ``seed + i * n``: sample k of prompt i then uses ``seed + i * n + k`` (all distinct)."""
+    return [seed + i * n for i in range(num_prompts)]
+
+
+def llm_kwargs(
+    model_path: str | Path,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    seed: int = 0,
+    logprobs_mode: str = "processed_logprobs",
+    enforce_eager: bool = False,
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM``.
+
+    Args:
+        model_path: local checkpoint directory (used for model and tokenizer).
+        tensor_parallel_size: GPUs per engine instance.
+        gpu_memory_utilization: fraction of GPU memory vLLM may reserve, in (0, 1].
+        dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``.
+        max_model_len: context length cap (prompt + response); None = the model's.
+        seed: engine seed.
+        logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (see `asp.rollout.base`).
+        enforce_eager: disable CUDA graphs (faster start, slower decode).
+    """
+    validate_logprobs_mode(logprobs_mode)
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if dtype not in VLLM_DTYPES:
+        raise ValueError(f"dtype must be one of {VLLM_DTYPES}, got {dtype!r}")
+    if max_model_len is not None and max_model_len < 1:
+        raise ValueError(f"max_model_len must be None or >= 1, got {max_model_len}")
+    kwargs: dict[str, Any] = {
+        "model": str(model_path),
+        "tokenizer": str(model_path),
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "dtype": dtype,
+        "seed": seed,
+        "logprobs_mode": logprobs_mode,
+        "enforce_eager": enforce_eager,
+        "trust_remote_code": False,
+        "worker_extension_cls": WORKER_EXTENSION,
+    }
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    return kwargs
+
+
+def token_prompts(prompt_token_ids: Sequence[Sequence[int]]) -> list[dict[str, list[int]]]:
+    """``TokensPrompt`` dicts (``{"prompt_token_ids": [...]}``) for ``LLM.generate``."""
+    return [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_token_ids]
+
+
+def _finish_reason(value: Any, where: str) -> FinishReason:
+    if value == "stop":
+        return "stop"
+    if value == "length":
+        return "length"
+    raise ValueError(f"{where}: finish_reason {value!r} is not 'stop' or 'length' (request aborted or unfinished?)")
+
+
+def _sampled_logprobs(
+    token_ids: Sequence[int], positions: Iterable[Mapping[int, Any]] | None, where: str
+) -> list[float]:
+    """Log-prob of each sampled token from vLLM's per-position mappings; [] when none were requested."""
+    if positions is None:
+        return []
+    positions = list(positions)
+    if len(positions) != len(token_ids):
+        raise ValueError(f"{where}: {len(positions)} log-prob positions for {len(token_ids)} tokens")
+    out: list[float] = []
+    for pos, (tok, entry) in enumerate(zip(token_ids, positions, strict=True)):
+        if entry is None or tok not in entry:
+            raise ValueError(f"{where}: no log-prob for sampled token {tok} at position {pos}")
+        out.append(float(entry[tok].logprob))
+    return out
+
+
+def parse_request_outputs(
+    outputs: Sequence[Any], decode: Callable[[list[int]], str] | None = None
+) -> list[PromptResult]:
+    """Convert vLLM ``RequestOutput``s (in prompt order, as ``LLM.generate`` returns them) to `PromptResult`s.
+
+    Args:
+        outputs: ``RequestOutput``-like objects.
+        decode: token ids -> text; when given it replaces ``CompletionOutput.text``.
+
+    Raises:
+        ValueError: for a finish reason other than stop/length or log-probs that do not match the tokens.
+    """
+    results = []
+    for p, req in enumerate(outputs):
+        samples = []
+        for comp in sorted(req.outputs, key=lambda c: c.index):
+            where = f"prompt {p} sample {comp.index}"
+            ids = [int(t) for t in comp.token_ids]
+            samples.append(
+                Sample(
+                    token_ids=ids,
+                    text=decode(ids) if decode is not None else comp.text,
+                    length=len(ids),
+                    finish_reason=_finish_reason(comp.finish_reason, where),
+                    logprobs=_sampled_logprobs(ids, comp.logprobs, where),
+                )
+            )
+        prompt_ids = getattr(req, "prompt_token_ids", None) or []
+        results.append(PromptResult(prompt_index=p, samples=samples, prompt_tokens=len(prompt_ids)))
+    return results
+
+
+class AspWorkerExtension:
+    """Mixed into every vLLM worker via ``worker_extension_cls``; called through ``LLM.collective_rpc``."""
+
+    def asp_load_weights(self, weights: list[tuple[str, Any]]) -> int:
+        """Load (Hugging Face name, tensor) pairs into the worker's model in place; returns the count."""
+        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+        return len(weights)
+
+
+class VLLMEngine:
+    """`asp.rollout.base.Engine` on ``vllm.LLM`` (GPU only). Arguments are those of `llm_kwargs`."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        seed: int = 0,
+        logprobs_mode: str = "processed_logprobs",
+        enforce_eager: bool = False,
+    ) -> None:
+        path = check_model_dir(model_path)
+        kwargs = llm_kwargs(
+            path,
+            tensor_parallel_size,
+            gpu_memory_utilization,
+            dtype,
+            max_model_len,
+            seed,
+            logprobs_mode,
+            enforce_eager,
+        )
+        try:
+            import vllm
+        except ImportError as err:
+            raise UserError(VLLM_MISSING) from err
+        self._vllm = vllm
+        self.tokenizer = load_tokenizer(path)
+        self.llm = vllm.LLM(**kwargs)
+
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
+    ) -> list[PromptResult]:
+        """Sample `n` responses per prompt in one ``LLM.generate`` call; see `asp.rollout.base.Engine`."""
+        validate_sampling(n, max_new_tokens, temperature, top_p)
+        if not prompts:
+            return []
+        ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        params = [
+            self._vllm.SamplingParams(**sampling_kwargs(n, max_new_tokens, temperature, top_p, s, detokenize=False))
+            for s in prompt_seeds(seed, len(prompts), n)
+        ]
+        outputs = self.llm.generate(token_prompts(ids), sampling_params=params, use_tqdm=False)
+        return parse_request_outputs(outputs, decode=self._decode)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Reload weights in place on every worker, then drop prefix-cache blocks built with the old ones."""
+        weights = [(name, t.detach().cpu()) for name, t in state_dict.items()]
+        self.llm.collective_rpc("asp_load_weights", args=(weights,))
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down and free GPU memory."""
+        import torch
+
+        self.llm = None  # type: ignore[assignment]
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

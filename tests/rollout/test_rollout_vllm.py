@@ -1,0 +1,183 @@
+"""vLLM request building and output parsing, checked with stand-ins for vLLM's output objects.
+
+vLLM cannot run without CUDA, so `FakeRequestOutput`, `StandInCompletion` and `StandInLogprob` mirror the
+fields `parse_request_outputs` reads from ``vllm.RequestOutput``, ``vllm.CompletionOutput`` and
+``vllm.logprobs.Logprob``. The real engine is exercised by scripts/gpu_smoke_profile.py on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+import pytest
+
+from asp.errors import UserError
+from asp.rollout.vllm import (
+    WORKER_EXTENSION,
+    AspWorkerExtension,
+    VLLMEngine,
+    llm_kwargs,
+    parse_request_outputs,
+    prompt_seeds,
+    sampling_kwargs,
+    token_prompts,
+)
+
+
+@dataclass
+class StandInLogprob:
+    """Stand-in for vllm.logprobs.Logprob."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class StandInCompletion:
+    """Stand-in for vllm.outputs.CompletionOutput."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[dict[int, StandInLogprob]] | None = None
+    cumulative_logprob: float | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class FakeRequestOutput:
+    """Stand-in for vllm.outputs.RequestOutput."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[StandInCompletion] = field(default_factory=list)
+    finished: bool = True
+
+
+def _lp(token: int, value: float, extra: dict[int, float] | None = None) -> dict[int, StandInLogprob]:
+    """One position's mapping: the sampled token plus optional top-k extras."""
+    out = {token: StandInLogprob(value, rank=1)}
+    out.update({t: StandInLogprob(v, rank=2) for t, v in (extra or {}).items()})
+    return out
+
+
+def test_parse_request_outputs_reads_tokens_lengths_reasons_and_sampled_logprobs():
+    outputs = [
+        FakeRequestOutput(
+            "0",
+            [10, 11, 12],
+            [  # deliberately out of index order: the parser sorts by .index
+                StandInCompletion(1, "b", [7, 8, 9], "length", [_lp(7, -0.5), _lp(8, -1.0), _lp(9, -2.0)]),
+                StandInCompletion(0, "a", [5, 2], "stop", [_lp(5, -0.25, {6: -3.0}), _lp(2, -0.125, {5: -9.0})]),
+            ],
+        ),
+        FakeRequestOutput("1", [13], [StandInCompletion(0, "", [2], "stop", [_lp(2, 0.0)])]),
+    ]
+    res = parse_request_outputs(outputs)
+    assert [r.prompt_index for r in res] == [0, 1]
+    assert [r.prompt_tokens for r in res] == [3, 1]
+    a, b = res[0].samples
+    assert (a.token_ids, a.text, a.length, a.finish_reason, a.logprobs) == ([5, 2], "a", 2, "stop", [-0.25, -0.125])
+    assert (b.token_ids, b.length, b.finish_reason, b.logprobs) == ([7, 8, 9], 3, "length", [-0.5, -1.0, -2.0])
+    assert res[1].samples[0].length == 1 and res[1].lengths == [1]
+
+
+def test_parse_with_own_decoder_replaces_vllm_text():
+    out = FakeRequestOutput("0", [1], [StandInCompletion(0, "", [4, 5], "length", None)])
+    res = parse_request_outputs([out], decode=lambda ids: "-".join(map(str, ids)))
+    assert res[0].samples[0].text == "4-5"
+
+
+def test_parse_without_logprobs_gives_empty_lists():
+    out = FakeRequestOutput("0", [1], [StandInCompletion(0, "x", [4, 5], "length", None)])
+    assert parse_request_outputs([out])[0].samples[0].logprobs == []
+
+
+@pytest.mark.parametrize(
+    ("completion", "message"),
+    [
+        (StandInCompletion(0, "", [4], "abort", [_lp(4, -1.0)]), "finish_reason 'abort'"),
+        (StandInCompletion(0, "", [4], None, [_lp(4, -1.0)]), "finish_reason None"),
+        (StandInCompletion(0, "", [4, 5], "stop", [_lp(4, -1.0)]), "1 log-prob positions for 2 tokens"),
+        (StandInCompletion(0, "", [4], "stop", [_lp(9, -1.0)]), "no log-prob for sampled token 4"),
+    ],
+)
+def test_parse_rejects_inconsistent_outputs(completion, message):
+    with pytest.raises(ValueError, match=message):
+        parse_request_outputs([FakeRequestOutput("0", [1], [completion])])
+
+
+def test_sampling_kwargs_maps_to_sampling_params_names():
+    kw = sampling_kwargs(8, 1024, 1.0, 0.95, 3)
+    assert kw == {
+        "n": 8,
+        "max_tokens": 1024,
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "seed": 3,
+        "logprobs": 0,
+        "detokenize": True,
+    }
+    assert sampling_kwargs(1, 4, 0.0, 1.0, 0, logprobs=None)["logprobs"] is None
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sampling_kwargs(8, 0, 1.0, 1.0, 0)
+    with pytest.raises(ValueError, match="logprobs"):
+        sampling_kwargs(8, 4, 1.0, 1.0, 0, logprobs=-1)
+
+
+def test_prompt_seeds_give_every_sample_its_own_stream():
+    # vLLM seeds sample k of a request with seed + k; prompt i gets seed + i*n, so all 3*4 streams differ.
+    seeds = prompt_seeds(100, 3, 4)
+    assert seeds == [100, 104, 108]
+    assert len({s + k for s in seeds for k in range(4)}) == 12
+
+
+def test_llm_kwargs_builds_engine_arguments(tmp_path):
+    kw = llm_kwargs(tmp_path, tensor_parallel_size=2, gpu_memory_utilization=0.8, dtype="bfloat16", max_model_len=4096)
+    assert kw["model"] == kw["tokenizer"] == str(tmp_path)
+    assert (kw["tensor_parallel_size"], kw["gpu_memory_utilization"], kw["dtype"]) == (2, 0.8, "bfloat16")
+    assert kw["max_model_len"] == 4096 and kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["worker_extension_cls"] == WORKER_EXTENSION and kw["trust_remote_code"] is False
+    assert "max_model_len" not in llm_kwargs(tmp_path)
+    for bad, match in [
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"logprobs_mode": "raw_logits"}, "logprobs_mode"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            llm_kwargs(tmp_path, **bad)
+
+
+def test_worker_extension_path_points_at_the_class():
+    module, name = WORKER_EXTENSION.rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name) is AspWorkerExtension
+
+
+def test_worker_extension_feeds_model_load_weights():
+    class StandInModel:
+        loaded: list = []
+
+        def load_weights(self, weights):
+            self.loaded = list(weights)
+
+    class StandInWorker(AspWorkerExtension):
+        def __init__(self):
+            self.model_runner = type("Runner", (), {"model": StandInModel()})()
+
+    worker = StandInWorker()
+    assert worker.asp_load_weights([("a", 1), ("b", 2)]) == 2
+    assert worker.model_runner.model.loaded == [("a", 1), ("b", 2)]
+
+
+def test_token_prompts():
+    assert token_prompts([[1, 2], [3]]) == [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3]}]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_engine_without_vllm_is_a_user_error(tiny_model):
+    with pytest.raises(UserError, match="vLLM is not installed"):
+        VLLMEngine(tiny_model)
