@@ -1,0 +1,231 @@
+"""`asp schedule build|ablation|sweep`: schedule a dataset or evaluate the scheduler from a lengths file.
+
+Examples:
+    asp schedule build preds.parquet --out schedule.parquet --b 32 --kappa 2 --k 6
+    asp schedule ablation lengths.csv --tau 0.64 --seeds 3
+    asp schedule sweep --synthetic 39000 --out sweep.json
+
+Mounted by asp.cli as `asp schedule`; runnable alone as `python -m asp.schedule.cli`. Bad input prints one
+message on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from asp import io
+from asp.errors import UserError
+from asp.schedule.ablation import PAPER_TAUS, ablation, perturb_predictions, sweep, synthetic_lengths
+from asp.schedule.files import read_calibration, read_lengths
+from asp.schedule.schedule import build_schedule, schedule_summary, schedule_to_frame
+
+app = typer.Typer(
+    help="Length-aware rollout scheduling (ASP steps 2-3): build schedules, run C0-C4 ablations.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+B = Annotated[int, typer.Option("--b", help="Base minibatch size (prompts).")]
+KAPPA = Annotated[int, typer.Option("--kappa", help="Extra minibatch size allowed: sizes b..b+kappa.")]
+K = Annotated[int, typer.Option("--k", help="Minibatches per batch group.")]
+ITERS = Annotated[int, typer.Option("--iterations", help="Annealing proposals.")]
+METHOD = Annotated[str, typer.Option("--method", help="Balancing: asp, paper_sa, kk, snake (build: also sorted).")]
+SEEDS = Annotated[int, typer.Option("--seeds", help="Number of seeds (0..N-1) to average over.")]
+SYNTH = Annotated[int | None, typer.Option("--synthetic", help="Use N synthetic DeepScaleR-like lengths.")]
+INPUT = Annotated[Path | None, typer.Argument(help="Parquet/CSV/JSON/JSONL with length columns.")]
+
+
+_LOCAL_FORMAT = {
+    "tau_measured": "{:.3f}".format,
+    "MAE": "{:.0f}".format,
+    **{f"D_{c}": "{:.0f}".format for c in ("C0", "C1", "C2-C4")},
+    **{f"P_{c}": "{:.3f}".format for c in ("C0", "C1", "C2-C4")},
+}
+
+
+def _user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn UserError/ValueError into one stderr line and exit code 2 (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (UserError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _true_lengths(path: Path | None, synthetic: int | None, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    if (path is None) == (synthetic is None):
+        raise UserError("give exactly one of a lengths file or --synthetic N")
+    if synthetic is not None:
+        return synthetic_lengths(synthetic, seed), {}
+    data = read_lengths(path, need_predictions=False)
+    if data["true_length"] is None:
+        raise UserError(f"{path}: needs a 'true_length' or 'length' column for this command")
+    return data["true_length"], data
+
+
+@app.command()
+@_user_errors
+def build(
+    input: Annotated[Path, typer.Argument(help="Predictions: prompt_id, predicted_length[, true_length].")],
+    out: Annotated[Path, typer.Option(help="Schedule Parquet (one row per prompt).")] = Path("schedule.parquet"),
+    summary: Annotated[Path | None, typer.Option(help="JSON summary; default: OUT with .json.")] = None,
+    b: B = 32,
+    kappa: KAPPA = 2,
+    k: K = 6,
+    iterations: ITERS = 2_000_000,
+    seed: Annotated[int, typer.Option(help="Balancing / shuffle seed.")] = 0,
+    method: METHOD = "asp",
+    loads: Annotated[
+        str | None, typer.Option(help="raw or calibrated (default: calibrated iff --calibration).")
+    ] = None,
+    calibration: Annotated[Path | None, typer.Option(help="Knots JSON {x, y} or table x,y.")] = None,
+    shuffle: Annotated[bool, typer.Option(help="Shuffle whole batch groups.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Also save the Figure-7 style plot (PNG).")] = None,
+) -> None:
+    """Build a schedule from predicted lengths and write it (Parquet + JSON summary)."""
+    data = read_lengths(input, need_predictions=True)
+    cal = read_calibration(calibration) if calibration else None
+    sched = build_schedule(
+        data["prompt_id"],
+        data["predicted_length"],
+        b=b,
+        kappa=kappa,
+        k=k,
+        iterations=iterations,
+        seed=seed,
+        method=method,
+        calibration=cal,
+        loads=loads,
+        shuffle=shuffle,
+    )
+    info = schedule_summary(sched, data["true_length"])
+    io.write_parquet(schedule_to_frame(sched), out)
+    io.write_json(info, summary or out.with_suffix(".json"))
+    if plot is not None:
+        from asp.schedule.plot import plot_schedule
+
+        with io.atomic_path(plot) as tmp:
+            plot_schedule(sched, data["true_length"]).savefig(tmp, format=plot.suffix.lstrip(".") or "png", dpi=120)
+    pm = info["predicted"]
+    typer.echo(
+        f"{sched.n_prompts} prompts -> {sched.n_minibatches} minibatches, {sched.n_groups} groups; "
+        f"predicted padding {pm['P']:.3f}, group-load CV {pm['CV']:.2e}; wrote {out}"
+    )
+    if "realized" in info:
+        rm = info["realized"]
+        typer.echo(f"realized on true lengths: D {rm['D']:.0f}, padding {rm['P']:.3f}, CV {rm['CV']:.3f}")
+
+
+@app.command("ablation")
+@_user_errors
+def ablation_cmd(
+    input: INPUT = None,
+    synthetic: SYNTH = None,
+    tau: Annotated[float | None, typer.Option(help="Simulate predictions at this Kendall tau.")] = None,
+    b: B = 32,
+    kappa: KAPPA = 2,
+    k: K = 6,
+    iterations: ITERS = 2_000_000,
+    seeds: SEEDS = 3,
+    method: METHOD = "asp",
+    loads: Annotated[str | None, typer.Option(help="raw or calibrated.")] = None,
+    calibration: Annotated[Path | None, typer.Option(help="Knots JSON {x, y} or table x,y.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the table as CSV or JSON.")] = None,
+) -> None:
+    """C0-C4 table (D, padding, group-load CV, spread) on true lengths, mean over seeds."""
+    true, data = _true_lengths(input, synthetic)
+    seed_list = list(range(seeds))
+    if tau is not None:
+        preds = np.stack([perturb_predictions(true, tau, s)[0] for s in seed_list])
+    elif data.get("predicted_length") is not None:
+        preds = data["predicted_length"]
+    else:
+        raise UserError("no predictions: give a file with 'predicted_length' or pass --tau")
+    cal = read_calibration(calibration) if calibration else None
+    table = ablation(
+        true,
+        preds,
+        b=b,
+        kappa=kappa,
+        k=k,
+        seeds=seed_list,
+        iterations=iterations,
+        method=method,
+        calibration=cal,
+        loads=loads,
+    )
+    typer.echo(
+        table.to_string(
+            formatters={"D": "{:.0f}".format, "P": "{:.3f}".format, "CV": "{:.3f}".format, "spread": "{:.3f}".format}
+        )
+    )
+    if out is not None:
+        _write_table({"ablation": table}, out)
+
+
+@app.command("sweep")
+@_user_errors
+def sweep_cmd(
+    input: INPUT = None,
+    synthetic: SYNTH = None,
+    taus: Annotated[str, typer.Option(help="Comma-separated Kendall tau targets.")] = ",".join(map(str, PAPER_TAUS)),
+    b: B = 32,
+    kappa: KAPPA = 2,
+    k: K = 6,
+    iterations: ITERS = 2_000_000,
+    seeds: SEEDS = 3,
+    method: METHOD = "asp",
+    calibration_size: Annotated[int, typer.Option(help="Profiled prompts for the isotonic fit.")] = 4000,
+    out: Annotated[Path | None, typer.Option(help="Write both tables as JSON (or two CSVs: stem_local/_cv).")] = None,
+) -> None:
+    """Controlled-tau sweep: Tables 9 (dispersion, padding) and 10 (group-load CV) of the paper."""
+    true, _ = _true_lengths(input, synthetic)
+    try:
+        tau_list = [float(t) for t in taus.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--taus {taus!r}: give comma-separated numbers in [0, 1], e.g. 1,0.75,0.5") from None
+    res = sweep(
+        true,
+        taus=tau_list,
+        b=b,
+        kappa=kappa,
+        k=k,
+        seeds=list(range(seeds)),
+        iterations=iterations,
+        method=method,
+        calibration_size=calibration_size,
+    )
+    typer.echo("Table 9 analogue: dispersion D (tokens) and mean padding rate P, on true lengths")
+    typer.echo(res.local.to_string(formatters=_LOCAL_FORMAT))
+    typer.echo("\nTable 10 analogue: batch-group load CV on true lengths (C4_cal: balanced on calibrated loads)")
+    typer.echo(res.cv.to_string(float_format=lambda v: f"{v:.3f}"))
+    if out is not None:
+        _write_table({"local": res.local, "cv": res.cv}, out)
+
+
+def _write_table(tables: dict[str, Any], out: Path) -> None:
+    if out.suffix.lower() == ".json":
+        io.write_json({name: t.reset_index().to_dict(orient="records") for name, t in tables.items()}, out)
+        return
+    if out.suffix.lower() != ".csv":
+        raise UserError(f"{out}: use a .json or .csv output path")
+    for name, t in tables.items():
+        target = out if len(tables) == 1 else out.with_name(f"{out.stem}_{name}.csv")
+        with io.atomic_path(target) as tmp:
+            t.to_csv(tmp)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

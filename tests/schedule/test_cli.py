@@ -1,0 +1,153 @@
+"""`asp schedule build|ablation|sweep` through typer's CliRunner, on real files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from asp.schedule import synthetic_lengths
+from asp.schedule.cli import app
+
+runner = CliRunner()
+
+
+def predictions(n: int = 700) -> pd.DataFrame:
+    true = synthetic_lengths(n, 0)
+    pred = np.round(true * np.exp(0.3 * np.random.default_rng(0).standard_normal(n)))
+    return pd.DataFrame({"prompt_id": [f"p{i}" for i in range(n)], "predicted_length": pred, "true_length": true})
+
+
+def write(df: pd.DataFrame, path) -> None:
+    suffix = path.suffix
+    if suffix == ".parquet":
+        df.to_parquet(path, index=False)
+    elif suffix == ".csv":
+        df.to_csv(path, index=False)
+    elif suffix == ".jsonl":
+        df.to_json(path, orient="records", lines=True)
+    else:
+        path.write_text(json.dumps(df.to_dict(orient="records")))
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".json", ".jsonl"])
+def test_build_writes_schedule_and_summary(tmp_path, suffix: str) -> None:
+    src = tmp_path / f"preds{suffix}"
+    write(predictions(), src)
+    out = tmp_path / "out" / "schedule.parquet"
+    res = runner.invoke(app, ["build", str(src), "--out", str(out), "--iterations", "20000", "--k", "4"])
+    assert res.exit_code == 0, res.output
+    frame = pd.read_parquet(out)
+    assert len(frame) == 700 and frame["prompt_id"].nunique() == 700
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["k"] == 4 and "realized" in summary and summary["n_prompts"] == 700
+    assert "realized on true lengths" in res.output
+    assert {p.name for p in out.parent.iterdir()} == {"schedule.json", "schedule.parquet"}  # no temp leftovers
+
+
+def test_build_with_calibration_and_plot(tmp_path) -> None:
+    src, cal, png = tmp_path / "p.parquet", tmp_path / "cal.json", tmp_path / "fig.png"
+    write(predictions(), src)
+    cal.write_text(json.dumps({"x": [1, 5000, 20000], "y": [3000, 5000, 7000]}))
+    res = runner.invoke(
+        app,
+        [
+            "build",
+            str(src),
+            "--out",
+            str(tmp_path / "s.parquet"),
+            "--calibration",
+            str(cal),
+            "--iterations",
+            "5000",
+            "--plot",
+            str(png),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "s.json").read_text())["loads"] == "calibrated"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("frame", "args", "message"),
+    [
+        (pd.DataFrame({"prompt_id": [1, 2], "predicted_length": [10.0, -1.0]}), [], "row 1 (0-based) has value -1.0"),
+        (pd.DataFrame({"prompt_id": [1, 2], "predicted_length": [10.0, None]}), [], "'predicted_length' row 1"),
+        (pd.DataFrame({"prompt_id": [1, 1], "predicted_length": [1.0, 2.0]}), [], "appears more than once"),
+        (pd.DataFrame({"length": [1.0, 2.0]}), [], "needs a 'predicted_length' column"),
+        (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--k", "0"], "k must be >= 1, got 0"),
+        (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--kappa", "-1"], "kappa must be >= 0"),
+        (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--method", "x"], "method must be one of"),
+        (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--loads", "calibrated"], "needs a calibration"),
+    ],
+)
+def test_build_bad_input_exits_2_without_traceback(tmp_path, frame: pd.DataFrame, args: list, message: str) -> None:
+    src = tmp_path / "bad.csv"
+    write(frame, src)
+    res = runner.invoke(app, ["build", str(src), "--out", str(tmp_path / "s.parquet"), *args])
+    assert res.exit_code == 2
+    assert message in res.stderr and "Traceback" not in res.output
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def test_missing_and_empty_files(tmp_path) -> None:
+    res = runner.invoke(app, ["build", str(tmp_path / "nope.parquet")])
+    assert res.exit_code == 2 and "file not found" in res.stderr
+    (tmp_path / "empty.csv").write_text("prompt_id,predicted_length\n")
+    res = runner.invoke(app, ["build", str(tmp_path / "empty.csv")])
+    assert res.exit_code == 2 and "no rows" in res.stderr
+    (tmp_path / "x.txt").write_text("1\n")
+    res = runner.invoke(app, ["build", str(tmp_path / "x.txt")])
+    assert res.exit_code == 2 and "unknown extension" in res.stderr
+
+
+def test_ablation_on_lengths_only_file_and_on_predictions(tmp_path) -> None:
+    lengths = tmp_path / "lengths.csv"
+    pd.DataFrame({"length": synthetic_lengths(2000, 1)}).to_csv(lengths, index=False)
+    out = tmp_path / "abl.csv"
+    res = runner.invoke(
+        app, ["ablation", str(lengths), "--tau", "0.64", "--seeds", "2", "--iterations", "10000", "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert all(c in res.output for c in ("C0", "C4", "spread"))
+    assert list(pd.read_csv(out, index_col=0).index) == ["C0", "C1", "C2", "C3", "C4"]
+    res = runner.invoke(app, ["ablation", str(lengths)])
+    assert res.exit_code == 2 and "pass --tau" in res.stderr
+    preds = tmp_path / "p.parquet"
+    write(predictions(), preds)
+    res = runner.invoke(app, ["ablation", str(preds), "--seeds", "1", "--iterations", "1000"])
+    assert res.exit_code == 0, res.output
+
+
+def test_sweep_synthetic_writes_both_tables(tmp_path) -> None:
+    out = tmp_path / "sweep.json"
+    res = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--synthetic",
+            "3000",
+            "--taus",
+            "1,0.5",
+            "--seeds",
+            "1",
+            "--iterations",
+            "5000",
+            "--calibration-size",
+            "500",
+            "--out",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "Table 9" in res.output and "Table 10" in res.output and "C4_cal" in res.output
+    tables = json.loads(out.read_text())
+    assert [row["tau"] for row in tables["cv"]] == [1.0, 0.5]
+    res = runner.invoke(app, ["sweep", "--taus", "1,x", "--synthetic", "100"])
+    assert res.exit_code == 2 and "--taus" in res.stderr
+    res = runner.invoke(app, ["sweep"])
+    assert res.exit_code == 2 and "exactly one of" in res.stderr
