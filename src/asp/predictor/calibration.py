@@ -1,0 +1,87 @@
+"""Monotone calibration of predicted lengths to expected true lengths (pure numpy/sklearn, no I/O).
+
+The predictor's order is what it is good at; its scale can be off (ranking losses do not fix it at all).
+``fit_calibration`` fits isotonic regression of the true mean length on the predicted length over held-out
+prompts, and ``CalibrationMap`` applies it: piecewise-linear between knots, flat outside them, never
+decreasing. The scheduler calls the map on predicted lengths to get expected loads.
+Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_calibration.py -q``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+
+
+@dataclass(frozen=True)
+class CalibrationMap:
+    """Piecewise-linear non-decreasing map from predicted to expected true length (tokens).
+
+    Attributes:
+        x: knots on the predicted-length axis, strictly increasing.
+        y: values at the knots, non-decreasing.
+    """
+
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        x = np.asarray(self.x, dtype=np.float64)
+        y = np.asarray(self.y, dtype=np.float64)
+        if x.ndim != 1 or x.shape != y.shape or x.size == 0:
+            raise ValueError(f"calibration map needs equally many x and y knots (>= 1); got {x.size} and {y.size}")
+        if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+            raise ValueError("calibration knots must be finite numbers")
+        if np.any(np.diff(x) <= 0):
+            raise ValueError("calibration x knots must be strictly increasing")
+        if np.any(np.diff(y) < 0):
+            raise ValueError("calibration y knots must be non-decreasing (the map must be monotone)")
+        object.__setattr__(self, "x", tuple(float(v) for v in x))
+        object.__setattr__(self, "y", tuple(float(v) for v in y))
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        """Map predicted lengths [n] to expected true lengths [n] (float64, flat beyond the end knots)."""
+        v = np.asarray(values, dtype=np.float64)
+        if np.any(np.isnan(v)):
+            raise ValueError("cannot calibrate NaN predicted lengths")
+        return np.interp(v, np.asarray(self.x), np.asarray(self.y))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{"kind": "isotonic", "x": [...], "y": [...]}``."""
+        return {"kind": "isotonic", "x": list(self.x), "y": list(self.y)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CalibrationMap:
+        """Inverse of ``to_dict``; raises ValueError naming what is missing or wrong."""
+        if not isinstance(data, dict) or "x" not in data or "y" not in data:
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"calibration map needs keys 'x' and 'y', got {keys}")
+        return cls(x=tuple(data["x"]), y=tuple(data["y"]))
+
+
+def fit_calibration(predicted: np.ndarray, true: np.ndarray) -> CalibrationMap:
+    """Fit isotonic regression of true on predicted lengths.
+
+    Args:
+        predicted: [n] predicted lengths in tokens (held-out prompts).
+        true: [n] measured mean lengths in tokens, same prompts.
+
+    Returns:
+        The fitted map (knots = sklearn's ``X_thresholds_`` / ``y_thresholds_``).
+
+    Raises:
+        ValueError: empty input, mismatched shapes or NaN/inf values.
+    """
+    p = np.asarray(predicted, dtype=np.float64)
+    t = np.asarray(true, dtype=np.float64)
+    if p.ndim != 1 or p.shape != t.shape or p.size == 0:
+        raise ValueError(f"predicted and true must be non-empty 1-D arrays of equal length; got {p.shape}, {t.shape}")
+    if not (np.all(np.isfinite(p)) and np.all(np.isfinite(t))):
+        raise ValueError("predicted and true lengths must be finite (found NaN or inf)")
+    iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(p, t)
+    x = np.asarray(iso.X_thresholds_, dtype=np.float64)
+    y = np.maximum.accumulate(np.asarray(iso.y_thresholds_, dtype=np.float64))  # guard float round-off
+    return CalibrationMap(x=tuple(x), y=tuple(y))

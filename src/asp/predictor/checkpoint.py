@@ -1,0 +1,160 @@
+"""Save and load a trained length predictor as a directory (safetensors only, written atomically).
+
+Layout of a saved predictor::
+
+    predictor.json          format, backbone path, kind, pooling, max_length, target transform, LoRA/head, meta
+    adapter/                peft LoRA adapter (adapter_config.json + adapter_model.safetensors)
+    head.safetensors        regression head
+    tokenizer/              the tokenizer (as used in training, pad token included)
+
+The backbone weights are not copied: ``predictor.json`` records their local path, and ``load_predictor``
+loads them from there (or from ``backbone_path`` when the model moved).
+Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_checkpoint.py -q``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedTokenizerBase
+
+from asp.errors import UserError
+from asp.io import atomic_path
+from asp.predictor.model import LengthPredictor, load_backbone
+
+FORMAT = "asp-length-predictor"
+VERSION = 1
+REQUIRED_KEYS = (
+    "backbone_path",
+    "kind",
+    "pooling",
+    "max_length",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "target_modules",
+    "head",
+    "head_hidden",
+    "head_dropout",
+    "target_transform",
+)
+
+
+def save_predictor(
+    model: LengthPredictor, tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike, meta: dict[str, Any]
+) -> Path:
+    """Write adapter, head, tokenizer and predictor.json into ``out_dir`` (replaced atomically).
+
+    Args:
+        model: the trained predictor.
+        tokenizer: its tokenizer.
+        out_dir: target directory; an existing one is replaced only after everything was written.
+        meta: JSON-serialisable extra information (training metrics, data hashes, params).
+
+    Returns:
+        The directory path.
+    """
+    try:
+        meta_json = json.loads(json.dumps(meta))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"predictor meta must be JSON-serialisable: {e}") from e
+    info = {
+        "format": FORMAT,
+        "version": VERSION,
+        **model.spec.to_dict(),
+        "hidden_size": int(model.head[1].in_features),
+        "meta": meta_json,
+    }
+    out = Path(out_dir)
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        model.backbone.save_pretrained(str(tmp / "adapter"), safe_serialization=True, save_embedding_layers=False)
+        head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
+        save_file(head, str(tmp / "head.safetensors"))
+        tokenizer.save_pretrained(str(tmp / "tokenizer"))
+        (tmp / "predictor.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def read_predictor_info(pred_dir: str | os.PathLike) -> dict[str, Any]:
+    """Parse and check ``predictor.json`` of a saved predictor; UserError naming the file when it is bad."""
+    d = Path(pred_dir)
+    if not d.is_dir():
+        raise UserError(f"predictor directory {d} does not exist; run the train_predictor stage first")
+    f = d / "predictor.json"
+    if not f.is_file():
+        raise UserError(f"{f} is missing, so {d} is not a saved predictor; re-run the train_predictor stage")
+    try:
+        info = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{f} is corrupt ({e}); re-run the train_predictor stage") from e
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        raise UserError(f"{f} is not an asp length-predictor file (format != {FORMAT!r}); re-run train_predictor")
+    missing = [k for k in REQUIRED_KEYS if k not in info]
+    if missing:
+        raise UserError(f"{f} lacks the keys {missing}; re-run the train_predictor stage")
+    if int(info.get("version", 0)) > VERSION:
+        raise UserError(f"{f} has format version {info['version']}, newer than this asp ({VERSION}); upgrade asp")
+    for rel in ("adapter/adapter_config.json", "adapter/adapter_model.safetensors", "head.safetensors", "tokenizer"):
+        if not (d / rel).exists():
+            raise UserError(f"saved predictor {d} is incomplete: {d / rel} is missing; re-run train_predictor")
+    return info
+
+
+def load_predictor(
+    pred_dir: str | os.PathLike, *, backbone_path: str | os.PathLike | None = None, dtype: str = "float32"
+) -> tuple[LengthPredictor, PreTrainedTokenizerBase, dict[str, Any]]:
+    """Rebuild a saved predictor in eval mode.
+
+    Args:
+        pred_dir: directory written by ``save_predictor``.
+        backbone_path: use this backbone directory instead of the recorded one (e.g. on another machine).
+        dtype: backbone dtype, see ``load_backbone``.
+
+    Returns:
+        (model, tokenizer, meta) where meta is the dict given to ``save_predictor``; ``model.spec`` holds the
+        rest of predictor.json (max_length, kind, pooling, ...).
+
+    Raises:
+        UserError: missing or corrupt files, or a backbone that does not fit the saved adapter / head.
+    """
+    d = Path(pred_dir)
+    info = read_predictor_info(d)
+    bb = load_backbone(
+        backbone_path or info["backbone_path"],
+        kind=info["kind"],
+        max_length=int(info["max_length"]),
+        dtype=dtype,
+        tokenizer_path=d / "tokenizer",
+    )
+    hidden = int(getattr(bb.model.config, "hidden_size", -1))
+    if "hidden_size" in info and hidden != int(info["hidden_size"]):
+        raise UserError(
+            f"backbone {bb.path} has hidden size {hidden} but the predictor in {d} was trained on one "
+            f"with {info['hidden_size']}; point it at the backbone it was trained with"
+        )
+    try:
+        model = LengthPredictor(
+            bb,
+            lora_r=info["lora_r"],
+            lora_alpha=info["lora_alpha"],
+            lora_dropout=info["lora_dropout"],
+            target_modules=info["target_modules"],
+            head=info["head"],
+            head_hidden=info["head_hidden"],
+            head_dropout=info["head_dropout"],
+            adapter_dir=d / "adapter",
+        )
+        model.head.load_state_dict(load_file(str(d / "head.safetensors")), strict=True)
+    except (SafetensorError, RuntimeError, ValueError, KeyError, OSError) as e:
+        raise UserError(
+            f"saved predictor {d} could not be loaded ({type(e).__name__}: {e}); its adapter or head "
+            "file is corrupt or belongs to another backbone; re-run train_predictor"
+        ) from e
+    model.eval()
+    return model, bb.tokenizer, info["meta"]

@@ -1,0 +1,293 @@
+"""Fine-tuning and batched inference of the length predictor (pure: texts and arrays in, values out).
+
+``train_predictor`` runs AdamW over the LoRA and head parameters, evaluates Kendall's tau on the validation
+prompts after every epoch, stops early when tau stops improving and leaves the model at its best epoch.
+``predict_lengths`` returns predicted mean response lengths in tokens (expm1 of the model output), in
+batches sorted by prompt length. No files, no tracking: the ``train_predictor`` stage does those.
+
+Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_train.py -q``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy import stats
+from transformers import PreTrainedTokenizerBase
+
+from asp.predictor.losses import LOSS_KINDS, combined_loss, mse_loss
+from asp.predictor.model import Encoded, LengthPredictor, encode_texts, pad_batch, pad_token_id
+
+ProgressFn = Callable[[int, int], None]  # (done, total): optimizer steps in training, prompts in inference
+
+
+@dataclass(slots=True)
+class EpochRecord:
+    """One epoch of training: mean train loss, validation loss / MSE (log1p scale) / Kendall tau, seconds."""
+
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_mse_log: float
+    val_tau: float
+    seconds: float
+
+
+@dataclass(slots=True)
+class TrainResult:
+    """Outcome of ``train_predictor``; the model itself is left at ``best_epoch``'s weights."""
+
+    history: list[EpochRecord] = field(default_factory=list)
+    best_epoch: int = 0
+    best_val_tau: float = float("nan")
+    stopped_early: bool = False
+    n_truncated_train: int = 0
+    n_truncated_val: int = 0
+    wall_s: float = 0.0
+
+
+def _targets(lengths: Sequence[float] | np.ndarray, name: str, n_texts: int) -> torch.Tensor:
+    """Validate mean lengths (tokens) and return log1p targets as float32 [n]."""
+    arr = np.asarray(lengths, dtype=np.float64)
+    if arr.ndim != 1 or arr.size != n_texts:
+        raise ValueError(f"{name}: got {arr.size} lengths for {n_texts} prompts; they must match one to one")
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+    if bad.size:
+        raise ValueError(f"{name}: length at index {bad[0]} is {arr[bad[0]]}; lengths must be finite and >= 0")
+    return torch.as_tensor(np.log1p(arr), dtype=torch.float32)
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def predict_encoded(
+    model: LengthPredictor,
+    encoded: Encoded,
+    *,
+    batch_size: int,
+    pad_id: int,
+    pad_side: str = "right",
+    progress: ProgressFn | None = None,
+) -> np.ndarray:
+    """Model outputs (log1p scale) [n] for pre-tokenized prompts, longest first so batches pad little."""
+    n = len(encoded.input_ids)
+    out = np.empty(n, dtype=np.float64)
+    order = np.argsort([-len(s) for s in encoded.input_ids], kind="stable")
+    was_training = model.training
+    model.eval()
+    dev = _device(model)
+    with torch.inference_mode():
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            ids, mask = pad_batch([encoded.input_ids[i] for i in idx], pad_id, pad_side)
+            out[idx] = model(ids.to(dev), mask.to(dev)).float().cpu().numpy()
+            if progress is not None:
+                progress(min(start + batch_size, n), n)
+    model.train(was_training)
+    return out
+
+
+def predict_lengths(
+    model: LengthPredictor,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    *,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    progress: ProgressFn | None = None,
+) -> np.ndarray:
+    """Predicted mean response lengths in tokens [n] (float64, >= 0), in the order of ``texts``.
+
+    Prompts longer than ``max_length`` (default: the model's) are truncated; use ``encode_texts`` and
+    ``predict_encoded`` directly to also get the truncation count.
+    """
+    enc = encode_texts(tokenizer, texts, max_length or model.spec.max_length)
+    logp = predict_encoded(
+        model,
+        enc,
+        batch_size=batch_size,
+        pad_id=pad_token_id(tokenizer),
+        pad_side=tokenizer.padding_side,
+        progress=progress,
+    )
+    return np.maximum(np.expm1(logp), 0.0)
+
+
+def _tau(pred: np.ndarray, target: np.ndarray) -> float:
+    """Kendall tau-b, NaN when either side is constant (no ValueError inside the training loop)."""
+    if np.all(pred == pred[0]) or np.all(target == target[0]):
+        return float("nan")
+    return float(stats.kendalltau(pred, target).statistic)
+
+
+def _check_args(epochs: int, batch_size: int, lr: float, loss: str, patience: int, n_train: int, n_val: int) -> None:
+    if epochs < 1 or batch_size < 1 or patience < 1 or lr <= 0:
+        raise ValueError(
+            f"need epochs >= 1, batch_size >= 1, patience >= 1 and lr > 0; got epochs={epochs}, "
+            f"batch_size={batch_size}, patience={patience}, lr={lr}"
+        )
+    if loss not in LOSS_KINDS:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSS_KINDS)}")
+    if n_train < 2 or n_val < 2:
+        raise ValueError(
+            f"need at least 2 training and 2 validation prompts, got {n_train} and {n_val}; profile more prompts"
+        )
+
+
+def _run_epoch(
+    model: LengthPredictor,
+    enc: Encoded,
+    y: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    gen: torch.Generator,
+    *,
+    batch_size: int,
+    loss: str,
+    rank_weight: float,
+    pad_id: int,
+    pad_side: str,
+    on_step: Callable[[], None],
+) -> float:
+    """One shuffled pass over the training set; returns the mean batch loss."""
+    model.train()
+    dev = _device(model)
+    perm = torch.randperm(len(enc.input_ids), generator=gen).tolist()
+    losses = []
+    for start in range(0, len(perm), batch_size):
+        idx = perm[start : start + batch_size]
+        if len(idx) < 2 and len(perm) > 1:  # a lone leftover prompt gives no pairs; fold it into the next epoch
+            continue
+        ids, mask = pad_batch([enc.input_ids[i] for i in idx], pad_id, pad_side)
+        value = combined_loss(model(ids.to(dev), mask.to(dev)), y[idx].to(dev), loss, rank_weight)
+        opt.zero_grad(set_to_none=True)
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)
+        opt.step()
+        losses.append(float(value.detach()))
+        on_step()
+    return float(np.mean(losses)) if losses else float("nan")
+
+
+def train_predictor(
+    model: LengthPredictor,
+    tokenizer: PreTrainedTokenizerBase,
+    train_texts: Sequence[str],
+    train_lengths: Sequence[float] | np.ndarray,
+    val_texts: Sequence[str],
+    val_lengths: Sequence[float] | np.ndarray,
+    *,
+    epochs: int = 8,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    loss: str = "mse+pairwise",
+    rank_weight: float = 1.0,
+    patience: int = 3,
+    max_length: int | None = None,
+    seed: int = 0,
+    init_bias: bool = True,
+    progress: ProgressFn | None = None,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+) -> TrainResult:
+    """Fine-tune ``model`` in place to predict log(1 + mean length); early stopping on validation Kendall tau.
+
+    Args:
+        model: a fresh (or partly trained) ``LengthPredictor``.
+        tokenizer: its backbone's tokenizer.
+        train_texts, val_texts: prompt strings.
+        train_lengths, val_lengths: measured mean response lengths in tokens, one per prompt.
+        epochs: most passes over the training prompts.
+        batch_size: prompts per optimizer step (ranking losses compare pairs inside a batch).
+        lr, weight_decay: AdamW settings for the trainable (LoRA + head) parameters.
+        loss, rank_weight: see ``asp.predictor.losses.combined_loss``.
+        patience: stop after this many epochs without a better validation tau.
+        max_length: prompt token limit (default: the model's); longer prompts are truncated and counted.
+        seed: seeds shuffling and dropout (CPU runs are deterministic for a fixed seed and thread count).
+        init_bias: start the head's output at the mean training target.
+        progress: called with (steps done, total steps) after every optimizer step.
+        on_epoch: called with each ``EpochRecord`` as it finishes (e.g. to log curves live).
+
+    Returns:
+        ``TrainResult``; the model holds the weights of the best validation epoch.
+    """
+    t0 = time.perf_counter()
+    _check_args(epochs, batch_size, lr, loss, patience, len(train_texts), len(val_texts))
+    y_train = _targets(train_lengths, "train_lengths", len(train_texts))
+    y_val = _targets(val_lengths, "val_lengths", len(val_texts))
+    max_length = max_length or model.spec.max_length
+    enc_train, enc_val = (
+        encode_texts(tokenizer, train_texts, max_length),
+        encode_texts(tokenizer, val_texts, max_length),
+    )
+    pad_id, side = pad_token_id(tokenizer), tokenizer.padding_side
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    if init_bias:
+        model.set_output_bias(float(y_train.mean()))
+    opt = torch.optim.AdamW(model.trainable_parameters(), lr=lr, weight_decay=weight_decay)
+    result = TrainResult(n_truncated_train=enc_train.n_truncated, n_truncated_val=enc_val.n_truncated)
+    total = epochs * math.ceil(len(train_texts) / batch_size)
+    done = 0
+
+    def on_step() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total), total)
+
+    best_state: dict[str, torch.Tensor] | None = None
+    stale = 0
+    for epoch in range(1, epochs + 1):
+        te = time.perf_counter()
+        train_loss = _run_epoch(
+            model,
+            enc_train,
+            y_train,
+            opt,
+            gen,
+            batch_size=batch_size,
+            loss=loss,
+            rank_weight=rank_weight,
+            pad_id=pad_id,
+            pad_side=side,
+            on_step=on_step,
+        )
+        pred_val = torch.as_tensor(
+            predict_encoded(model, enc_val, batch_size=max(batch_size, 32), pad_id=pad_id, pad_side=side),
+            dtype=torch.float32,
+        )
+        rec = EpochRecord(
+            epoch=epoch,
+            train_loss=train_loss,
+            val_loss=float(combined_loss(pred_val, y_val, loss, rank_weight)),
+            val_mse_log=float(mse_loss(pred_val, y_val)),
+            val_tau=_tau(pred_val.numpy(), y_val.numpy()),
+            seconds=time.perf_counter() - te,
+        )
+        result.history.append(rec)
+        if on_epoch is not None:
+            on_epoch(rec)
+        if not math.isnan(rec.val_tau) and (math.isnan(result.best_val_tau) or rec.val_tau > result.best_val_tau):
+            result.best_val_tau, result.best_epoch, stale = rec.val_tau, epoch, 0
+            best_state = {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
+        else:
+            stale += 1
+            if stale >= patience and epoch < epochs:
+                result.stopped_early = True
+                break
+    if best_state is not None:
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for k, v in best_state.items():
+                params[k].copy_(v)
+    else:
+        result.best_epoch = len(result.history)
+    model.eval()
+    result.wall_s = time.perf_counter() - t0
+    return result

@@ -1,0 +1,138 @@
+"""Backbone loading (errors, kind detection), pooling, truncation counting, both backbone kinds end to end."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2Config, T5Config
+
+from asp.errors import UserError
+from asp.predictor.model import (
+    LengthPredictor,
+    detect_kind,
+    encode_texts,
+    last_token_pool,
+    load_backbone,
+    mean_pool,
+    pad_batch,
+    pad_token_id,
+)
+
+TEXTS = ["Add mod 10: a=3 b=7", "Add mod 10: a=1 b=2 c=3 d=4 e=5 f=6", "Add mod 10: a=9"]
+
+
+def test_missing_dir_names_path(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"nowhere.*not a local directory.*download"):
+        load_backbone(tmp_path / "nowhere", max_length=32)
+
+
+def test_hub_id_is_not_downloaded() -> None:
+    with pytest.raises(UserError, match="Qwen/Qwen2.5-1.5B is not a local directory"):
+        load_backbone("Qwen/Qwen2.5-1.5B", max_length=32)
+
+
+def test_missing_config_and_tokenizer(tmp_path: Path, tiny_qwen2_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"empty has no config \(looked for config.json\)"):
+        load_backbone(tmp_path / "empty", max_length=32)
+    no_tok = tmp_path / "no_tok"
+    no_tok.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_qwen2_path / f, no_tok / f)
+    with pytest.raises(UserError, match=r"no_tok has no tokenizer \(looked for tokenizer.json"):
+        load_backbone(no_tok, max_length=32)
+    (no_tok / "model.safetensors").unlink()
+    with pytest.raises(UserError, match="no weights"):
+        load_backbone(no_tok, max_length=32)
+
+
+def test_bad_kind_and_max_length(minilm_path: Path) -> None:
+    with pytest.raises(UserError, match="kind must be"):
+        load_backbone(minilm_path, kind="seq2seq", max_length=32)
+    with pytest.raises(UserError, match=r"max_length=1000 is outside \[2, 512\]"):
+        load_backbone(minilm_path, max_length=1000)
+
+
+def test_detect_kind(minilm_path: Path, tiny_qwen2_path: Path) -> None:
+    assert load_backbone(minilm_path, max_length=32).kind == "encoder"
+    assert load_backbone(tiny_qwen2_path, max_length=32).kind == "decoder"
+    assert detect_kind(Qwen2Config()) == "decoder"  # no architectures: decided by model type
+    with pytest.raises(UserError, match="encoder-decoder"):
+        detect_kind(T5Config())
+
+
+def test_mean_and_last_token_pool() -> None:
+    hidden = torch.tensor([[[1.0], [3.0], [100.0]], [[7.0], [5.0], [2.0]]])  # [2, 3, 1]
+    right = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    left = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    # mean over unmasked: row 0 (1 + 3) / 2 = 2, row 1 (7 + 5 + 2) / 3 = 14/3
+    torch.testing.assert_close(mean_pool(hidden, right), torch.tensor([[2.0], [14 / 3]]))
+    # last unmasked position: right padding -> index 1 (3.0); left padding -> index 2 (100.0); full row -> 2.0
+    torch.testing.assert_close(last_token_pool(hidden, right), torch.tensor([[3.0], [2.0]]))
+    torch.testing.assert_close(last_token_pool(hidden, left), torch.tensor([[100.0], [2.0]]))
+
+
+def test_pad_batch_sides() -> None:
+    ids, mask = pad_batch([[5, 6, 7], [8]], pad_id=0, side="left")
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    ids, mask = pad_batch([[5, 6, 7], [8]], pad_id=9, side="right")
+    assert ids.tolist() == [[5, 6, 7], [8, 9, 9]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_truncation_is_counted(minilm_path: Path) -> None:
+    bb = load_backbone(minilm_path, max_length=8)
+    enc = encode_texts(bb.tokenizer, ["short", "Add mod 10: a=1 b=2 c=3 d=4 e=5", "x " * 600], max_length=8)
+    assert enc.truncated == [False, True, True] and enc.n_truncated == 2
+    assert [len(s) for s in enc.input_ids] == [3, 8, 8]  # [CLS] short [SEP]; cut ones keep [SEP] at the end
+    assert enc.input_ids[1][-1] == bb.tokenizer.sep_token_id
+
+
+def _random_lora(model: LengthPredictor) -> None:
+    """LoRA B starts at zero; make it non-zero so the adapters matter in the checks below."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_decoder_padding_side_does_not_change_predictions(tiny_qwen2_path: Path, side: str) -> None:
+    bb = load_backbone(tiny_qwen2_path, max_length=64)
+    model = LengthPredictor(bb, lora_r=4, lora_alpha=8, seed=0).eval()
+    _random_lora(model)
+    enc = encode_texts(bb.tokenizer, TEXTS, 64)
+    with torch.no_grad():
+        batched = model(*pad_batch(enc.input_ids, pad_token_id(bb.tokenizer), side))
+        single = torch.cat([model(*pad_batch([s], 0)) for s in enc.input_ids])
+    assert batched.shape == (3,)
+    torch.testing.assert_close(batched, single, atol=1e-5, rtol=1e-5)
+    assert model.spec.pooling == "last" and model.spec.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def test_encoder_batched_equals_single(minilm_path: Path) -> None:
+    bb = load_backbone(minilm_path, max_length=64)
+    model = LengthPredictor(bb, seed=0).eval()
+    _random_lora(model)
+    enc = encode_texts(bb.tokenizer, TEXTS, 64)
+    with torch.no_grad():
+        batched = model(*pad_batch(enc.input_ids, pad_token_id(bb.tokenizer)))
+        single = torch.cat([model(*pad_batch([s], 0)) for s in enc.input_ids])
+    torch.testing.assert_close(batched, single, atol=1e-4, rtol=1e-4)
+    assert model.spec.pooling == "mean"
+    # only LoRA and head train: 6 layers x 3 modules x r(384 + 384) = 110,592 LoRA + 385 head parameters
+    assert sum(p.numel() for p in model.trainable_parameters()) == 110_592 + 385
+
+
+def test_seed_makes_init_reproducible(tiny_qwen2_path: Path) -> None:
+    a = LengthPredictor(load_backbone(tiny_qwen2_path, max_length=32), head="mlp", seed=3)
+    b = LengthPredictor(load_backbone(tiny_qwen2_path, max_length=32), head="mlp", seed=3)
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert na == nb and torch.equal(pa, pb)
+
+
+def test_bad_target_modules(tiny_qwen2_path: Path) -> None:
+    with pytest.raises(UserError, match="target_modules"):
+        LengthPredictor(load_backbone(tiny_qwen2_path, max_length=32), target_modules=["no_such_layer"])
