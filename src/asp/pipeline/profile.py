@@ -1,0 +1,230 @@
+"""`profile` stage: roll out the policy on the profiling and held-out prompts to measure response lengths.
+
+Each prompt gets `profile.n_samples` responses capped at `profile.max_new_tokens`. One engine call is one
+minibatch of `profile.minibatch_prompts` prompts (timed: wall time, batch size, max and total tokens — a
+later cost model fits these). Work is saved in chunks under `outputs/.work/profile/<key>/` as it finishes,
+so a killed run resumes where it stopped; the key changes when the prompts, policy or params change.
+
+Outputs (outputs/profile/): samples.parquet (prompt_id, role, sample, length, finish_reason), prompts.parquet
+(per-prompt mean, median, max, std, truncated_frac), timings.parquet (per minibatch), and
+metrics/profile.json, plots/profile_lengths.png (a length histogram like the paper's Figure 8).
+
+Run: `asp stage profile` (what `dvc repro profile` calls).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from asp.config import Params, ProfileParams
+from asp.errors import UserError
+from asp.io import read_json, write_json, write_parquet
+from asp.pipeline.policy import policy_model_path
+from asp.plots import save_figure
+from asp.progress import progress_bar
+from asp.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class Paths:
+    policy: Path = Path("outputs/policy")
+    prompts: Path = Path("outputs/prompts")
+    out_dir: Path = Path("outputs/profile")
+    work_dir: Path = Path("outputs/.work/profile")
+    metrics: Path = Path("metrics/profile.json")
+    plot: Path = Path("plots/profile_lengths.png")
+
+
+def load_profile_prompts(prompts_dir: Path) -> pd.DataFrame:
+    """The profiling and held-out prompts, with a `role` column."""
+    frames = []
+    for role in ("profile", "heldout"):
+        path = prompts_dir / f"{role}.parquet"
+        if not path.is_file():
+            raise UserError(f"{path}: missing. Run the prepare stage first (`dvc repro prepare`).")
+        frames.append(pd.read_parquet(path, columns=["prompt_id", "prompt"]).assign(role=role))
+    return pd.concat(frames, ignore_index=True)
+
+
+def make_engine_from_params(p: ProfileParams, model_path: Path, seed: int) -> Any:
+    """Build the generation engine named by `profile.engine` for `model_path`."""
+    from asp.rollout import make_engine
+
+    if p.engine == "vllm":
+        return make_engine(
+            "vllm",
+            str(model_path),
+            tensor_parallel_size=p.vllm.tensor_parallel_size,
+            dtype=p.dtype,
+            gpu_memory_utilization=p.vllm.gpu_memory_utilization,
+            max_model_len=p.vllm.max_model_len,
+            seed=seed,
+        )
+    return make_engine("hf", str(model_path), device=p.device, dtype=p.dtype, num_threads=p.num_threads)
+
+
+def run_key(prompts: pd.DataFrame, p: ProfileParams, policy_ref: dict[str, Any], seed: int) -> str:
+    """Identity of a profiling run: chunks from another key are never mixed in."""
+    h = hashlib.sha256()
+    h.update(json.dumps([p.model_dump(mode="json"), policy_ref.get("sha256"), seed], sort_keys=True).encode())
+    h.update("\0".join(prompts["prompt_id"] + "\1" + prompts["prompt"]).encode())
+    return h.hexdigest()[:16]
+
+
+def minibatch_rows(result_rows: list[Any], ids: list[str], roles: list[str]) -> list[dict[str, Any]]:
+    """Flatten one engine result (list of PromptResult) into sample rows."""
+    rows = []
+    for pid, role, res in zip(ids, roles, result_rows, strict=True):
+        for j, s in enumerate(res.samples):
+            rows.append(
+                {
+                    "prompt_id": pid,
+                    "role": role,
+                    "sample": j,
+                    "length": int(s.length),
+                    "finish_reason": s.finish_reason,
+                }
+            )
+    return rows
+
+
+def read_chunk(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read a saved chunk (samples + timings); a corrupt one is a clear error naming the file."""
+    try:
+        samples = pd.read_parquet(path)
+        timings = pd.DataFrame(read_json(path.with_suffix(".timings.json")))
+    except Exception as exc:  # noqa: BLE001 - any decode failure means the chunk is unusable
+        raise UserError(
+            f"{path}: corrupt profiling chunk ({type(exc).__name__}: {exc}). Delete it (and its .timings.json) "
+            "and run the stage again; the other chunks are kept."
+        ) from None
+    return samples, timings
+
+
+def profile_chunks(engine: Any, prompts: pd.DataFrame, p: ProfileParams, seed: int, work: Path) -> list[Path]:
+    """Generate every missing chunk; return all chunk paths in order."""
+    mb = p.minibatch_prompts
+    n_mb = -(-len(prompts) // mb)
+    per_chunk = p.chunk_minibatches
+    paths = [work / f"chunk_{c:05d}.parquet" for c in range(-(-n_mb // per_chunk))]
+    done = sum(path.is_file() for path in paths)
+    bar = progress_bar(total=n_mb, desc="profile", unit="minibatch", initial=min(done * per_chunk, n_mb))
+    for c, path in enumerate(paths):
+        if path.is_file():
+            continue
+        rows, timings = [], []
+        for m in range(c * per_chunk, min((c + 1) * per_chunk, n_mb)):
+            part = prompts.iloc[m * mb : (m + 1) * mb]
+            t0 = time.perf_counter()
+            results = engine.generate(
+                part["prompt"].tolist(),
+                n=p.n_samples,
+                max_new_tokens=p.max_new_tokens,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                seed=seed + m,
+            )
+            wall = time.perf_counter() - t0
+            mb_rows = minibatch_rows(results, part["prompt_id"].tolist(), part["role"].tolist())
+            lengths = [r["length"] for r in mb_rows]
+            timings.append(
+                {
+                    "minibatch": m,
+                    "wall_s": wall,
+                    "prompts": len(part),
+                    "samples": len(mb_rows),
+                    "max_tokens": max(lengths),
+                    "total_tokens": int(sum(lengths)),
+                }
+            )
+            rows += mb_rows
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{sum(lengths) / wall:.0f}")
+        write_json(timings, path.with_suffix(".timings.json"))
+        write_parquet(pd.DataFrame(rows), path)  # written last: its presence marks the chunk complete
+    bar.close()
+    return paths
+
+
+def per_prompt_stats(samples: pd.DataFrame) -> pd.DataFrame:
+    """Per-prompt mean, median, max, std of response length and truncated fraction."""
+    g = samples.assign(truncated=samples["finish_reason"].eq("length")).groupby(["prompt_id", "role"], sort=False)
+    return (
+        g.agg(
+            mean_length=("length", "mean"),
+            median_length=("length", "median"),
+            max_length=("length", "max"),
+            std_length=("length", "std"),
+            truncated_frac=("truncated", "mean"),
+            samples=("length", "size"),
+        )
+        .reset_index()
+        .fillna({"std_length": 0.0})
+    )
+
+
+def length_histogram(samples: pd.DataFrame, cap: int) -> Any:
+    """Figure: distribution of sampled response lengths (the paper's Figure 8), cap marked."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.hist(samples["length"], bins=60, color="#4477aa")
+    ax.axvline(cap, color="#cc3311", ls="--", label=f"cap = {cap} tokens")
+    ax.set(xlabel="response length (tokens)", ylabel="samples", title="Profiled response lengths")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Profile the policy; write samples, per-prompt stats, timings, metrics and the histogram."""
+    p, seed = params.profile, params.common.seed
+    prompts = load_profile_prompts(paths.prompts)
+    if prompts.empty:
+        raise UserError(f"{paths.prompts}: no profiling prompts. Raise prepare.profile_prompts.")
+    policy_ref = read_json(paths.policy / "policy.json") if (paths.policy / "policy.json").is_file() else {}
+    work = paths.work_dir / run_key(prompts, p, policy_ref, seed)
+    work.mkdir(parents=True, exist_ok=True)
+    tracker.log_params({"profile": p.model_dump(), "common.seed": seed})
+    engine = make_engine_from_params(p, policy_model_path(paths.policy), seed)
+    t0 = time.perf_counter()
+    try:
+        chunk_paths = profile_chunks(engine, prompts, p, seed, work)
+    finally:
+        getattr(engine, "close", lambda: None)()
+    parts = [read_chunk(c) for c in chunk_paths]
+    samples = pd.concat([s for s, _ in parts], ignore_index=True)
+    timings = pd.concat([t for _, t in parts], ignore_index=True)
+    if samples.empty:
+        raise UserError("profiling produced zero samples; check profile.n_samples and the prompt files.")
+    stats = per_prompt_stats(samples)
+    write_parquet(samples, paths.out_dir / "samples.parquet")
+    write_parquet(stats, paths.out_dir / "prompts.parquet")
+    write_parquet(timings, paths.out_dir / "timings.parquet")
+    gen_s = float(timings["wall_s"].sum())
+    metrics = {
+        "profile/prompts": int(len(stats)),
+        "profile/samples": int(len(samples)),
+        "profile/mean_length": float(samples["length"].mean()),
+        "profile/median_length": float(samples["length"].median()),
+        "profile/p99_length": float(np.percentile(samples["length"], 99)),
+        "profile/truncation_rate": float(samples["finish_reason"].eq("length").mean()),
+        "profile/tokens_per_s": float(timings["total_tokens"].sum() / max(gen_s, 1e-9)),
+        "profile/generation_s": gen_s,
+        "profile/wall_s_this_run": time.perf_counter() - t0,
+        "profile/minibatches": int(len(timings)),
+    }
+    write_json(metrics, paths.metrics)
+    save_figure(length_histogram(samples, p.max_new_tokens), paths.plot, tracker)
+    tracker.log_metrics(metrics)
+    shutil.rmtree(work, ignore_errors=True)
+    return metrics

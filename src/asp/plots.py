@@ -1,0 +1,27 @@
+"""Figures: saved as PNG next to the DVC outputs (so nobody needs `dvc plots show`'s online scripts) and
+logged to the stage's MLflow run. Plotting functions elsewhere return matplotlib figures; this saves them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from asp.io import atomic_path  # noqa: E402
+from asp.tracking import Tracker  # noqa: E402
+
+
+def save_figure(fig: Any, path: str | Path, tracker: Tracker | None = None, dpi: int = 110) -> Path:
+    """Write `fig` to `path` (PNG, atomically), log it under plots/ in the tracker, close it."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")
+    if tracker is not None:
+        tracker.log_artifact(path, "plots")
+    plt.close(fig)
+    return path

@@ -1,0 +1,25 @@
+"""Tiny params for end-to-end runs: every stage on the demo task in well under a minute each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TINY: dict[str, Any] = {
+    "prepare": {"demo_prompts": 400, "profile_prompts": 96, "heldout_prompts": 48},
+    "policy": {
+        "demo": {
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "warm_start_steps": 20,
+            "batch_size": 16,
+            "warm_start_problems": 200,
+        },
+        "eval": {"prompts": 8, "samples": 1, "max_new_tokens": 48},
+    },
+    "profile": {"n_samples": 2, "max_new_tokens": 48, "minibatch_prompts": 16, "chunk_minibatches": 2},
+    "predictor": {"epochs": 2, "batch_size": 16, "max_length": 48},
+    "evaluate": {"min_tau": -1.0, "on_fail": "warn"},
+    "schedule": {"b": 4, "kappa": 1, "k": 3, "iterations": 20000, "ablation_seeds": 2},
+}
