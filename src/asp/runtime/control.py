@@ -1,0 +1,335 @@
+"""The Control Unit (paper appendix B.2): Generation Sender, Ingestor and the training loop, in the driver.
+
+One single-threaded event loop, co-located with the Training Queue (so backpressure reads the depth
+directly) and the only place that logs:
+
+* **Sender** keeps each GU's outstanding work at ``gu_queue_target + live actors`` minibatches, handing out
+  whole batch groups (retries first) to the least-loaded GU, unless backpressure pauses it; pause/resume
+  and new weight snapshots are broadcast to the GUs.
+* **Ingestor** takes each GU's batched report: completed minibatches are recorded once in the Database
+  (duplicates dropped) and put in the Training Queue, recording depth at arrival and send/receive events;
+  failures go back to the Database for re-issue; a GU whose actors all died has its work re-issued.
+* **Training** hands one global batch at a time to the Training Unit actor; each finished step produces
+  the iteration's metric dict (logged), marks its prompts trained, and is checkpointed every interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+
+from asp.runtime.checkpoint import Checkpointer
+from asp.runtime.config import RuntimeConfig
+from asp.runtime.database import Database
+from asp.runtime.messages import GUReport, MinibatchOutput, StepResult
+from asp.runtime.metrics import Window, iteration_metrics, summary_metrics
+from asp.runtime.queue import Backpressure, TrainingQueue
+
+
+class RuntimeFailure(RuntimeError):
+    """The run cannot continue (a minibatch failed on every attempt, all actors died, or it stalled)."""
+
+
+@dataclass(slots=True)
+class GUState:
+    """The Control Unit's view of one Generation Unit."""
+
+    index: int
+    handle: Any
+    actor_ids: list[int]
+    alive: set[int]
+    outstanding: int = 0
+    dead: bool = False
+    collect_ref: Any = None
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """What `run_async` returns.
+
+    Attributes:
+        metrics: summary metrics (``runtime/summary/...``; Table 4(b) columns first).
+        iterations: per-iteration metric dicts of this session, each with its ``step``.
+        minibatches: one record per ingested minibatch (provenance, timing, padding, depth at arrival).
+        events: (seconds since start, "send" | "recv" | "fail" | "dup" | "pause" | "resume", gu, actor, task_id,
+            attempt); -1 where it does not apply.
+        trainer_step, policy_version: position at the end.
+        resumed_from_step: trainer step the session started from (0 for a fresh run).
+        resume_reason: why it resumed or started fresh.
+        finished: True when the run reached its iterations (or trained the whole schedule).
+    """
+
+    metrics: dict[str, float]
+    iterations: list[dict[str, float]]
+    minibatches: list[dict[str, Any]]
+    events: list[tuple[float, str, int, int, int, int]]
+    trainer_step: int
+    policy_version: int
+    resumed_from_step: int
+    resume_reason: str
+    finished: bool
+    checkpoint_path: str | None = None
+
+
+@dataclass(slots=True)
+class _Inflight:
+    ref: Any
+    consumed: list[tuple[int, int]]
+    lags: np.ndarray
+
+
+@dataclass
+class ControlUnit:
+    """Driver-side Control Unit; build it with handles from `run.build_runtime` and call `run()`."""
+
+    config: RuntimeConfig
+    db: Database
+    gus: list[GUState]
+    trainer: Any
+    logger: Any = None
+    checkpointer: Checkpointer | None = None
+    on_iteration: Callable[[ControlUnit, dict[str, float]], None] | None = None
+    step: int = 0
+    version: int = 0
+    trainer_state: dict[str, Any] = field(default_factory=dict)
+    actor_handles: dict[int, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.tq = TrainingQueue(cfg.global_batch_prompts, cfg.n_samples)
+        self.bp = Backpressure(cfg.q_max, cfg.resume_depth)
+        self.start_step = self.step
+        self.inflight: _Inflight | None = None
+        self.iterations: list[dict[str, float]] = []
+        self.records: list[dict[str, Any]] = []
+        self.events: list[tuple[float, str, int, int, int, int]] = []
+        self.by_gu: dict[int, int] = defaultdict(int)
+        self.by_actor: dict[int, int] = {a: 0 for g in self.gus for a in g.actor_ids}
+        self.tokens = 0
+        self.dead_actors = 0
+        self.prompts_trained = 0
+        self.last_step_end: float | None = None
+
+    # ---- loop ------------------------------------------------------------------------------------------
+    def finished(self) -> bool:
+        if self.config.iterations is not None and self.step >= self.config.iterations:
+            return True
+        return self.db.exhausted and self.tq.depth == 0 and self.inflight is None
+
+    def run(self) -> RunSummary:
+        """Run until the configured iterations (or the whole schedule) are trained; return the summary."""
+        self.t0 = self.last_progress = time.time()
+        self.window = Window(start=self.t0)
+        self.iter_times: list[float] = []
+        for g in self.gus:
+            g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
+        while not self.finished():
+            self._dispatch()
+            self._maybe_train()
+            refs = [g.collect_ref for g in self.gus if not g.dead]
+            refs += [self.inflight.ref] if self.inflight else []
+            ready, _ = ray.wait(refs, num_returns=1, timeout=self.config.poll_timeout_s)
+            for ref in ready:
+                if self.inflight is not None and ref == self.inflight.ref:
+                    self._on_step(ray.get(ref))
+                else:
+                    self._on_report(next(g for g in self.gus if g.collect_ref == ref))
+            self._check_stall()
+        return self._summary()
+
+    def _check_stall(self) -> None:
+        idle = time.time() - self.last_progress
+        if idle > self.config.stall_timeout_s:
+            raise RuntimeFailure(
+                f"no minibatch arrived and no step finished for {idle:.0f} s (runtime.stall_timeout_s); "
+                f"pending={len(self.db.pending)} issued={self.db.n_issued} queue={self.tq.depth} prompts "
+                f"paused={self.bp.paused}. Check the generation actors' logs."
+            )
+
+    # ---- sender ----------------------------------------------------------------------------------------
+    def _target(self, g: GUState) -> int:
+        return self.config.gu_queue_target + len(g.alive)
+
+    def _dispatch(self) -> None:
+        if self.bp.paused:
+            return
+        batches: dict[int, list] = defaultdict(list)
+        live = [g for g in self.gus if not g.dead]
+        while live:
+            g = min(live, key=lambda x: x.outstanding - self._target(x))
+            if g.outstanding >= self._target(g):
+                break
+            items = self.db.next_unit(g.index)
+            if not items:
+                break
+            batches[g.index].extend(items)
+            g.outstanding += len(items)
+        now = time.time() - self.t0
+        for index, items in batches.items():
+            self.gus[index].handle.submit.remote(items)
+            self.events.extend((now, "send", index, -1, it.task_id, it.attempt) for it in items)
+
+    def _set_paused(self) -> None:
+        kind = "pause" if self.bp.paused else "resume"
+        self.events.append((time.time() - self.t0, kind, -1, -1, -1, -1))
+        for g in self.gus:
+            if not g.dead:
+                g.handle.set_paused.remote(self.bp.paused)
+
+    # ---- ingestor --------------------------------------------------------------------------------------
+    def _on_report(self, g: GUState) -> None:
+        try:
+            report: GUReport = ray.get(g.collect_ref)
+        except ray.exceptions.RayActorError as exc:
+            self._gu_lost(g, f"generation unit {g.index} died: {exc!s:.300}")
+            return
+        now = time.time()
+        for out in report.outputs:
+            g.outstanding -= 1
+            self._ingest(out, now)
+        for fail in report.failures:
+            g.outstanding -= 1
+            self.events.append((now - self.t0, "fail", g.index, fail.actor, fail.task_id, fail.attempt))
+            if not self.db.fail(fail.task_id, fail.attempt, fail.reason):
+                raise RuntimeFailure(
+                    f"minibatch task {fail.task_id} failed {self.config.max_attempts} times "
+                    f"(runtime.max_attempts); last error: {fail.reason}"
+                )
+        for actor in report.dead_actors:
+            g.alive.discard(actor)
+            self.dead_actors += 1
+        if not g.alive:
+            self._gu_lost(g, f"all generation actors of unit {g.index} died")
+            return
+        g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
+
+    def _ingest(self, out: MinibatchOutput, now: float) -> None:
+        if not self.db.complete(out.task_id):
+            self.events.append((now - self.t0, "dup", out.gu, out.actor, out.task_id, out.attempt))
+            return
+        self.last_progress = now
+        before = self.tq.put(out, now)
+        depth_batches = before / self.config.global_batch_prompts
+        self.window.add(out, depth_batches)
+        self.by_gu[out.gu] += out.num_prompts
+        self.by_actor[out.actor] = self.by_actor.get(out.actor, 0) + out.num_prompts
+        self.tokens += out.total_tokens
+        self.events.append((now - self.t0, "recv", out.gu, out.actor, out.task_id, out.attempt))
+        self.records.append(_record(out, now - self.t0, depth_batches, self.t0))
+        if self.bp.update(self.tq.depth):
+            self._set_paused()
+
+    def _gu_lost(self, g: GUState, reason: str) -> None:
+        g.dead = True
+        for task in self.db.issued_to(g.index):
+            if not self.db.fail(task.task_id, task.attempt, reason):
+                raise RuntimeFailure(f"minibatch task {task.task_id} failed on every attempt; last error: {reason}")
+        for handle in [g.handle, *(self.actor_handles[a] for a in g.actor_ids if a in self.actor_handles)]:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+        if all(x.dead for x in self.gus):
+            raise RuntimeFailure(f"no generation unit is left: {reason}")
+
+    # ---- training --------------------------------------------------------------------------------------
+    def _maybe_train(self) -> None:
+        if self.inflight is not None or self.finished():
+            return
+        if self.tq.ready():
+            limit = None
+        elif self.tq.depth and self.db.exhausted:
+            limit = self.tq.depth  # the last, short batch of a single pass
+        else:
+            return
+        batch, consumed = self.tq.take(self.step + 1, time.time(), limit)
+        lags = (self.version - batch.versions).astype(np.float64)
+        self.inflight = _Inflight(self.trainer.step.remote(batch), consumed, lags)
+        if self.bp.update(self.tq.depth):
+            self._set_paused()
+
+    def _on_step(self, result: StepResult) -> None:
+        inflight, self.inflight = self.inflight, None
+        for task_id, count in inflight.consumed:
+            self.db.mark_consumed(task_id, count)
+            self.prompts_trained += count
+        self.step, self.version, self.trainer_state = result.step, result.version, dict(result.state)
+        if result.weights is not None:
+            for g in self.gus:
+                if not g.dead:
+                    g.handle.set_weights.remote(result.weights)
+        end = self.last_progress = self.last_step_end = time.time()
+        metrics = iteration_metrics(
+            self.window, end, queue_depth=self.tq.depth, n_samples=self.config.n_samples,
+            actor_ids=sorted(self.by_actor), prompts_by_gu=dict(self.by_gu), prompts_by_actor=self.by_actor,
+            lags=inflight.lags, paused=self.bp.paused,
+        )  # fmt: skip
+        metrics["runtime/train_step_s"] = result.duration_s
+        metrics["runtime/policy_version"] = float(self.version)
+        metrics.update(result.metrics)
+        self.iter_times.append(metrics["runtime/iteration_time_s"])
+        self.window = Window(start=end)
+        if self.logger is not None:
+            self.logger.log_metrics(metrics, step=self.step)
+        self.iterations.append({"step": self.step, **metrics})
+        if self.checkpointer is not None and (self.step % self.config.checkpoint_interval == 0 or self.finished()):
+            self.save_checkpoint()
+        if self.on_iteration is not None:
+            self.on_iteration(self, metrics)
+
+    def save_checkpoint(self) -> None:
+        """Write the position reached (only trained prompts count as done)."""
+        if self.checkpointer is not None:
+            self.checkpointer.save(
+                database=self.db.state(), trainer_step=self.step, policy_version=self.version,
+                trainer_state=self.trainer_state, finished=self.finished(),
+            )  # fmt: skip
+
+    # ---- summary ---------------------------------------------------------------------------------------
+    def _summary(self) -> RunSummary:
+        wall = self.last_step_end - self.t0 if self.last_step_end is not None else 0.0
+        base = summary_metrics(
+            self.iter_times, self.tq.trace, [r["depth_at_arrival_batches"] for r in self.records],
+            [r["gen_s"] for r in self.records], [r["padding_rate"] for r in self.records], self.by_actor,
+            n_samples=self.config.n_samples, tokens=self.tokens, wall_s=wall, end=self.last_step_end,
+        )  # fmt: skip
+        base.update({
+            "runtime/minibatches": float(len(self.records)),
+            "runtime/prompts_trained": float(self.prompts_trained),
+            "runtime/failed_attempts": float(self.db.failed_attempts),
+            "runtime/duplicates_dropped": float(self.db.duplicates),
+            "runtime/pauses": float(self.bp.pauses),
+            "runtime/dead_actors": float(self.dead_actors),
+        })  # fmt: skip
+        metrics = {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}
+        return RunSummary(
+            metrics=metrics, iterations=self.iterations, minibatches=self.records, events=self.events,
+            trainer_step=self.step, policy_version=self.version, resumed_from_step=self.start_step,
+            resume_reason="", finished=self.finished(),
+            checkpoint_path=str(self.checkpointer.path) if self.checkpointer else None,
+        )  # fmt: skip
+
+
+def _record(out: MinibatchOutput, arrival: float, depth_batches: float, t0: float) -> dict[str, Any]:
+    return {
+        "task_id": out.task_id,
+        "minibatch_id": out.minibatch_id,
+        "attempt": out.attempt,
+        "gu": out.gu,
+        "actor": out.actor,
+        "policy_version": out.policy_version,
+        "prompts": out.num_prompts,
+        "tokens": out.total_tokens,
+        "max_length": int(out.lengths.max(initial=0)),
+        "padding_rate": out.padding_rate,
+        "gen_start_s": out.gen_start - t0,
+        "gen_s": out.gen_s,
+        "reload_s": out.reload_s,
+        "arrival_s": arrival,
+        "depth_at_arrival_batches": depth_batches,
+    }

@@ -1,0 +1,248 @@
+"""`run_async`: check inputs, start (or join) Ray, build the actors, run the Control Unit, clean up.
+
+Everything that can be checked is checked before any actor starts (`UserError`): the schedule against the
+prompt set, the config (q_max >= one global batch, ...), the engine's model directory, the Ray resources
+the actors need, and finally that every engine actually loaded (its error is reported verbatim).
+`ray_session` owns `ray.init` / `ray.shutdown` only when it started Ray (dashboard off), so tests and
+callers can share a cluster; actors are always killed on exit, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from asp.errors import UserError
+from asp.runtime.checkpoint import Checkpointer
+from asp.runtime.config import RuntimeConfig
+from asp.runtime.control import ControlUnit, GUState, RunSummary
+from asp.runtime.database import Database
+from asp.runtime.engines import EngineSpec
+from asp.runtime.generation import GenerationActor, GenerationUnit
+from asp.runtime.messages import SamplingParams
+from asp.runtime.plan import as_plan, check_prompts
+from asp.runtime.trainer import SimulatedTrainer, TrainingUnit
+
+
+@contextlib.contextmanager
+def ray_session(config: RuntimeConfig) -> Iterator[bool]:
+    """Use the running Ray, or start one (dashboard off) and shut it down on exit. Yields True if started."""
+    import ray
+
+    if ray.is_initialized():
+        yield False
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if config.ray_address:
+        ray.init(address=config.ray_address)
+    else:
+        ray.init(num_cpus=config.ray_num_cpus, num_gpus=config.ray_num_gpus, include_dashboard=False)
+    try:
+        yield True
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt while the block runs (main thread only), so cleanup happens."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def check_resources(config: RuntimeConfig) -> None:
+    """Raise `UserError` when Ray cannot give the generation actors and trainer their CPUs / GPUs."""
+    import ray
+
+    available = ray.cluster_resources()  # totals: what Ray can give once other work finishes
+    for kind, per_actor, trainer, knob in (
+        ("CPU", config.actor_num_cpus, config.trainer_num_cpus, "ray_num_cpus"),
+        ("GPU", config.actor_num_gpus, config.trainer_num_gpus, "ray_num_gpus"),
+    ):
+        need = config.total_actors * per_actor + trainer
+        have = available.get(kind, 0.0)
+        if need > have + 1e-9:
+            raise UserError(
+                f"the runtime needs {need:g} {kind}s ({config.generation_units} units x {config.actors_per_unit} "
+                f"actors x {per_actor:g} + trainer {trainer:g}) but Ray can give {have:g}. Use fewer "
+                f"runtime.generation_units / actors_per_unit, a smaller runtime.actor_num_{kind.lower()}s, or "
+                f"more resources (runtime.{knob} or a bigger cluster)."
+            )
+
+
+def build_runtime(
+    config: RuntimeConfig, engine_factory: Callable[[], Any], trainer_factory: Callable[[], Any]
+) -> tuple[list[GUState], dict[int, Any], Any]:
+    """Start the generation actors, Generation Units and Training Unit; wait until every engine loaded.
+
+    Returns:
+        (GU states, actor index -> handle, Training Unit handle). On any error all are killed.
+
+    Raises:
+        UserError: an engine or the trainer failed to build (message includes its error).
+    """
+    import ray
+
+    sampling = SamplingParams(config.n_samples, config.max_new_tokens, config.temperature, config.top_p)
+    actor_cls = ray.remote(GenerationActor).options(
+        num_cpus=config.actor_num_cpus, num_gpus=config.actor_num_gpus,
+        max_restarts=config.actor_max_restarts, max_task_retries=0,
+    )  # fmt: skip
+    handles: dict[int, Any] = {}
+    owner: dict[int, int] = {}
+    for g in range(config.generation_units):
+        for i in range(config.actors_per_unit):
+            a = g * config.actors_per_unit + i
+            handles[a], owner[a] = actor_cls.remote(g, a, engine_factory, sampling), g
+    trainer = (
+        ray.remote(TrainingUnit)
+        .options(num_cpus=config.trainer_num_cpus, num_gpus=config.trainer_num_gpus)
+        .remote(trainer_factory)
+    )
+    units: list[Any] = []
+    try:
+        _wait_ready(handles, owner, trainer, config.stall_timeout_s)
+        for g in range(config.generation_units):
+            ids = [a for a in handles if owner[a] == g]
+            units.append(
+                ray.remote(GenerationUnit)
+                .options(num_cpus=0)
+                .remote(g, [handles[a] for a in ids], ids, config.coalesce_below_s, config.max_chunk)
+            )
+        ray.get([u.start.remote() for u in units])
+    except BaseException:
+        teardown(units, handles, trainer)
+        raise
+    gus = [GUState(g, u, [a for a in handles if owner[a] == g], {a for a in handles if owner[a] == g})
+           for g, u in enumerate(units)]  # fmt: skip
+    return gus, handles, trainer
+
+
+def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, timeout_s: float) -> None:
+    """Raise `UserError` naming the first actor whose engine (or the trainer) failed or did not start in time."""
+    import ray
+
+    refs = {f"generation actor {a} (unit {owner[a]}) could not load its engine": h.ready.remote()
+            for a, h in handles.items()}  # fmt: skip
+    refs["the Training Unit could not build its trainer"] = trainer.ready.remote()
+    ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    for what, ref in refs.items():
+        try:
+            error = ray.get(ref, timeout=0.01)
+        except ray.exceptions.GetTimeoutError:
+            error = (
+                f"it did not start within {timeout_s:g} s (runtime.stall_timeout_s); Ray may be unable to "
+                "place it (resources held by other jobs) or loading is very slow"
+            )
+        except ray.exceptions.RayActorError as exc:
+            error = f"the actor process died while starting: {exc!s:.500}"
+        if error:
+            raise UserError(f"{what}: {error}. Check the engine / trainer kind, model path and options.")
+
+
+def teardown(units: list[Any], handles: Mapping[int, Any], trainer: Any) -> None:
+    """Kill the runtime's actors (no restarts)."""
+    import ray
+
+    for handle in [*units, *handles.values(), trainer]:
+        with contextlib.suppress(Exception):
+            ray.kill(handle, no_restart=True)
+
+
+def run_async(
+    schedule: Any,
+    prompts_by_id: Mapping[Any, str],
+    engine_factory: Callable[[], Any],
+    config: RuntimeConfig,
+    *,
+    trainer_factory: Callable[[], Any] | None = None,
+    logger: Any = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = True,
+    on_iteration: Callable[[ControlUnit, dict[str, float]], None] | None = None,
+) -> RunSummary:
+    """Run the asynchronous generation -> Training Queue -> trainer loop over a schedule.
+
+    Args:
+        schedule: a `WorkPlan`, an `asp.schedule.Schedule`, the schedule DataFrame, or prompt-id lists.
+        prompts_by_id: prompt id -> chat-templated prompt text.
+        engine_factory: picklable zero-argument callable building one engine per actor (e.g. `EngineSpec`).
+        config: the `RuntimeConfig`.
+        trainer_factory: picklable zero-argument callable building the `Trainer`; default
+            ``SimulatedTrainer(config.trainer_step_s, config.refresh_delay_s)``.
+        logger: object with ``log_metrics(dict, step)`` (e.g. the stage's MLflow tracker); gets every
+            iteration's metrics and, at the end, the summary (step = last trainer step).
+        checkpoint_dir: where ``runtime_state.json`` is kept; None disables checkpoints.
+        resume: continue from an unfinished checkpoint of the same plan when there is one.
+        on_iteration: called in the driver after every step with (control unit, metrics) (tests, progress).
+
+    Returns:
+        The `RunSummary`.
+
+    Raises:
+        UserError: bad schedule / prompts / config / resources, or an engine that fails to load.
+        RuntimeFailure: the run could not continue (see `asp.runtime.control.RuntimeFailure`).
+    """
+    config.validate()
+    plan = as_plan(schedule)
+    check_prompts(plan, prompts_by_id)
+    if isinstance(engine_factory, EngineSpec):
+        engine_factory.check()
+        tp = int(engine_factory.options.get("tensor_parallel_size", 1))
+        if engine_factory.kind == "vllm" and config.actor_num_gpus < tp:
+            raise UserError(
+                f"vLLM actors with tensor_parallel_size={tp} need runtime.actor_num_gpus >= {tp}, "
+                f"got {config.actor_num_gpus:g}."
+            )
+    if trainer_factory is None:
+        trainer_factory = functools.partial(SimulatedTrainer, config.trainer_step_s, config.refresh_delay_s)
+    epochs = 1 if config.iterations is None else None
+    db = Database(plan, prompts_by_id, epochs=epochs, max_attempts=config.max_attempts, seed=config.seed)
+    checkpointer, state, reason = None, None, "fresh run"
+    if checkpoint_dir is not None:
+        fingerprint = plan.fingerprint(global_batch_prompts=config.global_batch_prompts, n=config.n_samples)
+        checkpointer = Checkpointer(Path(checkpoint_dir), fingerprint)
+        if resume:
+            state, reason = checkpointer.load()
+    with ray_session(config), _sigterm_as_interrupt():  # after ray.init, which installs its own handler
+        check_resources(config)
+        gus, handles, trainer = build_runtime(config, engine_factory, trainer_factory)
+        try:
+            cu = ControlUnit(config, db, gus, trainer, logger, checkpointer, on_iteration, actor_handles=handles)
+            if state is not None:
+                _restore(cu, trainer, state)
+            summary = cu.run()
+        finally:
+            teardown([g.handle for g in gus], handles, trainer)
+    summary.resume_reason = reason
+    if logger is not None:
+        logger.log_metrics(summary.metrics, step=summary.trainer_step)
+    return summary
+
+
+def _restore(cu: ControlUnit, trainer: Any, state: Mapping[str, Any]) -> None:
+    import ray
+
+    cu.db.restore(state["database"])
+    cu.step = cu.start_step = int(state["trainer_step"])
+    cu.version = int(state["policy_version"])
+    cu.trainer_state = dict(state["trainer_state"])
+    update = ray.get(trainer.restore.remote(cu.trainer_state))
+    if update is not None:
+        ray.get([g.handle.set_weights.remote(update) for g in cu.gus])

@@ -1,0 +1,180 @@
+"""End-to-end runs on the shared local Ray cluster with the stand-in engine and the simulated trainer.
+
+Checks: every scheduled prompt reaches the trainer exactly once (trainer ledger), also when an actor is
+killed mid-run and across a Ctrl-C + resume; backpressure bounds the Training Queue; misuse errors
+(engine that fails to load, more actors than CPUs) come before the run starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import Counter
+
+import pytest
+
+from asp.errors import UserError
+from asp.runtime import EngineSpec, SimulatedTrainer, run_async
+
+from .helpers import fast_config, make_plan, read_ledger
+
+TABLE_4B = (
+    "mean_iteration_time_s",
+    "mean_iteration_time_s_excl_first",
+    "iteration_time_trend",
+    "queue_std_samples",
+    "queue_max_samples",
+    "generation_time_std_s",
+)
+
+
+class ListLogger:
+    """Collects what the runtime logs (the stage passes its MLflow tracker instead)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict, int]] = []
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self.calls.append((dict(metrics), step))
+
+
+def trained_counts(ledger_path) -> Counter:
+    return Counter(pid for line in read_ledger(ledger_path) for pid in line["prompt_ids"])
+
+
+def trainer(tmp_path, step_s: float = 0.0, refresh_s: float = 0.0):
+    return functools.partial(SimulatedTrainer, step_s, refresh_s, str(tmp_path / "ledger.jsonl"))
+
+
+def test_one_pass_trains_every_prompt_once_and_logs(ray_cluster, tmp_path):
+    plan, prompts = make_plan(12, 3)  # 36 prompts; batches of 8 -> 4 full steps + a short one of 4
+    logger = ListLogger()
+    cfg = fast_config(q_max=8)  # = one batch: resumes at 7 prompts (q_max - 8 = 0 would deadlock)
+    summary = run_async(
+        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.005, "jitter": 0.5}), cfg,
+        trainer_factory=trainer(tmp_path, refresh_s=0.002), logger=logger, checkpoint_dir=tmp_path / "ckpt",
+    )  # fmt: skip
+    assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(36))
+    assert summary.trainer_step == 5 and summary.finished
+    assert [it["step"] for it in summary.iterations] == [1, 2, 3, 4, 5]
+    assert [it["train/prompts"] for it in summary.iterations] == [8, 8, 8, 8, 4]
+    for name in TABLE_4B:
+        assert f"runtime/summary/{name}" in summary.metrics
+    assert summary.metrics["runtime/summary/minibatches"] == 12
+    assert summary.metrics["runtime/summary/prompts_trained"] == 36
+    # one owner logs: 5 iteration dicts, then the summary at the last step
+    assert [step for _, step in logger.calls] == [1, 2, 3, 4, 5, 5]
+    assert "runtime/iteration_time_s" in logger.calls[0][0] and "runtime/prompts/actor1" in logger.calls[0][0]
+    # samples carry token ids and behaviour log-probs; versions never exceed the trainer's
+    for line in read_ledger(tmp_path / "ledger.jsonl"):
+        assert line["tokens"] == line["logprobs"] == sum(line["lengths"]) > 0
+        assert max(line["versions"]) < line["step"]
+    state = json.loads((tmp_path / "ckpt" / "runtime_state.json").read_text())
+    assert state["finished"] and state["trainer_step"] == 5
+
+
+@pytest.mark.slow
+def test_killed_actor_loses_nothing_and_duplicates_nothing(ray_cluster, tmp_path):
+    plan, prompts = make_plan(16, 2)  # 32 prompts, 4 steps of 8
+    killed = []
+
+    def kill_one(cu, metrics):
+        if cu.step == 1:
+            killed.append(0)
+            ray_cluster.kill(cu.actor_handles[0], no_restart=False)  # Ray restarts it (actor_max_restarts)
+
+    summary = run_async(
+        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.15}), fast_config(gu_queue_target=2),
+        trainer_factory=trainer(tmp_path), on_iteration=kill_one,
+    )  # fmt: skip
+    assert killed
+    assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(32))
+    assert summary.metrics["runtime/summary/failed_attempts"] >= 1  # the minibatch it was decoding
+    retried = [r for r in summary.minibatches if r["attempt"] > 0]
+    assert retried and summary.metrics["runtime/summary/minibatches"] == 16
+    assert summary.metrics["runtime/summary/dead_actors"] == 0  # it came back
+
+
+@pytest.mark.slow
+def test_lost_generation_unit_hands_its_work_to_the_other(ray_cluster, tmp_path):
+    plan, prompts = make_plan(16, 2)  # 32 prompts, 4 steps of 8
+
+    def kill_unit(cu, metrics):
+        if cu.step == 1:
+            ray_cluster.kill(cu.gus[0].handle, no_restart=True)  # the GU control process itself
+
+    summary = run_async(
+        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.1}),
+        fast_config(generation_units=2, actors_per_unit=1, gu_queue_target=2),
+        trainer_factory=trainer(tmp_path), on_iteration=kill_unit,
+    )  # fmt: skip
+    assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(32))
+    assert summary.metrics["runtime/summary/failed_attempts"] >= 1  # what unit 0 held went back to the Database
+    late = [r for r in summary.minibatches if r["arrival_s"] > summary.iterations[0]["runtime/iteration_time_s"] + 0.5]
+    assert late and {r["gu"] for r in late} == {1}
+
+
+def test_backpressure_bounds_the_queue(ray_cluster, tmp_path):
+    # generation: 2 actors x 2 prompts / 0.02 s ~ 200 prompts/s; training: 4 prompts / 0.06 s ~ 67 prompts/s
+    # without backpressure the queue would reach ~40 prompts (60 generated in ~0.3 s, 67/s trained)
+    plan, prompts = make_plan(30, 2, k=1)
+    cfg = fast_config(global_batch_prompts=4, q_max=8, coalesce_below_s=0.0, gu_queue_target=1)
+    summary = run_async(
+        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.02}), cfg,
+        trainer_factory=trainer(tmp_path, step_s=0.06),
+    )  # fmt: skip
+    m = summary.metrics
+    assert m["runtime/summary/pauses"] >= 2  # paused, resumed (queue drained), paused again
+    kinds = [e[1] for e in summary.events if e[1] in ("pause", "resume")]
+    assert kinds[:3] == ["pause", "resume", "pause"]
+    assert not any(e[1] == "send" for e in _while_paused(summary.events))  # the sender stopped
+    # once paused, only minibatches already handed to the GU can arrive: the one that crossed q_max plus at
+    # most gu_queue_target + actors = 3 more, 2 prompts each, however late the pause message lands
+    max_prompts = m["runtime/summary/queue_max_samples"] / cfg.n_samples
+    assert max_prompts <= cfg.q_max + 2 + 3 * 2
+    assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(60))
+
+
+def _while_paused(events):
+    """Events strictly between a pause and the following resume."""
+    paused = False
+    for e in events:
+        if e[1] in ("pause", "resume"):
+            paused = e[1] == "pause"
+        elif paused:
+            yield e
+
+
+def test_interrupt_then_resume_from_checkpoint(ray_cluster, tmp_path):
+    plan, prompts = make_plan(10, 4)  # 40 prompts, 5 steps of 8
+    engine = EngineSpec("standin", options={"seconds_per_call": 0.01})
+    cfg = fast_config(checkpoint_interval=1)
+
+    def interrupt(cu, metrics):
+        if cu.step == 2:
+            raise KeyboardInterrupt  # what Ctrl-C does in the driver
+
+    with pytest.raises(KeyboardInterrupt):
+        run_async(plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck",
+                  on_iteration=interrupt)  # fmt: skip
+    assert json.loads((tmp_path / "ck" / "runtime_state.json").read_text())["trainer_step"] == 2
+    summary = run_async(plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck")
+    assert summary.resumed_from_step == 2 and summary.resume_reason == "resumed"
+    assert [it["step"] for it in summary.iterations] == [3, 4, 5]
+    assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(40))  # across both sessions
+    assert [line["step"] for line in read_ledger(tmp_path / "ledger.jsonl")] == [1, 2, 3, 4, 5]
+    # the resumed trainer continued its version; actors were told to load it
+    assert min(r["policy_version"] for r in summary.minibatches) >= 2
+
+
+def test_engine_that_fails_to_load_is_reported(ray_cluster):
+    plan, prompts = make_plan(2, 2)
+    with pytest.raises(UserError, match=r"could not load its engine: TypeError: .*bogus"):
+        run_async(plan, prompts, EngineSpec("standin", options={"bogus": 1}), fast_config())
+
+
+def test_more_actors_than_cpus_is_refused(ray_cluster):
+    plan, prompts = make_plan(2, 2)
+    cfg = fast_config(generation_units=2, actors_per_unit=3, actor_num_cpus=1.0)
+    with pytest.raises(UserError, match=r"needs 6 CPUs .* Ray can give 4\b"):
+        run_async(plan, prompts, EngineSpec("standin"), cfg)
