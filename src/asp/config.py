@@ -161,6 +161,55 @@ class ScheduleParams(_Params):
     ablation_seeds: int = Field(3, ge=1)
 
 
+class EngineParams(_Params):
+    kind: Literal["hf", "vllm"] = "hf"
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    num_threads: int | None = Field(1, ge=1, description="hf engine CPU threads per actor.")
+    vllm: VllmParams = VllmParams()
+
+
+class RuntimeParams(_Params):
+    """The `launch` stage: asynchronous multi-instance RL run (field meanings: asp.runtime.RuntimeConfig)."""
+
+    condition: Literal["C0", "C1", "C2", "C3", "C4"] = Field("C4", description="Schedule condition (paper §5.3).")
+    trainer: Literal["simulated"] = "simulated"
+    engine: EngineParams = EngineParams()
+    iterations: int | None = Field(30, ge=1, description="Trainer steps; None = one pass over the schedule.")
+    generation_units: int = Field(1, ge=1)
+    actors_per_unit: int = Field(3, ge=1)
+    gu_queue_target: int = Field(6, ge=0, description="Minibatches waiting per GU (paper: 5-10).")
+    q_max: int = Field(64, ge=1, description="Training Queue depth (prompts) that pauses new minibatches.")
+    q_resume: int | None = Field(None, ge=0)
+    global_batch_prompts: int = Field(16, ge=1)
+    n_samples: int = Field(8, ge=1)
+    max_new_tokens: int = Field(160, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    trainer_step_s: float = Field(1.0, ge=0, description="Simulated training step time.")
+    refresh_delay_s: float = Field(0.2, ge=0, description="Simulated weight reload time per actor.")
+    checkpoint_interval: int = Field(5, ge=1)
+    actor_num_cpus: float = Field(0.5, ge=0)
+    actor_num_gpus: float = Field(0.0, ge=0)
+    trainer_num_cpus: float = Field(0.0, ge=0)
+    trainer_num_gpus: float = Field(0.0, ge=0)
+    actor_max_restarts: int = Field(2, ge=0)
+    max_attempts: int = Field(3, ge=1)
+    ray_address: str | None = None
+    ray_num_cpus: int | None = Field(None, ge=1)
+    ray_num_gpus: int | None = Field(None, ge=0)
+    stall_timeout_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _queue_holds_a_batch(self) -> RuntimeParams:
+        if self.q_max < self.global_batch_prompts:
+            raise ValueError(
+                f"q_max = {self.q_max} is smaller than one global batch ({self.global_batch_prompts} prompts); "
+                "generation would pause before a batch could form. Use 2-4 global batches."
+            )
+        return self
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
@@ -205,6 +254,7 @@ class Params(_Params):
     evaluate: EvaluateParams = EvaluateParams()
     predict: PredictParams = PredictParams()
     schedule: ScheduleParams = ScheduleParams()
+    runtime: RuntimeParams = RuntimeParams()
 
 
 def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:

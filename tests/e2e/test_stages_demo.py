@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 
 from asp.config import validate_params
 from asp.errors import UserError
-from asp.pipeline import evaluate, policy, predict, prepare, profile, schedule, train_predictor
+from asp.pipeline import evaluate, launch, policy, predict, prepare, profile, schedule, train_predictor
 from asp.pipeline.policy import policy_model_path
 from asp.tracking import NullTracker, open_tracker
 
@@ -63,6 +63,17 @@ def _paths(t: Path) -> dict[str, object]:
             plot=t / "p/sched.png",
             ablation_csv=t / "p/ablation.csv",
         ),
+        "launch": launch.Paths(
+            policy=t / "policy",
+            prompts=t / "prompts/train.parquet",
+            schedule=t / "schedule/schedule.parquet",
+            predictions=t / "predictions.parquet",
+            calibration=t / "cal.json",
+            out_dir=t / "launch",
+            state_dir=t / "launch_state",
+            metrics=t / "m/launch.json",
+            plot=t / "p/launch.png",
+        ),
     }
 
 
@@ -74,6 +85,7 @@ STAGES = {
     "evaluate": evaluate,
     "predict": predict,
     "schedule": schedule,
+    "launch": launch,
 }
 
 
@@ -102,6 +114,10 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
     assert "schedule/ablation/C4/CV" in sm
     for f in ("p/profile.png", "p/curves.png", "p/sc.png", "p/sched.png", "pred/predictor.json"):
         assert (tmp_path / f).is_file(), f
+
+    lm = json.loads((tmp_path / "m/launch.json").read_text())
+    assert lm["runtime/summary/finished"] == 1 and lm["runtime/summary/iterations"] == 3
+    assert len(pd.read_parquet(tmp_path / "launch/iterations.parquet")) == 3
 
     client = MlflowClient()
     assert "predictor/kendall_tau" in client.get_run(run_ids["evaluate"]).data.metrics

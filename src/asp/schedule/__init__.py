@@ -20,6 +20,7 @@ from asp.schedule.ablation import (
     synthetic_lengths,
 )
 from asp.schedule.balance import METHODS, balance_groups, group_loads, shuffle_groups
+from asp.schedule.conditions import CONDITION_NAMES, condition_schedule
 from asp.schedule.dp import build_minibatches, fixed_minibatches, is_feasible, utilization
 from asp.schedule.metrics import kendall_tau, schedule_metrics
 from asp.schedule.plot import plot_schedule
@@ -33,6 +34,8 @@ from asp.schedule.schedule import (
 )
 
 __all__ = [
+    "CONDITION_NAMES",
+    "condition_schedule",
     "CONDITIONS",
     "METHODS",
     "PAPER_TAUS",
