@@ -5,7 +5,8 @@
     asp params check            validate params.yaml (optionally with a preset overlaid)
     asp preset list|apply NAME  list presets in configs/ or write one over params.yaml
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline
-    asp ui mlflow               MLflow UI on 127.0.0.1 (one worker)
+    asp serve                   serve the Prefect flow (trigger stages from the Prefect UI)
+    asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1 (MLflow: one worker)
 
 User errors print one message and exit with code 2, without a traceback.
 """
@@ -123,6 +124,27 @@ def repro(ctx: typer.Context, params: ParamsOpt = Path("params.yaml")) -> None:
     if rc != 0:
         typer.echo(f"dvc repro failed with exit code {rc}", err=True)
         raise typer.Exit(rc)
+
+
+@app.command()
+def serve(name: str = "asp-pipeline") -> None:
+    """Serve the Prefect flow as a deployment that can be triggered from the Prefect UI (Ctrl-C stops)."""
+    sys.path.insert(0, str(Path.cwd()))
+    from flows.pipeline import asp_pipeline
+
+    asp_pipeline.serve(name=name)
+
+
+@ui_app.command("prefect")
+def ui_prefect(port: int = 4200, host: Annotated[str, typer.Option(help="keep 127.0.0.1")] = "127.0.0.1") -> None:
+    """Start the Prefect server and UI on 127.0.0.1 (analytics off)."""
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=f"http://{host}:{port}/api")
+    typer.echo(
+        f"Prefect UI: http://{host}:{port}; in another shell: PREFECT_API_URL={env['PREFECT_API_URL']} asp serve",
+        err=True,
+    )
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
+    raise typer.Exit(subprocess.call(cmd, env=env))
 
 
 @ui_app.command("mlflow")
