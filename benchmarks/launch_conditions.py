@@ -1,0 +1,56 @@
+"""Table 4(b) of the paper on this machine: the `launch` stage's asynchronous run (real generation by the demo
+policy, simulated training) under schedule conditions C0-C4, same seeds, side by side.
+
+Needs the pipeline outputs up to `schedule` (run `make run` first). Uses params.yaml's `runtime:` section with
+`runtime.condition` overridden; writes nothing under outputs/ (temporary directories) and logs nothing.
+
+    .venv/bin/python benchmarks/launch_conditions.py            # C0 and C4
+    .venv/bin/python benchmarks/launch_conditions.py C0 C1 C2 C3 C4
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from asp.config import load_params
+from asp.env import set_offline_defaults
+from asp.pipeline import launch
+from asp.tracking import NullTracker
+
+COLUMNS = {
+    "mean_iteration_time_s": "mean iter (s)",
+    "mean_iteration_time_s_excl_first": "mean iter excl. first (s)",
+    "iteration_time_trend": "trend (Spearman)",
+    "queue_std_samples": "queue STD (samples)",
+    "queue_max_samples": "queue max (samples)",
+    "generation_time_std_s": "gen-time STD / mb (s)",
+    "padding_rate_mean": "padding rate",
+    "tokens_per_s": "tokens/s",
+}
+
+
+def main(conditions: list[str]) -> None:
+    set_offline_defaults()
+    params = load_params("params.yaml")
+    rows = {}
+    for cond in conditions:
+        p = params.model_copy(update={"runtime": params.runtime.model_copy(update={"condition": cond})})
+        with tempfile.TemporaryDirectory() as tmp:
+            t = Path(tmp)
+            paths = replace(
+                launch.Paths(), out_dir=t / "launch", state_dir=t / "state", metrics=t / "m.json", plot=t / "p.png"
+            )
+            metrics = launch.run(p, paths, NullTracker())
+        rows[cond] = {k: metrics[f"runtime/summary/{k}"] for k in COLUMNS}
+        print(f"{cond} done", file=sys.stderr)
+    print("| metric | " + " | ".join(conditions) + " |")
+    print("|---|" + "---|" * len(conditions))
+    for key, label in COLUMNS.items():
+        print(f"| {label} | " + " | ".join(f"{rows[c][key]:.4g}" for c in conditions) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["C0", "C4"])

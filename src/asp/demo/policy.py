@@ -1,0 +1,319 @@
+"""Tiny demo policy: a Qwen2-architecture causal LM built locally, warm-started on the demo task on CPU.
+
+`build_model` creates a randomly initialised `Qwen2ForCausalLM` sized for a laptop; `warm_start` runs a
+short supervised fine-tune on reference responses (loss on response tokens + EOS only); `evaluate_policy`
+samples responses with `model.generate` and reports how well the sampled lengths follow the task's
+intended lengths (Spearman) and the mean verifiable reward. Nothing here reads or writes files; the
+policy stage saves the result with ``save_pretrained`` (safetensors).
+
+Run ``python -m asp.demo.policy`` to build, warm-start and evaluate with the recommended defaults
+(`DEFAULTS`) and print the measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+
+from asp.demo.task import intended_length, reference_response, reward
+
+ProgressFn = Callable[[int, int, float], None]
+
+# Recommended defaults for the CPU demo preset (params.yaml `policy:` section). Measured on the 2-core dev box:
+# warm start ~1.5 min uncontended, then at temperature 1 Spearman(intended, sampled length) ~0.97-0.99 and mean
+# reward ~0.35-0.6 depending on the seed (see the module docstring of asp.demo.task for why it is partial).
+DEFAULTS: dict = {
+    "task": {"min_steps": 1, "max_steps": 24, "median_steps": 4.0, "tail": 0.75, "max_term": 4},
+    "model": {
+        "hidden_size": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "intermediate_size": 384,
+        "max_position_embeddings": 512,
+    },
+    "warm_start": {"steps": 800, "batch_size": 32, "lr": 2.0e-3},
+    "evaluate": {"n_samples": 8, "temperature": 1.0, "max_new_tokens": 256, "batch_size": 64},
+}
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    seed: int,
+) -> Qwen2ForCausalLM:
+    """Build a randomly initialised tiny Qwen2 causal LM over `tokenizer`'s vocabulary (tied embeddings).
+
+    Args:
+        tokenizer: the demo tokenizer; its size and bos/eos/pad ids go into the config.
+        hidden_size: model width (divisible by `num_heads`).
+        num_layers: transformer blocks.
+        num_heads: attention heads (also key/value heads).
+        intermediate_size: MLP width.
+        max_position_embeddings: longest prompt + response the model is meant for, in tokens.
+        seed: initialisation seed.
+
+    Returns:
+        A float32 `Qwen2ForCausalLM` in eval mode whose generation config stops at EOS.
+    """
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, problem: str) -> list[int]:
+    """Token ids of the chat-formatted prompt (user turn + generation prompt) for one problem."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": problem}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _examples(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) -> list[tuple[list[int], int]]:
+    """(prompt + response + EOS ids, prompt length) per record."""
+    out = []
+    for rec in records:
+        p = prompt_ids(tokenizer, rec["problem"])
+        r = tokenizer(reference_response(rec), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        out.append((p + r, len(p)))
+    return out
+
+
+def _batches(lengths: np.ndarray, batch_size: int, steps: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """`steps` index batches: shuffled epochs, sorted by length inside chunks of 16 batches (less padding)."""
+    batches: list[np.ndarray] = []
+    chunk = batch_size * 16
+    while len(batches) < steps:
+        perm = rng.permutation(len(lengths))
+        epoch = []
+        for s in range(0, len(perm), chunk):
+            part = perm[s : s + chunk]
+            part = part[np.argsort(lengths[part], kind="stable")]
+            epoch += [part[i : i + batch_size] for i in range(0, len(part), batch_size)]
+        batches += [epoch[i] for i in rng.permutation(len(epoch))]
+    return batches[:steps]
+
+
+def _collate(examples: list[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids / attention_mask / labels (-100 on prompt and padding), shapes [B, T]."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, (seq, n_prompt) in enumerate(examples):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        labels[i, n_prompt : len(seq)] = ids[i, n_prompt : len(seq)]
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def warm_start(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    records: Sequence[dict],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    progress: ProgressFn | None = None,
+) -> dict:
+    """Supervised warm start on reference responses (AdamW, linear warmup then cosine decay, grad clip 1).
+
+    Args:
+        model: the policy, trained in place (left in eval mode).
+        tokenizer: the demo tokenizer (chat template formats the prompts).
+        records: task records (``problem`` + ``answer``); cycled when `steps * batch_size` exceeds them.
+        steps: optimizer steps.
+        batch_size: sequences per step.
+        lr: peak learning rate.
+        seed: data order seed.
+        progress: optional ``progress(step, total, loss)`` called after every step (1-based step).
+
+    Returns:
+        ``{"loss": [per-step mean response-token loss], "seconds": wall time, "tokens": tokens seen}``.
+    """
+    if steps < 1 or batch_size < 1 or not records:
+        raise ValueError(f"need steps >= 1, batch_size >= 1 and records, got {steps}, {batch_size}, {len(records)}")
+    t0 = time.perf_counter()
+    examples = _examples(tokenizer, records)
+    rng = np.random.default_rng(seed)
+    order = _batches(np.array([len(e[0]) for e in examples]), batch_size, steps, rng)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, 0.05 + 0.475 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
+    model.train()
+    losses, tokens = [], 0
+    for step, idx in enumerate(order, start=1):
+        batch = _collate([examples[i] for i in idx], tokenizer.pad_token_id)
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        tokens += int(batch["attention_mask"].sum())
+        if progress is not None:
+            progress(step, steps, losses[-1])
+    model.eval()
+    return {"loss": losses, "seconds": time.perf_counter() - t0, "tokens": tokens}
+
+
+def sample_responses(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[str],
+    *,
+    n_samples: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int,
+) -> list[list[tuple[str, int, bool]]]:
+    """Sample `n_samples` responses per problem with `model.generate` (pure sampling: no top-k / top-p).
+
+    Prompts are batched `batch_size` at a time (left-padded, grouped by prompt length).
+
+    Returns:
+        Per problem (input order), `n_samples` tuples ``(text, n_tokens, truncated)``: the decoded response
+        without special tokens, its length in tokens counting the EOS when present, and whether it hit
+        `max_new_tokens` without an EOS.
+    """
+    torch.manual_seed(seed)
+    ids = [prompt_ids(tokenizer, p) for p in problems]
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    out: list[list[tuple[str, int, bool]]] = [[] for _ in problems]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    for s in range(0, len(order), batch_size):
+        chunk = order[s : s + batch_size]
+        enc = tokenizer.pad({"input_ids": [ids[i] for i in chunk]}, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            gen = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=n_samples,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+        new = gen[:, enc["input_ids"].shape[1] :].tolist()
+        for j, seq in enumerate(new):
+            n = seq.index(eos) + 1 if eos in seq else len(seq)
+            text = tokenizer.decode(seq[:n], skip_special_tokens=True)
+            out[chunk[j // n_samples]].append((text, n, eos not in seq[:n]))
+    return out
+
+
+def evaluate_policy(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    records: Sequence[dict],
+    *,
+    n_samples: int,
+    temperature: float = 1.0,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int,
+) -> dict:
+    """Sample responses and measure length tracking and reward.
+
+    Returns:
+        ``spearman`` (intended length vs sampled length in tokens, over all samples; NaN when either is
+        constant), ``mean_reward``,
+        ``mean_length`` / ``max_length`` (tokens, EOS included), ``truncation_rate``, ``tokens_per_s``
+        (generated tokens per wall second), ``seconds`` and ``n`` (samples).
+    """
+    t0 = time.perf_counter()
+    samples = sample_responses(
+        model,
+        tokenizer,
+        [r["problem"] for r in records],
+        n_samples=n_samples,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        batch_size=batch_size,
+    )
+    seconds = time.perf_counter() - t0
+    intended = [intended_length(r) for r, ss in zip(records, samples, strict=True) for _ in ss]
+    lengths = np.array([n for ss in samples for _, n, _ in ss], dtype=float)
+    rewards = [reward(text, r["answer"]) for r, ss in zip(records, samples, strict=True) for text, _, _ in ss]
+    truncated = [t for ss in samples for _, _, t in ss]
+    defined = len(set(intended)) > 1 and np.ptp(lengths) > 0
+    rho = spearmanr(intended, lengths).statistic if defined else float("nan")
+    return {
+        "spearman": float(rho),
+        "mean_reward": float(np.mean(rewards)),
+        "mean_length": float(lengths.mean()),
+        "max_length": int(lengths.max()),
+        "truncation_rate": float(np.mean(truncated)),
+        "tokens_per_s": float(lengths.sum() / seconds),
+        "seconds": seconds,
+        "n": int(lengths.size),
+    }
+
+
+def _main() -> None:
+    """Build, warm-start, save, reload and evaluate the demo policy with `DEFAULTS`; print the measurements."""
+    import json
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asp.demo.task import generate_problems
+    from asp.demo.tokenizer import build_tokenizer
+
+    d, seed = DEFAULTS, 0
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=seed, **d["model"])
+    ws = d["warm_start"]
+    train = generate_problems(ws["steps"] * ws["batch_size"], seed=seed + 1, **d["task"])
+    hist = warm_start(model, tokenizer, train, seed=seed, **ws)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(tmp)
+    held_out = generate_problems(200, seed=seed + 2, id_prefix="eval", **d["task"])
+    metrics = evaluate_policy(model, tokenizer, held_out, seed=seed, **d["evaluate"])
+    n_params = sum(p.numel() for p in model.parameters())
+    out = {"warm_start_s": hist["seconds"], "final_loss": float(np.mean(hist["loss"][-20:])), "params": n_params}
+    print(json.dumps({**out, **metrics}, indent=2))
+
+
+if __name__ == "__main__":
+    _main()

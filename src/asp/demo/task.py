@@ -1,0 +1,164 @@
+"""Built-in demo task: step-by-step running sums modulo 10, with heavy-tailed problem sizes.
+
+A problem lists lettered terms; the response adds them one step at a time, modulo 10, and ends with the
+final answer::
+
+    problem:   "Add mod 10: A3 B4 C2 D1"
+    response:  "A3=3 B4=7 C2=9 D1=0 answer: 0"
+
+Each step copies a term (capital letter + digit) from the prompt and writes the running sum after it. Every
+step is five characters (five tokens of the demo policy's one-token-per-character tokenizer), so the response
+length is ``5 * steps + 9`` tokens: it is driven by the number of terms, which the prompt text shows (the last
+letter names it). The number of steps follows a discretized lognormal (median ``median_steps``,
+log-standard-deviation ``tail``) clipped to ``[min_steps, max_steps]``, ``max_steps <= 26`` (one letter per term).
+
+Why this shape: a tiny transformer warm-started for a minute on a CPU learns it *partly*. Terms are small
+(1..``max_term``, default 4) so the previous sum alone already narrows the next one, which lets gradient descent
+find the addition; finding the term after letter D, E, ... in the prompt (an induction lookup) is learned more
+slowly, so long problems stay hard. Sampled at temperature 1 the policy's lengths follow the prompt closely
+while its reward is well inside (0, 1) -- what the profiler, the length predictor and GRPO need.
+
+Records are DeepScaleR-shaped (``problem``, ``answer``) plus ``id`` and ``steps``.
+
+Run ``python -m asp.demo.task`` to print a few problems and the length distribution.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+
+import numpy as np
+
+LETTERS = string.ascii_lowercase
+MAX_STEPS = len(LETTERS)
+PROMPT_PREFIX = "Add mod 10: "
+ANSWER_MARK = "answer:"
+TOKENS_PER_STEP = 5
+_ANSWER_RE = re.compile(r"answer\s*:\s*([^\s]*)", re.IGNORECASE)
+_TERM_RE = re.compile(r"\b([A-Z])(\d)\b")
+
+
+def _sample_steps(rng: np.random.Generator, n: int, *, min_steps: int, max_steps: int, median: float, tail: float):
+    """Draw `n` step counts from a lognormal with the given median and log-sd, rounded and clipped."""
+    raw = np.exp(np.log(median) + tail * rng.standard_normal(n))
+    return np.clip(np.rint(raw), min_steps, max_steps).astype(np.int64)
+
+
+def _validate(n: int, min_steps: int, max_steps: int, median_steps: float, tail: float, max_term: int) -> None:
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not 1 <= min_steps <= max_steps <= MAX_STEPS:
+        raise ValueError(
+            f"need 1 <= min_steps <= max_steps <= {MAX_STEPS}, got min_steps={min_steps}, max_steps={max_steps}"
+        )
+    if not 1 <= max_term <= 9:
+        raise ValueError(f"max_term must be in [1, 9], got {max_term}")
+    if median_steps <= 0 or tail < 0:
+        raise ValueError(f"need median_steps > 0 and tail >= 0, got median_steps={median_steps}, tail={tail}")
+
+
+def generate_problems(
+    n: int,
+    *,
+    seed: int,
+    min_steps: int = 1,
+    max_steps: int = 24,
+    median_steps: float = 4.0,
+    tail: float = 0.75,
+    max_term: int = 4,
+    id_prefix: str = "arith",
+) -> list[dict]:
+    """Generate `n` running-sum problems, deterministically from `seed`.
+
+    Args:
+        n: number of records.
+        seed: RNG seed; the same arguments always give the same records.
+        min_steps: fewest terms per problem (>= 1).
+        max_steps: most terms per problem (<= 26, one letter per term).
+        median_steps: median of the lognormal step distribution before clipping.
+        tail: log-standard-deviation of the step distribution; larger = heavier tail (0 = all `median_steps`).
+        max_term: terms are drawn uniformly from 1..max_term (<= 9). The policy must be warm-started on the
+            same value it is later prompted with.
+        id_prefix: prefix of the record ids (``"arith-000123"``).
+
+    Returns:
+        `n` dicts with keys ``id`` (str), ``problem`` (str), ``answer`` (str, one digit) and ``steps`` (int).
+    """
+    _validate(n, min_steps, max_steps, median_steps, tail, max_term)
+    rng = np.random.default_rng(seed)
+    steps = _sample_steps(rng, n, min_steps=min_steps, max_steps=max_steps, median=median_steps, tail=tail)
+    records = []
+    for i, k in enumerate(steps.tolist()):
+        terms = rng.integers(1, max_term + 1, size=k).tolist()
+        listed = " ".join(f"{LETTERS[j].upper()}{t}" for j, t in enumerate(terms))
+        records.append(
+            {
+                "id": f"{id_prefix}-{i:06d}",
+                "problem": PROMPT_PREFIX + listed,
+                "answer": str(sum(terms) % 10),
+                "steps": k,
+            }
+        )
+    return records
+
+
+def parse_terms(problem: str) -> list[int]:
+    """Return the terms listed in a problem text, in order (``"Add mod 10: A3 B4"`` -> ``[3, 4]``)."""
+    terms = [int(d) for _, d in _TERM_RE.findall(problem)]
+    if not terms:
+        raise ValueError(f"problem text lists no terms like 'A3': {problem!r}")
+    return terms
+
+
+def reference_response(record: dict) -> str:
+    """The correct step-by-step response for a record (its ``problem`` text is the source of truth)."""
+    total, parts = 0, []
+    for j, t in enumerate(parse_terms(record["problem"])):
+        total = (total + t) % 10
+        parts.append(f"{LETTERS[j].upper()}{t}={total}")
+    return " ".join(parts) + f" {ANSWER_MARK} {total}"
+
+
+def intended_length(record: dict) -> int:
+    """Length of the reference response in demo-policy tokens (= characters), EOS excluded: ``5 * steps + 9``.
+
+    (Each step is ``"B4=7 "``; the tail is ``"answer: 0"``.)
+    """
+    return TOKENS_PER_STEP * len(parse_terms(record["problem"])) + len(ANSWER_MARK) + 2
+
+
+def _normalize(text: str) -> str:
+    """Strip whitespace, a trailing period and leading zeros of integers (``" 07. "`` -> ``"7"``)."""
+    text = text.strip().rstrip(".").strip()
+    if re.fullmatch(r"[+-]?\d+", text):
+        return str(int(text))
+    return text.lower()
+
+
+def extract_answer(response: str) -> str | None:
+    """The last stated answer (text after the last ``answer:``), or None when the response states none."""
+    if not isinstance(response, str):
+        return None
+    found = _ANSWER_RE.findall(response)
+    return found[-1] if found else None
+
+
+def reward(response: str, answer: str) -> float:
+    """1.0 when the last stated answer equals `answer` after normalization, else 0.0; never raises."""
+    try:
+        stated = extract_answer(response)
+        if stated is None or not stated.strip():
+            return 0.0
+        return 1.0 if _normalize(stated) == _normalize(str(answer)) else 0.0
+    except Exception:  # reward on arbitrary model output must never crash a rollout
+        return 0.0
+
+
+if __name__ == "__main__":
+    recs = generate_problems(10_000, seed=0)
+    lengths = np.array([intended_length(r) for r in recs])
+    for r in recs[:3]:
+        print(r, "->", reference_response(r))
+    qs = np.percentile(lengths, [50, 90, 99, 100])
+    print(f"intended length (tokens): mean={lengths.mean():.1f} p50/p90/p99/max={qs.tolist()}")
