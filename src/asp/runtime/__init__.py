@@ -30,7 +30,7 @@ from asp.runtime.metrics import busy_fraction, iteration_metrics, summary_metric
 from asp.runtime.plan import WorkPlan, as_plan, check_prompts
 from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.runtime.run import ray_session, run_async
-from asp.runtime.trainer import SimulatedTrainer, Trainer, TrainingUnit
+from asp.runtime.trainer import SimulatedTrainer, Trainer, TrainingUnit, make_trainer_factory, resolve_reward
 
 __all__ = [
     "Backpressure",
@@ -60,7 +60,9 @@ __all__ = [
     "busy_fraction",
     "check_prompts",
     "iteration_metrics",
+    "make_trainer_factory",
     "ray_session",
+    "resolve_reward",
     "run_async",
     "summary_metrics",
     "time_weighted_stats",

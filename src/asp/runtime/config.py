@@ -45,6 +45,11 @@ class RuntimeConfig:
         coalesce_below_s, max_chunk: a GU hands an actor up to `max_chunk` queued minibatches per call, about
             `coalesce_below_s` seconds' worth, only while its minibatches take less than that each (stand-in
             or tiny models); otherwise one per call. 0 disables coalescing.
+        max_policy_lag: bound on the policy lag (trainer version at consumption - generating version, in
+            steps) of every trained sample; None = unbounded. Queued minibatches beyond it are removed before
+            each batch is cut and handled per `stale_samples`.
+        stale_samples: ``drop`` (counted as dropped, never trained) or ``regenerate`` (the minibatch's
+            untrained prompts are generated again with newer weights, first in line).
     """
 
     iterations: int | None = None
@@ -75,6 +80,8 @@ class RuntimeConfig:
     stall_timeout_s: float = 600.0
     coalesce_below_s: float = 0.05
     max_chunk: int = 16
+    max_policy_lag: int | None = None
+    stale_samples: str = "drop"
 
     @property
     def total_actors(self) -> int:
@@ -113,6 +120,8 @@ class RuntimeConfig:
         _check(self, "stall_timeout_s", self.stall_timeout_s > 0, "> 0")
         _check(self, "coalesce_below_s", self.coalesce_below_s >= 0, ">= 0")
         _check(self, "max_chunk", self.max_chunk >= 1, ">= 1")
+        _check(self, "max_policy_lag", self.max_policy_lag is None or self.max_policy_lag >= 0, "None or >= 0")
+        _check(self, "stale_samples", self.stale_samples in ("drop", "regenerate"), "'drop' or 'regenerate'")
         if self.q_max < self.global_batch_prompts:
             raise UserError(
                 f"runtime.q_max = {self.q_max} prompts is smaller than one global batch "

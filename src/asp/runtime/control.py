@@ -115,6 +115,9 @@ class ControlUnit:
         self.tokens = 0
         self.dead_actors = 0
         self.prompts_trained = 0
+        self.stale_dropped = 0  # prompts removed for exceeding max_policy_lag (stale_samples = drop)
+        self.stale_regenerated = 0  # prompts sent again for it (stale_samples = regenerate)
+        self.reload_failures = 0  # minibatches whose actor could not load the offered snapshot
         self.last_step_end: float | None = None
 
     # ---- loop ------------------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ class ControlUnit:
             ready, _ = ray.wait(refs, num_returns=1, timeout=self.config.poll_timeout_s)
             for ref in ready:
                 if self.inflight is not None and ref == self.inflight.ref:
-                    self._on_step(ray.get(ref))
+                    self._on_step(self._step_result(ref))
                 else:
                     self._on_report(next(g for g in self.gus if g.collect_ref == ref))
             self._check_stall()
@@ -221,6 +224,7 @@ class ControlUnit:
         self.by_gu[out.gu] += out.num_prompts
         self.by_actor[out.actor] = self.by_actor.get(out.actor, 0) + out.num_prompts
         self.tokens += out.total_tokens
+        self.reload_failures += bool(out.reload_error)
         self.events.append((now - self.t0, "recv", out.gu, out.actor, out.task_id, out.attempt))
         self.records.append(_record(out, now - self.t0, depth_batches, self.t0))
         if self.bp.update(self.tq.depth):
@@ -238,9 +242,25 @@ class ControlUnit:
             raise RuntimeFailure(f"no generation unit is left: {reason}")
 
     # ---- training --------------------------------------------------------------------------------------
+    def _evict_stale(self) -> None:
+        """Enforce `max_policy_lag` on what the next batch can contain (the version is fixed until it trains)."""
+        bound = self.config.max_policy_lag
+        if bound is None:
+            return
+        for task_id, count in self.tq.evict_older(self.version - bound, time.time()):
+            if self.config.stale_samples == "regenerate":
+                self.db.regenerate(task_id)
+                self.stale_regenerated += count
+            else:
+                self.db.mark_consumed(task_id, count)
+                self.stale_dropped += count
+        if self.bp.update(self.tq.depth):
+            self._set_paused()
+
     def _maybe_train(self) -> None:
         if self.inflight is not None or self.finished():
             return
+        self._evict_stale()
         if self.tq.ready():
             limit = None
         elif self.tq.depth and self.db.exhausted:
@@ -252,6 +272,16 @@ class ControlUnit:
         self.inflight = _Inflight(self.trainer.step.remote(batch), consumed, lags)
         if self.bp.update(self.tq.depth):
             self._set_paused()
+
+    def _step_result(self, ref: Any) -> StepResult:
+        """The finished step, or `RuntimeFailure` naming the trainer's own error (e.g. NaN losses in a row)."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            raise RuntimeFailure(
+                f"the Training Unit failed at step {self.step + 1}: {type(cause).__name__}: {cause!s:.1000}"
+            ) from exc
 
     def _on_step(self, result: StepResult) -> None:
         inflight, self.inflight = self.inflight, None
@@ -271,6 +301,7 @@ class ControlUnit:
         )  # fmt: skip
         metrics["runtime/train_step_s"] = result.duration_s
         metrics["runtime/policy_version"] = float(self.version)
+        metrics.update(self._lag_counters())
         metrics.update(result.metrics)
         self.iter_times.append(metrics["runtime/iteration_time_s"])
         self.window = Window(start=end)
@@ -291,6 +322,13 @@ class ControlUnit:
             )  # fmt: skip
 
     # ---- summary ---------------------------------------------------------------------------------------
+    def _lag_counters(self) -> dict[str, float]:
+        return {
+            "runtime/stale_dropped_prompts": float(self.stale_dropped),
+            "runtime/stale_regenerated_prompts": float(self.stale_regenerated),
+            "runtime/reload_failures": float(self.reload_failures),
+        }
+
     def _summary(self) -> RunSummary:
         wall = self.last_step_end - self.t0 if self.last_step_end is not None else 0.0
         base = summary_metrics(
@@ -305,6 +343,7 @@ class ControlUnit:
             "runtime/duplicates_dropped": float(self.db.duplicates),
             "runtime/pauses": float(self.bp.pauses),
             "runtime/dead_actors": float(self.dead_actors),
+            **self._lag_counters(),
         })  # fmt: skip
         metrics = {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}
         return RunSummary(
@@ -330,6 +369,7 @@ def _record(out: MinibatchOutput, arrival: float, depth_batches: float, t0: floa
         "gen_start_s": out.gen_start - t0,
         "gen_s": out.gen_s,
         "reload_s": out.reload_s,
+        "reload_error": out.reload_error,
         "arrival_s": arrival,
         "depth_at_arrival_batches": depth_batches,
     }

@@ -45,6 +45,7 @@ class Task:
     gu: int = -1
     consumed: int = 0
     error: str = ""
+    regenerations: int = 0
 
 
 def task_seed(seed: int, task_id: int) -> int:
@@ -160,7 +161,7 @@ class Database:
         self.failed_attempts += 1
         self.n_issued -= 1
         task.state, task.error, task.gu = TaskState.FAILED, reason, -1
-        if task.attempt + 1 >= self.max_attempts:
+        if task.attempt - task.regenerations + 1 >= self.max_attempts:
             self.given_up.append(task)
             return False
         self.retry.append(task_id)
@@ -169,6 +170,16 @@ class Database:
     def issued_to(self, gu: int) -> list[Task]:
         """Tasks currently issued to generation unit `gu`."""
         return [t for t in self.tasks.values() if t.state == TaskState.ISSUED and t.gu == gu]
+
+    def regenerate(self, task_id: int) -> None:
+        """Send a completed task again from its first untrained prompt (its samples exceeded the policy-lag
+        bound); it goes first, like a retry, and does not count against `max_attempts`."""
+        task = self.tasks[task_id]
+        if task.state != TaskState.DONE:
+            raise ValueError(f"task {task_id} is {task.state}, only a done task can be regenerated")
+        task.state, task.start = TaskState.FAILED, task.consumed
+        task.regenerations += 1
+        self.retry.append(task_id)
 
     def mark_consumed(self, task_id: int, count: int) -> None:
         """Record that `count` more prompts of task `task_id` were trained (they come in schedule order)."""

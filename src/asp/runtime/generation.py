@@ -33,13 +33,24 @@ log = logging.getLogger(__name__)
 
 def resolve_weights(payload: Any) -> Mapping[str, Any]:
     """Turn a `WeightUpdate.payload` into a tensor mapping: an ObjectRef is fetched, a path is read as
-    safetensors, a mapping is used as is. (The conversion hook for trainer-side layouts goes here.)"""
+    safetensors, safetensors bytes are deserialized, a mapping is used as is. The conversion hook runs in the
+    Training Unit before publishing (`asp.runtime.grpo_weights.convert`), so what arrives here is what the
+    engine loads.
+
+    Raises:
+        FileNotFoundError / OSError / SafetensorError / TypeError: missing or corrupt snapshot (the actor then
+            keeps its weights and is offered the snapshot again with its next minibatch).
+    """
     if isinstance(payload, Mapping):
         return payload
     if isinstance(payload, str):
         from safetensors.torch import load_file
 
         return load_file(payload)
+    if isinstance(payload, bytes | bytearray | memoryview):
+        from safetensors.torch import load
+
+        return load(bytes(payload))
     import ray
 
     if isinstance(payload, ray.ObjectRef):
@@ -129,15 +140,16 @@ class GenerationActor:
         Usually one minibatch per call; the GU coalesces several only when they take milliseconds each.
         An error in one minibatch becomes its `Failure`; the others still run.
         """
-        reload_s = 0.0
+        reload_s, reload_error = 0.0, ""
         if update is not None and update.version > self.version:
             try:
                 reload_s = self.reload(update)
             except Exception as exc:  # keep the old weights; the GU offers the snapshot again next call
+                reload_error = f"{type(exc).__name__}: {exc!s:.300}"
                 log.warning("actor %d: reloading weights version %d failed: %s", self.actor, update.version, exc)
         results = [self._one(item) for item in items]
         if results and isinstance(results[0], MinibatchOutput):
-            results[0].reload_s = reload_s
+            results[0].reload_s, results[0].reload_error = reload_s, reload_error
         return results
 
     def _one(self, item: WorkItem) -> MinibatchOutput | Failure:

@@ -84,6 +84,8 @@ class MinibatchOutput:
         texts: (S,) decoded responses.
         gen_start, gen_end: wall-clock (time.time) bounds of the engine call, seconds.
         reload_s: seconds spent reloading weights just before this minibatch (0 if none).
+        reload_error: why loading the offered snapshot failed ("" if none; the actor kept its weights).
+        depth_at_arrival: Training Queue depth in global batches just before it arrived (set by the queue).
     """
 
     task_id: int
@@ -103,6 +105,8 @@ class MinibatchOutput:
     gen_start: float
     gen_end: float
     reload_s: float = 0.0
+    reload_error: str = ""
+    depth_at_arrival: float = float("nan")
 
     @property
     def num_prompts(self) -> int:
@@ -167,6 +171,9 @@ class GlobalBatch:
         sample_offsets: (S + 1,) int64; sample s's tokens are ``token_ids[sample_offsets[s]:sample_offsets[s+1]]``.
         token_ids: (T,) int32; logprobs: (T,) float32 behaviour log-probs (empty if the engine gave none).
         prompt_tokens: (B,) int32; texts: (S,) decoded responses.
+        gen_s, reload_s, depth_at_arrival: (B,) float64, per prompt its minibatch's generation seconds, reload
+            seconds before it, and Training Queue depth in global batches just before it arrived (the T_gen,
+            T_load and Q_arrival of the lag estimate; empty when built without them).
     """
 
     step: int
@@ -184,6 +191,9 @@ class GlobalBatch:
     logprobs: np.ndarray
     prompt_tokens: np.ndarray
     texts: list[str]
+    gen_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    reload_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    depth_at_arrival: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def num_prompts(self) -> int:

@@ -66,6 +66,7 @@ class TrainingQueue:
                 f"{out.num_prompts} prompts; the queue expects n={self.n}"
             )
         before = self.depth
+        out.depth_at_arrival = before / self.batch
         offsets = np.zeros(out.lengths.shape[0] + 1, np.int64)
         np.cumsum(out.lengths, out=offsets[1:])
         self.entries.append(_Entry(out, 0, offsets))
@@ -100,13 +101,28 @@ class TrainingQueue:
         self.trace.append((now, self.depth))
         return assemble_batch(step, self.n, pieces), [(out.task_id, hi - lo) for out, lo, hi, _ in pieces]
 
+    def evict_older(self, min_version: int, now: float) -> list[tuple[int, int]]:
+        """Remove every queued minibatch generated with a policy version below `min_version` (bounded lag).
+
+        Returns:
+            (task_id, prompts removed) per evicted minibatch, in queue order (prompts already taken into an
+            earlier batch stay trained; only the untaken rest is removed).
+        """
+        evicted = [(e.out.task_id, e.out.num_prompts - e.taken) for e in self.entries
+                   if e.out.policy_version < min_version]  # fmt: skip
+        if evicted:
+            self.entries = deque(e for e in self.entries if e.out.policy_version >= min_version)
+            self.depth -= sum(count for _, count in evicted)
+            self.trace.append((now, self.depth))
+        return evicted
+
 
 def assemble_batch(step: int, n: int, pieces: list[tuple[MinibatchOutput, int, int, np.ndarray]]) -> GlobalBatch:
     """Concatenate prompt ranges [lo, hi) of outputs (with their token offsets) into one `GlobalBatch`."""
     prompt_ids: list[Any] = []
     texts: list[str] = []
     cols: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("task", "mb", "gu", "actor", "ver", "len", "stop", "tok", "lp", "pt")
+        k: [] for k in ("task", "mb", "gu", "actor", "ver", "len", "stop", "tok", "lp", "pt", "gen", "rel", "q")
     }
     for out, lo, hi, offsets in pieces:
         k, s0, s1 = hi - lo, lo * n, hi * n
@@ -116,6 +132,8 @@ def assemble_batch(step: int, n: int, pieces: list[tuple[MinibatchOutput, int, i
         for key, value in (("task", out.task_id), ("mb", out.minibatch_id), ("gu", out.gu), ("actor", out.actor)):
             cols[key].append(np.full(k, value, np.int64))
         cols["ver"].append(np.full(k, out.policy_version, np.int64))
+        for key, value in (("gen", out.gen_s), ("rel", out.reload_s), ("q", out.depth_at_arrival)):
+            cols[key].append(np.full(k, value, np.float64))
         cols["len"].append(out.lengths[s0:s1])
         cols["stop"].append(out.stopped[s0:s1])
         cols["tok"].append(out.token_ids[t0:t1])
@@ -144,6 +162,9 @@ def assemble_batch(step: int, n: int, pieces: list[tuple[MinibatchOutput, int, i
         logprobs=cat("lp", np.float32),
         prompt_tokens=cat("pt", np.int32),
         texts=texts,
+        gen_s=cat("gen", np.float64),
+        reload_s=cat("rel", np.float64),
+        depth_at_arrival=cat("q", np.float64),
     )
 
 

@@ -1,0 +1,204 @@
+"""Weight flow and trainer checkpoints of the GRPO Training Unit (paper appendix C), all as safetensors.
+
+Snapshot path (every Δ applied updates): `cpu_snapshot` copies the model's unique tensors to CPU (tied
+weights once) -- T_save, together with publishing; `convert` applies the conversion hook (``identity``,
+``bfloat16``, ``float16``) -- T_convert; `SnapshotPublisher.publish` hands it over:
+
+* ``object_store`` (default): safetensors bytes put in the Ray object store; the payload is the ObjectRef
+  (without a running Ray, e.g. in a single process, the bytes themselves). The last `keep` refs are held
+  so Ray keeps them alive; older ones are released.
+* ``files``: ``<dir>/snapshot-<version>.safetensors`` written atomically on a shared path; the payload is
+  the path; only the last `keep` files are kept.
+
+Generation actors turn a payload back into tensors with `asp.runtime.generation.resolve_weights` and load
+it in place after their current minibatch -- T_load, reported by the actors.
+
+Trainer checkpoint (`save_checkpoint` / `load_checkpoint`): a directory ``step-<step>/`` with
+``model.safetensors`` (weights), ``optimizer.safetensors`` (AdamW moments and step per parameter),
+``rng.safetensors`` (torch CPU / CUDA RNG states) and ``trainer.json`` (step, version, counters, optimizer
+hyper-parameters); written to a temporary name and renamed, never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+SNAPSHOT_RE = re.compile(r"snapshot-(\d+)\.safetensors$")
+CHECKPOINT_RE = re.compile(r"step-(\d+)$")
+
+
+def cpu_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU copies of the model's tensors, each storage once (tied weights: first name).
+
+    Returns:
+        name -> tensor, in `state_dict` order (e.g. ``model.embed_tokens.weight`` kept, tied
+        ``lm_head.weight`` dropped: loading the first also sets the second).
+    """
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        out[name] = tensor.detach().to("cpu", copy=True).contiguous()
+    return out
+
+
+def _cast(dtype: torch.dtype) -> Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    def convert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+    return convert
+
+
+CONVERTERS: dict[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = {
+    "identity": lambda state: state,
+    "bfloat16": _cast(torch.bfloat16),
+    "float16": _cast(torch.float16),
+}
+
+
+def convert(name: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Apply the conversion hook `name` (a key of `CONVERTERS`; add layout converters there)."""
+    if name not in CONVERTERS:
+        raise ValueError(f"unknown weight conversion {name!r}; choose one of {sorted(CONVERTERS)}")
+    return CONVERTERS[name](state)
+
+
+class SnapshotPublisher:
+    """Publishes snapshots through the Ray object store or as safetensors files (see the module docstring).
+
+    Args:
+        transport: ``"object_store"`` or ``"files"``.
+        directory: where ``files`` snapshots go (required for files).
+        keep: snapshots retained.
+    """
+
+    def __init__(self, transport: str, directory: str | Path | None, keep: int) -> None:
+        if transport not in ("object_store", "files"):
+            raise ValueError(f"transport must be 'object_store' or 'files', got {transport!r}")
+        if transport == "files" and directory is None:
+            raise ValueError("the files transport needs a snapshot directory")
+        self.transport, self.keep = transport, max(1, keep)
+        self.directory = Path(directory) if directory is not None else None
+        self.refs: deque[Any] = deque(maxlen=self.keep)
+
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Any:
+        """Hand `state` over; return the payload for `WeightUpdate.payload` (ObjectRef, bytes or path)."""
+        from safetensors.torch import save, save_file
+
+        if self.transport == "files":
+            assert self.directory is not None
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self.directory / f"snapshot-{version:08d}.safetensors"
+            tmp = path.with_name(f".{path.name}.tmp")
+            save_file(dict(state), str(tmp), metadata={"version": str(version)})
+            os.replace(tmp, path)
+            self._prune_files()
+            return str(path)
+        blob = save(dict(state), metadata={"version": str(version)})
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ref = ray.put(blob)
+                self.refs.append(ref)  # held: Ray frees a snapshot once the trainer and every actor drop it
+                return ref
+        except ImportError:
+            pass
+        return blob
+
+    def _prune_files(self) -> None:
+        assert self.directory is not None
+        snaps = sorted(p for p in self.directory.iterdir() if SNAPSHOT_RE.match(p.name))
+        for old in snaps[: -self.keep]:
+            old.unlink(missing_ok=True)
+
+
+# ---- trainer checkpoints -----------------------------------------------------------------------------
+def save_checkpoint(
+    root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], keep: int
+) -> Path:
+    """Write ``root/step-<step>/`` atomically (see the module docstring) and delete all but the last `keep`.
+
+    Returns:
+        The checkpoint directory.
+    """
+    from safetensors.torch import save_file, save_model
+
+    from asp.io import atomic_path
+
+    final = Path(root) / f"step-{step:08d}"
+    with atomic_path(final) as tmp:
+        tmp.mkdir(parents=True)
+        save_model(model, str(tmp / "model.safetensors"))
+        state, groups = _flatten_optimizer(optimizer)
+        save_file(state, str(tmp / "optimizer.safetensors"))
+        save_file(_rng_state(), str(tmp / "rng.safetensors"))
+        (tmp / "trainer.json").write_text(json.dumps({**meta, "step": step, "param_groups": groups}, indent=1))
+    for old in sorted(p for p in Path(root).iterdir() if CHECKPOINT_RE.match(p.name))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load weights, optimizer state and RNG from a `save_checkpoint` directory; return its ``trainer.json``.
+
+    Raises:
+        FileNotFoundError: a file of the checkpoint is missing.
+    """
+    from safetensors.torch import load_file, load_model
+
+    directory = Path(directory)
+    meta = json.loads((directory / "trainer.json").read_text())
+    device = next(model.parameters()).device
+    load_model(model, str(directory / "model.safetensors"), device=str(device))
+    flat = load_file(str(directory / "optimizer.safetensors"), device=str(device))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in flat.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value.cpu() if name == "step" else value
+    optimizer.load_state_dict({"state": state, "param_groups": meta.pop("param_groups")})
+    rng = load_file(str(directory / "rng.safetensors"))
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return meta
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest ``step-*`` directory under `root`, or None."""
+    if not Path(root).is_dir():
+        return None
+    found = sorted(p for p in Path(root).iterdir() if CHECKPOINT_RE.match(p.name))
+    return found[-1] if found else None
+
+
+def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    sd = optimizer.state_dict()
+    flat = {
+        f"{index}.{name}": (value if torch.is_tensor(value) else torch.tensor(value)).detach().cpu().contiguous()
+        for index, entries in sd["state"].items()
+        for name, value in entries.items()
+    }
+    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in sd["param_groups"]]
+    return flat, groups
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    out = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out

@@ -1,0 +1,85 @@
+"""Bounded policy lag without Ray: queue eviction, Database regeneration, config checks; then on the shared
+Ray cluster with the stand-in engine and the simulated trainer, both `stale_samples` modes keep the bound."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+
+from asp.errors import UserError
+from asp.runtime import Database, EngineSpec, RuntimeFailure, SimulatedTrainer, TrainingQueue, run_async
+
+from .helpers import fast_config, make_plan, output, read_ledger
+
+
+def test_evict_older_removes_only_stale_untaken_prompts():
+    q = TrainingQueue(global_batch_prompts=3, n_samples=2)
+    q.put(output(0, ["a", "b"], [1, 1, 1, 1], version=1), 0.0)
+    q.put(output(1, ["c", "d"], [1, 1, 1, 1], version=3), 0.0)
+    q.put(output(2, ["e", "f"], [1, 1, 1, 1], version=2), 0.0)
+    batch, consumed = q.take(1, 1.0)  # a, b, c: task 0 fully, task 1 one prompt
+    assert consumed == [(0, 2), (1, 1)]
+    # min version 3: task 2 (version 2) goes with both prompts; task 1 (version 3, "d" left) stays
+    assert q.evict_older(3, 2.0) == [(2, 2)]
+    assert q.depth == 1 and q.trace[-1] == (2.0, 1)
+    assert q.evict_older(4, 3.0) == [(1, 1)] and q.depth == 0  # only its untaken prompt "d"
+    assert q.evict_older(9, 4.0) == []
+
+
+def test_regenerated_task_restarts_at_its_first_untrained_prompt_and_keeps_its_attempts():
+    plan, prompts = make_plan(2, 3)
+    db = Database(plan, prompts, max_attempts=2)
+    (t0, t1) = db.next_unit(0)
+    db.complete(t0.task_id)
+    db.mark_consumed(t0.task_id, 1)  # prompt 0 trained, prompts 1-2 became stale in the queue
+    db.regenerate(t0.task_id)
+    (again,) = db.next_unit(0)  # goes first, like a retry
+    assert again.task_id == t0.task_id and again.prompt_ids == [1, 2] and again.attempt == 1
+    assert db.fail(again.task_id, again.attempt, "boom")  # 1 real failure of 2 allowed: not given up
+    with pytest.raises(ValueError, match="only a done task"):
+        db.regenerate(t1.task_id)
+
+
+def test_lag_params_are_checked():
+    with pytest.raises(UserError, match="max_policy_lag"):
+        fast_config(max_policy_lag=-1).validate()
+    with pytest.raises(UserError, match="stale_samples"):
+        fast_config(stale_samples="keep").validate()
+
+
+def ledger_lags(path):
+    """(prompt id, lag) of every trained prompt: trainer version at consumption (step - 1) - sample version."""
+    return [(pid, line["step"] - 1 - v) for line in read_ledger(path) for pid, v in zip(line["prompt_ids"],
+            line["versions"], strict=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["drop", "regenerate"])
+def test_the_lag_bound_holds_end_to_end(ray_cluster, tmp_path, mode):
+    # fast generation, slow steps: minibatches pile up and age while the trainer works (lag would reach 2-4)
+    plan, prompts = make_plan(16, 2)  # 32 prompts, batches of 4
+    ledger = tmp_path / "ledger.jsonl"
+    cfg = fast_config(global_batch_prompts=4, q_max=16, max_policy_lag=1, stale_samples=mode, gu_queue_target=2)
+    summary = run_async(
+        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.01}), cfg,
+        trainer_factory=functools.partial(SimulatedTrainer, 0.08, 0.0, str(ledger)),
+    )  # fmt: skip
+    lags = ledger_lags(ledger)
+    assert max(lag for _, lag in lags) <= 1
+    assert all(it["runtime/policy_lag_max"] <= 1 for it in summary.iterations)
+    counts = Counter(pid for pid, _ in lags)
+    m = summary.metrics
+    if mode == "regenerate":
+        assert counts == Counter(range(32)) and m["runtime/summary/stale_regenerated_prompts"] > 0
+        assert any(r["attempt"] > 0 for r in summary.minibatches)  # regenerated with newer weights
+    else:
+        dropped = m["runtime/summary/stale_dropped_prompts"]
+        assert dropped > 0 and max(counts.values()) == 1 and len(counts) + dropped == 32
+
+
+def test_a_failing_trainer_stops_the_run_with_its_error(ray_cluster, tmp_path):
+    plan, prompts = make_plan(4, 2)
+    broken = functools.partial(SimulatedTrainer, 0.0, 0.0, str(tmp_path))  # its ledger "file" is a directory
+    with pytest.raises(RuntimeFailure, match=r"Training Unit failed at step 1: IsADirectoryError"):
+        run_async(plan, prompts, EngineSpec("standin"), fast_config(), trainer_factory=broken)
