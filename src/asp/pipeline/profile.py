@@ -18,7 +18,7 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from asp.io import read_json, write_json, write_parquet
 from asp.pipeline.policy import policy_model_path
 from asp.plots import save_figure
 from asp.progress import progress_bar
+from asp.rollout.base import timed_generate
 from asp.tracking import Tracker
 
 
@@ -116,16 +117,16 @@ def profile_chunks(engine: Any, prompts: pd.DataFrame, p: ProfileParams, seed: i
     n_mb = -(-len(prompts) // mb)
     per_chunk = p.chunk_minibatches
     paths = [work / f"chunk_{c:05d}.parquet" for c in range(-(-n_mb // per_chunk))]
-    done = sum(path.is_file() for path in paths)
-    bar = progress_bar(total=n_mb, desc="profile", unit="minibatch", initial=min(done * per_chunk, n_mb))
+    finished = sum(path.is_file() for path in paths)
+    bar = progress_bar(total=n_mb, desc="profile", unit="minibatch", initial=min(finished * per_chunk, n_mb))
     for c, path in enumerate(paths):
         if path.is_file():
             continue
         rows, timings = [], []
         for m in range(c * per_chunk, min((c + 1) * per_chunk, n_mb)):
             part = prompts.iloc[m * mb : (m + 1) * mb]
-            t0 = time.perf_counter()
-            results = engine.generate(
+            done = timed_generate(
+                engine,
                 part["prompt"].tolist(),
                 n=p.n_samples,
                 max_new_tokens=p.max_new_tokens,
@@ -133,22 +134,10 @@ def profile_chunks(engine: Any, prompts: pd.DataFrame, p: ProfileParams, seed: i
                 top_p=p.top_p,
                 seed=seed + m,
             )
-            wall = time.perf_counter() - t0
-            mb_rows = minibatch_rows(results, part["prompt_id"].tolist(), part["role"].tolist())
-            lengths = [r["length"] for r in mb_rows]
-            timings.append(
-                {
-                    "minibatch": m,
-                    "wall_s": wall,
-                    "prompts": len(part),
-                    "samples": len(mb_rows),
-                    "max_tokens": max(lengths),
-                    "total_tokens": int(sum(lengths)),
-                }
-            )
-            rows += mb_rows
+            rows += minibatch_rows(done.results, part["prompt_id"].tolist(), part["role"].tolist())
+            timings.append({"minibatch": m, **asdict(done.timing)})
             bar.update(1)
-            bar.set_postfix(tok_s=f"{sum(lengths) / wall:.0f}")
+            bar.set_postfix(tok_s=f"{done.timing.tokens_per_s:.0f}")
         write_json(timings, path.with_suffix(".timings.json"))
         write_parquet(pd.DataFrame(rows), path)  # written last: its presence marks the chunk complete
     bar.close()
