@@ -65,6 +65,7 @@ class DemoPolicyParams(_Params):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(3e-3, gt=0)
     warm_start_problems: int = Field(4000, ge=1)
+    num_threads: int | None = Field(1, ge=1, description="torch CPU threads (tiny models train fastest on one).")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> DemoPolicyParams:

@@ -12,9 +12,10 @@ Run ``python -m asp.demo.policy`` to build, warm-start and evaluate with the rec
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -25,9 +26,9 @@ from asp.demo.task import intended_length, reference_response, reward
 
 ProgressFn = Callable[[int, int, float], None]
 
-# Recommended defaults for the CPU demo preset (params.yaml `policy:` section). Measured on the 2-core dev box:
-# warm start ~1.5 min uncontended, then at temperature 1 Spearman(intended, sampled length) ~0.97-0.99 and mean
-# reward ~0.35-0.6 depending on the seed (see the module docstring of asp.demo.task for why it is partial).
+# Recommended defaults for the CPU demo preset (params.yaml `policy:` section). Measured on the shared 2-core dev
+# box: warm start ~105 s on 1 thread (13 s / 100 steps), then at temperature 1 Spearman(intended, sampled length)
+# 0.97-0.99 and mean reward 0.35-0.62 over seeds (asp.demo.task explains why the policy is only partly right).
 DEFAULTS: dict = {
     "task": {"min_steps": 1, "max_steps": 24, "median_steps": 4.0, "tail": 0.75, "max_term": 4},
     "model": {
@@ -37,9 +38,27 @@ DEFAULTS: dict = {
         "intermediate_size": 384,
         "max_position_embeddings": 512,
     },
-    "warm_start": {"steps": 800, "batch_size": 32, "lr": 2.0e-3},
-    "evaluate": {"n_samples": 8, "temperature": 1.0, "max_new_tokens": 256, "batch_size": 64},
+    "warm_start": {"steps": 800, "batch_size": 32, "lr": 2.0e-3, "num_threads": 1},
+    "evaluate": {"n_samples": 8, "temperature": 1.0, "max_new_tokens": 256, "batch_size": 16, "num_threads": 1},
 }
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with `n` torch intra-op threads (None: leave as is), then restore the previous count.
+
+    One thread is the robust choice for this tiny model on a shared CPU: on the 2-core dev box with other jobs
+    running, 100 warm-start steps took 13 s on 1 thread and 60-70 s on 2 (threads spin-waiting on each other).
+    """
+    before = torch.get_num_threads()
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {n}")
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def build_model(
@@ -145,6 +164,7 @@ def warm_start(
     lr: float,
     seed: int,
     progress: ProgressFn | None = None,
+    num_threads: int | None = None,
 ) -> dict:
     """Supervised warm start on reference responses (AdamW, linear warmup then cosine decay, grad clip 1).
 
@@ -157,6 +177,7 @@ def warm_start(
         lr: peak learning rate.
         seed: data order seed.
         progress: optional ``progress(step, total, loss)`` called after every step (1-based step).
+        num_threads: torch threads while training (see `torch_threads`; 1 recommended on a shared CPU).
 
     Returns:
         ``{"loss": [per-step mean response-token loss], "seconds": wall time, "tokens": tokens seen}``.
@@ -174,18 +195,19 @@ def warm_start(
     )
     model.train()
     losses, tokens = [], 0
-    for step, idx in enumerate(order, start=1):
-        batch = _collate([examples[i] for i in idx], tokenizer.pad_token_id)
-        loss = model(**batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        tokens += int(batch["attention_mask"].sum())
-        if progress is not None:
-            progress(step, steps, losses[-1])
+    with torch_threads(num_threads):
+        for step, idx in enumerate(order, start=1):
+            batch = _collate([examples[i] for i in idx], tokenizer.pad_token_id)
+            loss = model(**batch).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            tokens += int(batch["attention_mask"].sum())
+            if progress is not None:
+                progress(step, steps, losses[-1])
     model.eval()
     return {"loss": losses, "seconds": time.perf_counter() - t0, "tokens": tokens}
 
@@ -203,7 +225,9 @@ def sample_responses(
 ) -> list[list[tuple[str, int, bool]]]:
     """Sample `n_samples` responses per problem with `model.generate` (pure sampling: no top-k / top-p).
 
-    Prompts are batched `batch_size` at a time (left-padded, grouped by prompt length).
+    Prompts are chat-formatted, grouped by prompt length and batched `batch_size` at a time (left-padded), so one
+    `generate` call decodes ``batch_size * n_samples`` sequences. Small batches (16 prompts) are fastest on a CPU:
+    a rare runaway sample keeps its whole batch decoding.
 
     Returns:
         Per problem (input order), `n_samples` tuples ``(text, n_tokens, truncated)``: the decoded response
@@ -217,7 +241,8 @@ def sample_responses(
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     for s in range(0, len(order), batch_size):
         chunk = order[s : s + batch_size]
-        enc = tokenizer.pad({"input_ids": [ids[i] for i in chunk]}, padding=True, return_tensors="pt")
+        batch = {"input_ids": [ids[i] for i in chunk]}
+        enc = tokenizer.pad(batch, padding=True, padding_side="left", return_tensors="pt")
         with torch.no_grad():
             gen = model.generate(
                 **enc,
@@ -248,8 +273,20 @@ def evaluate_policy(
     max_new_tokens: int,
     seed: int,
     batch_size: int,
+    num_threads: int | None = None,
 ) -> dict:
     """Sample responses and measure length tracking and reward.
+
+    Args:
+        model: the policy (any causal LM that `generate`s).
+        tokenizer: its tokenizer, with the demo chat template.
+        records: task records (``problem``, ``answer``) of the demo task.
+        n_samples: responses per prompt.
+        temperature: sampling temperature (pure sampling otherwise).
+        max_new_tokens: response cap; responses that hit it without EOS count as truncated.
+        seed: sampling seed.
+        batch_size: prompts per `generate` call (see `sample_responses`).
+        num_threads: torch threads while sampling (see `torch_threads`).
 
     Returns:
         ``spearman`` (intended length vs sampled length in tokens, over all samples; NaN when either is
@@ -257,17 +294,20 @@ def evaluate_policy(
         ``mean_length`` / ``max_length`` (tokens, EOS included), ``truncation_rate``, ``tokens_per_s``
         (generated tokens per wall second), ``seconds`` and ``n`` (samples).
     """
+    if not records or n_samples < 1:
+        raise ValueError(f"need records and n_samples >= 1, got {len(records)} records, n_samples={n_samples}")
     t0 = time.perf_counter()
-    samples = sample_responses(
-        model,
-        tokenizer,
-        [r["problem"] for r in records],
-        n_samples=n_samples,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        batch_size=batch_size,
-    )
+    with torch_threads(num_threads):
+        samples = sample_responses(
+            model,
+            tokenizer,
+            [r["problem"] for r in records],
+            n_samples=n_samples,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            batch_size=batch_size,
+        )
     seconds = time.perf_counter() - t0
     intended = [intended_length(r) for r, ss in zip(records, samples, strict=True) for _ in ss]
     lengths = np.array([n for ss in samples for _, n, _ in ss], dtype=float)
@@ -301,7 +341,7 @@ def _main() -> None:
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed, **d["model"])
     ws = d["warm_start"]
-    train = generate_problems(ws["steps"] * ws["batch_size"], seed=seed + 1, **d["task"])
+    train = generate_problems(ws["steps"] * ws["batch_size"], seed=seed + 1, **d["task"])  # fresh data every step
     hist = warm_start(model, tokenizer, train, seed=seed, **ws)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)

@@ -39,7 +39,9 @@ _ANSWER_RE = re.compile(r"answer\s*:\s*([^\s]*)", re.IGNORECASE)
 _TERM_RE = re.compile(r"\b([A-Z])(\d)\b")
 
 
-def _sample_steps(rng: np.random.Generator, n: int, *, min_steps: int, max_steps: int, median: float, tail: float):
+def _sample_steps(
+    rng: np.random.Generator, n: int, *, min_steps: int, max_steps: int, median: float, tail: float
+) -> np.ndarray:
     """Draw `n` step counts from a lognormal with the given median and log-sd, rounded and clipped."""
     raw = np.exp(np.log(median) + tail * rng.standard_normal(n))
     return np.clip(np.rint(raw), min_steps, max_steps).astype(np.int64)

@@ -104,6 +104,7 @@ def build_demo_policy(p: PolicyParams, seed: int, model_dir: Path) -> tuple[dict
             lr=d.lr,
             seed=seed,
             progress=on_step,
+            num_threads=d.num_threads,
         )
     warm_s = time.perf_counter() - t0
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -118,6 +119,7 @@ def build_demo_policy(p: PolicyParams, seed: int, model_dir: Path) -> tuple[dict
         max_new_tokens=e.max_new_tokens,
         seed=seed,
         batch_size=e.batch_size,
+        num_threads=d.num_threads,
     )
     losses = history.get("loss", [])
     return {
