@@ -2,6 +2,7 @@
 policy, simulated training) under schedule conditions C0-C4, same seeds, side by side.
 
 Needs the pipeline outputs up to `schedule` (run `make run` first). Uses params.yaml's `runtime:` section with
+the Table 4(b) setting below (simulated trainer, 0.5 s steps, 30 iterations of 16 prompts, 3 actors) and
 `runtime.condition` overridden; writes nothing under outputs/ (temporary directories) and logs nothing.
 
     .venv/bin/python benchmarks/launch_conditions.py            # C0 and C4
@@ -20,6 +21,18 @@ from asp.env import set_offline_defaults
 from asp.pipeline import launch
 from asp.tracking import NullTracker
 
+# the scheduling-study setting (fixed training time, so iteration time reflects the schedule only)
+TABLE_4B = {
+    "trainer": "simulated",
+    "trainer_step_s": 0.5,
+    "refresh_delay_s": 0.2,
+    "iterations": 30,
+    "global_batch_prompts": 16,
+    "q_max": 64,
+    "actors_per_unit": 3,
+    "gu_queue_target": 6,
+    "max_policy_lag": None,
+}
 COLUMNS = {
     "mean_iteration_time_s": "mean iter (s)",
     "mean_iteration_time_s_excl_first": "mean iter excl. first (s)",
@@ -37,7 +50,8 @@ def main(conditions: list[str]) -> None:
     params = load_params("params.yaml")
     rows = {}
     for cond in conditions:
-        p = params.model_copy(update={"runtime": params.runtime.model_copy(update={"condition": cond})})
+        runtime = params.runtime.model_copy(update={**TABLE_4B, "condition": cond})
+        p = params.model_copy(update={"runtime": runtime})
         with tempfile.TemporaryDirectory() as tmp:
             t = Path(tmp)
             paths = replace(

@@ -27,7 +27,8 @@ def stage_task(name: str, params_path: str) -> dict:
     from asp.stage import run_stage
 
     module = importlib.import_module(f"asp.pipeline.{name}")
-    return run_stage(name, module.run, module.Paths(), params_path)
+    resume = getattr(module, "resume_run_id", None)  # launch: continue the interrupted run's MLflow run
+    return run_stage(name, module.run, module.Paths(), params_path, resume_run=resume)
 
 
 @flow(name="asp-pipeline", log_prints=True)

@@ -79,3 +79,16 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
 
 def test_deep_merge_overlays_leaves_only() -> None:
     assert deep_merge({"a": {"b": 1, "c": 2}, "d": 3}, {"a": {"b": 5}}) == {"a": {"b": 5, "c": 2}, "d": 3}
+
+
+def test_grpo_section_typed_and_checked() -> None:
+    params = validate_params({"runtime": {"trainer": "grpo", "grpo": {"lr": 1e-3, "betas": [0.9, 0.95]}}})
+    assert params.runtime.grpo.lr == 1e-3 and params.runtime.grpo.betas == (0.9, 0.95)
+    assert params.runtime.grpo.loss_aggregation == "sequence"  # untouched fields keep their defaults
+    msg = _error({"runtime": {"grpo": {"learning_rate": 1e-3}}})
+    assert "runtime.grpo.learning_rate" in msg and "lr" in msg and "loss_aggregation" in msg
+    msg = _error({"runtime": {"grpo": {"loss_aggregation": "mean"}}})
+    assert "'runtime.grpo'" in msg and "loss_aggregation = 'mean'" in msg and "token, sequence" in msg
+    assert "{" not in msg  # the section's whole dict is not dumped
+    assert "'runtime.trainer' = 'ppo'" in _error({"runtime": {"trainer": "ppo"}})
+    assert "'runtime.stale_samples'" in _error({"runtime": {"stale_samples": "keep"}})

@@ -65,3 +65,27 @@ def test_null_tracker_has_the_protocol() -> None:
 
 def test_flatten() -> None:
     assert flatten({"a": {"b": {"c": 1}}, "d": 2}) == {"a.b.c": 1, "d": 2}
+
+
+def test_resumed_run_continues_and_keeps_changed_params_as_tags(tmp_path: Path, monkeypatch) -> None:
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    with pytest.raises(KeyboardInterrupt), open_tracker("launch", experiment="e") as tracker:
+        run_id = tracker.run_id
+        tracker.log_params({"runtime": {"iterations": 4, "q_max": 16}})
+        tracker.log_metrics({"train/reward_mean": 0.1}, step=1)
+        raise KeyboardInterrupt
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).info.status == "KILLED"
+    with open_tracker("launch", experiment="e", resume_run_id=run_id) as again:
+        assert again.run_id == run_id
+        again.log_params({"runtime": {"iterations": 6, "q_max": 16}, "extra": 1})  # iterations changed
+        again.log_metrics({"train/reward_mean": 0.2}, step=2)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["asp.resumed"] == "true"
+    assert run.data.params["runtime.iterations"] == "4" and run.data.params["extra"] == "1"
+    assert run.data.tags["asp.param_changed_on_resume.runtime.iterations"] == "6"
+    assert [m.step for m in client.get_metric_history(run_id, "train/reward_mean")] == [1, 2]
+    with open_tracker("launch", experiment="e", resume_run_id="0" * 32) as fresh:  # unknown run: a new one
+        assert fresh.run_id != run_id

@@ -9,13 +9,15 @@ Run `asp params check [params.yaml]` to validate a file from the shell.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from asp.errors import UserError
+from asp.grpo_config import GRPOConfig
 
 DEMO_DATASET = "builtin:demo-arith"
 
@@ -174,8 +176,13 @@ class RuntimeParams(_Params):
     """The `launch` stage: asynchronous multi-instance RL run (field meanings: asp.runtime.RuntimeConfig)."""
 
     condition: Literal["C0", "C1", "C2", "C3", "C4"] = Field("C4", description="Schedule condition (paper §5.3).")
-    trainer: Literal["simulated"] = "simulated"
+    trainer: Literal["simulated", "grpo"] = Field(
+        "simulated", description="simulated: fixed step time (scheduling studies); grpo: real GRPO updates."
+    )
     engine: EngineParams = EngineParams()
+    grpo: GRPOConfig = Field(GRPOConfig(), description="GRPO Training Unit (trainer: grpo); see docs/grpo.md.")
+    max_policy_lag: int | None = Field(None, ge=0, description="Bound on each trained sample's policy lag (steps).")
+    stale_samples: Literal["drop", "regenerate"] = Field("drop", description="What happens beyond max_policy_lag.")
     iterations: int | None = Field(30, ge=1, description="Trainer steps; None = one pass over the schedule.")
     generation_units: int = Field(1, ge=1)
     actors_per_unit: int = Field(3, ge=1)
@@ -201,6 +208,14 @@ class RuntimeParams(_Params):
     ray_num_gpus: int | None = Field(None, ge=0)
     stall_timeout_s: float = Field(600.0, gt=0)
 
+    @field_validator("grpo", mode="after")
+    @classmethod
+    def _grpo_in_range(cls, value: GRPOConfig) -> GRPOConfig:
+        try:
+            return value.validate()
+        except UserError as exc:
+            raise ValueError(str(exc).removeprefix("runtime.grpo.").rstrip(".")) from None
+
     @model_validator(mode="after")
     def _queue_holds_a_batch(self) -> RuntimeParams:
         if self.q_max < self.global_batch_prompts:
@@ -220,7 +235,7 @@ def format_validation_error(err: ValidationError, source: str, raw: dict[str, An
     lines = []
     for e in err.errors():
         key = _format_loc(e["loc"])
-        if e["type"] == "extra_forbidden":
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             parent = e["loc"][:-1]
             allowed = _allowed_keys(parent)
             lines.append(f"unknown key '{key}'" + (f" (allowed here: {', '.join(allowed)})" if allowed else ""))
@@ -229,6 +244,8 @@ def format_validation_error(err: ValidationError, source: str, raw: dict[str, An
         else:
             value = e.get("input")
             where = f"'{key}' = {value!r}" if key else f"value {value!r}"
+            if isinstance(value, dict):  # a whole section: the message names the offending field
+                where = f"'{key}'"
             lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
     return f"{source}: invalid params: " + "; ".join(lines) + ". Fix the value in the file and run again."
 
@@ -238,6 +255,8 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     for part in loc:
         field = model.model_fields.get(str(part))
         ann = getattr(field, "annotation", None) if field else None
+        if isinstance(ann, type) and dataclasses.is_dataclass(ann):  # e.g. runtime.grpo (GRPOConfig)
+            return sorted(f.name for f in dataclasses.fields(ann))
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return []
         model = ann

@@ -17,13 +17,27 @@ from asp.tracking import Tracker, open_tracker
 StageFn = Callable[[Params, Any, Tracker], dict[str, Any]]
 
 
-def run_stage(name: str, fn: StageFn, paths: Any, params_path: str | Path = "params.yaml") -> dict[str, Any]:
-    """Run one pipeline stage with tracking; returns its metrics."""
+def run_stage(
+    name: str,
+    fn: StageFn,
+    paths: Any,
+    params_path: str | Path = "params.yaml",
+    resume_run: Callable[[Params, Any], str | None] | None = None,
+) -> dict[str, Any]:
+    """Run one pipeline stage with tracking; returns its metrics.
+
+    `resume_run(params, paths)` may name the MLflow run of an interrupted earlier attempt that this one
+    continues (the `launch` stage when it resumes from its checkpoint); None opens a new run."""
     set_offline_defaults()
     params = load_params(params_path)
     t0 = time.perf_counter()
+    previous = resume_run(params, paths) if resume_run is not None else None
     with open_tracker(
-        name, experiment=params.common.experiment, tracking_uri=params.common.tracking_uri, tags={"asp.stage": name}
+        name,
+        experiment=params.common.experiment,
+        tracking_uri=params.common.tracking_uri,
+        tags={"asp.stage": name},
+        resume_run_id=previous,
     ) as tracker:
         metrics = fn(params, paths, tracker)
         elapsed = time.perf_counter() - t0

@@ -18,6 +18,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -27,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 PARENT_ENV = "ASP_PARENT_RUN_ID"
 DEFAULT_URI = "sqlite:///mlflow.db"
 ARTIFACT_DIR = "mlartifacts"
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -95,14 +97,28 @@ def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 class MlflowTracker:
     """Logs to one MLflow run through an explicit `MlflowClient` (no global active-run state)."""
 
-    def __init__(self, client: Any, run_id: str) -> None:
+    def __init__(self, client: Any, run_id: str, resumed: bool = False) -> None:
         self.client = client
         self.run_id = run_id
+        self.resumed = resumed
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log params (nested dicts flattened). On a resumed run, params already logged with the same value
+        are skipped and a changed value (MLflow params are immutable) is recorded as a
+        ``asp.param_changed_on_resume.<key>`` tag with a warning instead."""
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+        flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
+        if self.resumed:
+            old = self.client.get_run(self.run_id).data.params
+            changed = {k: v for k, v in flat.items() if k in old and old[k] != v}
+            for k, v in changed.items():
+                log.warning(
+                    "resumed run %s: param %s changed from %r to %r (kept as a tag)", self.run_id, k, old[k], v
+                )
+            self.set_tags({f"asp.param_changed_on_resume.{k}": v for k, v in changed.items()})
+            flat = {k: v for k, v in flat.items() if k not in old}
+        items = [Param(k, v) for k, v in flat.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
@@ -165,6 +181,19 @@ def start_run(
     return MlflowTracker(client, run.info.run_id)
 
 
+def reopen_run(uri: str, run_id: str) -> MlflowTracker | None:
+    """A tracker bound to an existing run, marked RUNNING again (to continue it); None if the store lacks it."""
+    client = _client(uri)
+    try:
+        client.get_run(run_id)
+    except Exception as exc:  # MlflowException: not in this store (another tracking URI, deleted database)
+        log.warning("MLflow run %s cannot be continued (%s); starting a new run", run_id, exc)
+        return None
+    client.update_run(run_id, status="RUNNING")
+    client.set_tag(run_id, "asp.resumed", "true")
+    return MlflowTracker(client, run_id, resumed=True)
+
+
 def end_run(tracker: Tracker, status: str = "FINISHED") -> None:
     """Mark an MLflow run finished (or FAILED / KILLED); no-op for the null tracker."""
     if isinstance(tracker, MlflowTracker):
@@ -179,12 +208,19 @@ def open_tracker(
     tracking_uri: str | None = None,
     enabled: bool = True,
     tags: Mapping[str, str] | None = None,
+    resume_run_id: str | None = None,
 ) -> Iterator[Tracker]:
-    """Open a stage run nested under `$ASP_PARENT_RUN_ID` when set; mark it FAILED if the block raises."""
+    """Open a stage run nested under `$ASP_PARENT_RUN_ID` when set; mark it FAILED if the block raises.
+
+    With `resume_run_id` (a run that was interrupted, e.g. a resumed `launch`), that run is continued
+    instead: same run id, metrics logged at later steps extend its curves."""
     if not enabled or os.environ.get("ASP_TRACKING", "1") == "0":
         yield NullTracker()
         return
-    tracker = start_run(resolve_tracking_uri(tracking_uri), experiment, run_name, os.environ.get(PARENT_ENV), tags)
+    uri = resolve_tracking_uri(tracking_uri)
+    tracker = reopen_run(uri, resume_run_id) if resume_run_id else None
+    if tracker is None:
+        tracker = start_run(uri, experiment, run_name, os.environ.get(PARENT_ENV), tags)
     try:
         yield tracker
     except BaseException as exc:

@@ -3,7 +3,10 @@ logged to a temporary SQLite MLflow store; then a killed profile run resumes fro
 
 from __future__ import annotations
 
+import _thread
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +14,11 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from asp.config import validate_params
+from asp.config import deep_merge, validate_params
 from asp.errors import UserError
 from asp.pipeline import evaluate, launch, policy, predict, prepare, profile, schedule, train_predictor
 from asp.pipeline.policy import policy_model_path
+from asp.stage import run_stage
 from asp.tracking import NullTracker, open_tracker
 
 from .conftest import TINY
@@ -131,6 +135,7 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
     key_dir = tmp_path / "work"
     assert not any(key_dir.rglob("chunk_*.parquet"))  # cleaned after success
     _resume_keeps_chunks(work_params, p, full)
+    _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path, paths["launch"])
 
 
 def _resume_keeps_chunks(params, p, full: pd.DataFrame) -> None:
@@ -150,3 +155,59 @@ def _resume_keeps_chunks(params, p, full: pd.DataFrame) -> None:
     chunks[2].write_bytes(b"not parquet")
     with pytest.raises(UserError, match="corrupt profiling chunk"):
         profile.read_chunk(chunks[2])
+
+
+def _interrupt_after(history: Path, rows: int) -> threading.Thread:
+    """Ctrl-C the main thread once the launch history has `rows` iterations (what a user's Ctrl-C does)."""
+
+    def watch() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if history.is_file() and len(history.read_text().splitlines()) >= rows:
+                _thread.interrupt_main()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path: Path, paths: launch.Paths) -> None:
+    """`trainer: grpo` through `run_stage` (as `asp stage launch`): Ctrl-C after step 2, rerun, same MLflow run."""
+    import yaml
+
+    grpo_runtime = {"trainer": "grpo", "iterations": 5, "checkpoint_interval": 1, "max_policy_lag": 2,
+                    "grpo": {"lr": 1e-3, "num_threads": 1, "micro_batch_tokens": 2048}}  # fmt: skip
+    raw = deep_merge(TINY, {"runtime": grpo_runtime, "common": {"experiment": "e2e-grpo"}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    history = paths.state_dir / "C4" / launch.HISTORY_FILE
+    history.unlink(missing_ok=True)
+
+    def stage() -> dict:
+        return run_stage("launch", launch.run, paths, tmp_path / "params.yaml", resume_run=launch.resume_run_id)
+
+    watcher = _interrupt_after(history, rows=2)
+    with pytest.raises(KeyboardInterrupt):
+        stage()
+    watcher.join()
+    run_id = json.loads((paths.state_dir / "C4" / launch.RUN_FILE).read_text())["run_id"]
+    client = MlflowClient()
+    assert client.get_run(run_id).info.status == "KILLED"
+    state = json.loads((paths.state_dir / "C4/runtime_state.json").read_text())
+    assert 2 <= state["trainer_step"] < 5 and not state["finished"]
+
+    metrics = stage()
+    summary = json.loads((paths.out_dir / "summary.json").read_text())
+    assert summary["mlflow_run_id"] == run_id and summary["resume_reason"] == "resumed"
+    assert metrics["runtime/summary/resumed_from_step"] == state["trainer_step"]
+    assert metrics["grpo/iterations"] == 5 and metrics["grpo/lag_max"] <= 2  # the whole run, lag bounded
+    for key in ("grpo/reward_first_20pct", "grpo/T_train_s", "grpo/T_gen_s", "grpo/d_off_estimate_mean"):
+        assert np.isfinite(metrics[key]), key
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["runtime.trainer"] == "grpo"
+    steps = [m.step for m in client.get_metric_history(run_id, "train/reward_mean")]
+    assert set(steps) == {1, 2, 3, 4, 5}  # one curve across both sessions, steps continuing
+    assert len(pd.read_parquet(paths.out_dir / "iterations.parquet")) == 5
+    trained = sorted((paths.state_dir / "C4/trainer").iterdir())
+    assert trained[-1].name == "step-00000005" and (trained[-1] / "model.safetensors").is_file()

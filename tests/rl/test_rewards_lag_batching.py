@@ -25,6 +25,29 @@ def test_demo_reward_is_the_demo_tasks_verifier():
     assert demo("A3=3 B7=0 answer: 1", "0") == 0.0 and demo("no answer", "0") == 0.0
 
 
+def test_demo_steps_reward_gives_partial_credit_per_step():
+    steps = get_reward("demo_steps")
+    prompt = "<bos><|user|>Add mod 10: A3 B4 C5<|assistant|>"  # sums 3, 7, 2
+    assert steps("A3=3 B4=7 C5=2 answer: 2", "2", prompt) == 1.0
+    assert steps("A3=3 B2=5 C5=0 answer: 0", "2", prompt) == pytest.approx(0.5 * 1 / 3)  # step 1 only
+    assert steps("A3=3 B4=7 C5=1 answer: 2", "2", prompt) == pytest.approx(0.5 * 2 / 3 + 0.5)
+    assert steps("A3=3 B4=7 C5=2 D1=3 answer: 3", "2", prompt) == pytest.approx(0.5)  # extra step, wrong final
+    assert steps("garbage", "2", prompt) == 0.0 and steps("answer: 2", "2", "no terms here") == 0.5
+
+
+def test_compute_rewards_passes_the_prompt_only_to_rewards_that_declare_it():
+    seen = []
+
+    def with_prompt(response: str, answer: str, prompt: str) -> float:
+        seen.append(prompt)
+        return float(response == answer)
+
+    rewards, errors = compute_rewards(with_prompt, ["a", "b"], ["a", "a"], ["p0", "p1"])
+    assert rewards.tolist() == [1.0, 0.0] and errors == 0 and seen == ["p0", "p1"]
+    rewards, _ = compute_rewards(get_reward("demo"), ["answer: 1"], ["1"], ["ignored"])  # two-argument reward
+    assert rewards.tolist() == [1.0]
+
+
 @pytest.mark.parametrize(
     ("response", "extracted"),
     [

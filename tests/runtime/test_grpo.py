@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from asp.errors import UserError
+from asp.grpo_config import GRPOConfig
 from asp.rl import register_reward
 from asp.rollout.hf import HFEngine
 from asp.runtime import RuntimeConfig, SimulatedTrainer, TrainingQueue, WorkItem, make_trainer_factory
 from asp.runtime.generation import GenerationActor, pack_output, resolve_weights
 from asp.runtime.grpo import GRPOSpec, LagMonitor, NonFiniteLossError
-from asp.runtime.grpo_config import GRPOConfig
 from asp.runtime.messages import SamplingParams, WeightUpdate
 
 from .helpers import output

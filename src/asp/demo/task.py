@@ -37,6 +37,7 @@ ANSWER_MARK = "answer:"
 TOKENS_PER_STEP = 5
 _ANSWER_RE = re.compile(r"answer\s*:\s*([^\s]*)", re.IGNORECASE)
 _TERM_RE = re.compile(r"\b([A-Z])(\d)\b")
+_STEP_RE = re.compile(r"\b([A-Z])(\d)=(\d)\b")
 
 
 def _sample_steps(
@@ -155,6 +156,32 @@ def reward(response: str, answer: str) -> float:
         return 1.0 if _normalize(stated) == _normalize(str(answer)) else 0.0
     except Exception:  # reward on arbitrary model output must never crash a rollout
         return 0.0
+
+
+def step_reward(response: str, answer: str, prompt: str) -> float:
+    """Partial credit: half for the final answer (`reward`), half for the fraction of steps written right.
+
+    Step j of the response is right when it names letter j with the prompt's j-th term and the true running
+    sum (``"B4=7"``); the fraction is over the problem's steps, so extra steps earn nothing. A fully correct
+    response scores 1.0 (the same responses as `reward`, which stays the task's success criterion); every
+    copied term and running sum counts, which gives GRPO a learning signal on problems the policy cannot
+    solve end to end yet. Never raises (an unparsable prompt scores the final answer only).
+
+    Example: prompt terms 3, 4; response ``"A3=3 B2=5 answer: 5"`` (answer 7): steps 1/2 right, final
+    wrong -> 0.5 * 0.5 + 0.5 * 0 = 0.25.
+    """
+    final = reward(response, answer)
+    try:
+        terms = parse_terms(prompt)
+        written = _STEP_RE.findall(response)
+    except Exception:
+        return 0.5 * final
+    total, right = 0, 0
+    for j, t in enumerate(terms):
+        total = (total + t) % 10
+        if j < len(written) and written[j] == (LETTERS[j].upper(), str(t), str(total)):
+            right += 1
+    return 0.5 * right / len(terms) + 0.5 * final
 
 
 if __name__ == "__main__":

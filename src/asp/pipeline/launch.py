@@ -1,10 +1,16 @@
 """`launch` stage: the asynchronous multi-instance RL run that consumes the schedule (paper §4, appendix B).
 
 Generation actors (hf on CPU, vLLM on GPUs) in Generation Units decode the scheduled minibatches in dispatch
-order; completed minibatches flow through the bounded Training Queue to the Training Unit (simulated:
-fixed step time and weight-reload delay, the paper's Table 4(b) setting). `runtime.condition` picks the
-schedule: C4 is the `schedule` stage's output; C0-C3 are rebuilt from the same predictions for comparison.
-The run checkpoints its position under outputs/launch_state/ (kept by DVC between runs) and resumes there.
+order; completed minibatches flow through the bounded Training Queue to the Training Unit. `runtime.trainer`
+picks it: ``grpo`` trains the policy (rewards from the task's verifier, GRPO updates, weight snapshots the
+actors load after their current minibatch, policy lag measured and bounded by `runtime.max_policy_lag`);
+``simulated`` sleeps a fixed step time (the paper's Table 4(b) scheduling setting). `runtime.condition` picks
+the schedule: C4 is the `schedule` stage's output; C0-C3 are rebuilt from the same predictions.
+
+The run checkpoints its position (and the GRPO trainer its weights and optimizer) under
+outputs/launch_state/<condition>/, which DVC keeps between runs: an interrupted run resumes there, in the
+same MLflow run with steps continuing, and its iteration history is kept there so the summary covers the
+whole run.
 
 Writes outputs/launch/ (summary.json, iterations.parquet, minibatches.parquet), metrics/launch.json and
 plots/launch_timeline.png; logs every iteration to MLflow.
@@ -14,6 +20,9 @@ Run: `asp stage launch` (what `dvc repro launch` calls).
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +38,12 @@ from asp.plots import save_figure
 from asp.tracking import Tracker
 
 ENGINE_FIELDS = ("kind", "device", "dtype", "num_threads", "vllm")
+RUN_FILE = "mlflow_run.json"  # the MLflow run a resumed launch continues
+HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics of the run so far (all sessions)
+# GRPO settings that change neither the learning problem nor the results: a checkpoint stays resumable
+# when only these differ (e.g. a smaller micro-batch after running out of memory).
+GRPO_OPERATIONAL = ("micro_batch_tokens", "device", "autocast_dtype", "num_threads", "transport", "snapshot_dir",
+                    "keep_snapshots", "keep_checkpoints", "max_nan_steps")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,7 @@ def runtime_config(r: RuntimeParams, seed: int) -> Any:
     """The runtime's `RuntimeConfig` from the typed `runtime:` params."""
     from asp.runtime import RuntimeConfig
 
-    fields = r.model_dump(exclude={"condition", "trainer", "engine"})
+    fields = r.model_dump(exclude={"condition", "trainer", "engine", "grpo"})
     return RuntimeConfig(**fields, seed=seed).validate()
 
 
@@ -100,38 +115,182 @@ def load_plan(params: Params, paths: Paths) -> Any:
     return WorkPlan.from_schedule(sched)
 
 
+def fingerprint_extra(r: RuntimeParams) -> dict[str, Any]:
+    """What a runtime checkpoint must match besides the plan: the trainer and its learning settings."""
+    if r.trainer != "grpo":
+        return {"trainer": r.trainer}
+    grpo = {k: v for k, v in r.grpo.to_dict().items() if k not in GRPO_OPERATIONAL}
+    return {"trainer": "grpo", "grpo": grpo}
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The run's plan and config, and the checkpoint it continues from (None: a fresh run, `reason` says why)."""
+
+    plan: Any
+    config: Any
+    extra: dict[str, Any]
+    directory: Path
+    state: dict[str, Any] | None
+    reason: str
+
+    @property
+    def step(self) -> int:
+        return int(self.state["trainer_step"]) if self.state else 0
+
+
+def resume_point(params: Params, paths: Paths) -> ResumePoint:
+    """Load the plan and decide whether `outputs/launch_state/<condition>` holds a run to continue."""
+    from asp.runtime import make_checkpointer
+
+    r = params.runtime
+    plan = load_plan(params, paths)
+    config = runtime_config(r, params.common.seed)
+    extra = fingerprint_extra(r)
+    directory = paths.state_dir / r.condition
+    state, reason = make_checkpointer(plan, config, directory, extra).load()
+    return ResumePoint(plan, config, extra, directory, state, reason)
+
+
+def resume_run_id(params: Params, paths: Paths) -> str | None:
+    """The MLflow run of the interrupted run this launch resumes (None: fresh run or unknown run id)."""
+    try:
+        point = resume_point(params, paths)
+    except UserError:
+        return None  # `run` reports it
+    run_file = point.directory / RUN_FILE
+    if point.state is None or not run_file.is_file():
+        return None
+    try:
+        return str(read_json(run_file)["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def read_history(path: Path, upto_step: int) -> list[dict[str, float]]:
+    """Iteration rows recorded so far with step <= `upto_step` (later ones are re-run after a resume)."""
+    if upto_step <= 0 or not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if isinstance(row, dict) and 0 < row.get("step", 0) <= upto_step:
+            rows.append(row)
+    return rows
+
+
+def reset_state(point: ResumePoint, history: list[dict[str, float]]) -> None:
+    """Fresh run: drop an old run's trainer checkpoints and snapshots; rewrite the history up to the resume step."""
+    if point.state is None:
+        for sub in ("trainer", "snapshots"):
+            shutil.rmtree(point.directory / sub, ignore_errors=True)
+    point.directory.mkdir(parents=True, exist_ok=True)
+    with atomic_path(point.directory / HISTORY_FILE) as tmp:
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in history))
+
+
+def trainer_factory(params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame) -> Any:
+    """The Training Unit's factory for `runtime.trainer` (checked here, before any actor starts)."""
+    from asp.runtime import make_trainer_factory
+
+    r = params.runtime
+    if r.trainer != "grpo":
+        return make_trainer_factory(r.trainer, point.config)
+    if "answer" not in prompts.columns:
+        raise UserError(
+            f"{paths.prompts}: no 'answer' column; the grpo trainer needs each prompt's reference answer "
+            "(prepare.answer_field). Re-run prepare, or use runtime.trainer: simulated."
+        )
+    per_pass = -(-len(point.plan.prompt_ids()) // r.global_batch_prompts)
+    return make_trainer_factory(
+        "grpo", point.config, policy_path=policy_model_path(paths.policy),
+        prompts=dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)),
+        answers=dict(zip(prompts["prompt_id"], prompts["answer"].astype(str), strict=True)),
+        grpo=r.grpo, dataset=params.prepare.dataset, state_dir=point.directory, total_steps=per_pass,
+    )  # fmt: skip
+
+
+class Recorder:
+    """`on_iteration` hook: appends each iteration to the persisted history and prints a progress line."""
+
+    def __init__(self, path: Path, rows: list[dict[str, float]], total: int | None, every: int = 10) -> None:
+        self.path, self.rows, self.total, self.every = path, rows, total, every
+
+    def __call__(self, cu: Any, metrics: dict[str, float]) -> None:
+        row = {"step": cu.step, **{k: float(v) for k, v in metrics.items()}}
+        self.rows.append(row)
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if cu.step % self.every == 0 or cu.step == self.total:
+            shown = [f"step {cu.step}/{self.total or '?'}", f"iter {metrics.get('runtime/iteration_time_s', 0):.2f}s"]
+            for key, name in (("train/reward_mean", "reward"), ("train/lag_mean", "lag")):
+                if key in metrics:
+                    shown.append(f"{name} {metrics[key]:.3f}")
+            print("[launch] " + ", ".join(shown), file=sys.stderr, flush=True)
+
+
 def timeline_figure(iterations: list[dict[str, float]]) -> Any:
-    """Figure: iteration time and Training Queue depth per trainer step."""
+    """Figure: iteration time and Training Queue depth per trainer step; with GRPO, reward and policy lag."""
     import matplotlib.pyplot as plt
 
+    def col(key: str) -> list[float]:
+        return [it.get(key, np.nan) for it in iterations]
+
     steps = [it.get("step", i) for i, it in enumerate(iterations)]
-    fig, (a, b) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    a.plot(steps, [it.get("runtime/iteration_time_s", np.nan) for it in iterations], "o-")
-    a.set(ylabel="iteration time (s)", title="Asynchronous run")
-    b.plot(steps, [it.get("runtime/queue_depth_prompts", np.nan) for it in iterations], "o-", color="#cc6677")
-    b.set(xlabel="trainer step", ylabel="queue depth (prompts)")
+    grpo = any("train/reward_mean" in it for it in iterations)
+    fig, axes = plt.subplots(3 if grpo else 2, 1, figsize=(7, 7.5 if grpo else 5), sharex=True)
+    axes[0].plot(steps, col("runtime/iteration_time_s"), "o-", ms=3)
+    axes[0].set(ylabel="iteration time (s)", title="Asynchronous run")
+    axes[1].plot(steps, col("runtime/queue_depth_prompts"), "o-", ms=3, color="#cc6677")
+    axes[1].set(ylabel="queue depth (prompts)")
+    if grpo:
+        reward = np.asarray(col("train/reward_mean"), dtype=float)
+        axes[2].plot(steps, reward, ".", color="#88ccee", label="batch mean")
+        w = min(10, len(reward))
+        if w > 1:
+            axes[2].plot(steps[w - 1 :], np.convolve(reward, np.ones(w) / w, mode="valid"), "-", color="#117733",
+                         label=f"{w}-step moving mean")  # fmt: skip
+        axes[2].set(ylabel="reward")
+        axes[2].legend(loc="upper left", fontsize=8)
+        lag = axes[2].twinx()
+        lag.plot(steps, col("train/lag_mean"), "-", color="#aa4499", alpha=0.6)
+        lag.set_ylabel("policy lag, mean (steps)", color="#aa4499")
+    axes[-1].set(xlabel="trainer step")
     fig.tight_layout()
     return fig
 
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Run the asynchronous RL loop over the schedule; write the run summary, metrics and plot."""
-    from asp.runtime import run_async
+    from asp.runtime import grpo_summary, run_async
 
     r, seed = params.runtime, params.common.seed
     if not paths.prompts.is_file():
         raise UserError(f"{paths.prompts}: missing. Run the prepare stage first (`dvc repro prepare`).")
-    prompts = pd.read_parquet(paths.prompts, columns=["prompt_id", "prompt"])
-    plan = load_plan(params, paths)
-    config = runtime_config(r, seed)
+    prompts = pd.read_parquet(paths.prompts)
+    point = resume_point(params, paths)
+    tf = trainer_factory(params, paths, point, prompts)
+    history = read_history(point.directory / HISTORY_FILE, point.step)
+    reset_state(point, history)
+    if tracker.run_id:
+        write_json({"run_id": tracker.run_id}, point.directory / RUN_FILE)
     tracker.log_params({"runtime": r.model_dump(), "common.seed": seed})
+    done = f"after step {point.step}" if point.state is not None else f"fresh run ({point.reason})"
+    print(f"[launch] {r.condition}, trainer {r.trainer}: {done}", file=sys.stderr)
     summary = run_async(
-        plan,
+        point.plan,
         dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)),
         engine_spec(r, policy_model_path(paths.policy)),
-        config,
+        point.config,
+        trainer_factory=tf,
         logger=tracker,
-        checkpoint_dir=paths.state_dir / r.condition,
+        checkpoint_dir=point.directory,
+        resume=point.state is not None,
+        fingerprint_extra=point.extra,
+        on_iteration=Recorder(point.directory / HISTORY_FILE, history, r.iterations),
     )
     metrics = {k: float(v) for k, v in summary.metrics.items()}
     metrics.update(
@@ -140,6 +299,9 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
             "runtime/summary/finished": int(summary.finished),
         }
     )
+    if r.trainer == "grpo":
+        metrics.update(grpo_summary(history))
+        tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("grpo/")}, step=summary.trainer_step)
     with atomic_path(paths.out_dir) as out:
         out.mkdir(parents=True)
         write_json(
@@ -149,12 +311,13 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
                 "resume_reason": summary.resume_reason,
                 "trainer_step": summary.trainer_step,
                 "policy_version": summary.policy_version,
+                "mlflow_run_id": tracker.run_id,
                 "metrics": metrics,
             },
             out / "summary.json",
         )
-        write_parquet(pd.DataFrame(summary.iterations), out / "iterations.parquet")
+        write_parquet(pd.DataFrame(history), out / "iterations.parquet")
         write_parquet(pd.DataFrame(summary.minibatches), out / "minibatches.parquet")
     write_json(metrics, paths.metrics)
-    save_figure(timeline_figure(summary.iterations), paths.plot, tracker)
+    save_figure(timeline_figure(history), paths.plot, tracker)
     return metrics

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-ADVANTAGE_SCALES = ("std", "none")
+from asp.grpo_config import ADVANTAGE_SCALES
 
 
 def group_advantages(rewards: np.ndarray, n: int, *, scale: str = "std", eps: float = 1e-6) -> np.ndarray:

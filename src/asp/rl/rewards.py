@@ -1,8 +1,10 @@
 """Verifiable reward functions and their registry.
 
-A reward function maps ``(response text, reference answer) -> float``. Built in:
+A reward function maps ``(response text, reference answer) -> float``; one that also declares a ``prompt``
+parameter gets the prompt text as a keyword (verifiers that need the problem). Built in:
 
 * ``"demo"``: the built-in demo task's verifier (`asp.demo.task.reward`: last ``answer:`` equals the answer);
+* ``"demo_steps"``: the demo task with partial credit per correct step (`asp.demo.task.step_reward`);
 * ``"math"``: DeepScaleR-style math (`asp.rl.math_answer.math_reward`: last ``\\boxed{}`` or stated answer,
   compared after normalization, numerically when both are numbers).
 
@@ -16,6 +18,7 @@ Run the tests with ``python -m pytest tests/rl -q``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -35,7 +38,22 @@ def demo_reward(response: str, answer: str) -> float:
     return reward(response, answer)
 
 
-REWARDS: dict[str, RewardFn] = {"demo": demo_reward, "math": math_reward}
+def demo_steps_reward(response: str, answer: str, prompt: str) -> float:
+    """The demo task with partial credit: half final answer, half the fraction of steps written right."""
+    from asp.demo.task import step_reward
+
+    return step_reward(response, answer, prompt)
+
+
+REWARDS: dict[str, RewardFn] = {"demo": demo_reward, "demo_steps": demo_steps_reward, "math": math_reward}
+
+
+def wants_prompt(fn: Callable[..., float]) -> bool:
+    """True when the reward function declares a ``prompt`` parameter."""
+    try:
+        return "prompt" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def get_reward(name: str) -> RewardFn:
@@ -63,22 +81,26 @@ def register_reward(name: str, fn: RewardFn) -> None:
     REWARDS[name] = fn
 
 
-def compute_rewards(fn: RewardFn, responses: Sequence[str], answers: Sequence[str]) -> tuple[np.ndarray, int]:
+def compute_rewards(
+    fn: RewardFn, responses: Sequence[str], answers: Sequence[str], prompts: Sequence[str] | None = None
+) -> tuple[np.ndarray, int]:
     """Score every response; a sample whose reward raises or is not finite gets 0.0 and is counted.
 
     Args:
         fn: reward function.
         responses: (S,) response texts.
         answers: (S,) reference answers (one per response).
+        prompts: (S,) prompt texts, passed as ``prompt=`` to a reward that declares it (see `wants_prompt`).
 
     Returns:
         ((S,) float64 rewards, number of samples whose reward failed).
     """
     out = np.zeros(len(responses), dtype=np.float64)
     errors = 0
+    with_prompt = prompts is not None and wants_prompt(fn)
     for i, (resp, ans) in enumerate(zip(responses, answers, strict=True)):
         try:
-            value = float(fn(resp, ans))
+            value = float(fn(resp, ans, prompt=prompts[i]) if with_prompt else fn(resp, ans))  # type: ignore[index]
             if not math.isfinite(value):
                 raise ValueError(f"non-finite reward {value}")
             out[i] = value

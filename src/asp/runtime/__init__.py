@@ -26,10 +26,17 @@ from asp.runtime.messages import (
     WeightUpdate,
     WorkItem,
 )
-from asp.runtime.metrics import busy_fraction, iteration_metrics, summary_metrics, time_weighted_stats, trend
+from asp.runtime.metrics import (
+    busy_fraction,
+    grpo_summary,
+    iteration_metrics,
+    summary_metrics,
+    time_weighted_stats,
+    trend,
+)
 from asp.runtime.plan import WorkPlan, as_plan, check_prompts
 from asp.runtime.queue import Backpressure, TrainingQueue
-from asp.runtime.run import ray_session, run_async
+from asp.runtime.run import make_checkpointer, ray_session, run_async
 from asp.runtime.trainer import SimulatedTrainer, Trainer, TrainingUnit, make_trainer_factory, resolve_reward
 
 __all__ = [
@@ -59,7 +66,9 @@ __all__ = [
     "as_plan",
     "busy_fraction",
     "check_prompts",
+    "grpo_summary",
     "iteration_metrics",
+    "make_checkpointer",
     "make_trainer_factory",
     "ray_session",
     "resolve_reward",

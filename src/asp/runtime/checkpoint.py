@@ -8,7 +8,6 @@ One JSON file, ``<dir>/runtime_state.json``, rewritten atomically (`asp.io.write
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from asp.errors import UserError
 
 FILENAME = "runtime_state.json"
 FORMAT = 1
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -56,7 +54,8 @@ class Checkpointer:
         )
 
     def load(self) -> tuple[dict[str, Any] | None, str]:
-        """(state, reason): state is None when there is nothing to resume; reason says why (or 'resumed')."""
+        """(state, reason): state is None when there is nothing to resume; reason says why (or 'resumed').
+        The caller reports the reason (a checkpoint of a different plan / trainer setup is not an error)."""
         if not self.path.exists():
             return None, "no checkpoint"
         try:
@@ -69,7 +68,6 @@ class Checkpointer:
         if not ok:
             raise UserError(f"runtime checkpoint {self.path} has an unknown format; delete it to start afresh.")
         if state["fingerprint"] != self.fingerprint:
-            log.warning("runtime checkpoint %s belongs to a different schedule/batch setup; starting fresh", self.path)
             return None, "checkpoint of a different plan"
         if state["finished"]:
             return None, "previous run finished"

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from asp.grpo_config import GRPOConfig
 from asp.rl import compute_rewards, get_reward, group_advantages, grpo_loss, loss_denominator, token_logprobs
 from asp.rl.advantages import zero_signal_groups
 from asp.rl.batching import pack_rows, plan_micro_batches
 from asp.rl.lag import d_off_estimate, duty_cycle, measured_lag
 from asp.rl.lr import lr_factor
-from asp.runtime.grpo_config import GRPOConfig
 from asp.runtime.grpo_weights import SnapshotPublisher, convert, cpu_snapshot, load_checkpoint, save_checkpoint
 from asp.runtime.messages import GlobalBatch, StepResult, WeightUpdate
 
@@ -187,6 +187,7 @@ class GRPOTrainer:
         metrics = {
             "train/reward_mean": float(rewards.mean()) if rewards.size else float("nan"),
             "train/reward_std": float(rewards.std()) if rewards.size else float("nan"),
+            "train/solved_fraction": float((rewards >= 1.0 - 1e-9).mean()) if rewards.size else float("nan"),
             "train/reward_errors": float(errors),
             "train/zero_signal_prompts": float(zero_signal_groups(rewards, batch.n)) if rewards.size else 0.0,
             "train/prompts": float(batch.num_prompts),
@@ -227,8 +228,10 @@ class GRPOTrainer:
 
     # ---- pieces ----------------------------------------------------------------------------------------
     def _rewards(self, batch: GlobalBatch) -> tuple[np.ndarray, int]:
-        answers = [str(self.spec.answers[batch.prompt_ids[s // batch.n]]) for s in range(len(batch.texts))]
-        rewards, errors = compute_rewards(self.reward_fn, batch.texts, answers)
+        pids = [batch.prompt_ids[s // batch.n] for s in range(len(batch.texts))]
+        answers = [str(self.spec.answers[pid]) for pid in pids]
+        prompts = [self.spec.prompts[pid] for pid in pids]
+        rewards, errors = compute_rewards(self.reward_fn, batch.texts, answers, prompts)
         self.counters["reward_errors"] += errors
         return rewards, errors
 

@@ -81,33 +81,6 @@ class Recorder:
             self.rows.append({"step": step, **metrics})
 
 
-def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Reward first vs last 20 % of iterations, lag (measured, estimated), T_* means and the duty cycle."""
-    k = max(1, round(0.2 * len(rows)))
-
-    def mean(key: str, part: list[dict[str, float]] = rows) -> float:
-        vals = [r[key] for r in part if key in r and np.isfinite(r[key])]
-        return float(np.mean(vals)) if vals else float("nan")
-
-    return {
-        "iterations": len(rows),
-        "reward_first_20pct": mean("train/reward_mean", rows[:k]),
-        "reward_last_20pct": mean("train/reward_mean", rows[-k:]),
-        "lag_mean": mean("train/lag_mean"),
-        "lag_max": float(max((r["train/lag_max"] for r in rows), default=float("nan"))),
-        "d_off_estimate_mean": mean("train/d_off_estimate_mean"),
-        "q_arrival_batches_mean": mean("train/q_arrival_batches_mean"),
-        **{f"T_{t}_s": mean(f"train/t_{t}_s") for t in ("save", "convert", "load", "gen", "train")},
-        "duty_cycle_estimate": mean("train/duty_cycle"),
-        "duty_cycle_measured": rows[-1]["train/duty_cycle_measured"] if rows else float("nan"),
-        "mean_iteration_time_s": mean("runtime/iteration_time_s"),
-        "mean_response_length": mean("train/mean_response_length"),
-        "clip_fraction_mean": mean("train/clip_fraction"),
-        "abs_log_ratio_mean": mean("train/abs_log_ratio_mean"),
-        "stale_dropped_prompts": rows[-1].get("runtime/stale_dropped_prompts", 0.0) if rows else 0.0,
-    }
-
-
 def run_demo(
     work_dir: str | Path,
     *,
@@ -127,7 +100,7 @@ def run_demo(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Build the policy (reused when `work_dir/policy` exists), run GRPO, return the summary + settings."""
-    from asp.runtime import EngineSpec, RuntimeConfig, WorkPlan, make_trainer_factory, run_async
+    from asp.runtime import EngineSpec, RuntimeConfig, WorkPlan, grpo_summary, make_trainer_factory, run_async
     from asp.schedule import condition_schedule
 
     work = Path(work_dir)
@@ -161,7 +134,7 @@ def run_demo(
     t0 = time.perf_counter()
     summary = run_async(WorkPlan.from_schedule(sched), chat, engine, cfg, trainer_factory=trainer, logger=rec,
                         resume=False)  # fmt: skip
-    out = {**info, **summarize(rec.rows), "run_wall_s": time.perf_counter() - t0}
+    out = {**info, **grpo_summary(rec.rows), "run_wall_s": time.perf_counter() - t0}
     final = work / "state" / "trainer" / f"step-{summary.trainer_step:08d}" / "model.safetensors"
     for name, weights in (("held_out_reward_before", None), ("held_out_reward_after", final)):
         out[name] = held_out_reward(policy, weights, n=held_out, seed=seed, max_steps=max_steps)

@@ -189,3 +189,42 @@ def summary_metrics(
         "runtime/iterations": float(times.size),
         "runtime/wall_s": wall_s,
     }
+
+
+def grpo_summary(rows: Sequence[dict[str, float]], fraction: float = 0.2) -> dict[str, float]:
+    """Summary of a GRPO run from its per-iteration metric dicts (``train/...`` from the GRPO trainer).
+
+    Reward over the first and last `fraction` of iterations (at least one each), the measured policy lag
+    (mean of the per-batch means, max of the maxima), the eq.-4 estimate d_off, the T_* means, and the
+    duty cycle (estimate: mean per step; measured: cumulative at the last step). Names: ``grpo/...``.
+
+    Example: rewards 0.1, 0.2, 0.3, 0.4, 0.5 -> first 20 % = 0.1, last 20 % = 0.5.
+    """
+    rows = [r for r in rows if "train/reward_mean" in r]
+    k = max(1, round(fraction * len(rows)))
+
+    def mean(key: str, part: Sequence[dict[str, float]] = rows) -> float:
+        vals = [r[key] for r in part if key in r and np.isfinite(r[key])]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    last = rows[-1] if rows else {}
+    out = {
+        "grpo/iterations": float(len(rows)),
+        "grpo/reward_first_20pct": mean("train/reward_mean", rows[:k]),
+        "grpo/reward_last_20pct": mean("train/reward_mean", rows[-k:]),
+        "grpo/solved_first_20pct": mean("train/solved_fraction", rows[:k]),
+        "grpo/solved_last_20pct": mean("train/solved_fraction", rows[-k:]),
+        "grpo/lag_mean": mean("train/lag_mean"),
+        "grpo/lag_max": float(max((r["train/lag_max"] for r in rows if "train/lag_max" in r), default=float("nan"))),
+        "grpo/d_off_estimate_mean": mean("train/d_off_estimate_mean"),
+        "grpo/q_arrival_batches_mean": mean("train/q_arrival_batches_mean"),
+        "grpo/duty_cycle_estimate": mean("train/duty_cycle"),
+        "grpo/duty_cycle_measured": float(last.get("train/duty_cycle_measured", float("nan"))),
+        "grpo/mean_response_length": mean("train/mean_response_length"),
+        "grpo/clip_fraction_mean": mean("train/clip_fraction"),
+        "grpo/abs_log_ratio_mean": mean("train/abs_log_ratio_mean"),
+        "grpo/nan_skipped_steps": float(last.get("train/nan_skipped_steps", 0.0)),
+        "grpo/reward_errors_total": float(last.get("train/reward_errors_total", 0.0)),
+    }
+    out.update({f"grpo/T_{t}_s": mean(f"train/t_{t}_s") for t in ("save", "convert", "load", "gen", "train")})
+    return out

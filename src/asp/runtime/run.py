@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import signal
 import threading
@@ -28,6 +29,8 @@ from asp.runtime.generation import GenerationActor, GenerationUnit
 from asp.runtime.messages import SamplingParams
 from asp.runtime.plan import as_plan, check_prompts
 from asp.runtime.trainer import SimulatedTrainer, TrainingUnit
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -165,6 +168,17 @@ def teardown(units: list[Any], handles: Mapping[int, Any], trainer: Any) -> None
             ray.kill(handle, no_restart=True)
 
 
+def make_checkpointer(
+    plan: Any, config: RuntimeConfig, checkpoint_dir: str | Path, fingerprint_extra: Mapping[str, Any] | None = None
+) -> Checkpointer:
+    """The `Checkpointer` of a run: ``<checkpoint_dir>/runtime_state.json`` keyed by the plan's dispatch order,
+    the global batch size, n and `fingerprint_extra`; a checkpoint of anything else is not resumed."""
+    extra = dict(fingerprint_extra or {})
+    fingerprint = as_plan(plan).fingerprint(global_batch_prompts=config.global_batch_prompts, n=config.n_samples,
+                                            **extra)  # fmt: skip
+    return Checkpointer(Path(checkpoint_dir), fingerprint)
+
+
 def run_async(
     schedule: Any,
     prompts_by_id: Mapping[Any, str],
@@ -176,6 +190,7 @@ def run_async(
     checkpoint_dir: str | Path | None = None,
     resume: bool = True,
     on_iteration: Callable[[ControlUnit, dict[str, float]], None] | None = None,
+    fingerprint_extra: Mapping[str, Any] | None = None,
 ) -> RunSummary:
     """Run the asynchronous generation -> Training Queue -> trainer loop over a schedule.
 
@@ -191,6 +206,8 @@ def run_async(
         checkpoint_dir: where ``runtime_state.json`` is kept; None disables checkpoints.
         resume: continue from an unfinished checkpoint of the same plan when there is one.
         on_iteration: called in the driver after every step with (control unit, metrics) (tests, progress).
+        fingerprint_extra: settings a checkpoint must match to be resumed besides the plan, the global batch
+            and n (e.g. the trainer kind and its hyper-parameters); see `make_checkpointer`.
 
     Returns:
         The `RunSummary`.
@@ -216,10 +233,11 @@ def run_async(
     db = Database(plan, prompts_by_id, epochs=epochs, max_attempts=config.max_attempts, seed=config.seed)
     checkpointer, state, reason = None, None, "fresh run"
     if checkpoint_dir is not None:
-        fingerprint = plan.fingerprint(global_batch_prompts=config.global_batch_prompts, n=config.n_samples)
-        checkpointer = Checkpointer(Path(checkpoint_dir), fingerprint)
+        checkpointer = make_checkpointer(plan, config, checkpoint_dir, fingerprint_extra)
         if resume:
             state, reason = checkpointer.load()
+            if state is None and reason != "no checkpoint":
+                log.warning("not resuming from %s: %s; starting fresh", checkpointer.path, reason)
     with ray_session(config), _sigterm_as_interrupt():  # after ray.init, which installs its own handler
         check_resources(config)
         gus, handles, trainer = build_runtime(config, engine_factory, trainer_factory)

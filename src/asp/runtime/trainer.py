@@ -137,10 +137,10 @@ def make_trainer_factory(
         return functools.partial(SimulatedTrainer, config.trainer_step_s, config.refresh_delay_s)
     if kind != "grpo":
         raise UserError(f"runtime.trainer = {kind!r} is unknown; choose one of {', '.join(TRAINER_KINDS)}.")
+    from asp.grpo_config import GRPOConfig
     from asp.rl.rewards import get_reward
     from asp.rollout.model_dir import check_model_dir
     from asp.runtime.grpo import GRPOSpec
-    from asp.runtime.grpo_config import GRPOConfig
 
     cfg = grpo if isinstance(grpo, GRPOConfig) else GRPOConfig.from_mapping(grpo)
     name = resolve_reward(reward or cfg.reward, dataset)

@@ -1,7 +1,8 @@
 """`GRPOConfig`: every knob of the GRPO Training Unit in one frozen, typed dataclass (``runtime.grpo:`` params).
 
 `GRPOConfig.from_mapping(params)` rejects unknown keys and `validate()` raises `asp.errors.UserError`
-naming ``runtime.grpo.<field>``, its value and what is allowed. Defaults suit the CPU demo.
+naming ``runtime.grpo.<field>``, its value and what is allowed. Defaults suit the CPU demo. It lives outside
+`asp.runtime` and `asp.rl` (and imports neither torch nor Ray) because `asp.config` types ``runtime.grpo`` with it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from asp.errors import UserError
-from asp.rl.advantages import ADVANTAGE_SCALES
-from asp.rl.loss import AGGREGATIONS
 
+AGGREGATIONS = ("token", "sequence")
+ADVANTAGE_SCALES = ("std", "none")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 TRANSPORTS = ("object_store", "files")
 CONVERSIONS = ("identity", "bfloat16", "float16")
@@ -26,7 +27,7 @@ class GRPOConfig:
 
     Attributes:
         reward: ``"auto"`` (the launch stage picks ``demo`` for the built-in task, else ``math``), ``"demo"``,
-            ``"math"`` or ``"package.module:function"``.
+            ``"demo_steps"`` (partial credit per correct step), ``"math"`` or ``"package.module:function"``.
         lr, weight_decay, betas, adam_eps: AdamW settings.
         lr_schedule: ``constant`` | ``linear`` (to `min_lr_ratio` x lr) | ``cosine``, after `warmup_steps`
             of linear warm-up; the decay spans `total_steps` (None: the run's `iterations`).
