@@ -14,11 +14,12 @@ from asp.runtime.grpo_demo import run_demo
 @pytest.mark.slow
 def test_grpo_demo_smoke(ray_cluster, tmp_path):
     out = run_demo(tmp_path, warm_steps=40, iterations=4, prompts=64, held_out=8, max_policy_lag=2)
-    assert out["iterations"] == 4 and out["settings"]["policy_version"] == 4
-    keys = ("reward_first_20pct", "reward_last_20pct", "lag_mean", "d_off_estimate_mean", "T_save_s", "T_gen_s",
-            "T_train_s", "duty_cycle_measured", "held_out_reward_before", "held_out_reward_after")  # fmt: skip
+    assert out["grpo/iterations"] == 4 and out["settings"]["policy_version"] == 4
+    keys = ("grpo/reward_first_20pct", "grpo/reward_last_20pct", "grpo/lag_mean", "grpo/d_off_estimate_mean",
+            "grpo/T_save_s", "grpo/T_gen_s", "grpo/T_train_s", "grpo/duty_cycle_measured", "held_out_reward_before",
+            "held_out_reward_after")  # fmt: skip
     for key in keys:
         assert math.isfinite(out[key]), key
-    assert 0 <= out["lag_mean"] <= out["lag_max"] <= 2  # max_policy_lag
-    assert 0 < out["duty_cycle_measured"] <= 1 and out["T_train_s"] > 0
+    assert 0 <= out["grpo/lag_mean"] <= out["grpo/lag_max"] <= 2  # max_policy_lag
+    assert 0 < out["grpo/duty_cycle_measured"] <= 1 and out["grpo/T_train_s"] > 0
     assert (tmp_path / "state" / "trainer" / "step-00000004" / "model.safetensors").exists()

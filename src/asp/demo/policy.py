@@ -38,7 +38,7 @@ DEFAULTS: dict = {
         "intermediate_size": 384,
         "max_position_embeddings": 512,
     },
-    "warm_start": {"steps": 800, "batch_size": 32, "lr": 2.0e-3, "num_threads": 1},
+    "warm_start": {"steps": 1000, "batch_size": 32, "lr": 2.0e-3, "num_threads": 1},
     "evaluate": {"n_samples": 8, "temperature": 1.0, "max_new_tokens": 256, "batch_size": 16, "num_threads": 1},
 }
 

@@ -241,7 +241,7 @@ def timeline_figure(iterations: list[dict[str, float]]) -> Any:
 
     steps = [it.get("step", i) for i, it in enumerate(iterations)]
     grpo = any("train/reward_mean" in it for it in iterations)
-    fig, axes = plt.subplots(3 if grpo else 2, 1, figsize=(7, 7.5 if grpo else 5), sharex=True)
+    fig, axes = plt.subplots(4 if grpo else 2, 1, figsize=(7, 9 if grpo else 5), sharex=True)
     axes[0].plot(steps, col("runtime/iteration_time_s"), "o-", ms=3)
     axes[0].set(ylabel="iteration time (s)", title="Asynchronous run")
     axes[1].plot(steps, col("runtime/queue_depth_prompts"), "o-", ms=3, color="#cc6677")
@@ -249,15 +249,17 @@ def timeline_figure(iterations: list[dict[str, float]]) -> Any:
     if grpo:
         reward = np.asarray(col("train/reward_mean"), dtype=float)
         axes[2].plot(steps, reward, ".", color="#88ccee", label="batch mean")
-        w = min(10, len(reward))
+        w = min(20, len(reward))
         if w > 1:
             axes[2].plot(steps[w - 1 :], np.convolve(reward, np.ones(w) / w, mode="valid"), "-", color="#117733",
                          label=f"{w}-step moving mean")  # fmt: skip
         axes[2].set(ylabel="reward")
         axes[2].legend(loc="upper left", fontsize=8)
-        lag = axes[2].twinx()
-        lag.plot(steps, col("train/lag_mean"), "-", color="#aa4499", alpha=0.6)
-        lag.set_ylabel("policy lag, mean (steps)", color="#aa4499")
+        axes[3].plot(steps, col("train/lag_max"), ".", color="#aa4499", label="max")
+        axes[3].plot(steps, col("train/lag_mean"), "-", color="#332288", lw=0.8, label="mean")
+        axes[3].plot(steps, col("train/d_off_estimate_mean"), "-", color="#ddcc77", lw=0.8, label="d_off estimate")
+        axes[3].set(ylabel="policy lag (steps)")
+        axes[3].legend(loc="upper left", fontsize=8, ncol=3)
     axes[-1].set(xlabel="trainer step")
     fig.tight_layout()
     return fig

@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 from sklearn.isotonic import IsotonicRegression
 
-from asp.schedule.balance import DEFAULT_ITERATIONS, balance_groups
-from asp.schedule.dp import fixed_minibatches
+from asp.schedule.balance import DEFAULT_ITERATIONS
+from asp.schedule.conditions import CONDITION_NAMES, condition_schedule
 from asp.schedule.metrics import dispatch_metrics, kendall_tau
-from asp.schedule.schedule import Calibration, assemble, expected_lengths, plan_minibatches
+from asp.schedule.schedule import Calibration
 from asp.schedule.validate import as_int, as_lengths
 
 CONDITIONS = ("C0", "C1", "C2", "C3", "C4")
@@ -122,24 +122,15 @@ def _conditions(
     calibration: Calibration | None,
     loads: str | None,
 ) -> dict[str, dict[str, float]]:
-    """Metrics of C0..C4 for one prediction vector and seed."""
-    n = true.size
-    fixed = fixed_minibatches(n, b)
-    out = {
-        "C0": dispatch_metrics(true, fixed, k),
-        "C1": dispatch_metrics(true[np.argsort(pred, kind="stable")], fixed, k),
-    }
-    expected, _ = expected_lengths(pred, calibration, loads)
-    order, endpoints, mb_loads = plan_minibatches(pred, expected, b, kappa)
-    n_mb = mb_loads.size
-    perms = {
-        "C2": np.arange(n_mb),
-        "C3": np.random.default_rng([seed, 0xC3]).permutation(n_mb),
-        "C4": balance_groups(mb_loads, k, iterations=iterations, seed=seed, method=method),
-    }
-    for name, perm in perms.items():
-        positions, offsets = assemble(order, endpoints, perm)
-        out[name] = dispatch_metrics(true[positions], offsets, k)
+    """Metrics of C0..C4 for one prediction vector and seed: each condition's schedule is built by
+    `condition_schedule` (the same code the `launch` stage runs) and measured on the true lengths."""
+    ids = np.arange(true.size)
+    out = {}
+    for name in CONDITION_NAMES:
+        extra = {"iterations": iterations, "method": method} if name == "C4" else {}
+        s = condition_schedule(ids, pred, name, b=b, kappa=kappa, k=k, seed=seed, calibration=calibration,
+                               loads=loads, **extra)  # fmt: skip
+        out[name] = dispatch_metrics(true[s.positions], s.offsets, k)
     return out
 
 
