@@ -3,10 +3,7 @@ logged to a temporary SQLite MLflow store; then a killed profile run resumes fro
 
 from __future__ import annotations
 
-import _thread
 import json
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -157,24 +154,9 @@ def _resume_keeps_chunks(params, p, full: pd.DataFrame) -> None:
         profile.read_chunk(chunks[2])
 
 
-def _interrupt_after(history: Path, rows: int) -> threading.Thread:
-    """Ctrl-C the main thread once the launch history has `rows` iterations (what a user's Ctrl-C does)."""
-
-    def watch() -> None:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if history.is_file() and len(history.read_text().splitlines()) >= rows:
-                _thread.interrupt_main()
-                return
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 def _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path: Path, paths: launch.Paths) -> None:
-    """`trainer: grpo` through `run_stage` (as `asp stage launch`): Ctrl-C after step 2, rerun, same MLflow run."""
+    """`trainer: grpo` through `run_stage` (as `asp stage launch`): interrupted after step 2 (KeyboardInterrupt in
+    the driver, as Ctrl-C), rerun: it resumes in the same MLflow run and the summary covers all 5 steps."""
     import yaml
 
     grpo_runtime = {"trainer": "grpo", "iterations": 5, "checkpoint_interval": 1, "max_policy_lag": 2,
@@ -187,15 +169,25 @@ def _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path: Path, paths: launch.Pa
     def stage() -> dict:
         return run_stage("launch", launch.run, paths, tmp_path / "params.yaml", resume_run=launch.resume_run_id)
 
-    watcher = _interrupt_after(history, rows=2)
-    with pytest.raises(KeyboardInterrupt):
-        stage()
-    watcher.join()
+    record = launch.Recorder.__call__
+
+    def ctrl_c_after_step_2(self: launch.Recorder, cu: object, metrics: dict) -> None:
+        record(self, cu, metrics)
+        if cu.step == 2:  # the driver's main thread, between steps: where a Ctrl-C lands
+            raise KeyboardInterrupt
+
+    launch.Recorder.__call__ = ctrl_c_after_step_2
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stage()
+    finally:
+        launch.Recorder.__call__ = record
     run_id = json.loads((paths.state_dir / "C4" / launch.RUN_FILE).read_text())["run_id"]
     client = MlflowClient()
     assert client.get_run(run_id).info.status == "KILLED"
     state = json.loads((paths.state_dir / "C4/runtime_state.json").read_text())
-    assert 2 <= state["trainer_step"] < 5 and not state["finished"]
+    assert state["trainer_step"] == 2 and not state["finished"]
+    assert len(history.read_text().splitlines()) == 2
 
     metrics = stage()
     summary = json.loads((paths.out_dir / "summary.json").read_text())
