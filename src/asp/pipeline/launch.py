@@ -192,7 +192,9 @@ def reset_state(point: ResumePoint, history: list[dict[str, float]]) -> None:
         tmp.write_text("".join(json.dumps(row) + "\n" for row in history))
 
 
-def trainer_factory(params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame) -> Any:
+def trainer_factory(
+    params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, prompts_by_id: dict[Any, str]
+) -> Any:
     """The Training Unit's factory for `runtime.trainer` (checked here, before any actor starts)."""
     from asp.runtime import make_trainer_factory
 
@@ -207,7 +209,7 @@ def trainer_factory(params: Params, paths: Paths, point: ResumePoint, prompts: p
     per_pass = -(-len(point.plan.prompt_ids()) // r.global_batch_prompts)
     return make_trainer_factory(
         "grpo", point.config, policy_path=policy_model_path(paths.policy),
-        prompts=dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)),
+        prompts=prompts_by_id,
         answers=dict(zip(prompts["prompt_id"], prompts["answer"].astype(str), strict=True)),
         grpo=r.grpo, dataset=params.prepare.dataset, state_dir=point.directory, total_steps=per_pass,
     )  # fmt: skip
@@ -216,12 +218,11 @@ def trainer_factory(params: Params, paths: Paths, point: ResumePoint, prompts: p
 class Recorder:
     """`on_iteration` hook: appends each iteration to the persisted history and prints a progress line."""
 
-    def __init__(self, path: Path, rows: list[dict[str, float]], total: int | None, every: int = 10) -> None:
-        self.path, self.rows, self.total, self.every = path, rows, total, every
+    def __init__(self, path: Path, total: int | None, every: int = 10) -> None:
+        self.path, self.total, self.every = path, total, every
 
     def __call__(self, cu: Any, metrics: dict[str, float]) -> None:
         row = {"step": cu.step, **{k: float(v) for k, v in metrics.items()}}
-        self.rows.append(row)
         with self.path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
         if cu.step % self.every == 0 or cu.step == self.total:
@@ -273,10 +274,11 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     if not paths.prompts.is_file():
         raise UserError(f"{paths.prompts}: missing. Run the prepare stage first (`dvc repro prepare`).")
     prompts = pd.read_parquet(paths.prompts)
+    prompts_by_id = dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True))
     point = resume_point(params, paths)
-    tf = trainer_factory(params, paths, point, prompts)
-    history = read_history(point.directory / HISTORY_FILE, point.step)
-    reset_state(point, history)
+    tf = trainer_factory(params, paths, point, prompts, prompts_by_id)
+    earlier = read_history(point.directory / HISTORY_FILE, point.step)
+    reset_state(point, earlier)
     if tracker.run_id:
         write_json({"run_id": tracker.run_id}, point.directory / RUN_FILE)
     tracker.log_params({"runtime": r.model_dump(), "common.seed": seed})
@@ -284,7 +286,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     print(f"[launch] {r.condition}, trainer {r.trainer}: {done}", file=sys.stderr)
     summary = run_async(
         point.plan,
-        dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)),
+        prompts_by_id,
         engine_spec(r, policy_model_path(paths.policy)),
         point.config,
         trainer_factory=tf,
@@ -292,8 +294,9 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
         checkpoint_dir=point.directory,
         resume=point.state is not None,
         fingerprint_extra=point.extra,
-        on_iteration=Recorder(point.directory / HISTORY_FILE, history, r.iterations),
+        on_iteration=Recorder(point.directory / HISTORY_FILE, r.iterations),
     )
+    history = earlier + summary.iterations  # the whole run: earlier sessions up to the resume step, then this one
     metrics = {k: float(v) for k, v in summary.metrics.items()}
     metrics.update(
         {

@@ -70,17 +70,6 @@ def held_out_reward(policy: Path, weights: Path | None, *, n: int, seed: int, ma
     return result["mean_reward"]
 
 
-class Recorder:
-    """Logger that keeps every iteration's metrics (the launch stage passes its MLflow tracker instead)."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, float]] = []
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if "train/reward_mean" in metrics:
-            self.rows.append({"step": step, **metrics})
-
-
 def run_demo(
     work_dir: str | Path,
     *,
@@ -130,11 +119,9 @@ def run_demo(
                                    state_dir=work / "state")  # fmt: skip
     engine = EngineSpec("hf", str(policy), {"device": "cpu", "dtype": "float32", "num_threads": 1})
     shutil.rmtree(work / "state", ignore_errors=True)  # a fresh run: no old trainer checkpoints
-    rec = Recorder()
     t0 = time.perf_counter()
-    summary = run_async(WorkPlan.from_schedule(sched), chat, engine, cfg, trainer_factory=trainer, logger=rec,
-                        resume=False)  # fmt: skip
-    out = {**info, **grpo_summary(rec.rows), "run_wall_s": time.perf_counter() - t0}
+    summary = run_async(WorkPlan.from_schedule(sched), chat, engine, cfg, trainer_factory=trainer, resume=False)
+    out = {**info, **grpo_summary(summary.iterations), "run_wall_s": time.perf_counter() - t0}
     final = work / "state" / "trainer" / f"step-{summary.trainer_step:08d}" / "model.safetensors"
     for name, weights in (("held_out_reward_before", None), ("held_out_reward_after", final)):
         out[name] = held_out_reward(policy, weights, n=held_out, seed=seed, max_steps=max_steps)
@@ -143,7 +130,7 @@ def run_demo(
         "lr": lr, "aggregation": aggregation, "max_steps": max_steps, "actors": actors,
         "max_policy_lag": max_policy_lag, "policy_version": summary.policy_version,
     }  # fmt: skip
-    out["rewards"] = [r["train/reward_mean"] for r in rec.rows]
+    out["rewards"] = [r["train/reward_mean"] for r in summary.iterations if "train/reward_mean" in r]
     return out
 
 

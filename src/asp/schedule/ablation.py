@@ -28,7 +28,7 @@ from asp.schedule.metrics import dispatch_metrics, kendall_tau
 from asp.schedule.schedule import Calibration
 from asp.schedule.validate import as_int, as_lengths
 
-CONDITIONS = ("C0", "C1", "C2", "C3", "C4")
+CONDITIONS = CONDITION_NAMES  # public name of the table rows
 PAPER_TAUS = (1.0, 0.75, 0.64, 0.5, 0.25, 0.0)
 METRICS = ("D", "P", "CV", "spread")
 LENGTH_CAP = 8192
