@@ -23,6 +23,7 @@ import os
 import time
 
 from asp.runtime import EngineSpec, RuntimeConfig, WorkPlan, run_async
+from asp.trainers import make_trainer_factory
 
 
 def bench(
@@ -36,11 +37,11 @@ def bench(
     cfg = RuntimeConfig(
         generation_units=units, actors_per_unit=actors, gu_queue_target=8, global_batch_prompts=64 * prompts_per_mb,
         q_max=10**9, n_samples=n, max_new_tokens=max_len, actor_num_cpus=0.0, poll_timeout_s=0.5,
-        coalesce_below_s=coalesce_s,
+        coalesce_below_s=coalesce_s, iterations=None, trainer_step_s=0.0, refresh_delay_s=0.0, max_policy_lag=None,
     )  # fmt: skip
     engine = EngineSpec("standin", options={"min_length": max(1, max_len // 2), "max_length": max_len})
     start = time.perf_counter()
-    summary = run_async(plan, prompts, engine, cfg)
+    summary = run_async(plan, prompts, engine, cfg, trainer_factory=make_trainer_factory("simulated", cfg))
     wall = time.perf_counter() - start
     arrivals = [r["arrival_s"] for r in summary.minibatches]
     span = max(arrivals) - min(arrivals)
@@ -87,8 +88,9 @@ def ablation(n_prompts: int = 3072, seed: int = 0) -> None:
     cfg = RuntimeConfig(
         generation_units=2, actors_per_unit=2, gu_queue_target=6, global_batch_prompts=64, q_max=192,
         n_samples=4, max_new_tokens=8192, trainer_step_s=0.1, refresh_delay_s=0.02, actor_num_cpus=0.0, seed=seed,
+        iterations=None, max_policy_lag=None,
     )  # fmt: skip
-    results = {name: run_async(plan, prompts, engine, cfg).metrics for name, plan in (("C0", c0), ("C4", c4))}
+    results = {name: run_async(plan, prompts, engine, cfg, trainer_factory=make_trainer_factory("simulated", cfg)).metrics for name, plan in (("C0", c0), ("C4", c4))}
     print(f"{n_prompts} prompts, 16-prompt minibatches, n=4, 2 GUs x 2 actors, 64-prompt steps of 0.1 s\n")
     print("| metric | C0 | C4 |\n|---|---|---|")
     for key, label in TABLE_4B:

@@ -18,8 +18,6 @@ from prefect import flow, task
 
 from asp.env import set_offline_defaults
 
-STAGE_ORDER = ("policy", "prepare", "profile", "train_predictor", "evaluate", "predict", "schedule", "launch")
-
 
 @task(name="stage", task_run_name="{name}", retries=0)
 def stage_task(name: str, params_path: str) -> dict:
@@ -36,12 +34,14 @@ def asp_pipeline(stages: list[str] | None = None, params_path: str = "params.yam
     """Run the chosen stages (default: all) in DAG order under one MLflow parent run."""
     from asp.config import load_params
     from asp.errors import UserError
+    from asp.stage import stage_names
     from asp.tracking import PARENT_ENV, open_tracker
 
-    chosen = list(STAGE_ORDER) if not stages else [s for s in STAGE_ORDER if s in stages]
-    unknown = sorted(set(stages or []) - set(STAGE_ORDER))
+    order = stage_names()
+    chosen = list(order) if not stages else [s for s in order if s in stages]
+    unknown = sorted(set(stages or []) - set(order))
     if unknown:
-        raise UserError(f"unknown stage(s) {unknown}; choose from {', '.join(STAGE_ORDER)}")
+        raise UserError(f"unknown stage(s) {unknown}; choose from {', '.join(order)}")
     params = load_params(params_path)
     results: dict[str, dict] = {}
     with open_tracker(

@@ -23,7 +23,10 @@ def test_bad_params_exit_2_naming_the_key(tmp_path: Path) -> None:
 
 def test_unknown_stage_and_preset_exit_2() -> None:
     out = _asp("stage", "nope")
-    assert out.returncode == 2 and "Known stages:" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "dvc.yaml defines policy, prepare, profile, train_predictor, evaluate, predict, schedule, launch" in out.stderr
+    out = _asp("stage", "../tests/conftest")  # only registered stages run, never an arbitrary .py file
+    assert out.returncode == 2 and "no stage '../tests/conftest'" in out.stderr
     out = _asp("params", "check", "--preset", "nope")
     assert out.returncode == 2 and "gpu-cluster" in out.stderr
 

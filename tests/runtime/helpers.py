@@ -22,8 +22,13 @@ def make_plan(n_minibatches: int, size: int, k: int = 2) -> tuple[WorkPlan, dict
 
 
 def fast_config(**overrides) -> RuntimeConfig:
-    """A small config for tests: 1 GU x 2 actors, tiny fractional CPUs, short polls."""
+    """A small config for tests: 1 GU x 2 actors, tiny fractional CPUs, short polls, one pass over the plan,
+    an instant simulated trainer and no lag bound (the demo defaults of `RuntimeParams` otherwise)."""
     base = dict(
+        iterations=None,
+        trainer_step_s=0.0,
+        refresh_delay_s=0.0,
+        max_policy_lag=None,
         generation_units=1,
         actors_per_unit=2,
         gu_queue_target=4,

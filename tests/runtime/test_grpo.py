@@ -8,15 +8,17 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
+from asp.config import GRPOParams
 from asp.errors import UserError
-from asp.grpo_config import GRPOConfig
 from asp.rl import register_reward
 from asp.rollout.hf import HFEngine
-from asp.runtime import RuntimeConfig, SimulatedTrainer, TrainingQueue, WorkItem, make_trainer_factory
+from asp.runtime import RuntimeConfig, TrainingQueue, WorkItem
 from asp.runtime.generation import GenerationActor, pack_output, resolve_weights
-from asp.runtime.grpo import GRPOSpec, LagMonitor, NonFiniteLossError
 from asp.runtime.messages import SamplingParams, WeightUpdate
+from asp.trainers import SimulatedTrainer, make_trainer_factory
+from asp.trainers.grpo import GRPOSpec, LagMonitor, NonFiniteLossError
 
 from .helpers import output
 
@@ -42,7 +44,7 @@ register_reward("test:exploding", exploding)
 
 def spec(path, tmp_path=None, reward="test:share_w", **grpo) -> GRPOSpec:
     base = {"lr": 3e-3, "warmup_steps": 0, "loss_aggregation": "token", "micro_batch_tokens": 64}
-    cfg = GRPOConfig(**{**base, **grpo}).validate()
+    cfg = GRPOParams(**{**base, **grpo})
     return GRPOSpec(str(path), PROMPTS, dict.fromkeys(PROMPTS, "x"), cfg, reward, temperature=1.0,
                     checkpoint_interval=1, state_dir=str(tmp_path) if tmp_path else None)  # fmt: skip
 
@@ -206,10 +208,10 @@ def test_trainer_factory_checks_inputs(tiny_qwen, tmp_path):
         make_trainer_factory("grpo", cfg, policy_path=tiny_qwen, prompts=PROMPTS, answers=PROMPTS, reward="nope")
     with pytest.raises(UserError, match="does not exist"):
         make_trainer_factory("grpo", cfg, policy_path=tmp_path / "none", prompts=PROMPTS, answers=PROMPTS)
-    with pytest.raises(UserError, match=r"runtime\.grpo\.clip_low"):
-        GRPOConfig.from_mapping({"clip_low": 1.5})
-    with pytest.raises(UserError, match="unknown runtime.grpo param"):
-        GRPOConfig.from_mapping({"learning_rate": 1.0})
+    with pytest.raises(ValidationError, match="clip_low\n  Input should be less than 1"):
+        GRPOParams(clip_low=1.5)
+    with pytest.raises(ValidationError, match="learning_rate\n  Extra inputs are not permitted"):
+        GRPOParams(learning_rate=1.0)
     with pytest.raises(UserError, match="needs runtime.grpo.total_steps"):
-        make_trainer_factory("grpo", RuntimeConfig(), policy_path=tiny_qwen, prompts=PROMPTS, answers=PROMPTS,
+        make_trainer_factory("grpo", RuntimeConfig(iterations=None), policy_path=tiny_qwen, prompts=PROMPTS, answers=PROMPTS,
                              grpo={"lr_schedule": "linear"})  # fmt: skip

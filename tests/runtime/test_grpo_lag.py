@@ -7,9 +7,10 @@ import functools
 from collections import Counter
 
 import pytest
+from pydantic import ValidationError
 
-from asp.errors import UserError
-from asp.runtime import Database, EngineSpec, RuntimeFailure, SimulatedTrainer, TrainingQueue, run_async
+from asp.runtime import Database, EngineSpec, RuntimeFailure, TrainingQueue, run_async
+from asp.trainers import SimulatedTrainer
 
 from .helpers import fast_config, make_plan, output, read_ledger
 
@@ -43,10 +44,10 @@ def test_regenerated_task_restarts_at_its_first_untrained_prompt_and_keeps_its_a
 
 
 def test_lag_params_are_checked():
-    with pytest.raises(UserError, match="max_policy_lag"):
-        fast_config(max_policy_lag=-1).validate()
-    with pytest.raises(UserError, match="stale_samples"):
-        fast_config(stale_samples="keep").validate()
+    with pytest.raises(ValidationError, match="max_policy_lag"):
+        fast_config(max_policy_lag=-1)
+    with pytest.raises(ValidationError, match="stale_samples"):
+        fast_config(stale_samples="keep")
 
 
 def ledger_lags(path):

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from asp.runtime import EngineSpec, make_trainer_factory, run_async
+from asp.runtime import EngineSpec, run_async
+from asp.trainers import make_trainer_factory
 
 from .helpers import fast_config, make_plan
 

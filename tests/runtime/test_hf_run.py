@@ -6,7 +6,8 @@ import functools
 
 import pytest
 
-from asp.runtime import EngineSpec, SimulatedTrainer, run_async
+from asp.runtime import EngineSpec, run_async
+from asp.trainers import SimulatedTrainer
 
 from .helpers import fast_config, make_plan, read_ledger
 

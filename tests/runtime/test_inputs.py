@@ -4,36 +4,38 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
 from asp.errors import UserError
 from asp.runtime import EngineSpec, RuntimeConfig, WorkPlan, as_plan, check_prompts, run_async
 from asp.schedule import build_schedule, schedule_to_frame
+from asp.trainers import make_trainer_factory
 
 from .helpers import fast_config, make_plan
 
 
 def test_q_max_below_one_global_batch_is_refused():
-    with pytest.raises(UserError, match=r"q_max = 8 prompts is smaller than one global batch"):
-        RuntimeConfig(q_max=8, global_batch_prompts=16).validate()
+    with pytest.raises(ValidationError, match=r"q_max = 8 is smaller than one global batch"):
+        RuntimeConfig(q_max=8, global_batch_prompts=16)
 
 
 def test_resume_level_that_could_deadlock_is_refused():
     # paused at 3..7 prompts with batches of 8: no batch can form and generation would never resume
     with pytest.raises(UserError, match=r"q_resume = 2 must lie in \[global_batch_prompts - 1 = 7, q_max = 16\]"):
-        RuntimeConfig(q_max=16, global_batch_prompts=8, q_resume=2).validate()
+        RuntimeConfig(q_max=16, global_batch_prompts=8, q_resume=2)
     assert RuntimeConfig(q_max=8, global_batch_prompts=8).resume_depth == 7
     assert RuntimeConfig(q_max=48, global_batch_prompts=16).resume_depth == 32
 
 
 @pytest.mark.parametrize(("field", "value"), [("n_samples", 0), ("top_p", 0.0), ("actors_per_unit", 0)])
 def test_out_of_range_fields_are_named(field, value):
-    with pytest.raises(UserError, match=f"runtime.{field} = "):
-        RuntimeConfig(**{field: value}).validate()
+    with pytest.raises(ValidationError, match=rf"{field}\n  Input should be greater than"):
+        RuntimeConfig(**{field: value})
 
 
 def test_unknown_param_is_refused():
-    with pytest.raises(UserError, match="unknown runtime param"):
-        RuntimeConfig.from_mapping({"q_maximum": 3})
+    with pytest.raises(ValidationError, match="q_maximum\n  Extra inputs are not permitted"):
+        RuntimeConfig(q_maximum=3)
 
 
 def test_schedule_prompts_missing_from_prompt_set():
@@ -42,8 +44,9 @@ def test_schedule_prompts_missing_from_prompt_set():
     with pytest.raises(UserError, match=r"1 of 6 scheduled prompts are not in the prompt set, e\.g\. \[4\]"):
         check_prompts(plan, prompts)
     # run_async refuses it before touching Ray (no cluster fixture here)
+    cfg = fast_config()
     with pytest.raises(UserError, match="not in the prompt set"):
-        run_async(plan, prompts, EngineSpec("standin"), fast_config())
+        run_async(plan, prompts, EngineSpec("standin"), cfg, trainer_factory=make_trainer_factory("simulated", cfg))
 
 
 def test_bad_plans():
@@ -57,8 +60,12 @@ def test_bad_plans():
 
 def test_missing_model_directory_is_refused_before_ray(tmp_path):
     plan, prompts = make_plan(2, 2)
+    cfg = fast_config()
     with pytest.raises(UserError, match="does not exist"):
-        run_async(plan, prompts, EngineSpec("hf", str(tmp_path / "nope")), fast_config())
+        run_async(
+            plan, prompts, EngineSpec("hf", str(tmp_path / "nope")), cfg,
+            trainer_factory=make_trainer_factory("simulated", cfg),
+        )
 
 
 def test_plan_from_schedule_and_its_parquet_frame_agree():

@@ -14,7 +14,8 @@ from collections import Counter
 import pytest
 
 from asp.errors import UserError
-from asp.runtime import EngineSpec, SimulatedTrainer, run_async
+from asp.runtime import EngineSpec, run_async
+from asp.trainers import SimulatedTrainer
 
 from .helpers import fast_config, make_plan, read_ledger
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from asp.cli.schedule import app
 from asp.schedule import synthetic_lengths
-from asp.schedule.cli import app
 
 runner = CliRunner()
 

@@ -6,7 +6,8 @@ import io
 
 from matplotlib.figure import Figure
 
-from asp.schedule import build_schedule, plot_schedule, synthetic_lengths
+from asp.plots.schedule import plot_schedule
+from asp.schedule import build_schedule, synthetic_lengths
 
 
 def test_plot_schedule_returns_three_panels() -> None:

@@ -6,8 +6,8 @@ samples responses with `model.generate` and reports how well the sampled lengths
 intended lengths (Spearman) and the mean verifiable reward. Nothing here reads or writes files; the
 policy stage saves the result with ``save_pretrained`` (safetensors).
 
-Run ``python -m asp.demo.policy`` to build, warm-start and evaluate with the recommended defaults
-(`DEFAULTS`) and print the measurements.
+Its settings are the ``policy.demo`` params (`asp.config.DemoPolicyParams`, the one place their defaults live);
+run it through the pipeline's policy stage: ``asp stage policy`` (or ``dvc repro policy``).
 """
 
 from __future__ import annotations
@@ -25,23 +25,6 @@ from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 from asp.demo.task import intended_length, reference_response, reward
 
 ProgressFn = Callable[[int, int, float], None]
-
-# Recommended defaults for the CPU demo preset (params.yaml `policy:` section). Measured on the shared 2-core dev
-# box: warm start ~105 s on 1 thread (13 s / 100 steps), then at temperature 1 Spearman(intended, sampled length)
-# 0.97-0.99 and mean reward 0.35-0.62 over seeds (asp.demo.task explains why the policy is only partly right).
-DEFAULTS: dict = {
-    "task": {"min_steps": 1, "max_steps": 24, "median_steps": 4.0, "tail": 0.75, "max_term": 4},
-    "model": {
-        "hidden_size": 128,
-        "num_layers": 2,
-        "num_heads": 4,
-        "intermediate_size": 384,
-        "max_position_embeddings": 512,
-    },
-    "warm_start": {"steps": 1000, "batch_size": 32, "lr": 2.0e-3, "num_threads": 1},
-    "evaluate": {"n_samples": 8, "temperature": 1.0, "max_new_tokens": 256, "batch_size": 16, "num_threads": 1},
-}
-
 
 @contextlib.contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
@@ -325,35 +308,3 @@ def evaluate_policy(
         "seconds": seconds,
         "n": int(lengths.size),
     }
-
-
-def _main() -> None:
-    """Build, warm-start, save, reload and evaluate the demo policy with `DEFAULTS`; print the measurements."""
-    import json
-    import tempfile
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from asp.demo.task import generate_problems
-    from asp.demo.tokenizer import build_tokenizer
-
-    d, seed = DEFAULTS, 0
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=seed, **d["model"])
-    ws = d["warm_start"]
-    train = generate_problems(ws["steps"] * ws["batch_size"], seed=seed + 1, **d["task"])  # fresh data every step
-    hist = warm_start(model, tokenizer, train, seed=seed, **ws)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(tmp)
-        tokenizer = AutoTokenizer.from_pretrained(tmp)
-    held_out = generate_problems(200, seed=seed + 2, id_prefix="eval", **d["task"])
-    metrics = evaluate_policy(model, tokenizer, held_out, seed=seed, **d["evaluate"])
-    n_params = sum(p.numel() for p in model.parameters())
-    out = {"warm_start_s": hist["seconds"], "final_loss": float(np.mean(hist["loss"][-20:])), "params": n_params}
-    print(json.dumps({**out, **metrics}, indent=2))
-
-
-if __name__ == "__main__":
-    _main()

@@ -20,7 +20,7 @@ import numpy as np
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import write_json
-from asp.pipeline.train_predictor import load_trained_predictor, profiled_texts
+from asp.pipeline.loaders import load_trained_predictor, profiled_texts
 from asp.plots import save_figure
 from asp.tracking import Tracker
 

@@ -33,7 +33,7 @@ import pandas as pd
 from asp.config import Params, RuntimeParams
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
-from asp.pipeline.policy import policy_model_path
+from asp.pipeline.loaders import policy_model_path
 from asp.plots import save_figure
 from asp.tracking import Tracker
 
@@ -57,14 +57,6 @@ class Paths:
     state_dir: Path = Path("outputs/launch_state")
     metrics: Path = Path("metrics/launch.json")
     plot: Path = Path("plots/launch_timeline.png")
-
-
-def runtime_config(r: RuntimeParams, seed: int) -> Any:
-    """The runtime's `RuntimeConfig` from the typed `runtime:` params."""
-    from asp.runtime import RuntimeConfig
-
-    fields = r.model_dump(exclude={"condition", "trainer", "engine", "grpo"})
-    return RuntimeConfig(**fields, seed=seed).validate()
 
 
 def engine_spec(r: RuntimeParams, model_path: Path) -> Any:
@@ -119,7 +111,7 @@ def fingerprint_extra(r: RuntimeParams) -> dict[str, Any]:
     """What a runtime checkpoint must match besides the plan: the trainer and its learning settings."""
     if r.trainer != "grpo":
         return {"trainer": r.trainer}
-    grpo = {k: v for k, v in r.grpo.to_dict().items() if k not in GRPO_OPERATIONAL}
+    grpo = {k: v for k, v in r.grpo.model_dump().items() if k not in GRPO_OPERATIONAL}
     return {"trainer": "grpo", "grpo": grpo}
 
 
@@ -141,11 +133,11 @@ class ResumePoint:
 
 def resume_point(params: Params, paths: Paths) -> ResumePoint:
     """Load the plan and decide whether `outputs/launch_state/<condition>` holds a run to continue."""
-    from asp.runtime import make_checkpointer
+    from asp.runtime import RuntimeConfig, make_checkpointer
 
     r = params.runtime
     plan = load_plan(params, paths)
-    config = runtime_config(r, params.common.seed)
+    config = RuntimeConfig.from_params(params)
     extra = fingerprint_extra(r)
     directory = paths.state_dir / r.condition
     state, reason = make_checkpointer(plan, config, directory, extra).load()
@@ -196,7 +188,7 @@ def trainer_factory(
     params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, prompts_by_id: dict[Any, str]
 ) -> Any:
     """The Training Unit's factory for `runtime.trainer` (checked here, before any actor starts)."""
-    from asp.runtime import make_trainer_factory
+    from asp.trainers import make_trainer_factory
 
     r = params.runtime
     if r.trainer != "grpo":

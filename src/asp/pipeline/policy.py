@@ -5,7 +5,7 @@
   mean reward sampled at temperature 1) and save an ordinary Hugging Face checkpoint.
 * `policy.source: path` (cluster preset): record the user's local checkpoint path and a content hash.
 
-Either way `outputs/policy/policy.json` names the checkpoint; later stages call `policy_model_path`.
+Either way `outputs/policy/policy.json` names the checkpoint; later stages call `asp.pipeline.loaders.policy_model_path`.
 
 Run: `asp stage policy` (what `dvc repro policy` calls).
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from asp.config import Params, PolicyParams
 from asp.errors import UserError
-from asp.io import atomic_path, read_json, write_json
+from asp.io import atomic_path, write_json
 from asp.progress import progress_bar
 from asp.tracking import Tracker
 
@@ -53,21 +53,6 @@ def content_hash(path: Path) -> str:
             while block := fh.read(1 << 20):
                 digest.update(block)
     return digest.hexdigest()
-
-
-def policy_model_path(policy_dir: str | Path) -> Path:
-    """The checkpoint directory recorded by the policy stage."""
-    ref = Path(policy_dir) / "policy.json"
-    if not ref.is_file():
-        raise UserError(f"{ref}: missing. Run the policy stage first (`dvc repro policy`).")
-    return Path(read_json(ref)["model_path"])
-
-
-def load_policy_tokenizer(policy_dir: str | Path) -> Any:
-    """The policy's tokenizer (local files only; `tokenizer.json` kept as saved, see `asp.rollout.load_tokenizer`)."""
-    from asp.rollout import load_tokenizer
-
-    return load_tokenizer(policy_model_path(policy_dir))
 
 
 def build_demo_policy(p: PolicyParams, seed: int, model_dir: Path) -> tuple[dict[str, float], list[float]]:

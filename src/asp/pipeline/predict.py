@@ -19,7 +19,7 @@ import pandas as pd
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import read_json, write_json, write_parquet
-from asp.pipeline.train_predictor import load_trained_predictor
+from asp.pipeline.loaders import load_trained_predictor
 from asp.progress import progress_bar
 from asp.tracking import Tracker
 

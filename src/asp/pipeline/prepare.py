@@ -22,7 +22,7 @@ import pandas as pd
 from asp.config import DEMO_DATASET, Params, PrepareParams
 from asp.errors import UserError
 from asp.io import write_json, write_parquet
-from asp.pipeline.policy import load_policy_tokenizer
+from asp.pipeline.loaders import load_policy_tokenizer
 from asp.tracking import Tracker
 
 

@@ -28,10 +28,10 @@ import pandas as pd
 from asp.config import Params, ProfileParams
 from asp.errors import UserError
 from asp.io import read_json, write_json, write_parquet
-from asp.pipeline.policy import policy_model_path
+from asp.pipeline.loaders import policy_model_path
 from asp.plots import save_figure
 from asp.progress import progress_bar
-from asp.rollout.base import timed_generate
+from asp.rollout.base import SamplingParams, timed_generate
 from asp.tracking import Tracker
 
 
@@ -119,21 +119,14 @@ def profile_chunks(engine: Any, prompts: pd.DataFrame, p: ProfileParams, seed: i
     paths = [work / f"chunk_{c:05d}.parquet" for c in range(-(-n_mb // per_chunk))]
     finished = sum(path.is_file() for path in paths)
     bar = progress_bar(total=n_mb, desc="profile", unit="minibatch", initial=min(finished * per_chunk, n_mb))
+    sampling = SamplingParams(p.n_samples, p.max_new_tokens, p.temperature, p.top_p)
     for c, path in enumerate(paths):
         if path.is_file():
             continue
         rows, timings = [], []
         for m in range(c * per_chunk, min((c + 1) * per_chunk, n_mb)):
             part = prompts.iloc[m * mb : (m + 1) * mb]
-            done = timed_generate(
-                engine,
-                part["prompt"].tolist(),
-                n=p.n_samples,
-                max_new_tokens=p.max_new_tokens,
-                temperature=p.temperature,
-                top_p=p.top_p,
-                seed=seed + m,
-            )
+            done = timed_generate(engine, part["prompt"].tolist(), sampling.with_seed(seed + m))
             rows += minibatch_rows(done.results, part["prompt_id"].tolist(), part["role"].tolist())
             timings.append({"minibatch": m, **asdict(done.timing)})
             bar.update(1)

@@ -83,7 +83,8 @@ def profiled_ablation(
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Build and save the schedule; report predicted and realized metrics and the C0-C4 table."""
-    from asp.schedule import build_schedule, plot_schedule, schedule_metrics, schedule_summary, schedule_to_frame
+    from asp.plots.schedule import plot_schedule
+    from asp.schedule import build_schedule, schedule_metrics, schedule_summary, schedule_to_frame
 
     s, seed = params.schedule, params.common.seed
     preds, calibration, true = load_inputs(paths)

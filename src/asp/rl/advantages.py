@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asp.grpo_config import ADVANTAGE_SCALES
+ADVANTAGE_SCALES = ("std", "none")  # the config types runtime.grpo.advantage_scale with these (tests/test_config.py)
 
 
 def group_advantages(rewards: np.ndarray, n: int, *, scale: str = "std", eps: float = 1e-6) -> np.ndarray:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from asp.grpo_config import AGGREGATIONS
+AGGREGATIONS = ("token", "sequence")  # the config types runtime.grpo.loss_aggregation with these (tests/test_config.py)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -37,7 +37,7 @@ from asp.runtime.metrics import (
 from asp.runtime.plan import WorkPlan, as_plan, check_prompts
 from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.runtime.run import make_checkpointer, ray_session, run_async
-from asp.runtime.trainer import SimulatedTrainer, Trainer, TrainingUnit, make_trainer_factory, resolve_reward
+from asp.runtime.trainer import Trainer, TrainingUnit
 
 __all__ = [
     "Backpressure",
@@ -53,7 +53,6 @@ __all__ = [
     "RuntimeConfig",
     "RuntimeFailure",
     "SamplingParams",
-    "SimulatedTrainer",
     "StandInEngine",
     "StepResult",
     "TaskState",
@@ -69,9 +68,7 @@ __all__ = [
     "grpo_summary",
     "iteration_metrics",
     "make_checkpointer",
-    "make_trainer_factory",
     "ray_session",
-    "resolve_reward",
     "run_async",
     "summary_metrics",
     "time_weighted_stats",

@@ -10,7 +10,6 @@ callers can share a cluster; actors are always killed on exit, Ctrl-C or SIGTERM
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -28,7 +27,7 @@ from asp.runtime.engines import EngineSpec
 from asp.runtime.generation import GenerationActor, GenerationUnit
 from asp.runtime.messages import SamplingParams
 from asp.runtime.plan import as_plan, check_prompts
-from asp.runtime.trainer import SimulatedTrainer, TrainingUnit
+from asp.runtime.trainer import TrainingUnit
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +184,7 @@ def run_async(
     engine_factory: Callable[[], Any],
     config: RuntimeConfig,
     *,
-    trainer_factory: Callable[[], Any] | None = None,
+    trainer_factory: Callable[[], Any],
     logger: Any = None,
     checkpoint_dir: str | Path | None = None,
     resume: bool = True,
@@ -199,8 +198,8 @@ def run_async(
         prompts_by_id: prompt id -> chat-templated prompt text.
         engine_factory: picklable zero-argument callable building one engine per actor (e.g. `EngineSpec`).
         config: the `RuntimeConfig`.
-        trainer_factory: picklable zero-argument callable building the `Trainer`; default
-            ``SimulatedTrainer(config.trainer_step_s, config.refresh_delay_s)``.
+        trainer_factory: picklable zero-argument callable building the `Trainer`
+            (`asp.trainers.make_trainer_factory`).
         logger: object with ``log_metrics(dict, step)`` (e.g. the stage's MLflow tracker); gets every
             iteration's metrics and, at the end, the summary (step = last trainer step).
         checkpoint_dir: where ``runtime_state.json`` is kept; None disables checkpoints.
@@ -216,7 +215,6 @@ def run_async(
         UserError: bad schedule / prompts / config / resources, or an engine that fails to load.
         RuntimeFailure: the run could not continue (see `asp.runtime.control.RuntimeFailure`).
     """
-    config.validate()
     plan = as_plan(schedule)
     check_prompts(plan, prompts_by_id)
     if isinstance(engine_factory, EngineSpec):
@@ -227,8 +225,6 @@ def run_async(
                 f"vLLM actors with tensor_parallel_size={tp} need runtime.actor_num_gpus >= {tp}, "
                 f"got {config.actor_num_gpus:g}."
             )
-    if trainer_factory is None:
-        trainer_factory = functools.partial(SimulatedTrainer, config.trainer_step_s, config.refresh_delay_s)
     epochs = 1 if config.iterations is None else None
     db = Database(plan, prompts_by_id, epochs=epochs, max_attempts=config.max_attempts, seed=config.seed)
     checkpointer, state, reason = None, None, "fresh run"

@@ -23,7 +23,6 @@ from asp.schedule.balance import METHODS, balance_groups, group_loads, shuffle_g
 from asp.schedule.conditions import CONDITION_NAMES, condition_schedule
 from asp.schedule.dp import build_minibatches, fixed_minibatches, is_feasible, utilization
 from asp.schedule.metrics import kendall_tau, schedule_metrics
-from asp.schedule.plot import plot_schedule
 from asp.schedule.schedule import (
     Schedule,
     build_schedule,
@@ -51,7 +50,6 @@ __all__ = [
     "is_feasible",
     "kendall_tau",
     "perturb_predictions",
-    "plot_schedule",
     "resolve_calibration",
     "schedule_from_frame",
     "schedule_metrics",

@@ -9,7 +9,7 @@ Per step (`GRPOTrainer.step`, one `GlobalBatch` of B prompts x n responses):
    AdamW with a warm-up + constant / linear / cosine schedule; a non-finite loss or gradient norm skips
    the update (counted) and `max_nan_steps` in a row stop the run;
 4. every `snapshot_interval` applied updates a weight snapshot (T_save, conversion hook T_convert) goes to
-   the generation actors through the Ray object store or safetensors files (`asp.runtime.grpo_weights`);
+   the generation actors through the Ray object store or safetensors files (`asp.trainers.weights`);
 5. every `checkpoint_interval` steps a trainer checkpoint (weights, optimizer, RNG, counters) whose path
    goes into `StepResult.state`, so a resumed run restores it (`restore`).
 
@@ -33,14 +33,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from asp.grpo_config import GRPOConfig
+from asp.config import GRPOParams
 from asp.rl import compute_rewards, get_reward, group_advantages, grpo_loss, loss_denominator, token_logprobs
 from asp.rl.advantages import zero_signal_groups
 from asp.rl.batching import pack_rows, plan_micro_batches
 from asp.rl.lag import d_off_estimate, duty_cycle, measured_lag
 from asp.rl.lr import lr_factor
-from asp.runtime.grpo_weights import SnapshotPublisher, convert, cpu_snapshot, load_checkpoint, save_checkpoint
 from asp.runtime.messages import GlobalBatch, StepResult, WeightUpdate
+from asp.trainers.weights import SnapshotPublisher, convert, cpu_snapshot, load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class GRPOSpec:
         policy_path: local checkpoint directory of the initial policy (also the KL reference).
         prompts: prompt id -> chat-templated prompt text (what the engines decoded from).
         answers: prompt id -> reference answer for the reward.
-        config: the `GRPOConfig`.
+        config: the ``runtime.grpo`` params (`asp.config.GRPOParams`).
         reward: reward name (`asp.rl.get_reward`; not ``auto``).
         temperature: sampling temperature of the engines (the trainer scores tokens with it).
         seed: torch seed.
@@ -123,7 +123,7 @@ class GRPOSpec:
     policy_path: str
     prompts: Mapping[Any, str]
     answers: Mapping[Any, str]
-    config: GRPOConfig
+    config: GRPOParams
     reward: str
     temperature: float = 1.0
     seed: int = 0

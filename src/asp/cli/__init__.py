@@ -41,7 +41,7 @@ ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params file")]
 
 def _mount_optional_subapps() -> None:
     try:
-        from asp.schedule.cli import app as schedule_app
+        from asp.cli.schedule import app as schedule_app
     except ImportError:  # scheduler not installed in this build
         return
     app.add_typer(schedule_app, name="schedule", help="Build schedules, ablations and τ sweeps from a lengths file.")
@@ -51,12 +51,13 @@ _mount_optional_subapps()
 
 
 @app.command()
-def stage(name: Annotated[str, typer.Argument(help="stage name, e.g. prepare")]) -> None:
+def stage(name: Annotated[str, typer.Argument(help="stage name in dvc.yaml, e.g. prepare")]) -> None:
     """Run one pipeline stage (stages/NAME.py) with tracking; dvc.yaml calls this."""
-    script = Path("stages") / f"{name}.py"
+    from asp.stage import check_stage
+
+    script = Path("stages") / f"{check_stage(name)}.py"
     if not script.is_file():
-        known = sorted(p.stem for p in Path("stages").glob("*.py"))
-        raise UserError(f"no stage '{name}' ({script} not found). Known stages: {', '.join(known) or 'none'}.")
+        raise UserError(f"stage {name!r} is in dvc.yaml but {script} is missing; restore it from git.")
     runpy.run_path(str(script), run_name="__asp_stage__")["main"]()
 
 

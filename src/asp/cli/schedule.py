@@ -5,7 +5,7 @@ Examples:
     asp schedule ablation lengths.csv --tau 0.64 --seeds 3
     asp schedule sweep --synthetic 39000 --out sweep.json
 
-Mounted by asp.cli as `asp schedule`; runnable alone as `python -m asp.schedule.cli`. Bad input prints one
+Mounted by asp.cli as `asp schedule`; runnable alone as `python -m asp.cli.schedule`. Bad input prints one
 message on stderr and exits with code 2.
 """
 
@@ -22,8 +22,8 @@ import typer
 
 from asp import io
 from asp.errors import UserError
+from asp.io.schedule import read_calibration, read_lengths
 from asp.schedule.ablation import PAPER_TAUS, ablation, perturb_predictions, sweep, synthetic_lengths
-from asp.schedule.files import read_calibration, read_lengths
 from asp.schedule.schedule import build_schedule, schedule_summary, schedule_to_frame
 
 app = typer.Typer(
@@ -114,7 +114,7 @@ def build(
     io.write_parquet(schedule_to_frame(sched), out)
     io.write_json(info, summary or out.with_suffix(".json"))
     if plot is not None:
-        from asp.schedule.plot import plot_schedule
+        from asp.plots.schedule import plot_schedule
 
         with io.atomic_path(plot) as tmp:
             plot_schedule(sched, data["true_length"]).savefig(tmp, format=plot.suffix.lstrip(".") or "png", dpi=120)
