@@ -19,8 +19,7 @@ from asp.runtime.generation import GenerationActor, pack_output, resolve_weights
 from asp.runtime.messages import SamplingParams, WeightUpdate
 from asp.trainers import SimulatedTrainer, make_trainer_factory
 from asp.trainers.grpo import GRPOSpec, LagMonitor, NonFiniteLossError
-
-from .helpers import output
+from tests.runtime.helpers import output
 
 N = 4
 PROMPTS = {i: " ".join(f"w{(3 * i + j) % 40}" for j in range(i % 3 + 2)) for i in range(8)}
@@ -45,14 +44,22 @@ register_reward("test:exploding", exploding)
 def spec(path, tmp_path=None, reward="test:share_w", **grpo) -> GRPOSpec:
     base = {"lr": 3e-3, "warmup_steps": 0, "loss_aggregation": "token", "micro_batch_tokens": 64}
     cfg = GRPOParams(**{**base, **grpo})
-    return GRPOSpec(str(path), PROMPTS, dict.fromkeys(PROMPTS, "x"), cfg, reward, temperature=1.0,
-                    checkpoint_interval=1, state_dir=str(tmp_path) if tmp_path else None)  # fmt: skip
+    return GRPOSpec(
+        str(path),
+        PROMPTS,
+        dict.fromkeys(PROMPTS, "x"),
+        cfg,
+        reward,
+        temperature=1.0,
+        checkpoint_interval=1,
+        state_dir=str(tmp_path) if tmp_path else None,
+    )
 
 
 def batch_from(engine: HFEngine, step: int, version: int = 0, seed: int = 0, ids=(0, 1, 2, 3)):
     """Generate n = 4 responses for `ids` with the engine and cut them into one GlobalBatch."""
     item = WorkItem(step, step, 0, 0, list(ids), [PROMPTS[i] for i in ids], seed)
-    results = engine.generate(item.prompts, n=N, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=seed)
+    results = engine.generate(item.prompts, SamplingParams(N, 6, 1.0, 1.0, seed))
     out = pack_output(item, results, N, gu=0, actor=0, version=version, start=0.0, end=0.5)
     queue = TrainingQueue(len(ids), N)
     queue.put(out, now=0.0)
@@ -195,9 +202,16 @@ def test_trainer_factory_checks_inputs(tiny_qwen, tmp_path):
     cfg = RuntimeConfig(iterations=5, trainer_step_s=0.1, refresh_delay_s=0.2)
     sim = make_trainer_factory("simulated", cfg)()
     assert isinstance(sim, SimulatedTrainer) and sim.step_time_s == 0.1
-    factory = make_trainer_factory("grpo", cfg, policy_path=tiny_qwen, prompts=PROMPTS, answers=PROMPTS,
-                                   grpo={"lr_schedule": "cosine", "reward": "auto"}, dataset="data/dsr.json",
-                                   state_dir=tmp_path)  # fmt: skip
+    factory = make_trainer_factory(
+        "grpo",
+        cfg,
+        policy_path=tiny_qwen,
+        prompts=PROMPTS,
+        answers=PROMPTS,
+        grpo=GRPOParams(lr_schedule="cosine", reward="auto"),
+        dataset="data/dsr.json",
+        state_dir=tmp_path,
+    )
     assert isinstance(factory, GRPOSpec) and factory.reward == "math" and factory.total_steps == 5
     assert pickle.loads(pickle.dumps(factory)).config.lr_schedule == "cosine"  # travels to the Ray actor
     with pytest.raises(UserError, match="unknown"):
@@ -213,5 +227,11 @@ def test_trainer_factory_checks_inputs(tiny_qwen, tmp_path):
     with pytest.raises(ValidationError, match="learning_rate\n  Extra inputs are not permitted"):
         GRPOParams(learning_rate=1.0)
     with pytest.raises(UserError, match="needs runtime.grpo.total_steps"):
-        make_trainer_factory("grpo", RuntimeConfig(iterations=None), policy_path=tiny_qwen, prompts=PROMPTS, answers=PROMPTS,
-                             grpo={"lr_schedule": "linear"})  # fmt: skip
+        make_trainer_factory(
+            "grpo",
+            RuntimeConfig(iterations=None),
+            policy_path=tiny_qwen,
+            prompts=PROMPTS,
+            answers=PROMPTS,
+            grpo=GRPOParams(lr_schedule="linear"),
+        )
