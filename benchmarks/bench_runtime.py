@@ -35,10 +35,21 @@ def bench(
     mbs = [list(range(i, i + prompts_per_mb)) for i in range(0, total, prompts_per_mb)]
     plan = WorkPlan.from_lists(mbs, [p // 6 for p in range(n_minibatches)])
     cfg = RuntimeConfig(
-        generation_units=units, actors_per_unit=actors, gu_queue_target=8, global_batch_prompts=64 * prompts_per_mb,
-        q_max=10**9, n_samples=n, max_new_tokens=max_len, actor_num_cpus=0.0, poll_timeout_s=0.5,
-        coalesce_below_s=coalesce_s, iterations=None, trainer_step_s=0.0, refresh_delay_s=0.0, max_policy_lag=None,
-    )  # fmt: skip
+        generation_units=units,
+        actors_per_unit=actors,
+        gu_queue_target=8,
+        global_batch_prompts=64 * prompts_per_mb,
+        q_max=10**9,
+        n_samples=n,
+        max_new_tokens=max_len,
+        actor_num_cpus=0.0,
+        poll_timeout_s=0.5,
+        coalesce_below_s=coalesce_s,
+        iterations=None,
+        trainer_step_s=0.0,
+        refresh_delay_s=0.0,
+        max_policy_lag=None,
+    )
     engine = EngineSpec("standin", options={"min_length": max(1, max_len // 2), "max_length": max_len})
     start = time.perf_counter()
     summary = run_async(plan, prompts, engine, cfg, trainer_factory=make_trainer_factory("simulated", cfg))
@@ -82,15 +93,29 @@ def ablation(n_prompts: int = 3072, seed: int = 0) -> None:
         },
     )
     ends = fixed_minibatches(n_prompts, 16)
-    c0 = WorkPlan.from_lists([list(range(a, b)) for a, b in zip(ends[:-1], ends[1:], strict=True)],
-                             [p // 6 for p in range(ends.size - 1)])  # fmt: skip
+    c0 = WorkPlan.from_lists(
+        [list(range(a, b)) for a, b in zip(ends[:-1], ends[1:], strict=True)], [p // 6 for p in range(ends.size - 1)]
+    )
     c4 = build_schedule(list(range(n_prompts)), pred, b=16, kappa=2, k=6, seed=seed)
     cfg = RuntimeConfig(
-        generation_units=2, actors_per_unit=2, gu_queue_target=6, global_batch_prompts=64, q_max=192,
-        n_samples=4, max_new_tokens=8192, trainer_step_s=0.1, refresh_delay_s=0.02, actor_num_cpus=0.0, seed=seed,
-        iterations=None, max_policy_lag=None,
-    )  # fmt: skip
-    results = {name: run_async(plan, prompts, engine, cfg, trainer_factory=make_trainer_factory("simulated", cfg)).metrics for name, plan in (("C0", c0), ("C4", c4))}
+        generation_units=2,
+        actors_per_unit=2,
+        gu_queue_target=6,
+        global_batch_prompts=64,
+        q_max=192,
+        n_samples=4,
+        max_new_tokens=8192,
+        trainer_step_s=0.1,
+        refresh_delay_s=0.02,
+        actor_num_cpus=0.0,
+        seed=seed,
+        iterations=None,
+        max_policy_lag=None,
+    )
+    results = {
+        name: run_async(plan, prompts, engine, cfg, trainer_factory=make_trainer_factory("simulated", cfg)).metrics
+        for name, plan in (("C0", c0), ("C4", c4))
+    }
     print(f"{n_prompts} prompts, 16-prompt minibatches, n=4, 2 GUs x 2 actors, 64-prompt steps of 0.1 s\n")
     print("| metric | C0 | C4 |\n|---|---|---|")
     for key, label in TABLE_4B:

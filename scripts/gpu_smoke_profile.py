@@ -152,14 +152,15 @@ def summarize(timings: list[Any], samples: list[Any], init_s: float) -> dict[str
 
 def run_minibatches(engine: Any, prompts: list[str], args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
     """Warm up, then generate `prompts` in minibatches of `args.batch_size`; returns (timings, samples)."""
-    from asp.rollout import timed_generate
+    from asp.rollout import SamplingParams, timed_generate
 
-    kw = {"n": args.n, "max_new_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    params = SamplingParams(args.n, args.max_tokens, args.temperature, args.top_p, args.seed)
     for i in range(args.warmup):
-        engine.generate(prompts[:1], seed=args.seed - 1 - i, **kw)
+        engine.generate(prompts[:1], params.with_seed(args.seed - 1 - i))
     timings, samples = [], []
     for b, start in enumerate(range(0, len(prompts), args.batch_size)):
-        mb = timed_generate(engine, prompts[start : start + args.batch_size], seed=args.seed + start * args.n, **kw)
+        seed = args.seed + start * args.n  # vLLM: no two samples of the run share a seed
+        mb = timed_generate(engine, prompts[start : start + args.batch_size], params.with_seed(seed))
         t = mb.timing
         timings.append(t)
         samples += [s for r in mb.results for s in r.samples]

@@ -4,7 +4,6 @@ booleans for integers and missing sections name the key and value."""
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import get_args
 
 import pytest

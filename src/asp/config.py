@@ -261,7 +261,9 @@ class RuntimeParams(_Params):
     q_resume: Int | None = Field(
         None, ge=0, description="Depth at or below which generation resumes; None: max(q_max - batch, batch - 1)."
     )
-    global_batch_prompts: Int = Field(16, ge=1, description="Prompts per training step (a prompt's n samples together).")
+    global_batch_prompts: Int = Field(
+        16, ge=1, description="Prompts per training step (a prompt's n samples together)."
+    )
     n_samples: Int = Field(8, ge=1, description="Responses per prompt.")
     max_new_tokens: Int = Field(160, ge=1)
     temperature: Float = Field(1.0, ge=0, description="0 = greedy.")
@@ -283,7 +285,9 @@ class RuntimeParams(_Params):
     )
     stall_timeout_s: Float = Field(600.0, gt=0, description="Fail when nothing is generated or trained this long.")
     coalesce_below_s: Float = Field(
-        0.05, ge=0, description="A GU hands an actor several queued minibatches per call while each takes less "
+        0.05,
+        ge=0,
+        description="A GU hands an actor several queued minibatches per call while each takes less "
         "than this (tiny models); 0 disables coalescing.",
     )
     max_chunk: Int = Field(16, ge=1, description="Most minibatches handed to an actor in one coalesced call.")
@@ -309,8 +313,9 @@ class RuntimeParams(_Params):
         low = self.global_batch_prompts - 1
         if not low <= self.resume_depth <= self.q_max:
             raise ValueError(
-                f"q_resume = {self.resume_depth} must lie in [global_batch_prompts - 1 = {low}, q_max = {self.q_max}]: "
-                "below it, a paused queue with fewer prompts than one batch would never resume. Leave it null."
+                f"q_resume = {self.resume_depth} must lie in [global_batch_prompts - 1 = {low}, "
+                f"q_max = {self.q_max}]: below it, a paused queue with fewer prompts than one batch would never "
+                "resume. Leave it null."
             )
         return self
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from asp.rollout import Engine, timed_generate
+from asp.rollout import Engine, SamplingParams, timed_generate
 from asp.rollout.hf import HFEngine, response_lengths
 
 from .conftest import EOS_ID, build_tiny_checkpoint
@@ -44,12 +44,12 @@ def test_engine_satisfies_protocol(engine):
 
 def test_num_threads_applies_only_during_generate(engine):
     before = torch.get_num_threads()
-    engine.generate(PROMPTS[:1], n=1, max_new_tokens=2, temperature=1.0, top_p=1.0, seed=0)
+    engine.generate(PROMPTS[:1], SamplingParams(n=1, max_new_tokens=2))
     assert torch.get_num_threads() == before
 
 
 def test_shapes_lengths_and_finish_reasons_are_consistent(engine):
-    res = engine.generate(PROMPTS, n=4, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0)
+    res = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=8))
     assert [r.prompt_index for r in res] == [0, 1, 2]
     assert [r.prompt_tokens for r in res] == [3, 1, 5]
     for r in res:
@@ -67,26 +67,22 @@ def test_shapes_lengths_and_finish_reasons_are_consistent(engine):
 
 
 def test_eos_dominant_model_stops_immediately(stop_model):
-    res = HFEngine(stop_model, num_threads=1).generate(
-        PROMPTS, n=3, max_new_tokens=5, temperature=1.0, top_p=1.0, seed=0
-    )
+    res = HFEngine(stop_model, num_threads=1).generate(PROMPTS, SamplingParams(n=3, max_new_tokens=5))
     for s in (s for r in res for s in r.samples):
         assert (s.token_ids, s.length, s.finish_reason, s.text) == ([EOS_ID], 1, "stop", "")
         assert s.logprobs[0] > -1e-3  # P(EOS) ~ 1
 
 
 def test_eos_suppressed_model_hits_the_cap(never_stop_model):
-    res = HFEngine(never_stop_model, num_threads=1).generate(
-        PROMPTS, n=2, max_new_tokens=3, temperature=1.0, top_p=1.0, seed=0
-    )
+    res = HFEngine(never_stop_model, num_threads=1).generate(PROMPTS, SamplingParams(n=2, max_new_tokens=3))
     assert {(s.length, s.finish_reason) for r in res for s in r.samples} == {(3, "length")}
 
 
 def test_same_seed_reproduces_and_other_seed_differs(engine):
-    kw = {"n": 3, "max_new_tokens": 10, "temperature": 1.0, "top_p": 0.9}
-    a = engine.generate(PROMPTS, seed=7, **kw)
-    b = engine.generate(PROMPTS, seed=7, **kw)
-    c = engine.generate(PROMPTS, seed=8, **kw)
+    params = SamplingParams(n=3, max_new_tokens=10, temperature=1.0, top_p=0.9, seed=7)
+    a = engine.generate(PROMPTS, params)
+    b = engine.generate(PROMPTS, params)
+    c = engine.generate(PROMPTS, params.with_seed(8))
 
     def ids(res):
         return [s.token_ids for r in res for s in r.samples]
@@ -98,7 +94,7 @@ def test_same_seed_reproduces_and_other_seed_differs(engine):
 
 def test_processed_logprobs_match_forward_pass_at_temperature(engine):
     t = 0.7
-    res = engine.generate(PROMPTS, n=2, max_new_tokens=8, temperature=t, top_p=1.0, seed=1)
+    res = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, temperature=t, seed=1))
     for prompt, r in zip(PROMPTS, res, strict=True):
         for s in r.samples:
             expected = _gather(torch.log_softmax(_recompute(engine, prompt, s.token_ids) / t, -1), s.token_ids)
@@ -106,7 +102,7 @@ def test_processed_logprobs_match_forward_pass_at_temperature(engine):
 
 
 def test_raw_logprobs_ignore_temperature(raw_engine):
-    res = raw_engine.generate(PROMPTS, n=2, max_new_tokens=8, temperature=0.7, top_p=1.0, seed=1)
+    res = raw_engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, temperature=0.7, seed=1))
     for prompt, r in zip(PROMPTS, res, strict=True):
         for s in r.samples:
             expected = _gather(torch.log_softmax(_recompute(raw_engine, prompt, s.token_ids), -1), s.token_ids)
@@ -116,7 +112,7 @@ def test_raw_logprobs_ignore_temperature(raw_engine):
 def test_top_p_renormalises_processed_logprobs(engine):
     # Renormalising over the nucleus can only raise a kept token's probability: logp_top_p >= logp_T.
     t, top_p = 1.0, 0.5
-    res = engine.generate(PROMPTS, n=2, max_new_tokens=8, temperature=t, top_p=top_p, seed=2)
+    res = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, temperature=t, top_p=top_p, seed=2))
     gaps = []
     for prompt, r in zip(PROMPTS, res, strict=True):
         for s in r.samples:
@@ -128,7 +124,7 @@ def test_top_p_renormalises_processed_logprobs(engine):
 
 
 def test_greedy_is_argmax_and_identical_across_samples(engine):
-    res = engine.generate(PROMPTS[:1], n=2, max_new_tokens=6, temperature=0.0, top_p=1.0, seed=3)
+    res = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=6, temperature=0.0, seed=3))
     a, b = res[0].samples
     assert a.token_ids == b.token_ids
     logits = _recompute(engine, PROMPTS[0], a.token_ids)
@@ -140,14 +136,15 @@ def test_greedy_is_argmax_and_identical_across_samples(engine):
 
 def test_update_weights_in_place(tmp_path):
     eng = HFEngine(build_tiny_checkpoint(tmp_path / "m"), num_threads=1)
-    before = eng.generate(PROMPTS, n=2, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0)
+    params = SamplingParams(n=2, max_new_tokens=4)
+    before = eng.generate(PROMPTS, params)
     assert any(s.finish_reason == "length" for r in before for s in r.samples)
     emb = eng.model.model.embed_tokens.weight.detach().clone()
     head = eng.model.lm_head.weight.detach().clone()
     emb[:, 0], head[:, 0] = 50.0, 0.0
     head[EOS_ID, 0] = 20.0  # the stop_model recipe, now loaded in place
     eng.update_weights({"model.embed_tokens.weight": emb, "lm_head.weight": head})
-    after = eng.generate(PROMPTS, n=2, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0)
+    after = eng.generate(PROMPTS, params)
     assert {s.finish_reason for r in after for s in r.samples} == {"stop"}
     with pytest.raises(ValueError, match="unknown tensor names"):
         eng.update_weights({"no.such.weight": head})
@@ -155,12 +152,29 @@ def test_update_weights_in_place(tmp_path):
         eng.update_weights({"lm_head.weight": head[:5]})
 
 
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"n": 0}, "n "),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
+def test_sampling_params_are_checked_when_built(fields, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**{"n": 1, "max_new_tokens": 4, **fields})
+
+
+def test_sampling_params_with_seed_changes_only_the_seed():
+    params = SamplingParams(n=3, max_new_tokens=7, temperature=0.5, top_p=0.9, seed=1)
+    assert params.with_seed(9) == SamplingParams(n=3, max_new_tokens=7, temperature=0.5, top_p=0.9, seed=9)
+    assert params.seed == 1  # frozen: with_seed returns a copy
+
+
 def test_bad_arguments_and_empty_minibatch(engine, tiny_model):
-    assert engine.generate([], n=2, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0) == []
-    with pytest.raises(ValueError, match="n "):
-        engine.generate(PROMPTS, n=0, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0)
-    with pytest.raises(ValueError, match="top_p"):
-        engine.generate(PROMPTS, n=1, max_new_tokens=4, temperature=1.0, top_p=0.0, seed=0)
+    assert engine.generate([], SamplingParams(n=2, max_new_tokens=4)) == []
     with pytest.raises(ValueError, match="logprobs_mode"):
         HFEngine(tiny_model, logprobs_mode="logits")
     with pytest.raises(ValueError, match="num_threads"):
@@ -170,11 +184,11 @@ def test_bad_arguments_and_empty_minibatch(engine, tiny_model):
 def test_prompt_longer_than_context_is_rejected(tmp_path):
     eng = HFEngine(build_tiny_checkpoint(tmp_path / "short", max_positions=16), num_threads=1)
     with pytest.raises(ValueError, match="prompt 1 has 12 tokens"):
-        eng.generate(["w1", " ".join(["w2"] * 12)], n=1, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0)
+        eng.generate(["w1", " ".join(["w2"] * 12)], SamplingParams(n=1, max_new_tokens=8))
 
 
 def test_timed_generate_records_minibatch_timing(engine):
-    mb = timed_generate(engine, PROMPTS, n=2, max_new_tokens=5, temperature=1.0, top_p=1.0, seed=0)
+    mb = timed_generate(engine, PROMPTS, SamplingParams(n=2, max_new_tokens=5))
     lengths = [s.length for r in mb.results for s in r.samples]
     t = mb.timing
     assert (t.num_prompts, t.n, t.max_new_tokens, t.prompt_tokens) == (3, 2, 5, 9)

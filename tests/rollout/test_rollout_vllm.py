@@ -2,27 +2,35 @@
 
 vLLM cannot run without CUDA, so `FakeRequestOutput`, `StandInCompletion` and `StandInLogprob` mirror the
 fields `parse_request_outputs` reads from ``vllm.RequestOutput``, ``vllm.CompletionOutput`` and
-``vllm.logprobs.Logprob``. The real engine is exercised by scripts/gpu_smoke_profile.py on a GPU.
+``vllm.logprobs.Logprob``. The request builders are checked value by value here, and where vLLM is installed
+a contract test builds the real ``vllm.SamplingParams`` / ``EngineArgs`` from them (no GPU needed for that).
+The real engine is exercised by scripts/gpu_smoke_profile.py on a GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 
 import pytest
 
 from asp.errors import UserError
+from asp.rollout import SamplingParams, make_engine
 from asp.rollout.vllm import (
     WORKER_EXTENSION,
     AspWorkerExtension,
     VLLMEngine,
+    VLLMOptions,
     llm_kwargs,
     parse_request_outputs,
     prompt_seeds,
+    request_sampling_kwargs,
     sampling_kwargs,
     token_prompts,
 )
+
+PARAMS = SamplingParams(n=4, max_new_tokens=1024, temperature=0.7, top_p=0.95, seed=100)
 
 
 @dataclass
@@ -110,22 +118,24 @@ def test_parse_rejects_inconsistent_outputs(completion, message):
         parse_request_outputs([FakeRequestOutput("0", [1], [completion])])
 
 
-def test_sampling_kwargs_maps_to_sampling_params_names():
-    kw = sampling_kwargs(8, 1024, 1.0, 0.95, 3)
-    assert kw == {
-        "n": 8,
-        "max_tokens": 1024,
-        "temperature": 1.0,
-        "top_p": 0.95,
-        "seed": 3,
-        "logprobs": 0,
-        "detokenize": True,
-    }
-    assert sampling_kwargs(1, 4, 0.0, 1.0, 0, logprobs=None)["logprobs"] is None
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        sampling_kwargs(8, 0, 1.0, 1.0, 0)
+def test_sampling_kwargs_translate_the_settings_to_vllm_names():
+    kw = sampling_kwargs(PARAMS)
+    assert (kw["n"], kw["max_tokens"], kw["temperature"], kw["top_p"], kw["seed"]) == (4, 1024, 0.7, 0.95, 100)
+    assert kw["logprobs"] == 0  # the sampled token's log-prob only, no top-k extras
+    assert kw["detokenize"] is True and sampling_kwargs(PARAMS, detokenize=False)["detokenize"] is False
+    assert sampling_kwargs(PARAMS, logprobs=None)["logprobs"] is None
+    # EOS handling (tokenizer + generation_config EOS ids) is vLLM's own: nothing may switch it off or replace it
+    assert not {"stop", "stop_token_ids", "ignore_eos", "min_tokens"} & set(kw)
     with pytest.raises(ValueError, match="logprobs"):
-        sampling_kwargs(8, 4, 1.0, 1.0, 0, logprobs=-1)
+        sampling_kwargs(PARAMS, logprobs=-1)
+
+
+def test_request_sampling_kwargs_seed_each_prompt_and_share_the_rest():
+    requests = request_sampling_kwargs(PARAMS, 3, detokenize=False)
+    assert [r["seed"] for r in requests] == [100, 104, 108] == prompt_seeds(100, 3, 4)
+    assert all(r == {**requests[0], "seed": r["seed"]} for r in requests)
+    assert requests[0]["max_tokens"] == 1024 and requests[0]["detokenize"] is False
+    assert request_sampling_kwargs(PARAMS, 0) == []
 
 
 def test_prompt_seeds_give_every_sample_its_own_stream():
@@ -135,21 +145,59 @@ def test_prompt_seeds_give_every_sample_its_own_stream():
     assert len({s + k for s in seeds for k in range(4)}) == 12
 
 
+def test_request_builders_construct_real_vllm_objects(tmp_path):
+    """Contract with the installed vLLM: every key is one it accepts, with the meaning we intend."""
+    vllm = pytest.importorskip("vllm")
+    for seed, kw in zip([100, 104], request_sampling_kwargs(PARAMS, 2, detokenize=False), strict=True):
+        sp = vllm.SamplingParams(**kw)
+        assert (sp.n, sp.max_tokens, sp.seed, sp.logprobs, sp.detokenize) == (4, 1024, seed, 0, False)
+        assert (sp.temperature, sp.top_p) == pytest.approx((0.7, 0.95))
+        # temperature / top-p only, like HFEngine: no top-k, no penalties, EOS still ends a sample
+        assert sp.top_k in (0, -1) and sp.min_p == 0.0 and sp.repetition_penalty == 1.0 and not sp.ignore_eos
+    greedy = vllm.SamplingParams(**sampling_kwargs(SamplingParams(n=1, max_new_tokens=8, temperature=0.0)))
+    assert greedy.temperature == 0.0 and greedy.max_tokens == 8
+    from vllm.engine.arg_utils import EngineArgs
+
+    kw = llm_kwargs(tmp_path, VLLMOptions(max_model_len=4096, logprobs_mode="raw_logprobs"))
+    unknown = set(kw) - {f.name for f in dataclasses.fields(EngineArgs)}
+    assert not unknown, f"vllm.LLM would reject {unknown}"
+
+
 def test_llm_kwargs_builds_engine_arguments(tmp_path):
-    kw = llm_kwargs(tmp_path, tensor_parallel_size=2, gpu_memory_utilization=0.8, dtype="bfloat16", max_model_len=4096)
+    options = VLLMOptions(tensor_parallel_size=2, gpu_memory_utilization=0.8, dtype="bfloat16", max_model_len=4096)
+    kw = llm_kwargs(tmp_path, options)
     assert kw["model"] == kw["tokenizer"] == str(tmp_path)
     assert (kw["tensor_parallel_size"], kw["gpu_memory_utilization"], kw["dtype"]) == (2, 0.8, "bfloat16")
     assert kw["max_model_len"] == 4096 and kw["logprobs_mode"] == "processed_logprobs"
     assert kw["worker_extension_cls"] == WORKER_EXTENSION and kw["trust_remote_code"] is False
-    assert "max_model_len" not in llm_kwargs(tmp_path)
-    for bad, match in [
+    assert (kw["seed"], kw["enforce_eager"]) == (0, False)
+    assert "max_model_len" not in llm_kwargs(tmp_path, VLLMOptions())  # None: the model's own context length
+    raw = llm_kwargs(tmp_path, VLLMOptions(seed=3, logprobs_mode="raw_logprobs", enforce_eager=True))
+    assert (raw["seed"], raw["logprobs_mode"], raw["enforce_eager"]) == (3, "raw_logprobs", True)
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
         ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
         ({"dtype": "int8"}, "dtype"),
+        ({"max_model_len": 0}, "max_model_len"),
         ({"logprobs_mode": "raw_logits"}, "logprobs_mode"),
-    ]:
-        with pytest.raises(ValueError, match=match):
-            llm_kwargs(tmp_path, **bad)
+    ],
+)
+def test_vllm_options_are_checked_before_vllm_is_imported(tiny_model, bad, match):
+    with pytest.raises(ValueError, match=match):
+        VLLMOptions(**bad)
+    with pytest.raises(ValueError, match=match):
+        VLLMEngine(tiny_model, **bad)
+
+
+def test_make_engine_takes_exactly_the_vllm_options(tiny_model):
+    with pytest.raises(UserError, match=r"does not take option\(s\) \['device'\]") as err:
+        make_engine("vllm", tiny_model, device="cpu")
+    assert all(f.name in str(err.value) for f in dataclasses.fields(VLLMOptions))
 
 
 def test_worker_extension_path_points_at_the_class():

@@ -9,8 +9,13 @@ from asp.runtime import Checkpointer
 
 
 def save(ck: Checkpointer, finished: bool) -> None:
-    ck.save(database={"epochs_created": 1, "consumed": {"0": 2}}, trainer_step=3, policy_version=3,
-            trainer_state={"version": 3}, finished=finished)  # fmt: skip
+    ck.save(
+        database={"epochs_created": 1, "consumed": {"0": 2}},
+        trainer_step=3,
+        policy_version=3,
+        trainer_state={"version": 3},
+        finished=finished,
+    )
 
 
 def test_roundtrip_and_when_not_to_resume(tmp_path):

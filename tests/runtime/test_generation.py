@@ -11,7 +11,6 @@ from asp.runtime import (
     EngineSpec,
     Failure,
     SamplingParams,
-    SimulatedTrainer,
     StandInEngine,
     Trainer,
     TrainingQueue,
@@ -19,6 +18,7 @@ from asp.runtime import (
     WorkItem,
 )
 from asp.runtime.generation import GenerationActor
+from asp.trainers import SimulatedTrainer
 
 
 def item(task_id: int, prompts: list[str]) -> WorkItem:
@@ -51,6 +51,21 @@ def test_reload_happens_before_the_next_minibatch_only_when_newer():
     assert sim.policy_version == 4 and sim.reload_s >= 0.01
 
 
+def test_each_minibatch_is_sampled_with_its_own_seed():
+    class Recorder(StandInEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[SamplingParams] = []
+
+        def generate(self, prompts, params):
+            self.seen.append(params)
+            return super().generate(prompts, params)
+
+    a = GenerationActor(0, 0, Recorder, SamplingParams(2, 5, 0.7, 0.9))
+    a.generate([item(0, ["x"])], None)
+    assert a.engine.seen == [SamplingParams(2, 5, 0.7, 0.9, seed=7)]  # the WorkItem's seed, the rest as sent
+
+
 def test_engine_errors_become_failures_and_load_errors_are_reported():
     a = actor()
     bad = item(5, ["ok"])
@@ -66,8 +81,9 @@ def test_standin_lengths_are_stable_and_jitter_is_seeded():
     eng = StandInEngine(min_length=3, max_length=7, jitter=0.5)
     assert 3 <= eng.base_length("abc") <= 7
     assert eng.base_length("abc") == StandInEngine(min_length=3, max_length=7).base_length("abc")  # crc32, not hash()
-    a = eng.generate(["abc"], n=4, max_new_tokens=100, temperature=1.0, top_p=1.0, seed=1)
-    b = eng.generate(["abc"], n=4, max_new_tokens=100, temperature=1.0, top_p=1.0, seed=1)
+    params = SamplingParams(n=4, max_new_tokens=100, seed=1)
+    a = eng.generate(["abc"], params)
+    b = eng.generate(["abc"], params)
     assert a[0].lengths == b[0].lengths
 
 

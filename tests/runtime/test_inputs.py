@@ -21,7 +21,7 @@ def test_q_max_below_one_global_batch_is_refused():
 
 def test_resume_level_that_could_deadlock_is_refused():
     # paused at 3..7 prompts with batches of 8: no batch can form and generation would never resume
-    with pytest.raises(UserError, match=r"q_resume = 2 must lie in \[global_batch_prompts - 1 = 7, q_max = 16\]"):
+    with pytest.raises(ValidationError, match=r"q_resume = 2 must lie in \[global_batch_prompts - 1 = 7, q_max = 16"):
         RuntimeConfig(q_max=16, global_batch_prompts=8, q_resume=2)
     assert RuntimeConfig(q_max=8, global_batch_prompts=8).resume_depth == 7
     assert RuntimeConfig(q_max=48, global_batch_prompts=16).resume_depth == 32
@@ -63,7 +63,10 @@ def test_missing_model_directory_is_refused_before_ray(tmp_path):
     cfg = fast_config()
     with pytest.raises(UserError, match="does not exist"):
         run_async(
-            plan, prompts, EngineSpec("hf", str(tmp_path / "nope")), cfg,
+            plan,
+            prompts,
+            EngineSpec("hf", str(tmp_path / "nope")),
+            cfg,
             trainer_factory=make_trainer_factory("simulated", cfg),
         )
 

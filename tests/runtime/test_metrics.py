@@ -36,9 +36,17 @@ def test_time_weighted_stats():
 
 def test_summary_has_table_4b_columns():
     s = summary_metrics(
-        [10.0, 4.0, 5.0, 6.0], [(0.0, 0), (1.0, 2), (3.0, 4), (4.0, 0)], [0.0, 0.5], [1.0, 3.0], [0.2, 0.4],
-        {0: 6, 1: 2}, n_samples=2, tokens=100, wall_s=25.0, end=5.0,
-    )  # fmt: skip
+        [10.0, 4.0, 5.0, 6.0],
+        [(0.0, 0), (1.0, 2), (3.0, 4), (4.0, 0)],
+        [0.0, 0.5],
+        [1.0, 3.0],
+        [0.2, 0.4],
+        {0: 6, 1: 2},
+        n_samples=2,
+        tokens=100,
+        wall_s=25.0,
+        end=5.0,
+    )
     assert s["runtime/mean_iteration_time_s"] == pytest.approx(6.25)
     assert s["runtime/mean_iteration_time_s_excl_first"] == pytest.approx(5.0)
     assert s["runtime/iteration_time_trend"] == pytest.approx(-0.2)
@@ -55,9 +63,16 @@ def test_iteration_metrics_from_a_window():
     out = output(0, ["a", "b"], [2, 4, 6, 8])  # gen interval (0, 1) on actor 0, 20 tokens
     w.add(out, depth_batches=0.5)
     m = iteration_metrics(
-        w, 2.0, queue_depth=3, n_samples=2, actor_ids=[0, 1], prompts_by_gu={0: 2}, prompts_by_actor={0: 2, 1: 0},
-        lags=np.array([0.0, 2.0]), paused=False,
-    )  # fmt: skip
+        w,
+        2.0,
+        queue_depth=3,
+        n_samples=2,
+        actor_ids=[0, 1],
+        prompts_by_gu={0: 2},
+        prompts_by_actor={0: 2, 1: 0},
+        lags=np.array([0.0, 2.0]),
+        paused=False,
+    )
     assert m["runtime/iteration_time_s"] == 2.0 and m["runtime/tokens_per_s"] == 10.0
     assert m["runtime/padding_rate_mean"] == pytest.approx(0.375)
     assert m["runtime/queue_depth_samples"] == 6.0 and m["runtime/depth_at_arrival_batches_mean"] == 0.5

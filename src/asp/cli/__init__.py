@@ -5,10 +5,12 @@
     asp params check            validate params.yaml (optionally with a preset overlaid)
     asp preset list|apply NAME  list presets in configs/ or write one over params.yaml
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline
+    asp heldout-reward [--weights F]    demo reward of the policy (or trained weights) on new problems
     asp serve                   serve the Prefect flow (trigger stages from the Prefect UI)
     asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1 (MLflow: one worker)
 
-User errors print one message and exit with code 2, without a traceback.
+User errors print one message and exit with code 2, without a traceback. Heavy libraries (pydantic models,
+numpy, torch, mlflow, prefect, dvc) are imported inside the commands, so `asp --help` starts fast.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
-from asp.config import deep_merge, load_params, read_yaml, validate_params
+from asp.cli.heldout import heldout_reward
+from asp.cli.schedule import app as schedule_app
 from asp.env import set_offline_defaults
 from asp.errors import UserError
 
@@ -35,19 +37,10 @@ ui_app = typer.Typer(help="Local web UIs (bound to 127.0.0.1).", no_args_is_help
 app.add_typer(params_app, name="params")
 app.add_typer(preset_app, name="preset")
 app.add_typer(ui_app, name="ui")
+app.add_typer(schedule_app, name="schedule", help="Build schedules, ablations and τ sweeps from a lengths file.")
+app.command("heldout-reward")(heldout_reward)
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params file")]
-
-
-def _mount_optional_subapps() -> None:
-    try:
-        from asp.cli.schedule import app as schedule_app
-    except ImportError:  # scheduler not installed in this build
-        return
-    app.add_typer(schedule_app, name="schedule", help="Build schedules, ablations and τ sweeps from a lengths file.")
-
-
-_mount_optional_subapps()
 
 
 @app.command()
@@ -67,6 +60,10 @@ def params_check(
     preset: Annotated[str | None, typer.Option(help="preset name in configs/ to overlay")] = None,
 ) -> None:
     """Validate params (and a preset overlay); print the resolved sections."""
+    import yaml
+
+    from asp.config import load_params
+
     overlay = _preset_path(preset) if preset else None
     resolved = load_params(params, overlay)
     typer.echo(f"{params}{' + ' + str(overlay) if overlay else ''}: OK")
@@ -92,6 +89,10 @@ def preset_list() -> None:
 @preset_app.command("apply")
 def preset_apply(name: str, params: ParamsOpt = Path("params.yaml")) -> None:
     """Overlay configs/NAME.yaml on params.yaml (validated first, written atomically)."""
+    import yaml
+
+    from asp.config import deep_merge, read_yaml, validate_params
+
     merged = deep_merge(read_yaml(params), read_yaml(_preset_path(name)))
     validate_params(merged, f"{params} + configs/{name}.yaml")
     from asp.io import atomic_path
@@ -105,6 +106,7 @@ def preset_apply(name: str, params: ParamsOpt = Path("params.yaml")) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def repro(ctx: typer.Context, params: ParamsOpt = Path("params.yaml")) -> None:
     """`dvc repro` (extra args passed through) under one MLflow parent run; stage runs nest under it."""
+    from asp.config import load_params
     from asp.tracking import PARENT_ENV, end_run, open_tracker
 
     loaded = load_params(params)
@@ -153,6 +155,7 @@ def ui_mlflow(
     port: int = 5000, host: Annotated[str, typer.Option(help="interface; keep 127.0.0.1")] = "127.0.0.1"
 ) -> None:
     """Start the MLflow UI on the project's store (one worker, loopback only)."""
+    from asp.config import load_params
     from asp.tracking import ARTIFACT_DIR, resolve_tracking_uri
 
     uri = resolve_tracking_uri(load_params().common.tracking_uri if Path("params.yaml").is_file() else None)

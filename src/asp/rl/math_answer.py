@@ -66,9 +66,22 @@ def normalize_answer(answer: str) -> str:
     """
     s = str(answer).strip()
     s = _TEXT.sub(r"\1", s)
-    for old, new in (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\left", ""), ("\\right", ""), ("\\!", ""),
-                     ("\\,", ""), ("\\;", ""), ("\\ ", ""), ("^\\circ", ""), ("^{\\circ}", ""), ("\\%", ""),
-                     ("%", ""), ("$", ""), ("\\displaystyle", "")):  # fmt: skip
+    for old, new in (
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\;", ""),
+        ("\\ ", ""),
+        ("^\\circ", ""),
+        ("^{\\circ}", ""),
+        ("\\%", ""),
+        ("%", ""),
+        ("$", ""),
+        ("\\displaystyle", ""),
+    ):
         s = s.replace(old, new)
     s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
     s = re.sub(r"\s+", "", s).rstrip(".")

@@ -2,13 +2,16 @@
 
 ``make_engine("hf", path, device="cpu")`` gives an `HFEngine` (transformers `generate`, CPU or GPU);
 ``make_engine("vllm", path, tensor_parallel_size=1, ...)`` gives a `VLLMEngine` (needs vLLM and CUDA).
-Both read a local checkpoint directory only and return `PromptResult`s with per-sample token ids, lengths,
-finish reasons and behaviour log-probs; see `asp.rollout.base` for the types and log-prob semantics.
+``engine.generate(prompts, SamplingParams(n=8, max_new_tokens=1024, temperature=1.0, top_p=1.0, seed=0))``
+decodes one minibatch. Both read a local checkpoint directory only and return `PromptResult`s with per-sample
+token ids, lengths, finish reasons and behaviour log-probs; see `asp.rollout.base` for the types and log-prob
+semantics.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from asp.rollout.base import (
     MinibatchTiming,
     PromptResult,
     Sample,
+    SamplingParams,
     minibatch_timing,
     timed_generate,
 )
@@ -37,6 +41,7 @@ __all__ = [
     "MinibatchTiming",
     "PromptResult",
     "Sample",
+    "SamplingParams",
     "check_model_dir",
     "load_tokenizer",
     "make_engine",
@@ -51,9 +56,9 @@ def make_engine(kind: str, model_path: str | Path, **kwargs: Any) -> Engine:
     Args:
         kind: ``"hf"`` or ``"vllm"``.
         model_path: local checkpoint directory (config.json, tokenizer files, *.safetensors).
-        **kwargs: engine options: `HFEngine` (device, dtype, logprobs_mode, attn_implementation) or
-            `VLLMEngine` (tensor_parallel_size, gpu_memory_utilization, dtype, max_model_len, seed,
-            logprobs_mode, enforce_eager).
+        **kwargs: engine options: `HFEngine` (device, dtype, logprobs_mode, attn_implementation, num_threads) or
+            `VLLMEngine` (the fields of `asp.rollout.vllm.VLLMOptions`: tensor_parallel_size,
+            gpu_memory_utilization, dtype, max_model_len, seed, logprobs_mode, enforce_eager).
 
     Raises:
         UserError: unknown kind, a missing or incomplete model directory, vLLM not installed, or an
@@ -64,9 +69,13 @@ def make_engine(kind: str, model_path: str | Path, **kwargs: Any) -> Engine:
     path = check_model_dir(model_path)
     if kind == "hf":
         from asp.rollout.hf import HFEngine as cls
+
+        allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "model_path")]
     else:
         from asp.rollout.vllm import VLLMEngine as cls
-    allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "model_path")]
+        from asp.rollout.vllm import VLLMOptions
+
+        allowed = [f.name for f in fields(VLLMOptions)]
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise UserError(f"engine {kind!r} does not take option(s) {unknown}; it takes {allowed}.")

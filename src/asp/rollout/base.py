@@ -1,7 +1,8 @@
 """Typed results and the `Engine` protocol shared by every generation engine (hf, vllm).
 
-One `Engine.generate` call decodes one minibatch: a list of already chat-templated prompt strings, each
-sampled `n` times. Results come back as one `PromptResult` per prompt (same order as the input), each
+One `Engine.generate(prompts, params)` call decodes one minibatch: a list of already chat-templated prompt
+strings, each sampled ``params.n`` times with the `SamplingParams` (validated when built, so engines do not
+re-check them). Results come back as one `PromptResult` per prompt (same order as the input), each
 holding `n` `Sample`s with token ids, response length, finish reason and per-token behaviour log-probs.
 `timed_generate` wraps a call and returns a `MinibatchResult` whose `MinibatchTiming` is what the
 `profile` stage records per minibatch (a later cost model fits wall time on batch size and lengths).
@@ -20,14 +21,53 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # annotations only: importing asp.rollout (and asp.runtime.messages) stays torch-free
+    import torch
 
 FinishReason = Literal["stop", "length"]
 LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
 LOGPROBS_MODES: tuple[str, ...] = ("processed_logprobs", "raw_logprobs")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling settings of one `Engine.generate` call, checked when built.
+
+    Both engines sample with temperature / top-p only (no top-k, no repetition penalty).
+
+    Attributes:
+        n: samples per prompt, >= 1.
+        max_new_tokens: token cap per sample, >= 1.
+        temperature: sampling temperature, >= 0; 0 decodes greedily.
+        top_p: nucleus probability mass in (0, 1].
+        seed: sampling seed; the same seed and minibatch reproduce the same samples.
+
+    Raises:
+        ValueError: naming the field and its value when it is out of range.
+    """
+
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def with_seed(self, seed: int) -> SamplingParams:
+        """The same settings with another seed (e.g. one per minibatch)."""
+        return replace(self, seed=seed)
 
 
 @dataclass(slots=True)
@@ -110,17 +150,8 @@ class MinibatchResult:
 class Engine(Protocol):
     """A generation engine: decodes minibatches of prompts, reloads weights in place, releases resources."""
 
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int,
-    ) -> list[PromptResult]:
-        """Sample `n` responses per prompt (prompts are chat-templated text); one call is one minibatch."""
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
+        """Sample ``params.n`` responses per prompt (prompts are chat-templated text); one call is one minibatch."""
         ...
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -132,63 +163,35 @@ class Engine(Protocol):
         ...
 
 
-def validate_sampling(n: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
-    """Check sampling arguments shared by all engines.
-
-    Raises:
-        ValueError: naming the argument and its value when it is out of range.
-    """
-    if n < 1:
-        raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-
-
 def validate_logprobs_mode(mode: str) -> None:
     """Raise ValueError unless `mode` is one of `LOGPROBS_MODES`."""
     if mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {mode!r}")
 
 
-def minibatch_timing(results: Sequence[PromptResult], wall_s: float, n: int, max_new_tokens: int) -> MinibatchTiming:
+def minibatch_timing(results: Sequence[PromptResult], wall_s: float, params: SamplingParams) -> MinibatchTiming:
     """Summarise one minibatch's results into a `MinibatchTiming`.
 
     Args:
         results: the `PromptResult`s of one `generate` call.
         wall_s: wall-clock seconds the call took.
-        n: samples per prompt requested.
-        max_new_tokens: token cap requested.
+        params: the sampling settings of the call (its ``n`` and ``max_new_tokens`` are recorded).
     """
     lengths = [s.length for r in results for s in r.samples]
     return MinibatchTiming(
         wall_s=float(wall_s),
         num_prompts=len(results),
-        n=n,
-        max_new_tokens=max_new_tokens,
+        n=params.n,
+        max_new_tokens=params.max_new_tokens,
         total_tokens=int(sum(lengths)),
         max_length=int(max(lengths, default=0)),
         prompt_tokens=int(sum(r.prompt_tokens for r in results)),
     )
 
 
-def timed_generate(
-    engine: Engine,
-    prompts: list[str],
-    *,
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
-) -> MinibatchResult:
-    """Run one `engine.generate` call and time it with `time.perf_counter`."""
+def timed_generate(engine: Engine, prompts: list[str], params: SamplingParams) -> MinibatchResult:
+    """Run one ``engine.generate(prompts, params)`` call and time it with `time.perf_counter`."""
     start = time.perf_counter()
-    results = engine.generate(
-        prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
-    )
+    results = engine.generate(prompts, params)
     wall = time.perf_counter() - start
-    return MinibatchResult(results=results, timing=minibatch_timing(results, wall, n, max_new_tokens))
+    return MinibatchResult(results=results, timing=minibatch_timing(results, wall, params))

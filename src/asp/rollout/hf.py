@@ -4,11 +4,11 @@
 checkpoint (never a hub download) and implements `asp.rollout.base.Engine`:
 
 * prompts are tokenised without special tokens (they are already chat-templated), left-padded, and each
-  prompt row is repeated `n` times; sampling uses temperature / top-p only (top-k off, no repetition
-  penalty: the model's own generation_config sampling defaults are ignored so both engines sample the
-  same distribution, matching explicit vLLM `SamplingParams`); ``temperature=0`` is greedy;
-* the RNG is seeded with `seed` inside `torch.random.fork_rng`, so the same seed and the same minibatch
-  reproduce exactly and the caller's global RNG state is untouched (unlike vLLM's per-request seeds, a
+  prompt row is repeated ``params.n`` times; sampling uses temperature / top-p only (top-k off, no
+  repetition penalty: the model's own generation_config sampling defaults are ignored so both engines
+  sample the same distribution, matching explicit ``vllm.SamplingParams``); ``temperature=0`` is greedy;
+* the RNG is seeded with ``params.seed`` inside `torch.random.fork_rng`, so the same seed and the same
+  minibatch reproduce exactly and the caller's global RNG state is untouched (unlike vLLM's per-request seeds, a
   prompt's samples also depend on the rest of its minibatch, which shares one RNG stream);
 * per-token log-probs are recorded during decoding by a pass-through logits processor (one step of
   (rows, vocab) memory instead of storing every step's logits); see `asp.rollout.base` for the
@@ -17,8 +17,7 @@ checkpoint (never a hub download) and implements `asp.rollout.base.Engine`:
 Example::
 
     eng = HFEngine("runs/policy")
-    res = eng.generate(["<bos><|user|>1+1<|assistant|>"], n=4, max_new_tokens=64, temperature=1.0,
-                       top_p=1.0, seed=0)
+    res = eng.generate(["<bos><|user|>1+1<|assistant|>"], SamplingParams(n=4, max_new_tokens=64, seed=0))
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from asp.rollout.base import PromptResult, Sample, validate_logprobs_mode, validate_sampling
+from asp.rollout.base import PromptResult, Sample, SamplingParams, validate_logprobs_mode
 from asp.rollout.model_dir import check_model_dir, load_tokenizer
 
 GREEDY_EPS = 1e-5  # like vLLM: temperatures below this decode greedily
@@ -162,18 +161,16 @@ class HFEngine:
         self.model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
 
-    def _processors(
-        self, greedy: bool, temperature: float, top_p: float
-    ) -> tuple[LogitsProcessorList, LogprobRecorder]:
+    def _processors(self, greedy: bool, params: SamplingParams) -> tuple[LogitsProcessorList, LogprobRecorder]:
         recorder = LogprobRecorder()
         procs = LogitsProcessorList()
         if self.logprobs_mode == "raw_logprobs":
             procs.append(recorder)
         if not greedy:
-            if temperature != 1.0:
-                procs.append(TemperatureLogitsWarper(temperature))
-            if top_p < 1.0:
-                procs.append(TopPLogitsWarper(top_p))
+            if params.temperature != 1.0:
+                procs.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_p < 1.0:
+                procs.append(TopPLogitsWarper(params.top_p))
         if self.logprobs_mode == "processed_logprobs":
             procs.append(recorder)
         return procs, recorder
@@ -190,26 +187,17 @@ class HFEngine:
             )
 
     @torch.inference_mode()
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int,
-    ) -> list[PromptResult]:
-        """Sample `n` responses for each prompt; see `asp.rollout.base.Engine.generate`."""
-        validate_sampling(n, max_new_tokens, temperature, top_p)
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
+        """Sample ``params.n`` responses for each prompt; see `asp.rollout.base.Engine.generate`."""
         if not prompts:
             return []
+        n, max_new_tokens = params.n, params.max_new_tokens
         enc = self.tokenizer(list(prompts), padding=True, return_tensors="pt", add_special_tokens=False)
         self._check_lengths(enc["attention_mask"], max_new_tokens)
         input_ids = enc["input_ids"].repeat_interleave(n, dim=0).to(self.device)
         attention_mask = enc["attention_mask"].repeat_interleave(n, dim=0).to(self.device)
-        greedy = temperature < GREEDY_EPS
-        procs, recorder = self._processors(greedy, temperature, top_p)
+        greedy = params.temperature < GREEDY_EPS
+        procs, recorder = self._processors(greedy, params)
         config = GenerationConfig(
             do_sample=not greedy,
             temperature=1.0,
@@ -227,7 +215,7 @@ class HFEngine:
             if self.num_threads is not None:
                 torch.set_num_threads(self.num_threads)
             with torch.random.fork_rng(devices=cuda):
-                torch.manual_seed(seed)
+                torch.manual_seed(params.seed)
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,

@@ -1,14 +1,19 @@
 """vLLM engine: request building and output parsing as pure functions, plus a thin `VLLMEngine`.
 
 vLLM needs CUDA, so everything that can be checked without it lives in pure functions tested with
-stand-in objects (tests/rollout/test_vllm.py):
+stand-in objects (tests/rollout/test_rollout_vllm.py, which also builds the real vLLM objects from them
+when vLLM is installed):
 
-* `llm_kwargs(...)` -> keyword arguments for ``vllm.LLM`` (tensor_parallel_size, gpu_memory_utilization,
-  dtype, max_model_len, seed, ``logprobs_mode``, and the worker extension used for in-place weight reload);
-* `sampling_kwargs(...)` -> keyword arguments for ``vllm.SamplingParams`` (n, max_tokens, temperature,
-  top_p, seed, logprobs);
-* `prompt_seeds(...)` -> one seed per prompt (vLLM derives sample k's seed as ``seed + k``, so prompts get
-  seeds ``seed + i * n`` and no two samples of a minibatch share a stream);
+* `VLLMOptions` -> the engine options (tensor_parallel_size, gpu_memory_utilization, dtype, max_model_len,
+  seed, ``logprobs_mode``, enforce_eager), validated when built; `VLLMEngine` and `make_engine` take them
+  as keywords;
+* `llm_kwargs(model_path, options)` -> keyword arguments for ``vllm.LLM`` (those options plus the worker
+  extension used for in-place weight reload);
+* `sampling_kwargs(params)` -> keyword arguments for ``vllm.SamplingParams`` from an
+  `asp.rollout.base.SamplingParams` (n, max_tokens, temperature, top_p, seed, logprobs);
+* `request_sampling_kwargs(params, num_prompts)` -> one such dict per prompt, seeded by `prompt_seeds`
+  (vLLM derives sample k's seed as ``seed + k``, so prompts get seeds ``seed + i * n`` and no two samples
+  of a minibatch share a stream);
 * `token_prompts(...)` -> ``TokensPrompt`` dicts: prompts are tokenised by `asp.rollout.load_tokenizer`
   exactly as `HFEngine` does, so both engines see identical prompt ids (and responses are decoded with
   that tokenizer too, vLLM's own detokenisation switched off);
@@ -33,11 +38,12 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from asp.errors import UserError
-from asp.rollout.base import FinishReason, PromptResult, Sample, validate_logprobs_mode, validate_sampling
+from asp.rollout.base import FinishReason, PromptResult, Sample, SamplingParams, validate_logprobs_mode
 from asp.rollout.model_dir import check_model_dir, load_tokenizer
 
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -45,37 +51,24 @@ WORKER_EXTENSION = "asp.rollout.vllm.AspWorkerExtension"
 VLLM_MISSING = "vLLM is not installed; pip install 'asp[vllm]' on a CUDA machine"
 
 
-def sampling_kwargs(
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
-    logprobs: int | None = 0,
-    detokenize: bool = True,
-) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.SamplingParams``.
+def sampling_kwargs(params: SamplingParams, *, logprobs: int | None = 0, detokenize: bool = True) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams``: one request sampled with `params`.
 
     Args:
-        n: samples per prompt.
-        max_new_tokens: token cap per sample (vLLM's ``max_tokens``).
-        temperature: sampling temperature; 0 is greedy.
-        top_p: nucleus mass in (0, 1].
-        seed: per-request seed (vLLM gives sample k the seed ``seed + k``).
+        params: sampling settings; ``params.seed`` is the request's seed (vLLM gives sample k ``seed + k``).
         logprobs: top-k log-probs per position besides the sampled token's (0 = sampled token only,
             None = no log-probs).
         detokenize: let vLLM decode text (`VLLMEngine` turns it off and decodes with `load_tokenizer`'s
             tokenizer, so both engines produce the same text).
     """
-    validate_sampling(n, max_new_tokens, temperature, top_p)
     if logprobs is not None and logprobs < 0:
         raise ValueError(f"logprobs must be None or >= 0, got {logprobs}")
     return {
-        "n": n,
-        "max_tokens": max_new_tokens,
-        "temperature": float(temperature),
-        "top_p": float(top_p),
-        "seed": int(seed),
+        "n": params.n,
+        "max_tokens": params.max_new_tokens,
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "seed": int(params.seed),
         "logprobs": logprobs,
         "detokenize": detokenize,
     }
@@ -86,20 +79,26 @@ def prompt_seeds(seed: int, num_prompts: int, n: int) -> list[int]:
     return [seed + i * n for i in range(num_prompts)]
 
 
-def llm_kwargs(
-    model_path: str | Path,
-    tensor_parallel_size: int = 1,
-    gpu_memory_utilization: float = 0.9,
-    dtype: str = "auto",
-    max_model_len: int | None = None,
-    seed: int = 0,
-    logprobs_mode: str = "processed_logprobs",
-    enforce_eager: bool = False,
-) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM``.
+def request_sampling_kwargs(
+    params: SamplingParams, num_prompts: int, *, logprobs: int | None = 0, detokenize: bool = True
+) -> list[dict[str, Any]]:
+    """`sampling_kwargs` for each prompt of a minibatch, prompt i seeded with ``prompt_seeds(params.seed, ...)[i]``.
 
     Args:
-        model_path: local checkpoint directory (used for model and tokenizer).
+        params: sampling settings of the minibatch.
+        num_prompts: prompts in the minibatch.
+        logprobs: as in `sampling_kwargs`.
+        detokenize: as in `sampling_kwargs`.
+    """
+    seeds = prompt_seeds(params.seed, num_prompts, params.n)
+    return [sampling_kwargs(params.with_seed(s), logprobs=logprobs, detokenize=detokenize) for s in seeds]
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMOptions:
+    """Options of a `VLLMEngine` (the ``vllm.LLM`` settings asp chooses), checked when built.
+
+    Attributes:
         tensor_parallel_size: GPUs per engine instance.
         gpu_memory_utilization: fraction of GPU memory vLLM may reserve, in (0, 1].
         dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``.
@@ -107,30 +106,52 @@ def llm_kwargs(
         seed: engine seed.
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (see `asp.rollout.base`).
         enforce_eager: disable CUDA graphs (faster start, slower decode).
+
+    Raises:
+        ValueError: naming the option and its value when it is out of range.
     """
-    validate_logprobs_mode(logprobs_mode)
-    if tensor_parallel_size < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if dtype not in VLLM_DTYPES:
-        raise ValueError(f"dtype must be one of {VLLM_DTYPES}, got {dtype!r}")
-    if max_model_len is not None and max_model_len < 1:
-        raise ValueError(f"max_model_len must be None or >= 1, got {max_model_len}")
+
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    logprobs_mode: str = "processed_logprobs"
+    enforce_eager: bool = False
+
+    def __post_init__(self) -> None:
+        validate_logprobs_mode(self.logprobs_mode)
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype not in VLLM_DTYPES:
+            raise ValueError(f"dtype must be one of {VLLM_DTYPES}, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be None or >= 1, got {self.max_model_len}")
+
+
+def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM``.
+
+    Args:
+        model_path: local checkpoint directory (used for model and tokenizer).
+        options: the engine options.
+    """
     kwargs: dict[str, Any] = {
         "model": str(model_path),
         "tokenizer": str(model_path),
-        "tensor_parallel_size": tensor_parallel_size,
-        "gpu_memory_utilization": gpu_memory_utilization,
-        "dtype": dtype,
-        "seed": seed,
-        "logprobs_mode": logprobs_mode,
-        "enforce_eager": enforce_eager,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "dtype": options.dtype,
+        "seed": options.seed,
+        "logprobs_mode": options.logprobs_mode,
+        "enforce_eager": options.enforce_eager,
         "trust_remote_code": False,
         "worker_extension_cls": WORKER_EXTENSION,
     }
-    if max_model_len is not None:
-        kwargs["max_model_len"] = max_model_len
+    if options.max_model_len is not None:
+        kwargs["max_model_len"] = options.max_model_len
     return kwargs
 
 
@@ -206,31 +227,16 @@ class AspWorkerExtension:
 
 
 class VLLMEngine:
-    """`asp.rollout.base.Engine` on ``vllm.LLM`` (GPU only). Arguments are those of `llm_kwargs`."""
+    """`asp.rollout.base.Engine` on ``vllm.LLM`` (GPU only).
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.9,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        seed: int = 0,
-        logprobs_mode: str = "processed_logprobs",
-        enforce_eager: bool = False,
-    ) -> None:
+    Args:
+        model_path: local checkpoint directory.
+        **options: the fields of `VLLMOptions` (e.g. ``tensor_parallel_size=2``).
+    """
+
+    def __init__(self, model_path: str | Path, **options: Any) -> None:
         path = check_model_dir(model_path)
-        kwargs = llm_kwargs(
-            path,
-            tensor_parallel_size,
-            gpu_memory_utilization,
-            dtype,
-            max_model_len,
-            seed,
-            logprobs_mode,
-            enforce_eager,
-        )
+        kwargs = llm_kwargs(path, VLLMOptions(**options))
         try:
             import vllm
         except ImportError as err:
@@ -239,26 +245,14 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(path)
         self.llm = vllm.LLM(**kwargs)
 
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        n: int,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int,
-    ) -> list[PromptResult]:
-        """Sample `n` responses per prompt in one ``LLM.generate`` call; see `asp.rollout.base.Engine`."""
-        validate_sampling(n, max_new_tokens, temperature, top_p)
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
+        """Sample ``params.n`` responses per prompt in one ``LLM.generate`` call; see `asp.rollout.base.Engine`."""
         if not prompts:
             return []
         ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        params = [
-            self._vllm.SamplingParams(**sampling_kwargs(n, max_new_tokens, temperature, top_p, s, detokenize=False))
-            for s in prompt_seeds(seed, len(prompts), n)
-        ]
-        outputs = self.llm.generate(token_prompts(ids), sampling_params=params, use_tqdm=False)
+        requests = request_sampling_kwargs(params, len(prompts), detokenize=False)
+        sampling = [self._vllm.SamplingParams(**kw) for kw in requests]
+        outputs = self.llm.generate(token_prompts(ids), sampling_params=sampling, use_tqdm=False)
         return parse_request_outputs(outputs, decode=self._decode)
 
     def _decode(self, token_ids: list[int]) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from asp.errors import UserError
+from asp.rollout.base import PromptResult, Sample, SamplingParams
 
 ENGINE_SPEC_KINDS = ("hf", "vllm", "standin")
 
@@ -98,9 +99,6 @@ class StandInEngine:
         self.seconds_per_call, self.seconds_per_token = seconds_per_call, seconds_per_token
         self.vocab_size, self.with_logprobs = vocab_size, logprobs
         self.weight_updates = 0
-        from asp.rollout import base  # the result types (imports torch: at build time, not in the first call)
-
-        self._base = base
 
     def base_length(self, prompt: str) -> int:
         """Response length of `prompt` before jitter (table value, else a stable hash in the range)."""
@@ -109,12 +107,9 @@ class StandInEngine:
         span = self.max_length - self.min_length + 1
         return self.min_length + zlib.crc32(prompt.encode()) % span
 
-    def generate(
-        self, prompts: list[str], *, n: int, max_new_tokens: int, temperature: float, top_p: float, seed: int
-    ) -> list[Any]:
-        """Return `n` samples per prompt with the stand-in lengths (capped at `max_new_tokens`)."""
-        PromptResult, Sample = self._base.PromptResult, self._base.Sample
-        self._base.validate_sampling(n, max_new_tokens, temperature, top_p)
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
+        """Return ``params.n`` samples per prompt with the stand-in lengths (capped at ``params.max_new_tokens``)."""
+        n, max_new_tokens, seed = params.n, params.max_new_tokens, params.seed
         results, longest = [], 0
         for p, prompt in enumerate(prompts):
             base = self.base_length(prompt)

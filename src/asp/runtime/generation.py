@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 def resolve_weights(payload: Any) -> Mapping[str, Any]:
     """Turn a `WeightUpdate.payload` into a tensor mapping: an ObjectRef is fetched, a path is read as
     safetensors, safetensors bytes are deserialized, a mapping is used as is. The conversion hook runs in the
-    Training Unit before publishing (`asp.runtime.grpo_weights.convert`), so what arrives here is what the
+    Training Unit before publishing (`asp.trainers.weights.convert`), so what arrives here is what the
     engine loads.
 
     Raises:
@@ -106,7 +106,7 @@ class GenerationActor:
     Args:
         gu: generation unit index; actor: global actor index.
         engine_factory: picklable zero-argument callable returning an `asp.rollout.Engine`.
-        sampling: sampling settings used for every minibatch.
+        sampling: sampling settings used for every minibatch; each minibatch's seed is its `WorkItem.seed`.
     """
 
     def __init__(self, gu: int, actor: int, engine_factory: Callable[[], Any], sampling: SamplingParams) -> None:
@@ -153,16 +153,14 @@ class GenerationActor:
         return results
 
     def _one(self, item: WorkItem) -> MinibatchOutput | Failure:
-        s = self.sampling
+        n = self.sampling.n
         try:
             start = time.time()
-            results = self.engine.generate(
-                item.prompts, n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                seed=item.seed,
-            )  # fmt: skip
+            results = self.engine.generate(item.prompts, self.sampling.with_seed(item.seed))
             end = time.time()
-            return pack_output(item, results, s.n, gu=self.gu, actor=self.actor, version=self.version,
-                               start=start, end=end)  # fmt: skip
+            return pack_output(
+                item, results, n, gu=self.gu, actor=self.actor, version=self.version, start=start, end=end
+            )
         except Exception as exc:
             return self._failure(item, exc)
 

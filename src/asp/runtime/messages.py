@@ -6,6 +6,9 @@ minibatch, cheap to pickle, and the trainer can slice it without copying per tok
 its prompt ids, task / minibatch id, generation unit and actor, and the policy version that produced it.
 `GlobalBatch` is the same layout over the prompts of one training step.
 
+`SamplingParams` is the rollout layer's `asp.rollout.SamplingParams`, re-exported: the runtime sends it once
+to each generation actor, and the actor sets each minibatch's seed from its `WorkItem`.
+
 This module imports neither torch nor ray, so the Control Unit and Generation Unit processes stay light.
 """
 
@@ -15,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from asp.rollout.base import SamplingParams as SamplingParams  # re-export: the runtime's sampling settings
 
 
 @dataclass(slots=True)
@@ -38,16 +43,6 @@ class WorkItem:
     prompt_ids: list[Any]
     prompts: list[str]
     seed: int
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """Sampling settings, sent once to each generation actor (not with every minibatch)."""
-
-    n: int
-    max_new_tokens: int
-    temperature: float
-    top_p: float
 
 
 @dataclass(slots=True)

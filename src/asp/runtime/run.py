@@ -103,9 +103,11 @@ def build_runtime(
 
     sampling = SamplingParams(config.n_samples, config.max_new_tokens, config.temperature, config.top_p)
     actor_cls = ray.remote(GenerationActor).options(
-        num_cpus=config.actor_num_cpus, num_gpus=config.actor_num_gpus,
-        max_restarts=config.actor_max_restarts, max_task_retries=0,
-    )  # fmt: skip
+        num_cpus=config.actor_num_cpus,
+        num_gpus=config.actor_num_gpus,
+        max_restarts=config.actor_max_restarts,
+        max_task_retries=0,
+    )
     handles: dict[int, Any] = {}
     owner: dict[int, int] = {}
     for g in range(config.generation_units):
@@ -131,8 +133,10 @@ def build_runtime(
     except BaseException:
         teardown(units, handles, trainer)
         raise
-    gus = [GUState(g, u, [a for a in handles if owner[a] == g], {a for a in handles if owner[a] == g})
-           for g, u in enumerate(units)]  # fmt: skip
+    gus = [
+        GUState(g, u, [a for a in handles if owner[a] == g], {a for a in handles if owner[a] == g})
+        for g, u in enumerate(units)
+    ]
     return gus, handles, trainer
 
 
@@ -140,8 +144,10 @@ def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, ti
     """Raise `UserError` naming the first actor whose engine (or the trainer) failed or did not start in time."""
     import ray
 
-    refs = {f"generation actor {a} (unit {owner[a]}) could not load its engine": h.ready.remote()
-            for a, h in handles.items()}  # fmt: skip
+    refs = {
+        f"generation actor {a} (unit {owner[a]}) could not load its engine": h.ready.remote()
+        for a, h in handles.items()
+    }
     refs["the Training Unit could not build its trainer"] = trainer.ready.remote()
     ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     for what, ref in refs.items():
@@ -173,8 +179,9 @@ def make_checkpointer(
     """The `Checkpointer` of a run: ``<checkpoint_dir>/runtime_state.json`` keyed by the plan's dispatch order,
     the global batch size, n and `fingerprint_extra`; a checkpoint of anything else is not resumed."""
     extra = dict(fingerprint_extra or {})
-    fingerprint = as_plan(plan).fingerprint(global_batch_prompts=config.global_batch_prompts, n=config.n_samples,
-                                            **extra)  # fmt: skip
+    fingerprint = as_plan(plan).fingerprint(
+        global_batch_prompts=config.global_batch_prompts, n=config.n_samples, **extra
+    )
     return Checkpointer(Path(checkpoint_dir), fingerprint)
 
 

@@ -71,8 +71,9 @@ class LagMonitor:
         """Record the reload and generation time of every minibatch in `batch` not seen before."""
         if batch.gen_s.size != batch.num_prompts:
             return
-        for task, gen, reload in zip(batch.task_ids.tolist(), batch.gen_s.tolist(), batch.reload_s.tolist(),
-                                     strict=True):  # fmt: skip
+        for task, gen, reload in zip(
+            batch.task_ids.tolist(), batch.gen_s.tolist(), batch.reload_s.tolist(), strict=True
+        ):
             key = (task, gen)
             if key in self.seen:
                 continue
@@ -92,9 +93,13 @@ class LagMonitor:
         out.update({f"train/t_{k}_s": v for k, v in t.items()})
         if batch.gen_s.size == batch.num_prompts and batch.num_prompts:
             est = d_off_estimate(
-                batch.depth_at_arrival, batch.gen_s,
-                t_save=t["save"], t_convert=t["convert"], t_load=t["load"], t_train=t["train"],
-            )  # fmt: skip
+                batch.depth_at_arrival,
+                batch.gen_s,
+                t_save=t["save"],
+                t_convert=t["convert"],
+                t_load=t["load"],
+                t_train=t["train"],
+            )
             out["train/d_off_estimate_mean"] = float(np.mean(est))
             out["train/d_off_estimate_max"] = float(np.max(est))
             out["train/q_arrival_batches_mean"] = float(np.mean(batch.depth_at_arrival))
@@ -150,15 +155,17 @@ class GRPOTrainer:
         torch.manual_seed(spec.seed)
         path = check_model_dir(spec.policy_path)
         self.device = torch.device(cfg.device)
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
-                                                     dtype=torch.float32)  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, use_safetensors=True, dtype=torch.float32
+        )
         self.model = model.to(self.device).eval()  # eval: no dropout, so scores match the engines'
         self.ref = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef > 0 else None
         self.tokenizer = load_tokenizer(path)
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.reward_fn = get_reward(spec.reward)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                                     weight_decay=cfg.weight_decay)  # fmt: skip
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+        )
         state_dir = Path(spec.state_dir) if spec.state_dir else None
         self.ckpt_root = state_dir / "trainer" if state_dir else None
         snap_dir = cfg.snapshot_dir or (str(state_dir / "snapshots") if state_dir else None)
@@ -198,8 +205,12 @@ class GRPOTrainer:
             **{k: v for k, v in stats.items() if k != "applied"},
             **self.lag.metrics(lag_metrics_version, batch),
         }
-        state = {"version": self.version, "step": batch.step, "checkpoint": self.checkpoint,
-                 "checkpoint_step": self.checkpoint_step}  # fmt: skip
+        state = {
+            "version": self.version,
+            "step": batch.step,
+            "checkpoint": self.checkpoint,
+            "checkpoint_step": self.checkpoint_step,
+        }
         return StepResult(batch.step, self.version, time.perf_counter() - start, metrics, state, weights)
 
     def restore(self, state: Mapping[str, Any]) -> WeightUpdate | None:
@@ -215,15 +226,20 @@ class GRPOTrainer:
                 )
             return None
         if not Path(path).is_dir():
-            raise UserError(f"trainer checkpoint {path} named by the runtime checkpoint is missing; delete the "
-                            "runtime state directory to start afresh.")  # fmt: skip
+            raise UserError(
+                f"trainer checkpoint {path} named by the runtime checkpoint is missing; delete the "
+                "runtime state directory to start afresh."
+            )
         meta = load_checkpoint(Path(path), self.model, self.opt)
         self.version = int(meta["version"])
         self.counters.update(meta.get("counters", {}))
         self.checkpoint, self.checkpoint_step = str(path), int(meta["step"])
         if self.checkpoint_step != int(state.get("step", self.checkpoint_step)):
-            log.warning("trainer checkpoint is from step %d, the runtime resumes after step %s",
-                        self.checkpoint_step, state.get("step"))  # fmt: skip
+            log.warning(
+                "trainer checkpoint is from step %d, the runtime resumes after step %s",
+                self.checkpoint_step,
+                state.get("step"),
+            )
         return self._export()
 
     # ---- pieces ----------------------------------------------------------------------------------------
@@ -262,8 +278,9 @@ class GRPOTrainer:
         prompts, responses, behaviour = self._rows(batch)
         denom = loss_denominator(batch.lengths, cfg.loss_aggregation)
         total = cfg.total_steps or self.spec.total_steps
-        factor = lr_factor(self.version, cfg.lr_schedule, warmup=cfg.warmup_steps, total=total,
-                           min_ratio=cfg.min_lr_ratio)  # fmt: skip
+        factor = lr_factor(
+            self.version, cfg.lr_schedule, warmup=cfg.warmup_steps, total=total, min_ratio=cfg.min_lr_ratio
+        )
         for group in self.opt.param_groups:
             group["lr"] = cfg.lr * factor
         self.opt.zero_grad(set_to_none=True)
@@ -280,8 +297,15 @@ class GRPOTrainer:
                 finite = False
                 break
             parts.loss.backward()
-            values = (float(parts.loss.detach()), parts.pg_sum, parts.kl_sum, parts.ratio_sum, parts.clipped_sum,
-                      parts.abs_logratio_sum, parts.tokens)  # fmt: skip
+            values = (
+                float(parts.loss.detach()),
+                parts.pg_sum,
+                parts.kl_sum,
+                parts.ratio_sum,
+                parts.clipped_sum,
+                parts.abs_logratio_sum,
+                parts.tokens,
+            )
             for key, value in zip(sums, values, strict=True):
                 sums[key] += value
             ratio_max = max(ratio_max, parts.ratio_max)
@@ -322,9 +346,18 @@ class GRPOTrainer:
                 ref_logits = self.ref(input_ids=ids, attention_mask=attn).logits[:, :-1]
             ref_logp = token_logprobs(ref_logits, targets, self.spec.temperature)
         cfg = self.cfg
-        return grpo_loss(logp, beh, rows.advantages.to(dev), mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                         aggregation=cfg.loss_aggregation, denominator=denom, kl_coef=cfg.kl_coef,
-                         ref_logp=ref_logp)  # fmt: skip
+        return grpo_loss(
+            logp,
+            beh,
+            rows.advantages.to(dev),
+            mask,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            aggregation=cfg.loss_aggregation,
+            denominator=denom,
+            kl_coef=cfg.kl_coef,
+            ref_logp=ref_logp,
+        )
 
     def _autocast(self) -> Any:
         if self.cfg.autocast_dtype is None:
