@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from asp.predictor.calibration import CalibrationMap, fit_calibration
+from asp.predictor.calibration import CalibrationMap, fit_calibration, fit_isotonic
 
 
 def test_isotonic_by_hand() -> None:
@@ -16,6 +16,19 @@ def test_isotonic_by_hand() -> None:
     cal = fit_calibration(np.array([1, 2, 3, 4.0]), np.array([10, 30, 20, 40.0]))
     # between knots linear, outside flat: f(0)=10, f(1.5)=17.5, f(2.5)=25, f(3.5)=32.5, f(9)=40
     np.testing.assert_allclose(cal(np.array([0, 1.5, 2.5, 3.5, 9.0])), [10, 17.5, 25, 32.5, 40])
+
+
+def test_fit_isotonic_knots_by_hand() -> None:
+    # as in test_isotonic_by_hand, as knot arrays: the violating pair (30, 20) pools to 25
+    x, y = fit_isotonic(np.array([1, 2, 3, 4.0]), np.array([10, 30, 20, 40.0]))
+    np.testing.assert_allclose(x, [1, 2, 3, 4])
+    np.testing.assert_allclose(y, [10, 25, 25, 40])
+    # duplicate predictions are averaged first: x = 1, 2, 2, 3 with y = 10, 40, 20, 50 -> y = 10, 30, 50 at 1, 2, 3
+    x, y = fit_isotonic(np.array([1, 2, 2, 3.0]), np.array([10, 40, 20, 50.0]))
+    np.testing.assert_allclose(x, [1, 2, 3])
+    np.testing.assert_allclose(y, [10, 30, 50])
+    cal = fit_calibration(np.array([1, 2, 2, 3.0]), np.array([10, 40, 20, 50.0]))
+    assert cal.x == (1.0, 2.0, 3.0) and cal.y == (10.0, 30.0, 50.0)  # fit_calibration is fit_isotonic's knots
 
 
 def test_monotone_on_noisy_data() -> None:

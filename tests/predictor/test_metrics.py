@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from asp.predictor.metrics import bucket_errors, pairwise_accuracy, ranking_metrics
+from asp.predictor.metrics import bucket_errors, kendall_tau, pairwise_accuracy, ranking_metrics
 
 
 def test_ranking_metrics_by_hand() -> None:
@@ -54,6 +54,21 @@ def test_undefined_and_bad_inputs() -> None:
         ranking_metrics(np.array([1, 2.0]), np.array([1, 2, 3.0]))
     with pytest.raises(ValueError, match="at least 2"):
         ranking_metrics(np.array([1.0]), np.array([1.0]))
+
+
+def test_kendall_tau_by_hand_and_undefined_cases() -> None:
+    # tau-b with a tie in pred: pairs of [1, 1, 2] vs [1, 2, 3]: (0,1) tied in pred, (0,2), (1,2) concordant
+    # tau-b = (2 - 0) / sqrt((3 - 1) * 3) = 2 / sqrt(6)
+    assert kendall_tau(np.array([1, 1, 2.0]), np.array([1, 2, 3.0])) == pytest.approx(2 / math.sqrt(6))
+    assert kendall_tau([4, 3, 2, 1], [1, 2, 3, 4]) == pytest.approx(-1.0)
+    # undefined: NaN instead of an error (the training loop's early stopping keeps going)
+    assert math.isnan(kendall_tau(np.array([5, 5, 5.0]), np.array([1, 2, 3.0])))
+    assert math.isnan(kendall_tau(np.array([1, 2, 3.0]), np.array([7, 7, 7.0])))
+    assert math.isnan(kendall_tau(np.array([1.0]), np.array([2.0])))
+    with pytest.raises(ValueError, match="same length"):
+        kendall_tau(np.array([1, 2.0]), np.array([1, 2, 3.0]))
+    with pytest.raises(ValueError, match="NaN"):
+        kendall_tau(np.array([1, math.nan]), np.array([1, 2.0]))
 
 
 def test_bucket_errors_by_hand() -> None:

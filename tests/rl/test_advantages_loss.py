@@ -111,14 +111,31 @@ def test_on_policy_loss_stats_and_token_logprobs():
     assert float(token_logprobs(logits, target, 0.0)) == pytest.approx(math.log(0.75))  # greedy scores at T = 1
     # on-policy (logp == behaviour): ratio 1, nothing clipped, loss = -mean advantage over tokens
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]])
-    parts = grpo_loss(logp, logp.clone(), torch.tensor([2.0, -1.0]), torch.ones(2, 2), clip_low=0.2, clip_high=0.2,
-                      aggregation="token", denominator=4.0)  # fmt: skip
+    parts = grpo_loss(
+        logp,
+        logp.clone(),
+        torch.tensor([2.0, -1.0]),
+        torch.ones(2, 2),
+        clip_low=0.2,
+        clip_high=0.2,
+        aggregation="token",
+        denominator=4.0,
+    )
     # tokens: -2, -2, +1, +1 -> sum -2 / 4 = -0.5
     assert float(parts.loss) == pytest.approx(-0.5)
     assert parts.ratio_sum == pytest.approx(4.0) and parts.clipped_sum == 0 and parts.abs_logratio_sum == 0
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(logp, logp, torch.ones(2), torch.ones(2, 2), clip_low=0.2, clip_high=0.2, aggregation="token",
-                  denominator=4.0, kl_coef=0.1)  # fmt: skip
+        grpo_loss(
+            logp,
+            logp,
+            torch.ones(2),
+            torch.ones(2, 2),
+            clip_low=0.2,
+            clip_high=0.2,
+            aggregation="token",
+            denominator=4.0,
+            kl_coef=0.1,
+        )
 
 
 def test_lr_schedules_by_hand():

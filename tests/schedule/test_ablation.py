@@ -5,14 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asp.schedule import CONDITIONS, ablation, kendall_tau, perturb_predictions, sweep, synthetic_lengths
+from asp.schedule import (
+    CONDITIONS,
+    ScheduleSpec,
+    ablation,
+    kendall_tau,
+    perturb_predictions,
+    sweep,
+    synthetic_lengths,
+)
 
 N = 20_010  # not a multiple of 32, so the DP has boundaries to move
 
 
 @pytest.fixture(scope="module")
 def result():
-    return sweep(synthetic_lengths(N, 0), taus=(1.0, 0.75, 0.5), iterations=100_000, seeds=(0, 1, 2))
+    return sweep(synthetic_lengths(N, 0), ScheduleSpec(iterations=100_000), taus=(1.0, 0.75, 0.5), seeds=(0, 1, 2))
 
 
 def test_synthetic_lengths_look_like_deepscaler() -> None:
@@ -29,12 +37,14 @@ def test_perturbation_hits_target_tau(tau: float) -> None:
     pred, nu = perturb_predictions(true, tau, seed=3)
     assert nu > 0 and kendall_tau(true, pred) == pytest.approx(tau, abs=0.01)
     assert perturb_predictions(true, 1.0, 0)[1] == 0.0 and np.isinf(perturb_predictions(true, 0.0, 0)[1])
+    with pytest.raises(ValueError, match="all 5 true lengths are equal"):
+        perturb_predictions(np.full(5, 7.0), 0.5, seed=0)  # no prediction of a constant has a tau
 
 
 def test_ablation_table_shape_and_shared_minibatches() -> None:
     true = synthetic_lengths(5000, 2)
     pred = np.stack([perturb_predictions(true, 0.64, s)[0] for s in (0, 1)])
-    table = ablation(true, pred, seeds=(0, 1), iterations=20_000)
+    table = ablation(true, pred, ScheduleSpec(iterations=20_000), seeds=(0, 1))
     assert list(table.index) == list(CONDITIONS) and list(table.columns) == ["D", "P", "CV", "spread"]
     # C2-C4 share minibatch composition, hence D and P (paper Table 9 caption)
     for metric in ("D", "P"):
@@ -42,6 +52,34 @@ def test_ablation_table_shape_and_shared_minibatches() -> None:
         assert table.loc["C4", metric] == pytest.approx(table.loc["C2", metric], rel=1e-12)
     with pytest.raises(ValueError, match="predicted_lengths has shape"):
         ablation(true, pred[:, :10], seeds=(0, 1))
+
+
+def test_spec_settings_reach_every_condition() -> None:
+    """b, kappa and k of the spec shape C0..C4: C0/C1 fixed size b, C2-C4 sizes in [b, b + kappa]; with b = 1,
+    kappa = 0 every minibatch is one prompt, so D = 0 and P = 0 in every condition."""
+    true = synthetic_lengths(600, 3)
+    table = ablation(true, true, ScheduleSpec(b=1, kappa=0, k=4, iterations=1000), seeds=(0,))
+    assert (table["D"] == 0).all() and (table["P"] == 0).all()
+    wide = ablation(true, true, ScheduleSpec(b=16, kappa=4, k=4, iterations=1000), seeds=(0,))
+    assert (wide["D"] > 0).all()
+
+
+def test_schedule_spec_validates_and_defaults() -> None:
+    spec = ScheduleSpec()
+    assert (spec.b, spec.kappa, spec.k, spec.iterations, spec.method) == (32, 2, 6, 2_000_000, "asp")
+    assert spec.kwargs() == {"b": 32, "kappa": 2, "k": 6, "iterations": 2_000_000, "method": "asp"}
+    assert ScheduleSpec(b=np.int64(8)).b == 8 and type(ScheduleSpec(b=np.int64(8)).b) is int
+    for kwargs, message in [
+        ({"b": 0}, "b must be >= 1, got 0"),
+        ({"kappa": -1}, "kappa must be >= 0"),
+        ({"k": 2.5}, "k must be an integer"),
+        ({"iterations": -1}, "iterations must be >= 0"),
+        ({"method": "x"}, "method must be one of"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ScheduleSpec(**kwargs)
+    with pytest.raises(AttributeError):
+        spec.b = 4  # frozen
 
 
 def test_sorting_creates_sorting_bubbles(result) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -10,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from asp.cli.schedule import app
-from asp.schedule import synthetic_lengths
+from asp.schedule import BUILD_METHODS, PAPER_TAUS, ScheduleSpec, synthetic_lengths
 
 runner = CliRunner()
 
@@ -151,3 +153,20 @@ def test_sweep_synthetic_writes_both_tables(tmp_path) -> None:
     assert res.exit_code == 2 and "--taus" in res.stderr
     res = runner.invoke(app, ["sweep"])
     assert res.exit_code == 2 and "exactly one of" in res.stderr
+
+
+def test_cli_module_imports_no_heavy_library() -> None:
+    """`asp --help` must stay fast: the schedule CLI imports numpy, pandas and numba only inside its commands."""
+    code = "import sys, asp.cli.schedule; print(sorted({'numpy', 'pandas', 'numba', 'scipy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_cli_help_states_the_spec_defaults() -> None:
+    """Flags left out take ScheduleSpec's defaults; the help must say what those are (and list the methods)."""
+    res = runner.invoke(app, ["sweep", "--help"], env={"COLUMNS": "200"})
+    spec = ScheduleSpec()
+    text = " ".join(res.output.split())  # click wraps help lines
+    for value in (spec.b, spec.kappa, spec.k, spec.iterations, spec.method, ",".join(map(str, PAPER_TAUS))):
+        assert f"[default: ({value})]" in text  # typer shows a show_default text in parentheses
+    assert all(method in text for method in BUILD_METHODS)

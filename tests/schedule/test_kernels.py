@@ -82,3 +82,25 @@ def test_bucket_order_is_a_permutation_sorted_up_to_one_bucket() -> None:
         width = (x.max() - x.min()) / max(n // per, 1)
         y = x[out]
         assert (np.maximum.accumulate(y) - y).max() <= width + 1e-12
+
+
+def test_partial_group_placement_matches_brute_force() -> None:
+    """Both starts (snake, LPT rounds) give the partial group G_full = n // k the r = n % k load ranks nearest the
+    quantiles (j + 0.5) / r, and every complete group exactly k ranks."""
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        n_items, k = int(rng.integers(2, 200)), int(rng.integers(1, 12))
+        if n_items <= k:
+            continue
+        n_full, rest = divmod(n_items, k)
+        want = [min(int((j + 0.5) * n_items / rest), n_items - 1) for j in range(rest)]
+        assert len(set(want)) == rest and kernels.partial_ranks(n_items, rest).tolist() == want
+        loads = np.sort(rng.lognormal(0, 1, n_items))
+        for start in (
+            lambda gid, n=n_items, k=k: kernels.snake_groups(n, k, gid),
+            lambda gid, x=loads, k=k: kernels.lpt_rounds_groups(x, k, gid),
+        ):
+            gid = np.full(n_items, 99, dtype=np.int32)
+            start(gid)
+            assert np.flatnonzero(gid == n_full).tolist() == want
+            assert np.bincount(gid, minlength=n_full + 1).tolist() == [k] * n_full + [rest]

@@ -44,5 +44,13 @@ def test_kendall_tau() -> None:
     assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     # 6 pairs: (1,2) concordant, (1,3) concordant, (2,3) discordant, ... tau-a = (5 - 1) / 6
     assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
-    with pytest.raises(ValueError, match="same size"):
+    with pytest.raises(ValueError, match="same length"):
         kendall_tau([1, 2], [1, 2, 3])
+
+
+def test_kendall_tau_is_the_predictors() -> None:
+    """One implementation: the scheduler re-exports the predictor's tau (and isotonic fit)."""
+    from asp.predictor import calibration, metrics
+    from asp.schedule import fit_isotonic
+
+    assert kendall_tau is metrics.kendall_tau and fit_isotonic is calibration.fit_isotonic

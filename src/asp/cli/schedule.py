@@ -6,7 +6,10 @@ Examples:
     asp schedule sweep --synthetic 39000 --out sweep.json
 
 Mounted by asp.cli as `asp schedule`; runnable alone as `python -m asp.cli.schedule`. Bad input prints one
-message on stderr and exits with code 2.
+message on stderr and exits with code 2. numpy, pandas, numba and the scheduler itself are imported inside the
+commands, so `asp --help` and `asp schedule --help` stay fast. Scheduler flags left out (None) take the defaults
+of `asp.schedule.ScheduleSpec` (and `PAPER_TAUS`); the help texts state them and tests/schedule/test_cli.py
+checks that they agree.
 """
 
 from __future__ import annotations
@@ -15,28 +18,40 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
-from asp import io
 from asp.errors import UserError
-from asp.io.schedule import read_calibration, read_lengths
-from asp.schedule.ablation import PAPER_TAUS, ablation, perturb_predictions, sweep, synthetic_lengths
-from asp.schedule.schedule import build_schedule, schedule_summary, schedule_to_frame
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from asp.schedule.spec import ScheduleSpec
 
 app = typer.Typer(
     help="Length-aware rollout scheduling (ASP steps 2-3): build schedules, run C0-C4 ablations.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
 )
 
-B = Annotated[int, typer.Option("--b", help="Base minibatch size (prompts).")]
-KAPPA = Annotated[int, typer.Option("--kappa", help="Extra minibatch size allowed: sizes b..b+kappa.")]
-K = Annotated[int, typer.Option("--k", help="Minibatches per batch group.")]
-ITERS = Annotated[int, typer.Option("--iterations", help="Annealing proposals.")]
-METHOD = Annotated[str, typer.Option("--method", help="Balancing: asp, paper_sa, kk, snake (build: also sorted).")]
+# Scheduler flags: None means "ScheduleSpec's default", which show_default states (checked by a test).
+B = Annotated[int | None, typer.Option("--b", help="Base minibatch size (prompts).", show_default="32")]
+KAPPA = Annotated[
+    int | None, typer.Option("--kappa", help="Extra minibatch size allowed: sizes b..b+kappa.", show_default="2")
+]
+K = Annotated[int | None, typer.Option("--k", help="Minibatches per batch group.", show_default="6")]
+ITERS = Annotated[int | None, typer.Option("--iterations", help="Annealing proposals.", show_default="2000000")]
+METHOD = Annotated[
+    str | None,
+    typer.Option("--method", help="Balancing: asp, paper_sa, kk, lpt, snake or sorted.", show_default="asp"),
+]
+TAUS = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated Kendall tau targets.", show_default="1.0,0.75,0.64,0.5,0.25,0.0"),
+]
 SEEDS = Annotated[int, typer.Option("--seeds", help="Number of seeds (0..N-1) to average over.")]
 SYNTH = Annotated[int | None, typer.Option("--synthetic", help="Use N synthetic DeepScaleR-like lengths.")]
 INPUT = Annotated[Path | None, typer.Argument(help="Parquet/CSV/JSON/JSONL with length columns.")]
@@ -64,7 +79,18 @@ def _user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _spec(b: int | None, kappa: int | None, k: int | None, iterations: int | None, method: str | None) -> ScheduleSpec:
+    """The ScheduleSpec of the given flags; flags left out keep its defaults. ValueError on a bad value."""
+    from asp.schedule.spec import ScheduleSpec
+
+    given = {"b": b, "kappa": kappa, "k": k, "iterations": iterations, "method": method}
+    return ScheduleSpec(**{name: value for name, value in given.items() if value is not None})
+
+
 def _true_lengths(path: Path | None, synthetic: int | None, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    from asp.io.schedule import read_lengths
+    from asp.schedule.ablation import synthetic_lengths
+
     if (path is None) == (synthetic is None):
         raise UserError("give exactly one of a lengths file or --synthetic N")
     if synthetic is not None:
@@ -81,12 +107,12 @@ def build(
     input: Annotated[Path, typer.Argument(help="Predictions: prompt_id, predicted_length[, true_length].")],
     out: Annotated[Path, typer.Option(help="Schedule Parquet (one row per prompt).")] = Path("schedule.parquet"),
     summary: Annotated[Path | None, typer.Option(help="JSON summary; default: OUT with .json.")] = None,
-    b: B = 32,
-    kappa: KAPPA = 2,
-    k: K = 6,
-    iterations: ITERS = 2_000_000,
+    b: B = None,
+    kappa: KAPPA = None,
+    k: K = None,
+    iterations: ITERS = None,
     seed: Annotated[int, typer.Option(help="Balancing / shuffle seed.")] = 0,
-    method: METHOD = "asp",
+    method: METHOD = None,
     loads: Annotated[
         str | None, typer.Option(help="raw or calibrated (default: calibrated iff --calibration).")
     ] = None,
@@ -95,17 +121,18 @@ def build(
     plot: Annotated[Path | None, typer.Option(help="Also save the Figure-7 style plot (PNG).")] = None,
 ) -> None:
     """Build a schedule from predicted lengths and write it (Parquet + JSON summary)."""
+    from asp import io
+    from asp.io.schedule import read_calibration, read_lengths
+    from asp.schedule.schedule import build_schedule, schedule_summary, schedule_to_frame
+
+    spec = _spec(b, kappa, k, iterations, method)
     data = read_lengths(input, need_predictions=True)
     cal = read_calibration(calibration) if calibration else None
     sched = build_schedule(
         data["prompt_id"],
         data["predicted_length"],
-        b=b,
-        kappa=kappa,
-        k=k,
-        iterations=iterations,
+        **spec.kwargs(),
         seed=seed,
-        method=method,
         calibration=cal,
         loads=loads,
         shuffle=shuffle,
@@ -134,17 +161,23 @@ def ablation_cmd(
     input: INPUT = None,
     synthetic: SYNTH = None,
     tau: Annotated[float | None, typer.Option(help="Simulate predictions at this Kendall tau.")] = None,
-    b: B = 32,
-    kappa: KAPPA = 2,
-    k: K = 6,
-    iterations: ITERS = 2_000_000,
+    b: B = None,
+    kappa: KAPPA = None,
+    k: K = None,
+    iterations: ITERS = None,
     seeds: SEEDS = 3,
-    method: METHOD = "asp",
+    method: METHOD = None,
     loads: Annotated[str | None, typer.Option(help="raw or calibrated.")] = None,
     calibration: Annotated[Path | None, typer.Option(help="Knots JSON {x, y} or table x,y.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the table as CSV or JSON.")] = None,
 ) -> None:
     """C0-C4 table (D, padding, group-load CV, spread) on true lengths, mean over seeds."""
+    import numpy as np
+
+    from asp.io.schedule import read_calibration
+    from asp.schedule.ablation import ablation, perturb_predictions
+
+    spec = _spec(b, kappa, k, iterations, method)
     true, data = _true_lengths(input, synthetic)
     seed_list = list(range(seeds))
     if tau is not None:
@@ -154,18 +187,7 @@ def ablation_cmd(
     else:
         raise UserError("no predictions: give a file with 'predicted_length' or pass --tau")
     cal = read_calibration(calibration) if calibration else None
-    table = ablation(
-        true,
-        preds,
-        b=b,
-        kappa=kappa,
-        k=k,
-        seeds=seed_list,
-        iterations=iterations,
-        method=method,
-        calibration=cal,
-        loads=loads,
-    )
+    table = ablation(true, preds, spec, seeds=seed_list, calibration=cal, loads=loads)
     typer.echo(
         table.to_string(
             formatters={"D": "{:.0f}".format, "P": "{:.3f}".format, "CV": "{:.3f}".format, "spread": "{:.3f}".format}
@@ -180,33 +202,27 @@ def ablation_cmd(
 def sweep_cmd(
     input: INPUT = None,
     synthetic: SYNTH = None,
-    taus: Annotated[str, typer.Option(help="Comma-separated Kendall tau targets.")] = ",".join(map(str, PAPER_TAUS)),
-    b: B = 32,
-    kappa: KAPPA = 2,
-    k: K = 6,
-    iterations: ITERS = 2_000_000,
+    taus: TAUS = None,
+    b: B = None,
+    kappa: KAPPA = None,
+    k: K = None,
+    iterations: ITERS = None,
     seeds: SEEDS = 3,
-    method: METHOD = "asp",
+    method: METHOD = None,
     calibration_size: Annotated[int, typer.Option(help="Profiled prompts for the isotonic fit.")] = 4000,
     out: Annotated[Path | None, typer.Option(help="Write both tables as JSON (or two CSVs: stem_local/_cv).")] = None,
 ) -> None:
     """Controlled-tau sweep: Tables 9 (dispersion, padding) and 10 (group-load CV) of the paper."""
+    from asp.schedule.ablation import sweep
+    from asp.schedule.spec import PAPER_TAUS
+
+    spec = _spec(b, kappa, k, iterations, method)
     true, _ = _true_lengths(input, synthetic)
     try:
-        tau_list = [float(t) for t in taus.split(",") if t.strip()]
+        tau_list = list(PAPER_TAUS) if taus is None else [float(t) for t in taus.split(",") if t.strip()]
     except ValueError:
         raise UserError(f"--taus {taus!r}: give comma-separated numbers in [0, 1], e.g. 1,0.75,0.5") from None
-    res = sweep(
-        true,
-        taus=tau_list,
-        b=b,
-        kappa=kappa,
-        k=k,
-        seeds=list(range(seeds)),
-        iterations=iterations,
-        method=method,
-        calibration_size=calibration_size,
-    )
+    res = sweep(true, spec, taus=tau_list, seeds=list(range(seeds)), calibration_size=calibration_size)
     typer.echo("Table 9 analogue: dispersion D (tokens) and mean padding rate P, on true lengths")
     typer.echo(res.local.to_string(formatters=_LOCAL_FORMAT))
     typer.echo("\nTable 10 analogue: batch-group load CV on true lengths (C4_cal: balanced on calibrated loads)")
@@ -216,6 +232,8 @@ def sweep_cmd(
 
 
 def _write_table(tables: dict[str, Any], out: Path) -> None:
+    from asp import io
+
     if out.suffix.lower() == ".json":
         io.write_json({name: t.reset_index().to_dict(orient="records") for name, t in tables.items()}, out)
         return

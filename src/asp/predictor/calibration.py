@@ -3,7 +3,9 @@
 The predictor's order is what it is good at; its scale can be off (ranking losses do not fix it at all).
 ``fit_calibration`` fits isotonic regression of the true mean length on the predicted length over held-out
 prompts, and ``CalibrationMap`` applies it: piecewise-linear between knots, flat outside them, never
-decreasing. The scheduler calls the map on predicted lengths to get expected loads.
+decreasing. The scheduler calls the map on predicted lengths to get expected loads. ``fit_isotonic`` is the
+fit alone, as knot arrays (the project's one isotonic fit; the scheduler's sweep uses it too). sklearn is
+imported only when fitting.
 Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_calibration.py -q``.
 """
 
@@ -13,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.isotonic import IsotonicRegression
 
 
 @dataclass(frozen=True)
@@ -62,19 +63,21 @@ class CalibrationMap:
         return cls(x=tuple(data["x"]), y=tuple(data["y"]))
 
 
-def fit_calibration(predicted: np.ndarray, true: np.ndarray) -> CalibrationMap:
-    """Fit isotonic regression of true on predicted lengths.
+def fit_isotonic(predicted: np.ndarray, true: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Isotonic regression of true on predicted lengths, as knots of a piecewise-linear non-decreasing map.
 
     Args:
-        predicted: [n] predicted lengths in tokens (held-out prompts).
+        predicted: [n] predicted lengths in tokens.
         true: [n] measured mean lengths in tokens, same prompts.
 
     Returns:
-        The fitted map (knots = sklearn's ``X_thresholds_`` / ``y_thresholds_``).
+        (x, y) float64 knots: x strictly increasing (sklearn's ``X_thresholds_``), y non-decreasing.
 
     Raises:
         ValueError: empty input, mismatched shapes or NaN/inf values.
     """
+    from sklearn.isotonic import IsotonicRegression  # ~2 s to import: only when fitting
+
     p = np.asarray(predicted, dtype=np.float64)
     t = np.asarray(true, dtype=np.float64)
     if p.ndim != 1 or p.shape != t.shape or p.size == 0:
@@ -83,5 +86,23 @@ def fit_calibration(predicted: np.ndarray, true: np.ndarray) -> CalibrationMap:
         raise ValueError("predicted and true lengths must be finite (found NaN or inf)")
     iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(p, t)
     x = np.asarray(iso.X_thresholds_, dtype=np.float64)
-    y = np.maximum.accumulate(np.asarray(iso.y_thresholds_, dtype=np.float64))  # guard float round-off
+    y = np.asarray(iso.y_thresholds_, dtype=np.float64)
+    keep = np.concatenate(([True], np.diff(x) > 0))  # defensive: knots must be strictly increasing
+    return x[keep], np.maximum.accumulate(y[keep])  # guard float round-off
+
+
+def fit_calibration(predicted: np.ndarray, true: np.ndarray) -> CalibrationMap:
+    """Fit isotonic regression of true on predicted lengths (`fit_isotonic`) as a `CalibrationMap`.
+
+    Args:
+        predicted: [n] predicted lengths in tokens (held-out prompts).
+        true: [n] measured mean lengths in tokens, same prompts.
+
+    Returns:
+        The fitted map.
+
+    Raises:
+        ValueError: empty input, mismatched shapes or NaN/inf values.
+    """
+    x, y = fit_isotonic(predicted, true)
     return CalibrationMap(x=tuple(x), y=tuple(y))

@@ -2,7 +2,8 @@
 
 ASP sorts prompts by predicted length, so order matters most: Kendall's tau (the paper's metric, §3.2 and
 appendix F.4), Spearman's rho and pairwise ordering accuracy; MAE in tokens and per-bucket errors show the
-scale. Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_metrics.py -q``.
+scale. ``kendall_tau`` is the project's one Kendall tau (the scheduler's ablation and the training loop use it).
+Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_metrics.py -q``.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import numpy as np
 from scipy import stats
 
 
-def _as_pair(pred: np.ndarray, true: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Validate and convert to float64 1-D arrays of equal length >= 2 without NaN/inf."""
+def _as_pair(pred: np.ndarray, true: np.ndarray, minimum: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Validate and convert to float64 1-D arrays of equal length >= `minimum` without NaN/inf."""
     p = np.asarray(pred, dtype=np.float64)
     t = np.asarray(true, dtype=np.float64)
     if p.ndim != 1 or t.ndim != 1 or p.shape != t.shape:
         raise ValueError(f"pred and true must be 1-D arrays of the same length; got shapes {p.shape} and {t.shape}")
-    if p.size < 2:
-        raise ValueError(f"ranking metrics need at least 2 prompts, got {p.size}")
+    if p.size < minimum:
+        raise ValueError(f"ranking metrics need at least {minimum} prompts, got {p.size}")
     for name, arr in (("pred", p), ("true", t)):
         bad = np.flatnonzero(~np.isfinite(arr))
         if bad.size:
@@ -42,6 +43,30 @@ def _check_not_constant(p: np.ndarray, t: np.ndarray) -> None:
             f"all {p.size} predicted lengths are equal ({p[0]:g}), so Kendall's tau is undefined; "
             "the predictor has collapsed - train longer, raise the learning rate or check the data"
         )
+
+
+def kendall_tau(pred: np.ndarray, true: np.ndarray) -> float:
+    """Kendall's tau-b (ties handled, O(n log n)); NaN where it is undefined.
+
+    Args:
+        pred: [n] predicted lengths (any monotone scale).
+        true: [n] true lengths.
+
+    Returns:
+        tau-b in [-1, 1]; NaN when n < 2 or either side is constant (no order to compare). Use
+        ``ranking_metrics`` for a ValueError that says which side is constant.
+
+    Raises:
+        ValueError: shapes differ or NaN/inf values.
+
+    Example:
+        >>> round(kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]), 4)  # 6 pairs, one discordant: (5 - 1) / 6
+        0.6667
+    """
+    p, t = _as_pair(pred, true, minimum=0)
+    if p.size < 2 or np.all(p == p[0]) or np.all(t == t[0]):
+        return float("nan")
+    return float(stats.kendalltau(p, t).statistic)
 
 
 def pairwise_accuracy(pred: np.ndarray, true: np.ndarray, chunk: int = 1024) -> float:
@@ -87,7 +112,7 @@ def ranking_metrics(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
     p, t = _as_pair(pred, true)
     _check_not_constant(p, t)
     return {
-        "kendall_tau": float(stats.kendalltau(p, t).statistic),
+        "kendall_tau": kendall_tau(p, t),
         "spearman": float(stats.spearmanr(p, t).statistic),
         "mae_tokens": float(np.mean(np.abs(p - t))),
         "pairwise_accuracy": pairwise_accuracy(p, t),

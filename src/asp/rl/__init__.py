@@ -6,21 +6,47 @@
 No file I/O, Ray or tracking here; the Training Unit (`asp.trainers.grpo`) composes these. Tests: tests/rl.
 """
 
-from asp.rl.advantages import ADVANTAGE_SCALES, group_advantages, zero_signal_groups
-from asp.rl.batching import PackedRows, pack_rows, plan_micro_batches
-from asp.rl.lag import d_off_estimate, duty_cycle, measured_lag
-from asp.rl.loss import (
-    AGGREGATIONS,
-    LossParts,
-    aggregate,
-    clipped_policy_loss,
-    grpo_loss,
-    kl_k3,
-    loss_denominator,
-    token_logprobs,
-)
-from asp.rl.math_answer import answers_match, extract_final_answer, math_reward, normalize_answer
-from asp.rl.rewards import REWARDS, RewardFn, compute_rewards, demo_reward, get_reward, register_reward
+import importlib
+from typing import Any
+
+# name -> submodule. Loaded on first use (PEP 562), so `import asp.rl.lag` (the runtime) or `asp.rl.rewards`
+# does not pay for torch, which only `loss` and `batching` need.
+_EXPORTS = {
+    "ADVANTAGE_SCALES": "advantages",
+    "group_advantages": "advantages",
+    "zero_signal_groups": "advantages",
+    "PackedRows": "batching",
+    "pack_rows": "batching",
+    "plan_micro_batches": "batching",
+    "d_off_estimate": "lag",
+    "duty_cycle": "lag",
+    "measured_lag": "lag",
+    "AGGREGATIONS": "loss",
+    "LossParts": "loss",
+    "aggregate": "loss",
+    "clipped_policy_loss": "loss",
+    "grpo_loss": "loss",
+    "kl_k3": "loss",
+    "loss_denominator": "loss",
+    "token_logprobs": "loss",
+    "answers_match": "math_answer",
+    "extract_final_answer": "math_answer",
+    "math_reward": "math_answer",
+    "normalize_answer": "math_answer",
+    "REWARDS": "rewards",
+    "RewardFn": "rewards",
+    "compute_rewards": "rewards",
+    "demo_reward": "rewards",
+    "get_reward": "rewards",
+    "register_reward": "rewards",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
 
 __all__ = [
     "ADVANTAGE_SCALES",

@@ -1,6 +1,8 @@
 """Policy-lag accounting (paper §4.2, appendix D): measured lag, the d_off estimate and the duty cycle. Pure numpy.
 
-* measured lag of a sample = trainer version when it is trained - version of the weights that generated it;
+* measured lag of a sample = trainer version when it is trained - version of the weights that generated it
+  (`policy_lags`; `lag_stats` summarises a batch; `measured_lag` does both). The project's one lag computation:
+  the Control Unit (`asp.runtime.control`, `asp.runtime.metrics`) and the GRPO Training Unit both call it;
 * estimate per arriving minibatch (eq. 4): ``d_off ~ Q_arrival + (T_save + T_convert + T_load + T_gen) / T_train``
   with Q_arrival the Training Queue depth in global batches just before it arrived;
 * generation duty cycle (D.6): ``eta ~ T_gen / (T_gen + T_load)``.
@@ -16,16 +18,33 @@ from __future__ import annotations
 import numpy as np
 
 
+def policy_lags(trainer_version: int, versions: np.ndarray) -> np.ndarray:
+    """Per-sample policy lag in trainer steps: ``trainer_version - versions``.
+
+    Args:
+        trainer_version: version of the weights the trainer updates with this batch.
+        versions: (B,) policy version that generated each sample.
+
+    Returns:
+        float64 (B,) lags. Example: trainer version 5, versions [5, 4, 3] -> [0.0, 1.0, 2.0].
+    """
+    return trainer_version - np.asarray(versions, dtype=np.float64)
+
+
+def lag_stats(lags: np.ndarray) -> tuple[float, float]:
+    """(mean, max) of per-sample lags; (NaN, NaN) for an empty batch. Example: [0, 1, 2] -> (1.0, 2.0)."""
+    x = np.asarray(lags, dtype=np.float64)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    return float(x.mean()), float(x.max())
+
+
 def measured_lag(trainer_version: int, versions: np.ndarray) -> tuple[float, float]:
     """(mean, max) of ``trainer_version - versions`` (NaN, NaN for an empty batch).
 
     Example: trainer version 5, sample versions [5, 4, 3] -> lags [0, 1, 2] -> (1.0, 2.0).
     """
-    v = np.asarray(versions, dtype=np.float64)
-    if v.size == 0:
-        return float("nan"), float("nan")
-    lags = trainer_version - v
-    return float(lags.mean()), float(lags.max())
+    return lag_stats(policy_lags(trainer_version, versions))
 
 
 def d_off_estimate(

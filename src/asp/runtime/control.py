@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from asp.rl.lag import policy_lags
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.database import Database
@@ -268,7 +269,8 @@ class ControlUnit:
         else:
             return
         batch, consumed = self.tq.take(self.step + 1, time.time(), limit)
-        lags = (self.version - batch.versions).astype(np.float64)
+
+        lags = policy_lags(self.version, batch.versions)
         self.inflight = _Inflight(self.trainer.step.remote(batch), consumed, lags)
         if self.bp.update(self.tq.depth):
             self._set_paused()
@@ -295,10 +297,16 @@ class ControlUnit:
                     g.handle.set_weights.remote(result.weights)
         end = self.last_progress = self.last_step_end = time.time()
         metrics = iteration_metrics(
-            self.window, end, queue_depth=self.tq.depth, n_samples=self.config.n_samples,
-            actor_ids=sorted(self.by_actor), prompts_by_gu=dict(self.by_gu), prompts_by_actor=self.by_actor,
-            lags=inflight.lags, paused=self.bp.paused,
-        )  # fmt: skip
+            self.window,
+            end,
+            queue_depth=self.tq.depth,
+            n_samples=self.config.n_samples,
+            actor_ids=sorted(self.by_actor),
+            prompts_by_gu=dict(self.by_gu),
+            prompts_by_actor=self.by_actor,
+            lags=inflight.lags,
+            paused=self.bp.paused,
+        )
         metrics["runtime/train_step_s"] = result.duration_s
         metrics["runtime/policy_version"] = float(self.version)
         metrics.update(self._lag_counters())
@@ -317,9 +325,12 @@ class ControlUnit:
         """Write the position reached (only trained prompts count as done)."""
         if self.checkpointer is not None:
             self.checkpointer.save(
-                database=self.db.state(), trainer_step=self.step, policy_version=self.version,
-                trainer_state=self.trainer_state, finished=self.finished(),
-            )  # fmt: skip
+                database=self.db.state(),
+                trainer_step=self.step,
+                policy_version=self.version,
+                trainer_state=self.trainer_state,
+                finished=self.finished(),
+            )
 
     # ---- summary ---------------------------------------------------------------------------------------
     def _lag_counters(self) -> dict[str, float]:
@@ -332,26 +343,41 @@ class ControlUnit:
     def _summary(self) -> RunSummary:
         wall = self.last_step_end - self.t0 if self.last_step_end is not None else 0.0
         base = summary_metrics(
-            self.iter_times, self.tq.trace, [r["depth_at_arrival_batches"] for r in self.records],
-            [r["gen_s"] for r in self.records], [r["padding_rate"] for r in self.records], self.by_actor,
-            n_samples=self.config.n_samples, tokens=self.tokens, wall_s=wall, end=self.last_step_end,
-        )  # fmt: skip
-        base.update({
-            "runtime/minibatches": float(len(self.records)),
-            "runtime/prompts_trained": float(self.prompts_trained),
-            "runtime/failed_attempts": float(self.db.failed_attempts),
-            "runtime/duplicates_dropped": float(self.db.duplicates),
-            "runtime/pauses": float(self.bp.pauses),
-            "runtime/dead_actors": float(self.dead_actors),
-            **self._lag_counters(),
-        })  # fmt: skip
+            self.iter_times,
+            self.tq.trace,
+            [r["depth_at_arrival_batches"] for r in self.records],
+            [r["gen_s"] for r in self.records],
+            [r["padding_rate"] for r in self.records],
+            self.by_actor,
+            n_samples=self.config.n_samples,
+            tokens=self.tokens,
+            wall_s=wall,
+            end=self.last_step_end,
+        )
+        base.update(
+            {
+                "runtime/minibatches": float(len(self.records)),
+                "runtime/prompts_trained": float(self.prompts_trained),
+                "runtime/failed_attempts": float(self.db.failed_attempts),
+                "runtime/duplicates_dropped": float(self.db.duplicates),
+                "runtime/pauses": float(self.bp.pauses),
+                "runtime/dead_actors": float(self.dead_actors),
+                **self._lag_counters(),
+            }
+        )
         metrics = {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}
         return RunSummary(
-            metrics=metrics, iterations=self.iterations, minibatches=self.records, events=self.events,
-            trainer_step=self.step, policy_version=self.version, resumed_from_step=self.start_step,
-            resume_reason="", finished=self.finished(),
+            metrics=metrics,
+            iterations=self.iterations,
+            minibatches=self.records,
+            events=self.events,
+            trainer_step=self.step,
+            policy_version=self.version,
+            resumed_from_step=self.start_step,
+            resume_reason="",
+            finished=self.finished(),
             checkpoint_path=str(self.checkpointer.path) if self.checkpointer else None,
-        )  # fmt: skip
+        )
 
 
 def _record(out: MinibatchOutput, arrival: float, depth_batches: float, t0: float) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asp.rl.lag import lag_stats
 from asp.runtime.messages import MinibatchOutput
 
 
@@ -109,8 +110,10 @@ def iteration_metrics(
         lags: (B,) policy lag in steps of each prompt of the trained batch.
         paused: whether backpressure was active at the end of the iteration.
     """
+
     duration = end - window.start
     busy = {a: busy_fraction(window.intervals.get(a, []), window.start, end) for a in actor_ids}
+    lag_mean, lag_max = lag_stats(lags)
     metrics = {
         "runtime/iteration_time_s": duration,
         "runtime/tokens_per_s": window.tokens / duration if duration > 0 else 0.0,
@@ -126,8 +129,8 @@ def iteration_metrics(
         "runtime/generation_time_s_mean": _mean(window.gen_s),
         "runtime/reload_time_s_mean": _mean(window.reload_s),
         "runtime/actor_busy_fraction": _mean(list(busy.values())),
-        "runtime/policy_lag_mean": float(lags.mean()) if lags.size else float("nan"),
-        "runtime/policy_lag_max": float(lags.max()) if lags.size else float("nan"),
+        "runtime/policy_lag_mean": lag_mean,
+        "runtime/policy_lag_max": lag_max,
         "runtime/paused": float(paused),
     }
     metrics.update({f"runtime/actor_busy_fraction/actor{a}": v for a, v in busy.items()})

@@ -108,8 +108,9 @@ class TrainingQueue:
             (task_id, prompts removed) per evicted minibatch, in queue order (prompts already taken into an
             earlier batch stay trained; only the untaken rest is removed).
         """
-        evicted = [(e.out.task_id, e.out.num_prompts - e.taken) for e in self.entries
-                   if e.out.policy_version < min_version]  # fmt: skip
+        evicted = [
+            (e.out.task_id, e.out.num_prompts - e.taken) for e in self.entries if e.out.policy_version < min_version
+        ]
         if evicted:
             self.entries = deque(e for e in self.entries if e.out.policy_version >= min_version)
             self.depth -= sum(count for _, count in evicted)

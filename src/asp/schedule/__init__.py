@@ -1,28 +1,23 @@
 """ASP's offline rollout scheduler (paper §3.3-3.4, appendix E): a library, a CLI and the `schedule` stage core.
 
-    from asp.schedule import build_schedule, schedule_metrics
-    sched = build_schedule(prompt_ids, predicted_lengths, b=32, kappa=2, k=6, calibration=cal_map)
+    from asp.schedule import ScheduleSpec, build_schedule, schedule_metrics
+    spec = ScheduleSpec(b=32, kappa=2, k=6)                 # b, kappa, k, iterations, method in one object
+    sched = build_schedule(prompt_ids, predicted_lengths, **spec.kwargs(), calibration=cal_map)
     schedule_metrics(true_lengths, sched)      # {"D", "P", "CV", "spread", ...} on true lengths
 
 Building blocks: `build_minibatches` (Algorithm 1 DP), `balance_groups` (Algorithm 2 and the faster default),
-`ablation` / `sweep` (C0-C4 and the controlled-tau protocol), `plot_schedule` (Figure 7). See
-docs/scheduler.md for the full API, policies and benchmark numbers.
+`ablation` / `sweep` (C0-C4 and the controlled-tau protocol, both taking a `ScheduleSpec`). `kendall_tau` and
+`fit_isotonic` are the predictor's (`asp.predictor.metrics`, `asp.predictor.calibration`), re-exported here.
+See docs/scheduler.md for the full API, policies and benchmark numbers.
 """
 
-from asp.schedule.ablation import (
-    CONDITIONS,
-    PAPER_TAUS,
-    SweepResult,
-    ablation,
-    fit_isotonic,
-    perturb_predictions,
-    sweep,
-    synthetic_lengths,
-)
-from asp.schedule.balance import METHODS, balance_groups, group_loads, shuffle_groups
+from asp.predictor.calibration import fit_isotonic
+from asp.predictor.metrics import kendall_tau
+from asp.schedule.ablation import CONDITIONS, SweepResult, ablation, perturb_predictions, sweep, synthetic_lengths
+from asp.schedule.balance import balance_groups, group_loads, shuffle_groups
 from asp.schedule.conditions import CONDITION_NAMES, condition_schedule
 from asp.schedule.dp import build_minibatches, fixed_minibatches, is_feasible, utilization
-from asp.schedule.metrics import kendall_tau, schedule_metrics
+from asp.schedule.metrics import schedule_metrics
 from asp.schedule.schedule import (
     Schedule,
     build_schedule,
@@ -31,19 +26,23 @@ from asp.schedule.schedule import (
     schedule_summary,
     schedule_to_frame,
 )
+from asp.schedule.spec import BUILD_METHODS, DEFAULT_ITERATIONS, METHODS, PAPER_TAUS, ScheduleSpec
 
 __all__ = [
+    "BUILD_METHODS",
     "CONDITION_NAMES",
-    "condition_schedule",
     "CONDITIONS",
+    "DEFAULT_ITERATIONS",
     "METHODS",
     "PAPER_TAUS",
     "Schedule",
+    "ScheduleSpec",
     "SweepResult",
     "ablation",
     "balance_groups",
     "build_minibatches",
     "build_schedule",
+    "condition_schedule",
     "fit_isotonic",
     "fixed_minibatches",
     "group_loads",

@@ -9,6 +9,7 @@ Controlled predictions: l_hat = l * exp(nu * eps), eps ~ N(0, 1), with nu found 
 tau-b(l, l_hat) hits the target; tau = 1 is the oracle (l_hat = l) and tau = 0 the nu -> infinity limit, taken
 as a random permutation of l (independent ranks, realistic magnitudes). `sweep` also reports C4 balanced on
 calibrated loads: an isotonic map fitted on an independent simulated profile of `calibration_size` prompts.
+Scheduler settings (b, kappa, k, iterations, method) come as one `ScheduleSpec`; seeds are separate.
 
 Run the checks: `.venv/bin/python -m pytest tests/schedule/test_ablation.py -q`.
 """
@@ -20,16 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from sklearn.isotonic import IsotonicRegression
 
-from asp.schedule.balance import DEFAULT_ITERATIONS
+from asp.predictor.calibration import fit_isotonic
+from asp.predictor.metrics import kendall_tau
 from asp.schedule.conditions import CONDITION_NAMES, condition_schedule
-from asp.schedule.metrics import dispatch_metrics, kendall_tau
+from asp.schedule.metrics import dispatch_metrics
 from asp.schedule.schedule import Calibration
+from asp.schedule.spec import PAPER_TAUS, ScheduleSpec
 from asp.schedule.validate import as_int, as_lengths
 
 CONDITIONS = CONDITION_NAMES  # public name of the table rows
-PAPER_TAUS = (1.0, 0.75, 0.64, 0.5, 0.25, 0.0)
+DEFAULT_SPEC = ScheduleSpec()
 METRICS = ("D", "P", "CV", "spread")
 LENGTH_CAP = 8192
 
@@ -80,6 +82,8 @@ def perturb_predictions(true_lengths: object, tau: float, seed: int, *, tol: flo
         return true.copy(), 0.0
     if tau <= 0.0:
         return predictions_at(true, np.inf, seed), float("inf")
+    if true.min() == true.max():
+        raise ValueError(f"all {true.size} true lengths are equal ({true[0]:g}), so no prediction has tau {tau}")
     sub = np.random.default_rng([seed, 0x5B]).choice(true.size, size=min(true.size, 20_000), replace=False)
     sub.sort()
 
@@ -100,25 +104,11 @@ def perturb_predictions(true_lengths: object, tau: float, seed: int, *, tol: flo
     return predictions_at(true, nu, seed), nu
 
 
-def fit_isotonic(predicted: object, true: object) -> tuple[np.ndarray, np.ndarray]:
-    """Monotone calibration knots (x, y) for predicted -> expected true length (isotonic regression)."""
-    x, y = as_lengths(predicted, "predicted"), as_lengths(true, "true")
-    iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(x, y)
-    kx, ky = np.asarray(iso.X_thresholds_, dtype=np.float64), np.asarray(iso.y_thresholds_, dtype=np.float64)
-    keep = np.concatenate(([True], np.diff(kx) > 0))
-    return kx[keep], np.maximum(ky[keep], 1e-9)
-
-
 def _conditions(
     true: np.ndarray,
     pred: np.ndarray,
-    *,
-    b: int,
-    kappa: int,
-    k: int,
+    spec: ScheduleSpec,
     seed: int,
-    iterations: int,
-    method: str,
     calibration: Calibration | None,
     loads: str | None,
 ) -> dict[str, dict[str, float]]:
@@ -127,10 +117,8 @@ def _conditions(
     ids = np.arange(true.size)
     out = {}
     for name in CONDITION_NAMES:
-        extra = {"iterations": iterations, "method": method} if name == "C4" else {}
-        s = condition_schedule(ids, pred, name, b=b, kappa=kappa, k=k, seed=seed, calibration=calibration,
-                               loads=loads, **extra)  # fmt: skip
-        out[name] = dispatch_metrics(true[s.positions], s.offsets, k)
+        s = condition_schedule(ids, pred, name, **spec.kwargs(), seed=seed, calibration=calibration, loads=loads)
+        out[name] = dispatch_metrics(true[s.positions], s.offsets, spec.k)
     return out
 
 
@@ -142,13 +130,9 @@ def _table(runs: list[dict[str, dict[str, float]]]) -> pd.DataFrame:
 def ablation(
     true_lengths: object,
     predicted_lengths: object,
+    spec: ScheduleSpec = DEFAULT_SPEC,
     *,
-    b: int = 32,
-    kappa: int = 2,
-    k: int = 6,
     seeds: Sequence[int] = (0, 1, 2),
-    iterations: int = DEFAULT_ITERATIONS,
-    method: str = "asp",
     calibration: Calibration | None = None,
     loads: str | None = None,
 ) -> pd.DataFrame:
@@ -157,9 +141,8 @@ def ablation(
     Args:
         true_lengths: (n,) measured lengths.
         predicted_lengths: (n,) predictions shared by all seeds, or (len(seeds), n), one row per seed.
-        b, kappa, k: scheduler settings (C0/C1 use fixed size b).
+        spec: scheduler settings (C0/C1 use fixed size spec.b; iterations and method balance C4).
         seeds: seeds for C3's shuffle and C4's balancing.
-        iterations, method: balancing for C4.
         calibration, loads: as in `build_schedule` (C2-C4 are built on the resulting loads).
 
     Returns:
@@ -178,24 +161,10 @@ def ablation(
         raise ValueError(
             f"predicted_lengths has shape {pred.shape}; expected ({true.size},) or ({len(seeds)}, {true.size})"
         )
-    b, kappa, k = as_int(b, "b", minimum=1), as_int(kappa, "kappa", minimum=0), as_int(k, "k", minimum=1)
     runs = []
     for i, seed in enumerate(seeds):
         p = as_lengths(rows[i if rows.shape[0] > 1 else 0], "predicted_lengths")
-        runs.append(
-            _conditions(
-                true,
-                p,
-                b=b,
-                kappa=kappa,
-                k=k,
-                seed=seed,
-                iterations=iterations,
-                method=method,
-                calibration=calibration,
-                loads=loads,
-            )
-        )
+        runs.append(_conditions(true, p, spec, seed, calibration, loads))
     return _table(runs)
 
 
@@ -214,14 +183,10 @@ class SweepResult:
 
 def sweep(
     true_lengths: object,
+    spec: ScheduleSpec = DEFAULT_SPEC,
     *,
     taus: Sequence[float] = PAPER_TAUS,
-    b: int = 32,
-    kappa: int = 2,
-    k: int = 6,
     seeds: Sequence[int] = (0, 1, 2),
-    iterations: int = DEFAULT_ITERATIONS,
-    method: str = "asp",
     calibration_size: int = 4000,
 ) -> SweepResult:
     """Controlled-tau sweep (appendix F.6.2): Tables 9 and 10 for a length vector.
@@ -229,6 +194,16 @@ def sweep(
     For each tau and seed the same simulated prediction vector feeds every condition. C4_cal balances loads
     calibrated by isotonic regression fitted on an independent profile of `calibration_size` prompts (fresh
     noise at the same nu), as a deployed predictor's held-out calibration would be.
+
+    Args:
+        true_lengths: (n,) measured (or synthetic) lengths.
+        spec: scheduler settings shared by every condition.
+        taus: Kendall tau targets in [0, 1].
+        seeds: one simulated prediction vector (and C3/C4 seed) per seed.
+        calibration_size: prompts in the simulated profile the isotonic map is fitted on.
+
+    Returns:
+        `SweepResult` (Tables 9 and 10, means over seeds).
     """
     true = as_lengths(true_lengths, "true_lengths")
     seeds = [as_int(s, "seeds", minimum=0) for s in seeds]
@@ -242,12 +217,11 @@ def sweep(
             pred, nu = perturb_predictions(true, float(tau), seed)
             taus_hat.append(kendall_tau(true, pred))
             maes.append(float(np.abs(pred - true).mean()))
-            kw = dict(b=b, kappa=kappa, k=k, seed=seed, iterations=iterations, method=method)
-            runs.append(_conditions(true, pred, calibration=None, loads="raw", **kw))
+            runs.append(_conditions(true, pred, spec, seed, None, "raw"))
             profile = np.random.default_rng([seed, 0xCA]).choice(true.size, size=m, replace=False)
             prof_pred = predictions_at(true[profile], nu, seed + 10_007)
             knots = fit_isotonic(prof_pred, true[profile])
-            cal_cv.append(_conditions(true, pred, calibration=knots, loads="calibrated", **kw)["C4"]["CV"])
+            cal_cv.append(_conditions(true, pred, spec, seed, knots, "calibrated")["C4"]["CV"])
         t = _table(runs)
         local.append(
             {

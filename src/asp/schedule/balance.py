@@ -27,10 +27,8 @@ import heapq
 import numpy as np
 
 from asp.schedule import anneal, kernels
+from asp.schedule.spec import DEFAULT_ITERATIONS, METHODS
 from asp.schedule.validate import as_choice, as_int, as_lengths
-
-METHODS = ("asp", "paper_sa", "kk", "lpt", "snake")
-DEFAULT_ITERATIONS = 2_000_000
 
 
 def group_loads(dispatch_loads: np.ndarray, k: int) -> np.ndarray:
@@ -65,11 +63,6 @@ def shuffle_groups(perm: np.ndarray, k: int, seed: int) -> np.ndarray:
     return np.concatenate([head, perm[n_full * k :]])
 
 
-def _partial_ranks(n_items: int, rest: int) -> np.ndarray:
-    """The r load ranks nearest the quantiles (j + 0.5) / r: the partial group's fair share."""
-    return np.minimum(((np.arange(rest) + 0.5) * n_items / rest).astype(np.int64), n_items - 1)
-
-
 def _group_sizes(n_items: int, k: int) -> np.ndarray:
     sizes = np.full(-(-n_items // k), k, dtype=np.int64)
     if n_items % k:
@@ -97,7 +90,7 @@ def _kk(loads: np.ndarray, k: int) -> np.ndarray:
     n_items = loads.shape[0]
     n_full, rest = divmod(n_items, k)
     order = kernels.stable_argsort(loads)
-    partial = _partial_ranks(n_items, rest) if rest else np.zeros(0, dtype=np.int64)
+    partial = kernels.partial_ranks(n_items, rest)
     keep = np.ones(n_items, dtype=bool)
     keep[partial] = False
     items = order[keep]

@@ -3,7 +3,8 @@
 * `stable_argsort`: exact stable argsort in O(n) for typical inputs (bucket scatter by value, then a tiny
   sort inside each bucket); already-sorted input costs one pass.
 * `lpt_rounds_groups` (the default method's start), `snake_groups` (the paper's suggested snake deal) and
-  `perm_from_groups` (group assignment -> dispatch order).
+  `perm_from_groups` (group assignment -> dispatch order); both starts place a trailing partial group with
+  `place_partial_group` (its ranks: `partial_ranks`, also used by the "kk" method).
 * The annealers (`paper_sa`, `anneal_directed`) and their RNG live in `anneal.py`.
 """
 
@@ -62,19 +63,41 @@ def stable_argsort(x):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True)
+def partial_ranks(n_items, rest):  # pragma: no cover - compiled
+    """The `rest` load ranks (of n_items, ascending) nearest the quantiles (j + 0.5) / rest, j = 0..rest-1:
+    a trailing partial group of `rest` minibatches gets this proportional share of small and large loads.
+
+    Returns:
+        int64 (rest,) increasing ranks in [0, n_items); distinct when rest <= n_items.
+    """
+    out = np.empty(rest, dtype=np.int64)
+    for j in range(rest):
+        out[j] = min(np.int64((j + 0.5) * n_items / rest), n_items - 1)
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def place_partial_group(n_items, k, rank_gid):  # pragma: no cover - compiled
+    """Start of a group assignment: every load rank unassigned (-1) except the partial group's.
+
+    With G_full = n_items // k complete groups and r = n_items % k, the `partial_ranks` go to group G_full (the
+    last one, dispatched last). Returns G_full.
+    """
+    n_full = n_items // k
+    rank_gid[:n_items] = -1
+    for r in partial_ranks(n_items, n_items - n_full * k):
+        rank_gid[r] = n_full
+    return n_full
+
+
+@nb.njit(cache=True, nogil=True)
 def snake_groups(n_items, k, rank_gid):  # pragma: no cover - compiled
     """Stratified start: write the group id of each load rank into rank_gid (ranks ascending by load).
 
-    With G_full = n_items // k complete groups and r = n_items % k, the r ranks nearest the quantiles
-    (j + 0.5) / r go to the partial group G_full; the rest are dealt largest-first in snake order
-    (round 0 left to right, round 1 right to left, ...), one per group per round.
+    The partial group (if any) is placed by `place_partial_group`; the other ranks are dealt largest-first in
+    snake order (round 0 left to right, round 1 right to left, ...), one per group per round.
     """
-    n_full = n_items // k
-    rest = n_items - n_full * k
-    for r in range(n_items):
-        rank_gid[r] = -1
-    for j in range(rest):
-        rank_gid[min(np.int64((j + 0.5) * n_items / rest), n_items - 1)] = n_full
+    n_full = place_partial_group(n_items, k, rank_gid)
     t = 0
     for r in range(n_items - 1, -1, -1):
         if rank_gid[r] != -1:
@@ -111,12 +134,7 @@ def lpt_rounds_groups(sorted_loads, k, rank_gid):  # pragma: no cover - compiled
     per bucket, O(G) per round): as good a start as an exact sort here, and 5x faster at G = 10^6.
     """
     n_items = sorted_loads.shape[0]
-    n_full = n_items // k
-    rest = n_items - n_full * k
-    for r in range(n_items):
-        rank_gid[r] = -1
-    for j in range(rest):
-        rank_gid[min(np.int64((j + 0.5) * n_items / rest), n_items - 1)] = n_full
+    n_full = place_partial_group(n_items, k, rank_gid)
     sums = np.zeros(n_full)
     order = np.arange(n_full).astype(np.int32)
     counts = np.zeros(n_full + 1, dtype=np.int32)

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.stats import kendalltau
 
 from asp.schedule.validate import as_int, as_lengths
 
@@ -102,14 +101,3 @@ def dispatch_metrics(x: np.ndarray, offsets: np.ndarray, k: int) -> dict[str, fl
         "n_groups": int(n_full),
         "mean_group_load": float(groups.mean()) if n_full else float("nan"),
     }
-
-
-def kendall_tau(a: object, b: object) -> float:
-    """Kendall's tau-b between two length vectors (ties handled), O(n log n)."""
-    x, y = as_lengths(a, "a"), as_lengths(b, "b")
-    if x.size != y.size:
-        raise ValueError(f"a and b must have the same size, got {x.size} and {y.size}")
-    if x.size < 2:
-        return 1.0
-    tau = kendalltau(x, y).statistic
-    return float(tau) if np.isfinite(tau) else 0.0

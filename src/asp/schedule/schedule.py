@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asp.schedule.balance import DEFAULT_ITERATIONS, METHODS, balance_groups, shuffle_groups
+from asp.schedule.balance import balance_groups, shuffle_groups
 from asp.schedule.dp import build_minibatches, is_feasible
 from asp.schedule.metrics import dispatch_metrics, schedule_metrics
+from asp.schedule.spec import BUILD_METHODS, DEFAULT_ITERATIONS
 from asp.schedule.validate import as_choice, as_int, as_lengths
 
 Calibration = Callable[[np.ndarray], np.ndarray] | tuple[Any, Any] | Mapping[str, Any]
-BUILD_METHODS = (*METHODS, "sorted")
 FRAME_COLUMNS = ("prompt_id", "minibatch_id", "group_id", "dispatch_rank", "predicted_length", "load_used")
 
 
