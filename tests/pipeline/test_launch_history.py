@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from asp.config import validate_params
 from asp.pipeline.launch import fingerprint_extra, read_history
 from asp.runtime import grpo_summary
+
+from .conftest import make_params
 
 
 def test_history_keeps_steps_up_to_the_checkpoint_and_skips_a_cut_line(tmp_path: Path) -> None:
@@ -23,11 +24,11 @@ def test_history_keeps_steps_up_to_the_checkpoint_and_skips_a_cut_line(tmp_path:
 
 def test_checkpoint_key_ignores_operational_grpo_settings() -> None:
     def key(**grpo: object) -> dict:
-        return fingerprint_extra(validate_params({"runtime": {"trainer": "grpo", "grpo": grpo}}).runtime)
+        return fingerprint_extra(make_params({"runtime": {"trainer": "grpo", "grpo": grpo}}).runtime)
 
     assert key(micro_batch_tokens=1024, num_threads=2) == key()
     assert key(lr=1e-3) != key()
-    assert fingerprint_extra(validate_params({}).runtime) == {"trainer": "simulated"}
+    assert fingerprint_extra(make_params({"runtime": {"trainer": "simulated"}}).runtime) == {"trainer": "simulated"}
 
 
 def test_grpo_summary_first_last_fifth_lag_and_timings() -> None:

@@ -9,10 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from asp.config import PrepareParams, validate_params
+from asp.config import PrepareParams
 from asp.errors import UserError
 from asp.pipeline import prepare
 from asp.tracking import NullTracker
+
+from .conftest import make_params
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = [
@@ -106,7 +108,7 @@ def test_format_prompts_without_template_keeps_text() -> None:
 
 def test_run_writes_three_parquets_without_partial_files(tmp_path: Path) -> None:
     data = _write(tmp_path, "jsonl", [{"problem": f"q{i}", "answer": str(i)} for i in range(40)])
-    params = validate_params(
+    params = make_params(
         {"prepare": {"dataset": str(data), "profile_prompts": 10, "heldout_prompts": 5, "chat_template": False}}
     )
     paths = prepare.Paths(policy=tmp_path / "nopolicy", out_dir=tmp_path / "out", metrics=tmp_path / "m.json")

@@ -70,33 +70,44 @@ def gate(tau: float, min_tau: float, on_fail: str) -> None:
     print(f"warning: {msg}", file=sys.stderr)
 
 
-def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Evaluate on held-out prompts, fit and save the calibration map, apply the τ gate."""
-    from asp.predictor.calibration import fit_calibration
-    from asp.predictor.metrics import bucket_errors, ranking_metrics
+def load_heldout(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted and profiled true mean lengths (tokens) [n] of the held-out prompts."""
     from asp.predictor.train import predict_lengths
 
-    e = params.evaluate
     model, tokenizer, meta = load_trained_predictor(paths.predictor, params.predictor)
     text_field = meta.get("text_field", params.predictor.text_field)
     texts, true = profiled_texts(paths.prompts, paths.profile, "heldout", text_field)
-    pred = predict_lengths(model, tokenizer, texts, batch_size=params.predict.batch_size)
+    return predict_lengths(model, tokenizer, texts, batch_size=params.predict.batch_size), true
+
+
+def score(pred: np.ndarray, true: np.ndarray, bucket_edges: list[float]) -> tuple[dict[str, Any], Any, list[Any]]:
+    """Ranking metrics, the fitted calibration map and the per-bucket errors of `pred` against `true`."""
+    from asp.predictor.calibration import fit_calibration
+    from asp.predictor.metrics import bucket_errors, ranking_metrics
+
     try:
         scores = ranking_metrics(pred, true)
     except ValueError as exc:
         raise UserError(f"cannot evaluate the predictor on {len(true)} held-out prompts: {exc}") from None
     calibration = fit_calibration(pred, true)
-    calibrated = calibration(pred)
-    buckets = bucket_errors(pred, true, e.bucket_edges)
     metrics = {f"predictor/{k}": float(v) for k, v in scores.items()}
     metrics["predictor/heldout_prompts"] = len(true)
-    metrics["predictor/mae_calibrated_tokens"] = float(np.mean(np.abs(calibrated - true)))
+    metrics["predictor/mae_calibrated_tokens"] = float(np.mean(np.abs(calibration(pred) - true)))
+    return metrics, calibration, bucket_errors(pred, true, bucket_edges)
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Evaluate on held-out prompts, fit and save the calibration map, apply the τ gate."""
+    evaluation = params.evaluate
+    pred, true = load_heldout(params, paths)
+    metrics, calibration, buckets = score(pred, true, evaluation.bucket_edges)
+    tau = metrics["predictor/kendall_tau"]
     write_json(calibration.to_dict(), paths.calibration)
     write_json({**metrics, "buckets": buckets}, paths.metrics)
-    save_figure(scatter_figure(pred, true, calibrated, scores["kendall_tau"]), paths.plot, tracker)
-    tracker.log_params({"evaluate": e.model_dump()})
+    save_figure(scatter_figure(pred, true, calibration(pred), tau), paths.plot, tracker)
+    tracker.log_params({"evaluate": evaluation.model_dump()})
     tracker.log_metrics(metrics)
     tracker.log_dict({"buckets": buckets}, "bucket_errors.json")
     tracker.log_artifact(paths.calibration)
-    gate(scores["kendall_tau"], e.min_tau, e.on_fail)
+    gate(tau, evaluation.min_tau, evaluation.on_fail)
     return metrics

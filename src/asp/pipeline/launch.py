@@ -33,7 +33,7 @@ import pandas as pd
 from asp.config import Params, RuntimeParams
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
-from asp.pipeline.loaders import policy_model_path
+from asp.pipeline.loaders import policy_model_path, schedule_spec
 from asp.plots import save_figure
 from asp.tracking import Tracker
 
@@ -42,8 +42,17 @@ RUN_FILE = "mlflow_run.json"  # the MLflow run a resumed launch continues
 HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics of the run so far (all sessions)
 # GRPO settings that change neither the learning problem nor the results: a checkpoint stays resumable
 # when only these differ (e.g. a smaller micro-batch after running out of memory).
-GRPO_OPERATIONAL = ("micro_batch_tokens", "device", "autocast_dtype", "num_threads", "transport", "snapshot_dir",
-                    "keep_snapshots", "keep_checkpoints", "max_nan_steps")  # fmt: skip
+GRPO_OPERATIONAL = (
+    "micro_batch_tokens",
+    "device",
+    "autocast_dtype",
+    "num_threads",
+    "transport",
+    "snapshot_dir",
+    "keep_snapshots",
+    "keep_checkpoints",
+    "max_nan_steps",
+)
 
 
 @dataclass(frozen=True)
@@ -59,21 +68,21 @@ class Paths:
     plot: Path = Path("plots/launch_timeline.png")
 
 
-def engine_spec(r: RuntimeParams, model_path: Path) -> Any:
+def engine_spec(runtime: RuntimeParams, model_path: Path) -> Any:
     """Picklable engine recipe for every generation actor."""
     from asp.runtime import EngineSpec
 
-    e = r.engine
-    if e.kind == "vllm":
+    engine = runtime.engine
+    if engine.kind == "vllm":
         opts = {
-            "tensor_parallel_size": e.vllm.tensor_parallel_size,
-            "dtype": e.dtype,
-            "gpu_memory_utilization": e.vllm.gpu_memory_utilization,
-            "max_model_len": e.vllm.max_model_len,
+            "tensor_parallel_size": engine.vllm.tensor_parallel_size,
+            "dtype": engine.dtype,
+            "gpu_memory_utilization": engine.vllm.gpu_memory_utilization,
+            "max_model_len": engine.vllm.max_model_len,
         }
     else:
-        opts = {"device": e.device, "dtype": e.dtype, "num_threads": e.num_threads}
-    return EngineSpec(e.kind, str(model_path), opts)
+        opts = {"device": engine.device, "dtype": engine.dtype, "num_threads": engine.num_threads}
+    return EngineSpec(engine.kind, str(model_path), opts)
 
 
 def load_plan(params: Params, paths: Paths) -> Any:
@@ -92,26 +101,23 @@ def load_plan(params: Params, paths: Paths) -> Any:
         raise UserError(f"{paths.predictions}: missing. Run the predict stage first (`dvc repro predict`).")
     preds = pd.read_parquet(paths.predictions)
     cal = CalibrationMap.from_dict(read_json(paths.calibration)) if paths.calibration.is_file() else None
-    s = params.schedule
     sched = condition_schedule(
         preds["prompt_id"].to_numpy(),
         preds["predicted_length"].to_numpy(np.float64),
         cond,
-        b=s.b,
-        kappa=s.kappa,
-        k=s.k,
+        **schedule_spec(params.schedule).kwargs(),
         seed=params.common.seed,
         calibration=cal,
-        loads=s.loads if cal is not None else "raw",
+        loads=params.schedule.loads if cal is not None else "raw",
     )
     return WorkPlan.from_schedule(sched)
 
 
-def fingerprint_extra(r: RuntimeParams) -> dict[str, Any]:
+def fingerprint_extra(runtime: RuntimeParams) -> dict[str, Any]:
     """What a runtime checkpoint must match besides the plan: the trainer and its learning settings."""
-    if r.trainer != "grpo":
-        return {"trainer": r.trainer}
-    grpo = {k: v for k, v in r.grpo.model_dump().items() if k not in GRPO_OPERATIONAL}
+    if runtime.trainer != "grpo":
+        return {"trainer": runtime.trainer}
+    grpo = {k: v for k, v in runtime.grpo.model_dump().items() if k not in GRPO_OPERATIONAL}
     return {"trainer": "grpo", "grpo": grpo}
 
 
@@ -135,11 +141,11 @@ def resume_point(params: Params, paths: Paths) -> ResumePoint:
     """Load the plan and decide whether `outputs/launch_state/<condition>` holds a run to continue."""
     from asp.runtime import RuntimeConfig, make_checkpointer
 
-    r = params.runtime
+    runtime = params.runtime
     plan = load_plan(params, paths)
     config = RuntimeConfig.from_params(params)
-    extra = fingerprint_extra(r)
-    directory = paths.state_dir / r.condition
+    extra = fingerprint_extra(runtime)
+    directory = paths.state_dir / runtime.condition
     state, reason = make_checkpointer(plan, config, directory, extra).load()
     return ResumePoint(plan, config, extra, directory, state, reason)
 
@@ -190,21 +196,26 @@ def trainer_factory(
     """The Training Unit's factory for `runtime.trainer` (checked here, before any actor starts)."""
     from asp.trainers import make_trainer_factory
 
-    r = params.runtime
-    if r.trainer != "grpo":
-        return make_trainer_factory(r.trainer, point.config)
+    runtime = params.runtime
+    if runtime.trainer != "grpo":
+        return make_trainer_factory(runtime.trainer, point.config)
     if "answer" not in prompts.columns:
         raise UserError(
             f"{paths.prompts}: no 'answer' column; the grpo trainer needs each prompt's reference answer "
             "(prepare.answer_field). Re-run prepare, or use runtime.trainer: simulated."
         )
-    per_pass = -(-len(point.plan.prompt_ids()) // r.global_batch_prompts)
+    per_pass = -(-len(point.plan.prompt_ids()) // runtime.global_batch_prompts)
     return make_trainer_factory(
-        "grpo", point.config, policy_path=policy_model_path(paths.policy),
+        "grpo",
+        point.config,
+        policy_path=policy_model_path(paths.policy),
         prompts=prompts_by_id,
         answers=dict(zip(prompts["prompt_id"], prompts["answer"].astype(str), strict=True)),
-        grpo=r.grpo, dataset=params.prepare.dataset, state_dir=point.directory, total_steps=per_pass,
-    )  # fmt: skip
+        grpo=runtime.grpo,
+        dataset=params.prepare.dataset,
+        state_dir=point.directory,
+        total_steps=per_pass,
+    )
 
 
 class Recorder:
@@ -244,8 +255,8 @@ def timeline_figure(iterations: list[dict[str, float]]) -> Any:
         axes[2].plot(steps, reward, ".", color="#88ccee", label="batch mean")
         w = min(20, len(reward))
         if w > 1:
-            axes[2].plot(steps[w - 1 :], np.convolve(reward, np.ones(w) / w, mode="valid"), "-", color="#117733",
-                         label=f"{w}-step moving mean")  # fmt: skip
+            moving = np.convolve(reward, np.ones(w) / w, mode="valid")
+            axes[2].plot(steps[w - 1 :], moving, "-", color="#117733", label=f"{w}-step moving mean")
         axes[2].set(ylabel="reward")
         axes[2].legend(loc="upper left", fontsize=8)
         axes[3].plot(steps, col("train/lag_max"), ".", color="#aa4499", label="max")
@@ -258,37 +269,57 @@ def timeline_figure(iterations: list[dict[str, float]]) -> Any:
     return fig
 
 
-def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Run the asynchronous RL loop over the schedule; write the run summary, metrics and plot."""
-    from asp.runtime import grpo_summary, run_async
+def load_prompts(path: Path) -> tuple[pd.DataFrame, dict[Any, str]]:
+    """The training prompts (prepare stage output) and the prompt id -> text mapping the actors decode."""
+    if not path.is_file():
+        raise UserError(f"{path}: missing. Run the prepare stage first (`dvc repro prepare`).")
+    prompts = pd.read_parquet(path)
+    return prompts, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True))
 
-    r, seed = params.runtime, params.common.seed
-    if not paths.prompts.is_file():
-        raise UserError(f"{paths.prompts}: missing. Run the prepare stage first (`dvc repro prepare`).")
-    prompts = pd.read_parquet(paths.prompts)
-    prompts_by_id = dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True))
-    point = resume_point(params, paths)
-    tf = trainer_factory(params, paths, point, prompts, prompts_by_id)
+
+def start_session(point: ResumePoint, runtime: RuntimeParams, tracker: Tracker) -> list[dict[str, float]]:
+    """Keep the history up to the resume step (dropping an old run's state), record this MLflow run, say so.
+
+    Returns the iteration rows of earlier sessions that this run continues (empty for a fresh run).
+    """
     earlier = read_history(point.directory / HISTORY_FILE, point.step)
     reset_state(point, earlier)
     if tracker.run_id:
         write_json({"run_id": tracker.run_id}, point.directory / RUN_FILE)
-    tracker.log_params({"runtime": r.model_dump(), "common.seed": seed})
     done = f"after step {point.step}" if point.state is not None else f"fresh run ({point.reason})"
-    print(f"[launch] {r.condition}, trainer {r.trainer}: {done}", file=sys.stderr)
-    summary = run_async(
+    print(f"[launch] {runtime.condition}, trainer {runtime.trainer}: {done}", file=sys.stderr)
+    return earlier
+
+
+def run_session(
+    point: ResumePoint,
+    prompts_by_id: dict[Any, str],
+    engine: Any,
+    factory: Any,
+    runtime: RuntimeParams,
+    tracker: Tracker,
+) -> Any:
+    """`asp.runtime.run_async` from `point`, every iteration logged to `tracker` and appended to the history."""
+    from asp.runtime import run_async
+
+    return run_async(
         point.plan,
         prompts_by_id,
-        engine_spec(r, policy_model_path(paths.policy)),
+        engine,
         point.config,
-        trainer_factory=tf,
+        trainer_factory=factory,
         logger=tracker,
         checkpoint_dir=point.directory,
         resume=point.state is not None,
         fingerprint_extra=point.extra,
-        on_iteration=Recorder(point.directory / HISTORY_FILE, r.iterations),
+        on_iteration=Recorder(point.directory / HISTORY_FILE, runtime.iterations),
     )
-    history = earlier + summary.iterations  # the whole run: earlier sessions up to the resume step, then this one
+
+
+def run_metrics(summary: Any, history: list[dict[str, float]], trainer: str) -> dict[str, Any]:
+    """The runtime's summary metrics, where the run resumed and whether it finished; grpo/ ones over `history`."""
+    from asp.runtime import grpo_summary
+
     metrics = {k: float(v) for k, v in summary.metrics.items()}
     metrics.update(
         {
@@ -296,25 +327,53 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
             "runtime/summary/finished": int(summary.finished),
         }
     )
-    if r.trainer == "grpo":
+    if trainer == "grpo":
         metrics.update(grpo_summary(history))
-        tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("grpo/")}, step=summary.trainer_step)
-    with atomic_path(paths.out_dir) as out:
+    return metrics
+
+
+def save_outputs(
+    out_dir: Path,
+    runtime: RuntimeParams,
+    summary: Any,
+    history: list[dict[str, float]],
+    metrics: dict[str, Any],
+    run_id: str | None,
+) -> None:
+    """summary.json, iterations.parquet (the whole run) and minibatches.parquet, replaced together."""
+    with atomic_path(out_dir) as out:
         out.mkdir(parents=True)
         write_json(
             {
-                "condition": r.condition,
-                "trainer": r.trainer,
+                "condition": runtime.condition,
+                "trainer": runtime.trainer,
                 "resume_reason": summary.resume_reason,
                 "trainer_step": summary.trainer_step,
                 "policy_version": summary.policy_version,
-                "mlflow_run_id": tracker.run_id,
+                "mlflow_run_id": run_id,
                 "metrics": metrics,
             },
             out / "summary.json",
         )
         write_parquet(pd.DataFrame(history), out / "iterations.parquet")
         write_parquet(pd.DataFrame(summary.minibatches), out / "minibatches.parquet")
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Run the asynchronous RL loop over the schedule; write the run summary, metrics and plot."""
+    runtime, seed = params.runtime, params.common.seed
+    prompts, prompts_by_id = load_prompts(paths.prompts)
+    point = resume_point(params, paths)
+    factory = trainer_factory(params, paths, point, prompts, prompts_by_id)
+    earlier = start_session(point, runtime, tracker)
+    tracker.log_params({"runtime": runtime.model_dump(), "common.seed": seed})
+    engine = engine_spec(runtime, policy_model_path(paths.policy))
+    summary = run_session(point, prompts_by_id, engine, factory, runtime, tracker)
+    history = earlier + summary.iterations  # the whole run: earlier sessions up to the resume step, then this one
+    metrics = run_metrics(summary, history, runtime.trainer)
+    save_outputs(paths.out_dir, runtime, summary, history, metrics, tracker.run_id)
     write_json(metrics, paths.metrics)
     save_figure(timeline_figure(history), paths.plot, tracker)
+    if runtime.trainer == "grpo":
+        tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("grpo/")}, step=summary.trainer_step)
     return metrics

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asp.config import PredictorParams
+from asp.config import PredictorParams, ScheduleParams
 from asp.errors import UserError
 from asp.io import read_json
 
@@ -61,9 +61,19 @@ def profiled_texts(prompts_dir: Path, profile_dir: Path, role: str, text_field: 
     return df[text_field].tolist(), df["mean_length"].to_numpy(dtype=np.float64)
 
 
-def load_trained_predictor(pred_dir: Path, p: PredictorParams) -> tuple[Any, Any, dict[str, Any]]:
+def load_trained_predictor(pred_dir: Path, predictor: PredictorParams) -> tuple[Any, Any, dict[str, Any]]:
     """Load the saved predictor on `predictor.device`, resolving the backbone from params (paths move)."""
     from asp.predictor.checkpoint import load_predictor
 
-    model, tokenizer, meta = load_predictor(pred_dir, backbone_path=backbone_path(p.backbone), dtype=p.dtype)
-    return model.to(p.device), tokenizer, meta
+    backbone = backbone_path(predictor.backbone)
+    model, tokenizer, meta = load_predictor(pred_dir, backbone_path=backbone, dtype=predictor.dtype)
+    return model.to(predictor.device), tokenizer, meta
+
+
+def schedule_spec(schedule: ScheduleParams) -> Any:
+    """The scheduler's `ScheduleSpec` (b, kappa, k, iterations, method) from the ``schedule:`` params."""
+    from asp.schedule import ScheduleSpec
+
+    return ScheduleSpec(
+        b=schedule.b, kappa=schedule.kappa, k=schedule.k, iterations=schedule.iterations, method=schedule.method
+    )

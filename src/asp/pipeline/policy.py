@@ -5,7 +5,8 @@
   mean reward sampled at temperature 1) and save an ordinary Hugging Face checkpoint.
 * `policy.source: path` (cluster preset): record the user's local checkpoint path and a content hash.
 
-Either way `outputs/policy/policy.json` names the checkpoint; later stages call `asp.pipeline.loaders.policy_model_path`.
+Either way `outputs/policy/policy.json` names the checkpoint; later stages call
+`asp.pipeline.loaders.policy_model_path`.
 
 Run: `asp stage policy` (what `dvc repro policy` calls).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asp.config import Params, PolicyParams
+from asp.config import DemoPolicyParams, Params, PolicyEvalParams, PolicyParams
 from asp.errors import UserError
 from asp.io import atomic_path, write_json
 from asp.progress import progress_bar
@@ -55,26 +56,25 @@ def content_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_demo_policy(p: PolicyParams, seed: int, model_dir: Path) -> tuple[dict[str, float], list[float]]:
-    """Build, warm-start, save and check the demo policy; return its metrics and warm-start loss curve."""
-    from asp.demo.policy import build_model, evaluate_policy, warm_start
+def warm_started_policy(demo: DemoPolicyParams, seed: int) -> tuple[Any, Any, list[float], float]:
+    """Build the tiny demo policy and warm-start it; return model, tokenizer, loss curve and seconds taken."""
+    from asp.demo.policy import build_model, warm_start
     from asp.demo.task import generate_problems
     from asp.demo.tokenizer import build_tokenizer
 
-    d = p.demo
     tokenizer = build_tokenizer()
     model = build_model(
         tokenizer,
-        hidden_size=d.hidden_size,
-        num_layers=d.num_layers,
-        num_heads=d.num_heads,
-        intermediate_size=d.intermediate_size,
-        max_position_embeddings=d.max_position_embeddings,
+        hidden_size=demo.hidden_size,
+        num_layers=demo.num_layers,
+        num_heads=demo.num_heads,
+        intermediate_size=demo.intermediate_size,
+        max_position_embeddings=demo.max_position_embeddings,
         seed=seed,
     )
-    records = generate_problems(d.warm_start_problems, seed=seed + 100)
+    records = generate_problems(demo.warm_start_problems, seed=seed + 100)
     t0 = time.perf_counter()
-    with progress_bar(total=d.warm_start_steps, desc="warm start", unit="step") as bar:
+    with progress_bar(total=demo.warm_start_steps, desc="warm start", unit="step") as bar:
 
         def on_step(step: int, total: int, loss: float) -> None:
             bar.update(1)
@@ -84,29 +84,42 @@ def build_demo_policy(p: PolicyParams, seed: int, model_dir: Path) -> tuple[dict
             model,
             tokenizer,
             records,
-            steps=d.warm_start_steps,
-            batch_size=d.batch_size,
-            lr=d.lr,
+            steps=demo.warm_start_steps,
+            batch_size=demo.batch_size,
+            lr=demo.lr,
             seed=seed,
             progress=on_step,
-            num_threads=d.num_threads,
+            num_threads=demo.num_threads,
         )
-    warm_s = time.perf_counter() - t0
-    model.save_pretrained(model_dir, safe_serialization=True)
-    tokenizer.save_pretrained(model_dir)
-    e = p.eval
-    check = evaluate_policy(
+    return model, tokenizer, history.get("loss", []), time.perf_counter() - t0
+
+
+def check_policy(
+    model: Any, tokenizer: Any, evaluation: PolicyEvalParams, seed: int, num_threads: int | None
+) -> dict[str, Any]:
+    """Sample the policy on fresh demo problems: length Spearman, mean reward, ... (`asp.demo.policy`)."""
+    from asp.demo.policy import evaluate_policy
+    from asp.demo.task import generate_problems
+
+    return evaluate_policy(
         model,
         tokenizer,
-        generate_problems(e.prompts, seed=seed + 200),
-        n_samples=e.samples,
-        temperature=e.temperature,
-        max_new_tokens=e.max_new_tokens,
+        generate_problems(evaluation.prompts, seed=seed + 200),
+        n_samples=evaluation.samples,
+        temperature=evaluation.temperature,
+        max_new_tokens=evaluation.max_new_tokens,
         seed=seed,
-        batch_size=e.batch_size,
-        num_threads=d.num_threads,
+        batch_size=evaluation.batch_size,
+        num_threads=num_threads,
     )
-    losses = history.get("loss", [])
+
+
+def build_demo_policy(policy: PolicyParams, seed: int, model_dir: Path) -> tuple[dict[str, float], list[float]]:
+    """Build, warm-start, save and check the demo policy; return its metrics and warm-start loss curve."""
+    model, tokenizer, losses, warm_s = warm_started_policy(policy.demo, seed)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tokenizer.save_pretrained(model_dir)
+    check = check_policy(model, tokenizer, policy.eval, seed, policy.demo.num_threads)
     return {
         "policy/warm_start_s": warm_s,
         "policy/final_loss": float(losses[-1]) if losses else float("nan"),
@@ -114,26 +127,57 @@ def build_demo_policy(p: PolicyParams, seed: int, model_dir: Path) -> tuple[dict
     }, losses
 
 
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """What `policy.json` records: the checkpoint path later stages load, its source and content hash."""
+
+    model_path: Path
+    source: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"model_path": str(self.model_path), "source": self.source, "sha256": self.sha256}
+
+
+def checkpoint_mb(path: Path) -> float:
+    """Size of everything under `path` in MiB (directory entries included, as `stat` reports them)."""
+    return sum(f.stat().st_size for f in path.rglob("*")) / 2**20
+
+
+def make_policy(
+    policy: PolicyParams, seed: int, out: Path, final_out: Path
+) -> tuple[CheckpointRecord, dict[str, float], list[float]]:
+    """Build the demo policy under `out` (recorded as `final_out`) or check the user's path; hash it.
+
+    Returns the record, the metrics (with `policy/checkpoint_mb`) and the warm-start loss curve (empty for a path).
+    """
+    if policy.source == "build":
+        metrics, losses = build_demo_policy(policy, seed, out / "model")
+        files, recorded = out / "model", final_out / "model"  # relative: the repo may be cloned elsewhere
+    else:
+        metrics, losses = {}, []
+        files = recorded = check_checkpoint(policy.path)
+    record = CheckpointRecord(recorded, policy.source, content_hash(files))
+    metrics["policy/checkpoint_mb"] = checkpoint_mb(files)
+    return record, metrics, losses
+
+
+def log_policy(tracker: Tracker, metrics: dict[str, Any], losses: list[float], record: CheckpointRecord) -> None:
+    """The warm-start loss curve, the metrics and the checkpoint's hash and path as tags."""
+    for step, loss in enumerate(losses):
+        tracker.log_metrics({"policy/warm_start_loss": loss}, step=step)
+    tracker.log_metrics(metrics)
+    tracker.set_tags({"policy.sha256": record.sha256, "policy.path": str(record.model_path)})
+
+
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Build (demo) or record (cluster) the policy checkpoint and write `policy.json`."""
-    p, seed = params.policy, params.common.seed
-    tracker.log_params({"policy": p.model_dump(), "common.seed": seed})
+    policy, seed = params.policy, params.common.seed
+    tracker.log_params({"policy": policy.model_dump(), "common.seed": seed})
     with atomic_path(paths.out_dir) as out:
         out.mkdir(parents=True)
-        if p.source == "build":
-            model_dir = out / "model"
-            metrics, losses = build_demo_policy(p, seed, model_dir)
-            for step, loss in enumerate(losses):
-                tracker.log_metrics({"policy/warm_start_loss": loss}, step=step)
-            final_dir = paths.out_dir / "model"  # relative: the repo may be cloned elsewhere
-            digest = content_hash(model_dir)
-        else:
-            final_dir = check_checkpoint(p.path)
-            metrics, digest = {}, content_hash(final_dir)
-        n_bytes = sum(f.stat().st_size for f in (model_dir if p.source == "build" else final_dir).rglob("*"))
-        metrics["policy/checkpoint_mb"] = n_bytes / 2**20
-        write_json({"model_path": str(final_dir), "source": p.source, "sha256": digest}, out / "policy.json")
+        record, metrics, losses = make_policy(policy, seed, out, paths.out_dir)
+        write_json(record.to_dict(), out / "policy.json")
     write_json(metrics, paths.metrics)
-    tracker.log_metrics(metrics)
-    tracker.set_tags({"policy.sha256": digest, "policy.path": str(final_dir)})
+    log_policy(tracker, metrics, losses, record)
     return metrics

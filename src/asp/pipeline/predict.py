@@ -33,40 +33,52 @@ class Paths:
     metrics: Path = Path("metrics/predict.json")
 
 
-def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Predict every training prompt's length in batches; write Parquet; log prompts/s."""
+def load_inputs(params: Params, paths: Paths) -> tuple[Any, Any, pd.DataFrame, str, Any]:
+    """The trained predictor and its tokenizer, the training prompts, their text column and the calibration map."""
     from asp.predictor.calibration import CalibrationMap
-    from asp.predictor.model import encode_texts, pad_token_id
-    from asp.predictor.train import predict_encoded
 
     for path, stage in ((paths.prompts, "prepare"), (paths.calibration, "evaluate")):
         if not path.is_file():
             raise UserError(f"{path}: missing. Run the {stage} stage first (`dvc repro {stage}`).")
     model, tokenizer, meta = load_trained_predictor(paths.predictor, params.predictor)
     text_field = meta.get("text_field", params.predictor.text_field)
-    df = pd.read_parquet(paths.prompts, columns=["prompt_id", text_field])
+    prompts = pd.read_parquet(paths.prompts, columns=["prompt_id", text_field])
     calibration = CalibrationMap.from_dict(read_json(paths.calibration))
-    t0 = time.perf_counter()
-    enc = encode_texts(tokenizer, df[text_field].tolist(), model.spec.max_length)
-    with progress_bar(total=len(df), desc="predict", unit="prompt") as bar:
+    return model, tokenizer, prompts, text_field, calibration
+
+
+def predict_all(model: Any, tokenizer: Any, texts: list[str], batch_size: int) -> tuple[np.ndarray, int]:
+    """Predicted mean response lengths (tokens) [n] of `texts`, with a progress bar; and how many were truncated."""
+    from asp.predictor.model import encode_texts, pad_token_id
+    from asp.predictor.train import predict_encoded
+
+    enc = encode_texts(tokenizer, texts, model.spec.max_length)
+    with progress_bar(total=len(texts), desc="predict", unit="prompt") as bar:
         logp = predict_encoded(
             model,
             enc,
-            batch_size=params.predict.batch_size,
+            batch_size=batch_size,
             pad_id=pad_token_id(tokenizer),
             pad_side=tokenizer.padding_side,
             progress=lambda done, total: bar.update(done - bar.n),
         )
+    return np.maximum(np.expm1(logp), 0.0), enc.n_truncated
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Predict every training prompt's length in batches; write Parquet; log prompts/s."""
+    model, tokenizer, prompts, text_field, calibration = load_inputs(params, paths)
+    t0 = time.perf_counter()
+    predicted, n_truncated = predict_all(model, tokenizer, prompts[text_field].tolist(), params.predict.batch_size)
     elapsed = time.perf_counter() - t0
-    predicted = np.maximum(np.expm1(logp), 0.0)
     out = pd.DataFrame(
-        {"prompt_id": df["prompt_id"], "predicted_length": predicted, "calibrated_length": calibration(predicted)}
+        {"prompt_id": prompts["prompt_id"], "predicted_length": predicted, "calibrated_length": calibration(predicted)}
     )
     write_parquet(out, paths.out)
     metrics = {
         "predict/prompts": len(out),
         "predict/prompts_per_s": len(out) / max(elapsed, 1e-9),
-        "predict/truncated_prompts": int(enc.n_truncated),
+        "predict/truncated_prompts": int(n_truncated),
         "predict/mean_predicted_length": float(predicted.mean()),
     }
     write_json(metrics, paths.metrics)

@@ -75,27 +75,27 @@ def demo_records(n: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame.from_records(generate_problems(n, seed=seed))
 
 
-def clean_rows(df: pd.DataFrame, p: PrepareParams, source: str) -> tuple[pd.DataFrame, dict[str, int]]:
+def clean_rows(df: pd.DataFrame, prep: PrepareParams, source: str) -> tuple[pd.DataFrame, dict[str, int]]:
     """Check every row; raise on the first bad one (bad_rows=error) or drop and count them (drop).
 
     Returns the clean frame with columns prompt_id, problem, answer[, steps] and the drop counts.
     """
-    for field in (p.problem_field, p.answer_field) + ((p.id_field,) if p.id_field else ()):
+    for field in (prep.problem_field, prep.answer_field) + ((prep.id_field,) if prep.id_field else ()):
         if field not in df.columns:
             raise UserError(
                 f"{source}: no '{field}' field in any record (fields present: {', '.join(map(str, df.columns))}). "
                 "Set prepare.problem_field / answer_field / id_field to the right names."
             )
-    ids = df[p.id_field].astype(str) if p.id_field else pd.Series([f"p{i:07d}" for i in range(len(df))])
-    problem, answer = df[p.problem_field], df[p.answer_field]
+    ids = df[prep.id_field].astype(str) if prep.id_field else pd.Series([f"p{i:07d}" for i in range(len(df))])
+    problem, answer = df[prep.problem_field], df[prep.answer_field]
     reasons = pd.Series("", index=df.index, dtype=object)
-    reasons[answer.isna()] = f"missing '{p.answer_field}'"
+    reasons[answer.isna()] = f"missing '{prep.answer_field}'"
     bad_problem = problem.isna() | ~problem.map(lambda v: isinstance(v, str) and bool(v.strip()))
-    reasons[bad_problem] = f"empty or missing '{p.problem_field}'"
+    reasons[bad_problem] = f"empty or missing '{prep.problem_field}'"
     dup = ids.duplicated(keep="first").to_numpy() & (reasons == "").to_numpy()
     reasons[dup] = "duplicate id"
     bad = reasons != ""
-    if bad.any() and p.bad_rows == "error":
+    if bad.any() and prep.bad_rows == "error":
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise UserError(
             f"{source}: row {i} (id {ids.iloc[i]!r}) is invalid: {reasons.iloc[i]}. Fix the row, or set "
@@ -132,27 +132,44 @@ def split_roles(n: int, n_profile: int, n_heldout: int, seed: int) -> np.ndarray
     return roles
 
 
-def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Load, clean, template and split the prompts; write Parquet and metrics; log to the tracker."""
-    p, seed = params.prepare, params.common.seed
-    if p.dataset == DEMO_DATASET:
-        raw, source = demo_records(p.demo_prompts, seed=seed + 1), DEMO_DATASET
-    else:
-        raw, source = read_records(p.dataset), p.dataset
-    df, counts = clean_rows(raw, p, source)
-    if p.max_prompts is not None:
-        df = df.iloc[: p.max_prompts].reset_index(drop=True)
-    tokenizer = load_policy_tokenizer(paths.policy) if p.chat_template else None
+def load_raw(prep: PrepareParams, seed: int) -> tuple[pd.DataFrame, str]:
+    """The raw records of `prepare.dataset` (the built-in demo task or a file) and the name of their source."""
+    if prep.dataset == DEMO_DATASET:
+        return demo_records(prep.demo_prompts, seed=seed + 1), DEMO_DATASET
+    return read_records(prep.dataset), prep.dataset
+
+
+def build_prompts(
+    raw: pd.DataFrame, prep: PrepareParams, source: str, policy_dir: Path
+) -> tuple[pd.DataFrame, dict[str, int], bool]:
+    """Clean the rows, keep at most `prepare.max_prompts` and add the `prompt` column (chat template applied).
+
+    Returns the frame, the drop counts and whether the policy's chat template was applied.
+    """
+    df, counts = clean_rows(raw, prep, source)
+    if prep.max_prompts is not None:
+        df = df.iloc[: prep.max_prompts].reset_index(drop=True)
+    tokenizer = load_policy_tokenizer(policy_dir) if prep.chat_template else None
     templated = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
-    df["prompt"] = format_prompts(df["problem"].tolist(), tokenizer, p.chat_template, p.system_prompt)
-    roles = split_roles(len(df), p.profile_prompts, p.heldout_prompts, seed + 2)
-    write_parquet(df, paths.out_dir / "train.parquet")
-    write_parquet(df[roles == "profile"].reset_index(drop=True), paths.out_dir / "profile.parquet")
-    write_parquet(df[roles == "heldout"].reset_index(drop=True), paths.out_dir / "heldout.parquet")
+    df["prompt"] = format_prompts(df["problem"].tolist(), tokenizer, prep.chat_template, prep.system_prompt)
+    return df, counts, templated
+
+
+def save_splits(df: pd.DataFrame, roles: np.ndarray, out_dir: Path) -> None:
+    """`train.parquet` (every prompt), `profile.parquet` and `heldout.parquet` (their roles' rows)."""
+    write_parquet(df, out_dir / "train.parquet")
+    write_parquet(df[roles == "profile"].reset_index(drop=True), out_dir / "profile.parquet")
+    write_parquet(df[roles == "heldout"].reset_index(drop=True), out_dir / "heldout.parquet")
+
+
+def prepare_metrics(
+    df: pd.DataFrame, n_raw: int, roles: np.ndarray, templated: bool, counts: dict[str, int]
+) -> dict[str, Any]:
+    """Prompt counts per role, prompt characters, whether templated and the dropped-row counts."""
     chars = df["prompt"].str.len()
-    metrics = {
+    return {
         "prepare/prompts": len(df),
-        "prepare/raw_rows": len(raw),
+        "prepare/raw_rows": n_raw,
         "prepare/profile_prompts": int((roles == "profile").sum()),
         "prepare/heldout_prompts": int((roles == "heldout").sum()),
         "prepare/prompt_chars_mean": float(chars.mean()),
@@ -160,7 +177,17 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
         "prepare/chat_template_applied": int(templated),
         **{f"prepare/{k}": v for k, v in counts.items()},
     }
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Load, clean, template and split the prompts; write Parquet and metrics; log to the tracker."""
+    prep, seed = params.prepare, params.common.seed
+    raw, source = load_raw(prep, seed)
+    df, counts, templated = build_prompts(raw, prep, source, paths.policy)
+    roles = split_roles(len(df), prep.profile_prompts, prep.heldout_prompts, seed + 2)
+    save_splits(df, roles, paths.out_dir)
+    metrics = prepare_metrics(df, len(raw), roles, templated, counts)
     write_json(metrics, paths.metrics)
-    tracker.log_params({"prepare": params.prepare.model_dump(), "common.seed": seed})
+    tracker.log_params({"prepare": prep.model_dump(), "common.seed": seed})
     tracker.log_metrics(metrics)
     return metrics

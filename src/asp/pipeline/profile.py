@@ -56,27 +56,27 @@ def load_profile_prompts(prompts_dir: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def make_engine_from_params(p: ProfileParams, model_path: Path, seed: int) -> Any:
+def make_engine_from_params(prof: ProfileParams, model_path: Path, seed: int) -> Any:
     """Build the generation engine named by `profile.engine` for `model_path`."""
     from asp.rollout import make_engine
 
-    if p.engine == "vllm":
+    if prof.engine == "vllm":
         return make_engine(
             "vllm",
             str(model_path),
-            tensor_parallel_size=p.vllm.tensor_parallel_size,
-            dtype=p.dtype,
-            gpu_memory_utilization=p.vllm.gpu_memory_utilization,
-            max_model_len=p.vllm.max_model_len,
+            tensor_parallel_size=prof.vllm.tensor_parallel_size,
+            dtype=prof.dtype,
+            gpu_memory_utilization=prof.vllm.gpu_memory_utilization,
+            max_model_len=prof.vllm.max_model_len,
             seed=seed,
         )
-    return make_engine("hf", str(model_path), device=p.device, dtype=p.dtype, num_threads=p.num_threads)
+    return make_engine("hf", str(model_path), device=prof.device, dtype=prof.dtype, num_threads=prof.num_threads)
 
 
-def run_key(prompts: pd.DataFrame, p: ProfileParams, policy_ref: dict[str, Any], seed: int) -> str:
+def run_key(prompts: pd.DataFrame, prof: ProfileParams, policy_ref: dict[str, Any], seed: int) -> str:
     """Identity of a profiling run: chunks from another key are never mixed in."""
     h = hashlib.sha256()
-    h.update(json.dumps([p.model_dump(mode="json"), policy_ref.get("sha256"), seed], sort_keys=True).encode())
+    h.update(json.dumps([prof.model_dump(mode="json"), policy_ref.get("sha256"), seed], sort_keys=True).encode())
     h.update("\0".join(prompts["prompt_id"] + "\1" + prompts["prompt"]).encode())
     return h.hexdigest()[:16]
 
@@ -85,14 +85,14 @@ def minibatch_rows(result_rows: list[Any], ids: list[str], roles: list[str]) -> 
     """Flatten one engine result (list of PromptResult) into sample rows."""
     rows = []
     for pid, role, res in zip(ids, roles, result_rows, strict=True):
-        for j, s in enumerate(res.samples):
+        for j, sample in enumerate(res.samples):
             rows.append(
                 {
                     "prompt_id": pid,
                     "role": role,
                     "sample": j,
-                    "length": int(s.length),
-                    "finish_reason": s.finish_reason,
+                    "length": int(sample.length),
+                    "finish_reason": sample.finish_reason,
                 }
             )
     return rows
@@ -111,15 +111,15 @@ def read_chunk(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return samples, timings
 
 
-def profile_chunks(engine: Any, prompts: pd.DataFrame, p: ProfileParams, seed: int, work: Path) -> list[Path]:
+def profile_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int, work: Path) -> list[Path]:
     """Generate every missing chunk; return all chunk paths in order."""
-    mb = p.minibatch_prompts
+    mb = prof.minibatch_prompts
     n_mb = -(-len(prompts) // mb)
-    per_chunk = p.chunk_minibatches
+    per_chunk = prof.chunk_minibatches
     paths = [work / f"chunk_{c:05d}.parquet" for c in range(-(-n_mb // per_chunk))]
     finished = sum(path.is_file() for path in paths)
     bar = progress_bar(total=n_mb, desc="profile", unit="minibatch", initial=min(finished * per_chunk, n_mb))
-    sampling = SamplingParams(p.n_samples, p.max_new_tokens, p.temperature, p.top_p)
+    sampling = SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
     for c, path in enumerate(paths):
         if path.is_file():
             continue
@@ -167,33 +167,48 @@ def length_histogram(samples: pd.DataFrame, cap: int) -> Any:
     return fig
 
 
-def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Profile the policy; write samples, per-prompt stats, timings, metrics and the histogram."""
-    p, seed = params.profile, params.common.seed
+def load_inputs(paths: Paths, prof: ProfileParams, seed: int) -> tuple[pd.DataFrame, Path]:
+    """The prompts to profile and this run's work directory (created; keyed by prompts, policy and params)."""
     prompts = load_profile_prompts(paths.prompts)
     if prompts.empty:
         raise UserError(f"{paths.prompts}: no profiling prompts. Raise prepare.profile_prompts.")
     policy_ref = read_json(paths.policy / "policy.json") if (paths.policy / "policy.json").is_file() else {}
-    work = paths.work_dir / run_key(prompts, p, policy_ref, seed)
+    work = paths.work_dir / run_key(prompts, prof, policy_ref, seed)
     work.mkdir(parents=True, exist_ok=True)
-    tracker.log_params({"profile": p.model_dump(), "common.seed": seed})
-    engine = make_engine_from_params(p, policy_model_path(paths.policy), seed)
-    t0 = time.perf_counter()
+    return prompts, work
+
+
+def run_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int, work: Path) -> list[Path]:
+    """`profile_chunks`, closing the engine afterwards whatever happens."""
     try:
-        chunk_paths = profile_chunks(engine, prompts, p, seed, work)
+        return profile_chunks(engine, prompts, prof, seed, work)
     finally:
         getattr(engine, "close", lambda: None)()
+
+
+def collect_chunks(chunk_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """All samples and minibatch timings of the saved chunks, in chunk order."""
     parts = [read_chunk(c) for c in chunk_paths]
     samples = pd.concat([s for s, _ in parts], ignore_index=True)
     timings = pd.concat([t for _, t in parts], ignore_index=True)
     if samples.empty:
         raise UserError("profiling produced zero samples; check profile.n_samples and the prompt files.")
-    stats = per_prompt_stats(samples)
-    write_parquet(samples, paths.out_dir / "samples.parquet")
-    write_parquet(stats, paths.out_dir / "prompts.parquet")
-    write_parquet(timings, paths.out_dir / "timings.parquet")
+    return samples, timings
+
+
+def save_outputs(samples: pd.DataFrame, stats: pd.DataFrame, timings: pd.DataFrame, out_dir: Path) -> None:
+    """samples.parquet, prompts.parquet (per-prompt stats) and timings.parquet under `out_dir`."""
+    write_parquet(samples, out_dir / "samples.parquet")
+    write_parquet(stats, out_dir / "prompts.parquet")
+    write_parquet(timings, out_dir / "timings.parquet")
+
+
+def profile_metrics(
+    samples: pd.DataFrame, stats: pd.DataFrame, timings: pd.DataFrame, wall_s: float
+) -> dict[str, Any]:
+    """Length statistics, truncation rate and throughput; `wall_s`: seconds this session took (not earlier ones)."""
     gen_s = float(timings["wall_s"].sum())
-    metrics = {
+    return {
         "profile/prompts": int(len(stats)),
         "profile/samples": int(len(samples)),
         "profile/mean_length": float(samples["length"].mean()),
@@ -202,11 +217,24 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
         "profile/truncation_rate": float(samples["finish_reason"].eq("length").mean()),
         "profile/tokens_per_s": float(timings["total_tokens"].sum() / max(gen_s, 1e-9)),
         "profile/generation_s": gen_s,
-        "profile/wall_s_this_run": time.perf_counter() - t0,
+        "profile/wall_s_this_run": wall_s,
         "profile/minibatches": int(len(timings)),
     }
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Profile the policy; write samples, per-prompt stats, timings, metrics and the histogram."""
+    prof, seed = params.profile, params.common.seed
+    prompts, work = load_inputs(paths, prof, seed)
+    tracker.log_params({"profile": prof.model_dump(), "common.seed": seed})
+    engine = make_engine_from_params(prof, policy_model_path(paths.policy), seed)
+    t0 = time.perf_counter()
+    samples, timings = collect_chunks(run_chunks(engine, prompts, prof, seed, work))
+    stats = per_prompt_stats(samples)
+    save_outputs(samples, stats, timings, paths.out_dir)
+    metrics = profile_metrics(samples, stats, timings, time.perf_counter() - t0)
     write_json(metrics, paths.metrics)
-    save_figure(length_histogram(samples, p.max_new_tokens), paths.plot, tracker)
+    save_figure(length_histogram(samples, prof.max_new_tokens), paths.plot, tracker)
     tracker.log_metrics(metrics)
     shutil.rmtree(work, ignore_errors=True)
     return metrics

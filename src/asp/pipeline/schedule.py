@@ -22,6 +22,7 @@ import pandas as pd
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
+from asp.pipeline.loaders import schedule_spec
 from asp.plots import save_figure
 from asp.tracking import Tracker
 
@@ -60,52 +61,47 @@ def profiled_ablation(
     """C0-C4 on the profiled prompts (true = profiled mean lengths, predictions from the predictor)."""
     from asp.schedule import ablation
 
-    s = params.schedule
+    schedule_params = params.schedule
     joined = preds.merge(true, on="prompt_id", how="inner")
-    if len(joined) < 2 * s.b * s.k:
+    if len(joined) < 2 * schedule_params.b * schedule_params.k:
         return pd.DataFrame(), {}
     table = ablation(
         joined["mean_length"].to_numpy(np.float64),
         joined["predicted_length"].to_numpy(np.float64),
-        b=s.b,
-        kappa=s.kappa,
-        k=s.k,
-        seeds=[params.common.seed + i for i in range(s.ablation_seeds)],
-        iterations=s.iterations,
-        method=s.method,
+        schedule_spec(schedule_params),
+        seeds=[params.common.seed + i for i in range(schedule_params.ablation_seeds)],
         calibration=calibration,
-        loads=s.loads if calibration is not None else "raw",
+        loads=schedule_params.loads if calibration is not None else "raw",
     )
     flat = {f"schedule/ablation/{c}/{m}": float(v) for c, row in table.iterrows() for m, v in row.items()}
     flat["schedule/ablation/prompts"] = len(joined)
     return table, flat
 
 
-def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Build and save the schedule; report predicted and realized metrics and the C0-C4 table."""
-    from asp.plots.schedule import plot_schedule
-    from asp.schedule import build_schedule, schedule_metrics, schedule_summary, schedule_to_frame
+def build(preds: pd.DataFrame, calibration: Any, params: Params, paths: Paths) -> Any:
+    """The `Schedule` of every predicted prompt: DP minibatches in balanced batch groups, in dispatch order."""
+    from asp.schedule import build_schedule
 
-    s, seed = params.schedule, params.common.seed
-    preds, calibration, true = load_inputs(paths)
-    loads = s.loads if calibration is not None else "raw"
+    schedule_params = params.schedule
     try:
         sched = build_schedule(
             preds["prompt_id"].to_numpy(),
             preds["predicted_length"].to_numpy(np.float64),
-            b=s.b,
-            kappa=s.kappa,
-            k=s.k,
-            iterations=s.iterations,
-            seed=seed,
-            method=s.method,
+            **schedule_spec(schedule_params).kwargs(),
+            seed=params.common.seed,
             calibration=calibration,
-            loads=loads,
-            shuffle=s.shuffle_groups,
+            loads=schedule_params.loads if calibration is not None else "raw",
+            shuffle=schedule_params.shuffle_groups,
         )
     except ValueError as exc:
         raise UserError(f"{paths.predictions}: cannot build a schedule: {exc}") from None
-    summary = schedule_summary(sched)
+    return sched
+
+
+def predicted_metrics(sched: Any, loads_calibrated: bool) -> dict[str, Any]:
+    """Padding and group-load balance the predictions promise, and the schedule's sizes."""
+    from asp.schedule import schedule_metrics
+
     balanced = np.empty_like(sched.loads)
     balanced[sched.positions] = sched.loads  # back to input order, as schedule_metrics expects
     predicted = schedule_metrics(balanced, sched)
@@ -115,24 +111,50 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
             "schedule/prompts": sched.n_prompts,
             "schedule/minibatches": sched.n_minibatches,
             "schedule/groups": sched.n_groups,
-            "schedule/loads_calibrated": int(loads == "calibrated"),
+            "schedule/loads_calibrated": int(loads_calibrated),
         }
     )
+    return metrics
+
+
+def save_schedule(sched: Any, summary: dict[str, Any], out_dir: Path) -> None:
+    """schedule.parquet (one row per prompt, in dispatch order) and summary.json, replaced together."""
+    from asp.schedule import schedule_to_frame
+
+    with atomic_path(out_dir) as out:
+        out.mkdir(parents=True)
+        write_parquet(schedule_to_frame(sched), out / "schedule.parquet")
+        write_json(summary, out / "summary.json")
+
+
+def save_ablation(table: pd.DataFrame, path: Path, tracker: Tracker) -> None:
+    """The C0-C4 table as CSV (one row per condition), logged under tables/; nothing when there is none."""
+    if table.empty:
+        return
+    with atomic_path(path) as tmp:
+        table.rename_axis("condition").reset_index().to_csv(tmp, index=False, float_format="%.6g")
+    tracker.log_artifact(path, "tables")
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Build and save the schedule; report predicted and realized metrics and the C0-C4 table."""
+    from asp.plots.schedule import plot_schedule
+    from asp.schedule import schedule_summary
+
+    schedule_params, seed = params.schedule, params.common.seed
+    preds, calibration, true = load_inputs(paths)
+    sched = build(preds, calibration, params, paths)
+    summary = schedule_summary(sched)
+    metrics = predicted_metrics(sched, calibration is not None and schedule_params.loads == "calibrated")
     table = pd.DataFrame()
     if true is not None:
         table, flat = profiled_ablation(preds, true, params, calibration)
         metrics.update(flat)
-    with atomic_path(paths.out_dir) as out:
-        out.mkdir(parents=True)
-        write_parquet(schedule_to_frame(sched), out / "schedule.parquet")
-        write_json(summary, out / "summary.json")
+    save_schedule(sched, summary, paths.out_dir)
     write_json(metrics, paths.metrics)
-    if not table.empty:
-        with atomic_path(paths.ablation_csv) as tmp:
-            table.rename_axis("condition").reset_index().to_csv(tmp, index=False, float_format="%.6g")
-        tracker.log_artifact(paths.ablation_csv, "tables")
+    save_ablation(table, paths.ablation_csv, tracker)
     save_figure(plot_schedule(sched), paths.plot, tracker)
-    tracker.log_params({"schedule": s.model_dump(), "common.seed": seed})
+    tracker.log_params({"schedule": schedule_params.model_dump(), "common.seed": seed})
     tracker.log_metrics(metrics)
     tracker.log_dict(summary, "schedule_summary.json")
     return metrics

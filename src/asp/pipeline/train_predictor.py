@@ -34,21 +34,23 @@ class Paths:
     plot: Path = Path("plots/predictor_curves.png")
 
 
-def build_predictor(p: PredictorParams, seed: int) -> tuple[Any, Any]:
+def build_predictor(predictor: PredictorParams, seed: int) -> tuple[Any, Any]:
     """Load the backbone and wrap it with fresh LoRA adapters and a head."""
     from asp.predictor.model import LengthPredictor, load_backbone
 
-    bb = load_backbone(backbone_path(p.backbone), kind=p.kind, max_length=p.max_length, dtype=p.dtype)
+    bb = load_backbone(
+        backbone_path(predictor.backbone), kind=predictor.kind, max_length=predictor.max_length, dtype=predictor.dtype
+    )
     model = LengthPredictor(
         bb,
-        lora_r=p.lora.r,
-        lora_alpha=p.lora.alpha,
-        lora_dropout=p.lora.dropout,
-        target_modules=p.lora.target_modules,
-        head=p.head,
+        lora_r=predictor.lora.r,
+        lora_alpha=predictor.lora.alpha,
+        lora_dropout=predictor.lora.dropout,
+        target_modules=predictor.lora.target_modules,
+        head=predictor.head,
         seed=seed,
     )
-    return model.to(p.device), bb.tokenizer
+    return model.to(predictor.device), bb.tokenizer
 
 
 def curves_figure(history: list[dict[str, float]]) -> Any:
@@ -67,21 +69,36 @@ def curves_figure(history: list[dict[str, float]]) -> Any:
     return fig
 
 
-def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Train on the profiled prompts, save the predictor, log curves and the model."""
-    from asp.predictor.checkpoint import save_predictor
-    from asp.predictor.train import train_predictor
+@dataclass(frozen=True)
+class Split:
+    """The profiled prompts' texts and mean lengths (tokens), and the seeded train / validation indices."""
 
-    p, seed = params.predictor, params.common.seed
-    texts, lengths = profiled_texts(paths.prompts, paths.profile, "profile", p.text_field)
+    texts: list[str]
+    lengths: np.ndarray
+    train: np.ndarray
+    val: np.ndarray
+
+    def part(self, idx: np.ndarray) -> tuple[list[str], np.ndarray]:
+        return [self.texts[i] for i in idx], self.lengths[idx]
+
+
+def load_split(paths: Paths, predictor: PredictorParams, seed: int) -> Split:
+    """Read the profiled prompts and split off a seeded `predictor.val_fraction` (at least 2) for validation."""
+    texts, lengths = profiled_texts(paths.prompts, paths.profile, "profile", predictor.text_field)
     order = np.random.default_rng(seed + 3).permutation(len(texts))
-    n_val = max(2, int(round(p.val_fraction * len(texts))))
+    n_val = max(2, int(round(predictor.val_fraction * len(texts))))
     if len(texts) - n_val < 2:
         raise UserError(f"only {len(texts)} profiled prompts; raise prepare.profile_prompts to train a predictor.")
-    val, train = order[:n_val], order[n_val:]
-    tracker.log_params({"predictor": p.model_dump(), "common.seed": seed})
-    model, tokenizer = build_predictor(p, seed)
-    steps = p.epochs * -(-len(train) // p.batch_size)
+    return Split(texts, lengths, train=order[n_val:], val=order[:n_val])
+
+
+def fit(model: Any, tokenizer: Any, split: Split, predictor: PredictorParams, seed: int, tracker: Tracker) -> Any:
+    """`asp.predictor.train.train_predictor` with a progress bar; each epoch's record is logged as it ends."""
+    from asp.predictor.train import train_predictor
+
+    train_texts, train_lengths = split.part(split.train)
+    val_texts, val_lengths = split.part(split.val)
+    steps = predictor.epochs * -(-len(split.train) // predictor.batch_size)
     bar = progress_bar(total=steps, desc="train predictor", unit="step")
 
     def on_epoch(rec: Any) -> None:
@@ -91,33 +108,52 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     result = train_predictor(
         model,
         tokenizer,
-        [texts[i] for i in train],
-        lengths[train],
-        [texts[i] for i in val],
-        lengths[val],
-        epochs=p.epochs,
-        batch_size=p.batch_size,
-        lr=p.lr,
-        weight_decay=p.weight_decay,
-        loss=p.loss,
-        rank_weight=p.rank_weight,
-        patience=p.patience,
+        train_texts,
+        train_lengths,
+        val_texts,
+        val_lengths,
+        epochs=predictor.epochs,
+        batch_size=predictor.batch_size,
+        lr=predictor.lr,
+        weight_decay=predictor.weight_decay,
+        loss=predictor.loss,
+        rank_weight=predictor.rank_weight,
+        patience=predictor.patience,
         seed=seed,
         progress=lambda done, total: bar.update(done - bar.n),
         on_epoch=on_epoch,
     )
     bar.close()
-    history = [asdict(h) for h in result.history]
-    metrics = {
+    return result
+
+
+def train_metrics(result: Any, n_train: int, n_val: int) -> dict[str, Any]:
+    """Best validation τ and epoch, epochs run, prompt counts, truncated prompts and wall time."""
+    return {
         "predictor/best_val_tau": float(result.best_val_tau),
         "predictor/best_epoch": int(result.best_epoch),
-        "predictor/epochs_run": len(history),
-        "predictor/train_prompts": int(len(train)),
-        "predictor/val_prompts": int(len(val)),
+        "predictor/epochs_run": len(result.history),
+        "predictor/train_prompts": int(n_train),
+        "predictor/val_prompts": int(n_val),
         "predictor/truncated_prompts": int(result.n_truncated_train + result.n_truncated_val),
         "predictor/train_wall_s": float(result.wall_s),
     }
-    save_predictor(model, tokenizer, paths.out_dir, {"history": history, "text_field": p.text_field, **metrics})
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Train on the profiled prompts, save the predictor, log curves and the model."""
+    from asp.predictor.checkpoint import save_predictor
+
+    predictor, seed = params.predictor, params.common.seed
+    split = load_split(paths, predictor, seed)
+    tracker.log_params({"predictor": predictor.model_dump(), "common.seed": seed})
+    model, tokenizer = build_predictor(predictor, seed)
+    result = fit(model, tokenizer, split, predictor, seed, tracker)
+    history = [asdict(h) for h in result.history]
+    metrics = train_metrics(result, len(split.train), len(split.val))
+    save_predictor(
+        model, tokenizer, paths.out_dir, {"history": history, "text_field": predictor.text_field, **metrics}
+    )
     write_json(metrics, paths.metrics)
     save_figure(curves_figure(history), paths.plot, tracker)
     tracker.log_metrics(metrics)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from scipy import stats
 from transformers import PreTrainedTokenizerBase
 
 from asp.predictor.losses import LOSS_KINDS, combined_loss, mse_loss
+from asp.predictor.metrics import kendall_tau
 from asp.predictor.model import Encoded, LengthPredictor, encode_texts, pad_batch, pad_token_id
 
 ProgressFn = Callable[[int, int], None]  # (done, total): optimizer steps in training, prompts in inference
@@ -119,13 +119,6 @@ def predict_lengths(
     return np.maximum(np.expm1(logp), 0.0)
 
 
-def _tau(pred: np.ndarray, target: np.ndarray) -> float:
-    """Kendall tau-b, NaN when either side is constant (no ValueError inside the training loop)."""
-    if np.all(pred == pred[0]) or np.all(target == target[0]):
-        return float("nan")
-    return float(stats.kendalltau(pred, target).statistic)
-
-
 def _check_args(epochs: int, batch_size: int, lr: float, loss: str, patience: int, n_train: int, n_val: int) -> None:
     if epochs < 1 or batch_size < 1 or patience < 1 or lr <= 0:
         raise ValueError(
@@ -140,31 +133,76 @@ def _check_args(epochs: int, batch_size: int, lr: float, loss: str, patience: in
         )
 
 
+@dataclass(slots=True)
+class _Data:
+    """Tokenized prompts, log1p targets [n] and padding settings of the train and validation sets."""
+
+    train: Encoded
+    y_train: torch.Tensor
+    val: Encoded
+    y_val: torch.Tensor
+    pad_id: int
+    pad_side: str
+
+
+def _prepare_data(
+    tokenizer: PreTrainedTokenizerBase,
+    train_texts: Sequence[str],
+    train_lengths: Sequence[float] | np.ndarray,
+    val_texts: Sequence[str],
+    val_lengths: Sequence[float] | np.ndarray,
+    max_length: int,
+) -> _Data:
+    """Check the lengths, take their log1p and tokenize both sets (prompts over ``max_length`` truncated)."""
+    y_train = _targets(train_lengths, "train_lengths", len(train_texts))
+    y_val = _targets(val_lengths, "val_lengths", len(val_texts))
+    enc_train = encode_texts(tokenizer, train_texts, max_length)
+    enc_val = encode_texts(tokenizer, val_texts, max_length)
+    return _Data(enc_train, y_train, enc_val, y_val, pad_token_id(tokenizer), tokenizer.padding_side)
+
+
+def _step_counter(progress: ProgressFn | None, total: int) -> Callable[[], None]:
+    """A callback for every optimizer step that reports (steps done, ``total``) to ``progress``."""
+    done = 0
+
+    def on_step() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total), total)
+
+    return on_step
+
+
+@dataclass(frozen=True, slots=True)
+class _LossSpec:
+    """What every optimizer step and validation pass share: prompts per batch and the loss settings."""
+
+    batch_size: int
+    loss: str
+    rank_weight: float
+
+
 def _run_epoch(
     model: LengthPredictor,
-    enc: Encoded,
-    y: torch.Tensor,
+    data: _Data,
+    spec: _LossSpec,
     opt: torch.optim.Optimizer,
     gen: torch.Generator,
-    *,
-    batch_size: int,
-    loss: str,
-    rank_weight: float,
-    pad_id: int,
-    pad_side: str,
     on_step: Callable[[], None],
 ) -> float:
-    """One shuffled pass over the training set; returns the mean batch loss."""
+    """One shuffled pass over the training set (order drawn from ``gen``); returns the mean batch loss."""
     model.train()
     dev = _device(model)
-    perm = torch.randperm(len(enc.input_ids), generator=gen).tolist()
+    perm = torch.randperm(len(data.train.input_ids), generator=gen).tolist()
     losses = []
-    for start in range(0, len(perm), batch_size):
-        idx = perm[start : start + batch_size]
+    for start in range(0, len(perm), spec.batch_size):
+        idx = perm[start : start + spec.batch_size]
         if len(idx) < 2 and len(perm) > 1:  # a lone leftover prompt gives no pairs; fold it into the next epoch
             continue
-        ids, mask = pad_batch([enc.input_ids[i] for i in idx], pad_id, pad_side)
-        value = combined_loss(model(ids.to(dev), mask.to(dev)), y[idx].to(dev), loss, rank_weight)
+        ids, mask = pad_batch([data.train.input_ids[i] for i in idx], data.pad_id, data.pad_side)
+        pred = model(ids.to(dev), mask.to(dev))
+        value = combined_loss(pred, data.y_train[idx].to(dev), spec.loss, spec.rank_weight)
         opt.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)
@@ -172,6 +210,57 @@ def _run_epoch(
         losses.append(float(value.detach()))
         on_step()
     return float(np.mean(losses)) if losses else float("nan")
+
+
+def _validate(
+    model: LengthPredictor, data: _Data, spec: _LossSpec, epoch: int, train_loss: float, started: float
+) -> EpochRecord:
+    """Score the validation set after ``epoch``; ``started`` is the epoch's ``time.perf_counter()`` at its start."""
+    pred_val = torch.as_tensor(
+        predict_encoded(
+            model, data.val, batch_size=max(spec.batch_size, 32), pad_id=data.pad_id, pad_side=data.pad_side
+        ),
+        dtype=torch.float32,
+    )
+    pred_np = pred_val.numpy()
+    return EpochRecord(
+        epoch=epoch,
+        train_loss=train_loss,
+        val_loss=float(combined_loss(pred_val, data.y_val, spec.loss, spec.rank_weight)),
+        val_mse_log=float(mse_loss(pred_val, data.y_val)),
+        # NaN, not an error, for diverged (non-finite) predictions: early stopping then keeps the best epoch
+        val_tau=kendall_tau(pred_np, data.y_val.numpy()) if np.isfinite(pred_np).all() else float("nan"),
+        seconds=time.perf_counter() - started,
+    )
+
+
+@dataclass(slots=True)
+class _BestEpoch:
+    """Early-stopping state: the best validation tau so far, its epoch and a copy of its trainable weights."""
+
+    patience: int
+    tau: float = float("nan")
+    epoch: int = 0
+    stale: int = 0
+    state: dict[str, torch.Tensor] | None = None
+
+    def update(self, model: LengthPredictor, rec: EpochRecord) -> bool:
+        """Keep the weights when ``rec`` beats the best tau; True once ``patience`` epochs passed without that."""
+        if not math.isnan(rec.val_tau) and (math.isnan(self.tau) or rec.val_tau > self.tau):
+            self.tau, self.epoch, self.stale = rec.val_tau, rec.epoch, 0
+            self.state = {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
+            return False
+        self.stale += 1
+        return self.stale >= self.patience
+
+    def restore(self, model: LengthPredictor) -> None:
+        """Copy the kept weights back into ``model`` (nothing kept: the model stays as it is)."""
+        if self.state is None:
+            return
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for k, v in self.state.items():
+                params[k].copy_(v)
 
 
 def train_predictor(
@@ -218,76 +307,31 @@ def train_predictor(
     """
     t0 = time.perf_counter()
     _check_args(epochs, batch_size, lr, loss, patience, len(train_texts), len(val_texts))
-    y_train = _targets(train_lengths, "train_lengths", len(train_texts))
-    y_val = _targets(val_lengths, "val_lengths", len(val_texts))
-    max_length = max_length or model.spec.max_length
-    enc_train, enc_val = (
-        encode_texts(tokenizer, train_texts, max_length),
-        encode_texts(tokenizer, val_texts, max_length),
+    data = _prepare_data(
+        tokenizer, train_texts, train_lengths, val_texts, val_lengths, max_length or model.spec.max_length
     )
-    pad_id, side = pad_token_id(tokenizer), tokenizer.padding_side
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     if init_bias:
-        model.set_output_bias(float(y_train.mean()))
+        model.set_output_bias(float(data.y_train.mean()))
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=lr, weight_decay=weight_decay)
-    result = TrainResult(n_truncated_train=enc_train.n_truncated, n_truncated_val=enc_val.n_truncated)
-    total = epochs * math.ceil(len(train_texts) / batch_size)
-    done = 0
-
-    def on_step() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(min(done, total), total)
-
-    best_state: dict[str, torch.Tensor] | None = None
-    stale = 0
+    result = TrainResult(n_truncated_train=data.train.n_truncated, n_truncated_val=data.val.n_truncated)
+    on_step = _step_counter(progress, epochs * math.ceil(len(train_texts) / batch_size))
+    spec = _LossSpec(batch_size, loss, rank_weight)
+    best = _BestEpoch(patience)
     for epoch in range(1, epochs + 1):
-        te = time.perf_counter()
-        train_loss = _run_epoch(
-            model,
-            enc_train,
-            y_train,
-            opt,
-            gen,
-            batch_size=batch_size,
-            loss=loss,
-            rank_weight=rank_weight,
-            pad_id=pad_id,
-            pad_side=side,
-            on_step=on_step,
-        )
-        pred_val = torch.as_tensor(
-            predict_encoded(model, enc_val, batch_size=max(batch_size, 32), pad_id=pad_id, pad_side=side),
-            dtype=torch.float32,
-        )
-        rec = EpochRecord(
-            epoch=epoch,
-            train_loss=train_loss,
-            val_loss=float(combined_loss(pred_val, y_val, loss, rank_weight)),
-            val_mse_log=float(mse_loss(pred_val, y_val)),
-            val_tau=_tau(pred_val.numpy(), y_val.numpy()),
-            seconds=time.perf_counter() - te,
-        )
+        started = time.perf_counter()
+        train_loss = _run_epoch(model, data, spec, opt, gen, on_step)
+        rec = _validate(model, data, spec, epoch, train_loss, started)
         result.history.append(rec)
         if on_epoch is not None:
             on_epoch(rec)
-        if not math.isnan(rec.val_tau) and (math.isnan(result.best_val_tau) or rec.val_tau > result.best_val_tau):
-            result.best_val_tau, result.best_epoch, stale = rec.val_tau, epoch, 0
-            best_state = {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
-        else:
-            stale += 1
-            if stale >= patience and epoch < epochs:
-                result.stopped_early = True
-                break
-    if best_state is not None:
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for k, v in best_state.items():
-                params[k].copy_(v)
-    else:
-        result.best_epoch = len(result.history)
+        if best.update(model, rec) and epoch < epochs:
+            result.stopped_early = True
+            break
+    best.restore(model)
+    result.best_val_tau = best.tau
+    result.best_epoch = best.epoch if best.state is not None else len(result.history)
     model.eval()
     result.wall_s = time.perf_counter() - t0
     return result

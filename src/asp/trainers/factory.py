@@ -73,8 +73,8 @@ def make_trainer_factory(
     from asp.rollout.model_dir import check_model_dir
     from asp.trainers.grpo import GRPOSpec
 
-    cfg = grpo if grpo is not None else GRPOParams()
-    name = resolve_reward(reward or cfg.reward, dataset)
+    grpo_params = grpo if grpo is not None else GRPOParams()
+    name = resolve_reward(reward or grpo_params.reward, dataset)
     try:
         get_reward(name)
     except ValueError as exc:
@@ -86,18 +86,31 @@ def make_trainer_factory(
         raise UserError("the grpo trainer needs the prompts and their reference answers (prepare stage output).")
     missing = [pid for pid in prompts if pid not in answers]
     if missing:
-        raise UserError(f"{len(missing)} prompts have no reference answer (e.g. {missing[:3]}); the grpo reward "
-                        "needs one per prompt: check prepare.answer_field.")  # fmt: skip
-    steps = cfg.total_steps or config.iterations or total_steps
-    if cfg.lr_schedule != "constant" and steps is None:
-        raise UserError(f"runtime.grpo.lr_schedule = {cfg.lr_schedule!r} needs runtime.grpo.total_steps or "
-                        "runtime.iterations.")  # fmt: skip
+        raise UserError(
+            f"{len(missing)} prompts have no reference answer (e.g. {missing[:3]}); the grpo reward needs one per "
+            "prompt: check prepare.answer_field."
+        )
+    steps = grpo_params.total_steps or config.iterations or total_steps
+    if grpo_params.lr_schedule != "constant" and steps is None:
+        raise UserError(
+            f"runtime.grpo.lr_schedule = {grpo_params.lr_schedule!r} needs runtime.grpo.total_steps or "
+            "runtime.iterations."
+        )
     if config.top_p < 1.0:
-        log.warning("top_p = %g < 1: behaviour log-probs come from the truncated distribution; GRPO ratios use "
-                    "the full softmax and are biased", config.top_p)  # fmt: skip
+        log.warning(
+            "top_p = %g < 1: behaviour log-probs come from the truncated distribution; GRPO ratios use the full "
+            "softmax and are biased",
+            config.top_p,
+        )
     return GRPOSpec(
-        policy_path=str(policy_path), prompts=dict(prompts), answers={k: str(answers[k]) for k in prompts},
-        config=cfg, reward=name, temperature=config.temperature, seed=config.seed,
-        checkpoint_interval=config.checkpoint_interval, total_steps=steps,
+        policy_path=str(policy_path),
+        prompts=dict(prompts),
+        answers={k: str(answers[k]) for k in prompts},
+        config=grpo_params,
+        reward=name,
+        temperature=config.temperature,
+        seed=config.seed,
+        checkpoint_interval=config.checkpoint_interval,
+        total_steps=steps,
         state_dir=str(state_dir) if state_dir is not None else None,
-    )  # fmt: skip
+    )
