@@ -102,12 +102,12 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     pred, true = load_heldout(params, paths)
     metrics, calibration, buckets = score(pred, true, evaluation.bucket_edges)
     tau = metrics["predictor/kendall_tau"]
+    tracker.log_params({"evaluate": evaluation.model_dump()})
+    tracker.log_metrics(metrics)  # the failed run still shows why
+    tracker.log_dict({"buckets": buckets}, "bucket_errors.json")
+    gate(tau, evaluation.min_tau, evaluation.on_fail)  # before any file: a rejected predictor leaves nothing behind
     write_json(calibration.to_dict(), paths.calibration)
     write_json({**metrics, "buckets": buckets}, paths.metrics)
     save_figure(scatter_figure(pred, true, calibration(pred), tau), paths.plot, tracker)
-    tracker.log_params({"evaluate": evaluation.model_dump()})
-    tracker.log_metrics(metrics)
-    tracker.log_dict({"buckets": buckets}, "bucket_errors.json")
     tracker.log_artifact(paths.calibration)
-    gate(tau, evaluation.min_tau, evaluation.on_fail)
     return metrics

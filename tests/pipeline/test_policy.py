@@ -1,0 +1,103 @@
+"""policy stage: the built demo checkpoint loads and matches its record; metrics and the warm-start curve are
+sane; `source: path` records a local checkpoint with the same content hash; a bad path fails and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from asp.demo.tokenizer import VOCAB_SIZE
+from asp.errors import UserError
+from asp.pipeline import policy, rebase
+from asp.pipeline.loaders import load_policy_tokenizer, policy_model_path
+from asp.tracking import NullTracker
+
+from .conftest import TINY_POLICY, Built, make_params
+
+METRIC_KEYS = {
+    "policy/warm_start_s",
+    "policy/final_loss",
+    "policy/spearman",
+    "policy/mean_reward",
+    "policy/mean_length",
+    "policy/max_length",
+    "policy/truncation_rate",
+    "policy/tokens_per_s",
+    "policy/seconds",
+    "policy/n",
+    "policy/checkpoint_mb",
+}
+
+
+def test_built_policy_json_names_a_loadable_checkpoint(demo_policy: Built) -> None:
+    out = demo_policy.paths.out_dir
+    ref = json.loads((out / "policy.json").read_text())
+    model_dir = out / "model"
+    assert ref["source"] == "build" and Path(ref["model_path"]) == model_dir == policy_model_path(out)
+    assert ref["sha256"] == policy.content_hash(model_dir)  # hash of the files as finally saved
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    d = TINY_POLICY["demo"]
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (d["hidden_size"], d["num_layers"])
+    tokenizer = load_policy_tokenizer(out)
+    assert len(tokenizer) == model.config.vocab_size == VOCAB_SIZE
+    assert tokenizer.eos_token_id == model.generation_config.eos_token_id
+    assert sorted(p.name for p in out.iterdir()) == ["model", "policy.json"]  # no temporary leftovers
+    tags = demo_policy.tracker.client.get_run(demo_policy.tracker.run_id).data.tags
+    assert tags["policy.sha256"] == ref["sha256"] and tags["policy.path"] == str(model_dir)
+
+
+def test_metrics_are_sane_and_logged(demo_policy: Built) -> None:
+    m, ev = demo_policy.metrics, TINY_POLICY["eval"]
+    assert set(m) == METRIC_KEYS
+    assert json.loads(demo_policy.paths.metrics.read_text()) == pytest.approx(m, nan_ok=True)
+    assert m["policy/n"] == ev["prompts"] * ev["samples"]
+    assert 1 <= m["policy/mean_length"] <= m["policy/max_length"] <= ev["max_new_tokens"]
+    assert 0 <= m["policy/truncation_rate"] <= 1 and 0 <= m["policy/mean_reward"] <= 1
+    assert math.isnan(m["policy/spearman"]) or -1 <= m["policy/spearman"] <= 1
+    assert m["policy/warm_start_s"] > 0 and m["policy/tokens_per_s"] > 0
+    files = [f for f in (demo_policy.paths.out_dir / "model").rglob("*") if f.is_file()]
+    assert m["policy/checkpoint_mb"] == pytest.approx(sum(f.stat().st_size for f in files) / 2**20)
+
+    client, run_id = demo_policy.tracker.client, demo_policy.tracker.run_id
+    curve = client.get_metric_history(run_id, "policy/warm_start_loss")
+    steps = TINY_POLICY["demo"]["warm_start_steps"]
+    assert sorted(p.step for p in curve) == list(range(steps))
+    losses = [p.value for p in sorted(curve, key=lambda p: p.step)]
+    assert losses[0] == pytest.approx(math.log(VOCAB_SIZE), abs=0.3)  # a fresh model predicts ~uniformly
+    assert losses[-1] == pytest.approx(m["policy/final_loss"]) and losses[-1] < losses[0] - 0.1
+    run = client.get_run(run_id).data
+    assert run.metrics["policy/n"] == m["policy/n"]
+    assert run.params["policy.demo.hidden_size"] == "32" and run.params["policy.source"] == "build"
+
+
+def test_path_source_records_the_checkpoint_and_its_hash(tmp_path: Path, demo_policy: Built) -> None:
+    built = demo_policy.paths.out_dir
+    params = make_params({"policy": {"source": "path", "path": str(built / "model")}})
+    paths = rebase(policy.Paths(), tmp_path)
+    metrics = policy.run(params, paths, NullTracker())
+    ref = json.loads((paths.out_dir / "policy.json").read_text())
+    assert ref == {
+        "model_path": str((built / "model").resolve()),
+        "source": "path",
+        "sha256": json.loads((built / "policy.json").read_text())["sha256"],  # same files, same hash
+    }
+    assert metrics == {"policy/checkpoint_mb": pytest.approx(demo_policy.metrics["policy/checkpoint_mb"])}
+    assert not (paths.out_dir / "model").exists()  # recorded, not copied
+
+
+@pytest.mark.parametrize("broken", ["missing", "no_config"])
+def test_path_source_rejects_a_non_checkpoint_and_writes_nothing(tmp_path: Path, broken: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    if broken == "no_config":
+        ckpt.mkdir()
+        (ckpt / "tokenizer.json").write_text("{}")
+    paths = rebase(policy.Paths(), tmp_path / "run")
+    expected = "not a directory" if broken == "missing" else "no config.json"
+    with pytest.raises(UserError, match=rf"policy\.path = '{ckpt}': {expected}"):
+        policy.run(make_params({"policy": {"source": "path", "path": str(ckpt)}}), paths, NullTracker())
+    assert not paths.out_dir.exists() and not paths.metrics.exists()
+    assert [p.name for p in paths.out_dir.parent.iterdir()] == []  # no temporary directory left behind

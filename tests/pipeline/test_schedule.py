@@ -1,0 +1,156 @@
+"""schedule stage on 64 synthetic prompts with known, distinct predicted lengths (b = 4, kappa = 1, k = 3).
+The schedule holds every prompt exactly once in minibatches of 4-5 cut from the length-sorted order; the reported
+predicted D / P / CV / spread equal a recomputation from the written Parquet; balancing beats the sorted order;
+with a calibration map and profiled true lengths it balances calibrated loads and runs the C0-C4 ablation on the
+profiled prompts only."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from asp.errors import UserError
+from asp.io import write_json
+from asp.pipeline import rebase, schedule
+from asp.tracking import MlflowTracker, NullTracker, end_run
+
+from .conftest import artifact_paths, make_params
+
+N, B, KAPPA, K = 64, 4, 1, 3
+IDS = [f"s{i:03d}" for i in range(N)]
+# distinct, spread out (10 .. ~700 tokens), in a seeded random order
+LENGTHS = np.random.default_rng(7).permutation(10.0 + 3.0 * np.arange(N) + np.arange(N) ** 2 / 8.0)
+CALIBRATION = {"kind": "isotonic", "x": [0.0, 100.0, 1000.0], "y": [5.0, 50.0, 3000.0]}
+PARAMS = make_params({"schedule": {"b": B, "kappa": KAPPA, "k": K, "iterations": 2000, "ablation_seeds": 1}})
+CONDITIONS = ("C0", "C1", "C2", "C3", "C4")
+
+
+def _inputs(root: Path) -> schedule.Paths:
+    paths = rebase(schedule.Paths(), root)
+    paths.predictions.parent.mkdir(parents=True)
+    pd.DataFrame({"prompt_id": IDS, "predicted_length": LENGTHS}).to_parquet(paths.predictions, index=False)
+    return paths
+
+
+def _calibrate(x: np.ndarray) -> np.ndarray:
+    return np.interp(x, CALIBRATION["x"], CALIBRATION["y"])
+
+
+def _group_cv(minibatch_loads: np.ndarray) -> float:
+    """CV of the loads of complete groups of K consecutive minibatches."""
+    n = len(minibatch_loads) // K * K
+    groups = minibatch_loads[:n].reshape(-1, K).sum(axis=1)
+    return float(groups.std() / groups.mean())
+
+
+def _check_layout(sched: pd.DataFrame) -> pd.DataFrame:
+    """Every prompt once, minibatches of B..B+KAPPA cut from the sorted order, groups of K; per-minibatch frame."""
+    assert sorted(sched["prompt_id"]) == IDS  # each prompt exactly once
+    by_id = dict(zip(IDS, LENGTHS, strict=True))
+    np.testing.assert_array_equal(sched["predicted_length"], sched["prompt_id"].map(by_id))
+    assert sched["dispatch_rank"].is_monotonic_increasing  # rows are in dispatch order
+    mb = sched.groupby("dispatch_rank").agg(
+        size=("prompt_id", "size"),
+        ids=("minibatch_id", "nunique"),
+        minibatch_id=("minibatch_id", "first"),
+        group_id=("group_id", "first"),
+        load=("load_used", "sum"),
+        lo=("predicted_length", "min"),
+        hi=("predicted_length", "max"),
+    )
+    n_b = len(mb)
+    assert mb.index.tolist() == list(range(n_b)) and (mb["ids"] == 1).all()
+    assert mb["size"].between(B, B + KAPPA).all() and mb["size"].sum() == N
+    assert sorted(mb["minibatch_id"]) == list(range(n_b))
+    assert (mb["group_id"] == mb.index // K).all()
+    by_rank = mb.sort_values("minibatch_id")  # minibatch_id = rank in length-sorted order: no overlap between them
+    assert (by_rank["hi"].to_numpy()[:-1] < by_rank["lo"].to_numpy()[1:]).all()
+    return mb
+
+
+def test_raw_schedule_layout_metrics_and_tracking(tmp_path: Path, new_tracker: Callable[[str], MlflowTracker]) -> None:
+    paths = _inputs(tmp_path)
+    tracker = new_tracker("schedule")
+    metrics = schedule.run(PARAMS, paths, tracker)
+    end_run(tracker)
+
+    sched = pd.read_parquet(paths.out_dir / "schedule.parquet")
+    mb = _check_layout(sched)
+    np.testing.assert_array_equal(sched["load_used"], sched["predicted_length"])  # no calibration: raw loads
+    n_b = len(mb)
+    assert metrics["schedule/prompts"] == N and metrics["schedule/minibatches"] == n_b
+    assert metrics["schedule/groups"] == -(-n_b // K) and metrics["schedule/loads_calibrated"] == 0
+
+    per_mb = sched.groupby("dispatch_rank")["load_used"]
+    assert metrics["schedule/predicted_D"] == pytest.approx(per_mb.std(ddof=0).mean())
+    assert metrics["schedule/predicted_P"] == pytest.approx((1 - per_mb.mean() / per_mb.max()).mean())
+    full = n_b // K * K
+    groups = mb["load"].to_numpy()[:full].reshape(-1, K).sum(axis=1)
+    assert metrics["schedule/predicted_n_groups"] == n_b // K
+    assert metrics["schedule/predicted_CV"] == pytest.approx(groups.std() / groups.mean())
+    assert metrics["schedule/predicted_spread"] == pytest.approx(groups.max() / groups.min())
+    sorted_cv = _group_cv(mb.sort_values("minibatch_id")["load"].to_numpy())
+    assert metrics["schedule/predicted_CV"] < 0.25 * sorted_cv  # balancing evens out the groups' loads
+
+    assert not any(k.startswith("schedule/ablation/") for k in metrics) and not paths.ablation_csv.exists()
+    assert json.loads(paths.metrics.read_text()) == pytest.approx(metrics)
+    summary = json.loads((paths.out_dir / "summary.json").read_text())
+    assert summary["n_prompts"] == N and summary["minibatch_size"]["min"] >= B
+    assert summary["minibatch_size"]["max"] <= B + KAPPA
+
+    run = tracker.client.get_run(tracker.run_id).data
+    assert run.params["schedule.b"] == str(B) and run.params["schedule.k"] == str(K)
+    assert run.metrics["schedule/predicted_CV"] == pytest.approx(metrics["schedule/predicted_CV"])
+    assert {"schedule_summary.json", "plots"} <= artifact_paths(tracker) and paths.plot.is_file()
+
+
+def test_calibrated_loads_and_ablation_on_profiled_prompts(
+    tmp_path: Path, new_tracker: Callable[[str], MlflowTracker]
+) -> None:
+    paths = _inputs(tmp_path)
+    write_json(CALIBRATION, paths.calibration)
+    profiled = 48  # true lengths for 48 of the 64 prompts, plus one prompt the predictions do not have
+    true = pd.DataFrame(
+        {"prompt_id": [*IDS[:profiled], "other"], "mean_length": [*_calibrate(LENGTHS[:profiled]), 99.0]}
+    )
+    paths.profile.parent.mkdir(parents=True)
+    true.to_parquet(paths.profile, index=False)
+    tracker = new_tracker("schedule-calibrated")
+    metrics = schedule.run(PARAMS, paths, tracker)
+    end_run(tracker)
+
+    sched = pd.read_parquet(paths.out_dir / "schedule.parquet")
+    _check_layout(sched)
+    assert metrics["schedule/loads_calibrated"] == 1
+    np.testing.assert_allclose(sched["load_used"], _calibrate(sched["predicted_length"].to_numpy()))
+
+    assert metrics["schedule/ablation/prompts"] == profiled
+    table = pd.read_csv(paths.ablation_csv).set_index("condition")
+    assert table.index.tolist() == list(CONDITIONS) and table.columns.tolist() == ["D", "P", "CV", "spread"]
+    for c in CONDITIONS:
+        for m in table.columns:
+            assert metrics[f"schedule/ablation/{c}/{m}"] == pytest.approx(table.loc[c, m], rel=1e-5)
+    # perfect predictions: DP minibatches of sorted prompts pad far less than the original order, and the
+    # balanced order (C4) evens out group loads far better than the sorted one (C2)
+    assert metrics["schedule/ablation/C2/P"] < 0.5 * metrics["schedule/ablation/C0/P"]
+    assert metrics["schedule/ablation/C4/CV"] < 0.5 * metrics["schedule/ablation/C2/CV"]
+    assert f"tables/{paths.ablation_csv.name}" in artifact_paths(tracker, "tables")
+
+
+def test_bad_predictions_are_clear_errors_and_write_nothing(tmp_path: Path) -> None:
+    paths = rebase(schedule.Paths(), tmp_path)
+    with pytest.raises(UserError, match=r"predictions\.parquet: missing\. Run the predict stage first"):
+        schedule.run(PARAMS, paths, NullTracker())
+    paths.predictions.parent.mkdir(parents=True)
+    pd.DataFrame({"prompt_id": IDS, "length": LENGTHS}).to_parquet(paths.predictions, index=False)
+    with pytest.raises(UserError, match="no 'predicted_length' column"):
+        schedule.run(PARAMS, paths, NullTracker())
+    pd.DataFrame({"prompt_id": IDS[:2] * 2, "predicted_length": LENGTHS[:4]}).to_parquet(paths.predictions)
+    with pytest.raises(UserError, match="cannot build a schedule: prompt_ids must be unique"):
+        schedule.run(PARAMS, paths, NullTracker())
+    assert not paths.out_dir.exists() and not paths.metrics.exists()
