@@ -3,11 +3,22 @@ cluster for the whole session and a tiny random Qwen2 (runtime and trainer tests
 
 Ray starts once (about 5 s, dashboard off) with 4 logical CPUs; every `run_async` call joins it and kills
 its own actors on exit. `tiny_qwen` builds a random 2-layer Qwen2 with a word-level tokenizer.
+`background` starts helper processes and stops them at teardown; `prefect_server` is a Prefect server on a
+free 127.0.0.1 port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,3 +86,78 @@ def tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Qwen2ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+class Background:
+    """Processes started in their own process group, output to a log file; `stop` signals the whole group."""
+
+    def __init__(self) -> None:
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(self, cmd: list[str], *, log: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.procs.append((proc, log))
+        return proc
+
+    def log(self, proc: subprocess.Popen) -> str:
+        return next(log for p, log in self.procs if p is proc).read_text()[-3000:]
+
+    def wait_http(self, url: str, proc: subprocess.Popen, timeout_s: float) -> bytes:
+        """GET `url` until it answers 200 (returns the body); fail with `proc`'s log if it exits first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"{proc.args} exited with {proc.returncode} before {url} answered:\n{self.log(proc)}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    return resp.read()
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        pytest.fail(f"{url} did not answer within {timeout_s:g} s; log of {proc.args}:\n{self.log(proc)}")
+
+    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        """Send `sig` to the process group `proc` leads, SIGKILL it after `timeout_s`; return the exit code."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait(timeout_s)
+
+
+@pytest.fixture
+def background() -> Iterator[Background]:
+    """Start helper processes (servers); whatever is still running at teardown is stopped (group-wide)."""
+    bg = Background()
+    try:
+        yield bg
+    finally:
+        for proc, _ in reversed(bg.procs):
+            bg.stop(proc)
+
+
+@pytest.fixture
+def prefect_server(tmp_path_factory: pytest.TempPathFactory, background: Background) -> dict[str, str]:
+    """A Prefect server on a free 127.0.0.1 port with its own PREFECT_HOME (analytics and UI off), stopped at
+    teardown. Returns the environment (a copy of os.environ) that points clients at it (PREFECT_API_URL)."""
+    home = tmp_path_factory.mktemp("prefect_server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+    )
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    proc = background.start(cmd, log=home / "server.log", env=env)
+    background.wait_http(f"{env['PREFECT_API_URL']}/health", proc, 180)
+    return env

@@ -1,10 +1,15 @@
-"""The `asp` command: user errors print one message naming the key and exit 2 without a traceback."""
+"""The `asp` command: user errors print one message naming the key and exit 2 without a traceback;
+`asp repro` runs DVC under one MLflow parent run, `asp preset apply` writes a valid overlay or nothing, and
+`asp serve` registers the Prefect deployment."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +29,9 @@ def test_bad_params_exit_2_naming_the_key(tmp_path: Path) -> None:
 def test_unknown_stage_and_preset_exit_2() -> None:
     out = _asp("stage", "nope")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "dvc.yaml defines policy, prepare, profile, train_predictor, evaluate, predict, schedule, launch" in out.stderr
+    assert (
+        "dvc.yaml defines policy, prepare, profile, train_predictor, evaluate, predict, schedule, launch" in out.stderr
+    )
     out = _asp("stage", "../tests/conftest")  # only registered stages run, never an arbitrary .py file
     assert out.returncode == 2 and "no stage '../tests/conftest'" in out.stderr
     out = _asp("params", "check", "--preset", "nope")
@@ -34,3 +41,156 @@ def test_unknown_stage_and_preset_exit_2() -> None:
 def test_shipped_params_check_ok() -> None:
     out = _asp("params", "check", "--preset", "gpu-cluster")
     assert out.returncode == 0 and "OK" in out.stdout
+
+
+STAGE_SCRIPT = """
+import json, os, pathlib, sys
+code = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+pathlib.Path("out.txt").write_text(os.environ.get("ASP_PARENT_RUN_ID", "no parent run"))
+pathlib.Path("metrics").mkdir(exist_ok=True)
+pathlib.Path("metrics/hello.json").write_text(json.dumps({"hello/answer": 42, "hello/name": "x"}))
+sys.exit(code)
+"""
+
+
+def _tiny_dvc_project(root: Path, store: Path, exit_code: int = 0) -> dict:
+    """A new git + DVC project with one stage (`hello`: writes out.txt and metrics/hello.json, exits with
+    `exit_code`) and the repo's complete params.yaml, tracking to `store`. Returns the params written."""
+    import yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["common"].update(tracking_uri=f"sqlite:///{store}", experiment="cli-repro")
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (root / "hello.py").write_text(STAGE_SCRIPT)
+    stage = {
+        "cmd": f"{sys.executable} hello.py {exit_code}",
+        "deps": ["hello.py"],
+        "params": ["common.seed"],
+        "outs": ["out.txt"],
+        "metrics": [{"metrics/hello.json": {"cache": False}}],
+    }
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"hello": stage}}, sort_keys=False))
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        subprocess.run(cmd, cwd=root, env=_env_without_store(), check=True, capture_output=True, timeout=120)
+    return params
+
+
+def _env_without_store() -> dict[str, str]:
+    """The environment of a user shell: no test-wide MLflow store or parent run, DVC analytics off."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "ASP_PARENT_RUN_ID")}
+    return dict(env, DVC_NO_ANALYTICS="1")
+
+
+def _repro(repo: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asp", "repro"], cwd=repo, env=_env_without_store(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def _pipeline_runs(store: Path) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store}")
+    return client.search_runs([client.get_experiment_by_name("cli-repro").experiment_id])
+
+
+@pytest.mark.slow
+def test_repro_runs_dvc_under_one_parent_run(tmp_path: Path) -> None:
+    import yaml
+    from mlflow.artifacts import download_artifacts
+
+    repo, store = tmp_path / "repo", tmp_path / "store.db"
+    params = _tiny_dvc_project(repo, store)
+    out = _repro(repo)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Running stage 'hello'" in out.stdout + out.stderr
+    assert "hello" in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]  # DVC ran it and locked it
+
+    (run,) = _pipeline_runs(store)  # the stage ran no tracker of its own: only the parent
+    assert run.info.run_name == "pipeline" and run.data.tags["asp.kind"] == "pipeline"
+    assert run.info.status == "FINISHED"
+    assert (repo / "out.txt").read_text() == run.info.run_id  # the stage process saw its parent run's id
+    logged = download_artifacts(run_id=run.info.run_id, artifact_path="params.yaml", tracking_uri=f"sqlite:///{store}")
+    assert yaml.safe_load(Path(logged).read_text()) == params
+    assert run.data.metrics == {"hello/answer": 42.0}  # metrics/*.json aggregated (numbers only)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="src bugs: asp.cli.main ignores the code `app(standalone_mode=False)` returns for typer.Exit, so "
+    "`asp repro` exits 0; and open_tracker ends the parent run FINISHED after repro's end_run(parent, 'FAILED')",
+)
+def test_repro_failure_fails_the_command_and_the_parent_run(tmp_path: Path) -> None:
+    import re
+
+    repo, store = tmp_path / "repo", tmp_path / "store.db"
+    _tiny_dvc_project(repo, store, exit_code=3)  # the stage fails
+    out = _repro(repo)
+    dvc_code = int(re.search(r"dvc repro failed with exit code (\d+)", out.stderr).group(1))
+    (run,) = _pipeline_runs(store)
+    assert dvc_code != 0 and (out.returncode, run.info.status) == (dvc_code, "FAILED")
+
+
+def _preset_dir(tmp_path: Path, **presets: dict) -> Path:
+    """tmp_path with the repo's params.yaml and configs/gpu-cluster.yaml, plus `presets` as configs/NAME.yaml."""
+    import shutil
+
+    import yaml
+
+    (tmp_path / "configs").mkdir()
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    shutil.copy(ROOT / "configs/gpu-cluster.yaml", tmp_path / "configs/gpu-cluster.yaml")
+    for name, body in presets.items():
+        (tmp_path / "configs" / f"{name}.yaml").write_text(yaml.safe_dump(body))
+    return tmp_path
+
+
+def test_preset_apply_writes_a_valid_overlay(tmp_path: Path) -> None:
+    import yaml
+
+    from asp.config import load_params
+    from asp.tracking import flatten
+
+    work = _preset_dir(tmp_path)
+    before = yaml.safe_load((work / "params.yaml").read_text())
+    out = _asp("preset", "apply", "gpu-cluster", cwd=work)
+    assert out.returncode == 0, out.stderr
+    after = yaml.safe_load((work / "params.yaml").read_text())
+    preset = flatten(yaml.safe_load((work / "configs/gpu-cluster.yaml").read_text()))
+    flat_after, flat_before = flatten(after), flatten(before)
+    assert {k: flat_after[k] for k in preset} == preset  # every preset value landed
+    assert {k: v for k, v in flat_after.items() if k not in preset} == {
+        k: v for k, v in flat_before.items() if k not in preset
+    }  # and nothing else changed
+    resolved = load_params(work / "params.yaml")  # the written file validates on its own
+    assert resolved.profile.engine == "vllm" and resolved.schedule.b == preset["schedule.b"]
+    assert sorted(p.name for p in work.iterdir()) == ["configs", "params.yaml"]  # no temporary file left
+
+
+def test_bad_preset_leaves_params_untouched(tmp_path: Path) -> None:
+    work = _preset_dir(tmp_path, bad={"schedule": {"b": 0}}, typo={"schedule": {"bee": 16}})
+    original = (work / "params.yaml").read_bytes()
+    for name, named in (("bad", "'schedule.b' = 0"), ("typo", "schedule.bee"), ("missing", "gpu-cluster")):
+        out = _asp("preset", "apply", name, cwd=work)
+        assert out.returncode == 2 and named in out.stderr and "Traceback" not in out.stderr, (name, out.stderr)
+        assert (work / "params.yaml").read_bytes() == original
+    assert sorted(p.name for p in work.iterdir()) == ["configs", "params.yaml"]
+
+
+@pytest.mark.slow
+def test_serve_registers_the_deployment(tmp_path: Path, prefect_server: dict, background) -> None:
+    import json
+    import shutil
+    import signal
+
+    shutil.copytree(ROOT / "flows", tmp_path / "flows", ignore=shutil.ignore_patterns("__pycache__"))
+    serve = background.start([sys.executable, "-m", "asp", "serve"], log=tmp_path / "serve.log", env=prefect_server,
+                             cwd=tmp_path)  # fmt: skip
+    api = prefect_server["PREFECT_API_URL"]
+    deployment = json.loads(background.wait_http(f"{api}/deployments/name/asp-pipeline/asp-pipeline", serve, 180))
+    assert deployment["name"] == "asp-pipeline"
+    flow = json.loads(background.wait_http(f"{api}/flows/{deployment['flow_id']}", serve, 30))
+    assert flow["name"] == "asp-pipeline"
+    assert serve.poll() is None  # still serving
+    assert background.stop(serve, signal.SIGINT) in (0, 130)  # Ctrl-C ends it cleanly

@@ -1,8 +1,19 @@
-"""Tiny params for end-to-end runs: every stage on the demo task in well under a minute each."""
+"""Tiny params for end-to-end runs: every stage on the demo task in well under a minute each.
+
+`TINY` holds only what differs from the repository's params.yaml; `tiny_params()` is the complete raw params
+(params.yaml with `TINY` and any further overrides merged over it), since every section is required.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from asp.config import deep_merge
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY: dict[str, Any] = {
     "prepare": {"demo_prompts": 400, "profile_prompts": 96, "heldout_prompts": 48},
@@ -23,6 +34,7 @@ TINY: dict[str, Any] = {
     "evaluate": {"min_tau": -1.0, "on_fail": "warn"},
     "schedule": {"b": 4, "kappa": 1, "k": 3, "iterations": 20000, "ablation_seeds": 2},
     "runtime": {
+        "trainer": "simulated",
         "iterations": 3,
         "actors_per_unit": 2,
         "global_batch_prompts": 8,
@@ -34,3 +46,11 @@ TINY: dict[str, Any] = {
         "checkpoint_interval": 1,
     },
 }
+
+
+def tiny_params(*overrides: dict[str, Any]) -> dict[str, Any]:
+    """The repository's params.yaml with `TINY`, then each of `overrides`, merged over it (raw, unvalidated)."""
+    raw = deep_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
+    for extra in overrides:
+        raw = deep_merge(raw, extra)
+    return raw

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ def test_flow_runs_stages_under_parent_run(tmp_path: Path, _mlflow_store: str) -
     params = deep_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
     params["common"]["experiment"] = "prefect-flow-test"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")  # the stage registry
     env = dict(
         os.environ,
         PYTHONPATH=str(ROOT),

@@ -10,14 +10,14 @@ import pytest
 import torch
 from scipy import stats
 
+from asp.demo.task import simulated_profile
 from asp.predictor.model import LengthPredictor, encode_texts, load_backbone, pad_token_id
 from asp.predictor.train import predict_encoded, predict_lengths, train_predictor
 
-from .synth import make_sum_prompts
-
 
 def _fit(path: Path, n_train: int, n_val: int, **kw):
-    texts, lengths = make_sum_prompts(n_train + n_val, seed=5)
+    texts, lengths, _ = simulated_profile(n_train + n_val, seed=5)
+    texts = np.array(texts, dtype=object)
     bb = load_backbone(path, max_length=64)
     model = LengthPredictor(bb, lora_r=4, lora_alpha=8, seed=0)
     tr, va = slice(0, n_train), slice(n_train, None)
@@ -63,7 +63,8 @@ def test_early_stopping_keeps_best_epoch(tiny_qwen2_path: Path) -> None:
 def test_truncation_counted_in_training(tiny_qwen2_path: Path) -> None:
     bb = load_backbone(tiny_qwen2_path, max_length=16)
     model = LengthPredictor(bb, seed=0)
-    texts, lengths = make_sum_prompts(12, seed=1)
+    texts, lengths, _ = simulated_profile(12, seed=1)
+    texts = np.array(texts, dtype=object)
     res = train_predictor(
         model, bb.tokenizer, texts[:8], lengths[:8], texts[8:], lengths[8:], epochs=1, batch_size=4, lr=1e-3, seed=0
     )

@@ -1,5 +1,6 @@
 """Bounded policy lag without Ray: queue eviction, Database regeneration, config checks; then on the shared
-Ray cluster with the stand-in engine and the simulated trainer, both `stale_samples` modes keep the bound."""
+Ray cluster with the stand-in engine and a gated simulated trainer (it waits until the samples it needs are
+stale), both `stale_samples` modes keep the bound and drop / regenerate exactly the stale prompts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 from asp.runtime import Database, EngineSpec, RuntimeFailure, TrainingQueue, run_async
 from asp.trainers import SimulatedTrainer
 
-from .helpers import fast_config, make_plan, output, read_ledger
+from .helpers import GatedStandIn, GatedTrainer, after_prompts_generated, fast_config, make_plan, output, read_ledger
 
 
 def test_evict_older_removes_only_stale_untaken_prompts():
@@ -58,25 +59,34 @@ def ledger_lags(path):
 
 @pytest.mark.parametrize("mode", ["drop", "regenerate"])
 def test_the_lag_bound_holds_end_to_end(ray_cluster, tmp_path, mode):
-    # fast generation, slow steps: minibatches pile up and age while the trainer works (lag would reach 2-4)
+    # The trainer holds step 1 until the engines generated all 32 prompts, so every first attempt is generated
+    # with version 0 whatever the speeds: step 1 trains 4 of them (lag 0), step 2 four more (lag 1 = the bound),
+    # and at version 2 the other 24 are stale, however many of them the driver has ingested by then.
     plan, prompts = make_plan(16, 2)  # 32 prompts, batches of 4
-    ledger = tmp_path / "ledger.jsonl"
-    cfg = fast_config(global_batch_prompts=4, q_max=16, max_policy_lag=1, stale_samples=mode, gu_queue_target=2)
+    ledger, gate_dir = tmp_path / "ledger.jsonl", str(tmp_path / "gate")
+    cfg = fast_config(global_batch_prompts=4, q_max=32, max_policy_lag=1, stale_samples=mode, gu_queue_target=2)
     summary = run_async(
-        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.01}), cfg,
-        trainer_factory=functools.partial(SimulatedTrainer, 0.08, 0.0, str(ledger)),
+        plan, prompts, GatedStandIn(gate_dir), cfg,
+        trainer_factory=functools.partial(GatedTrainer, gate_dir,
+                                          functools.partial(after_prompts_generated, prompts=32), str(ledger)),
     )  # fmt: skip
+    lines = read_ledger(ledger)
+    assert [line["versions"] for line in lines[:2]] == [[0] * 4, [0] * 4]  # lags 0 and 1
     lags = ledger_lags(ledger)
-    assert max(lag for _, lag in lags) <= 1
+    assert max(lag for _, lag in lags) <= 1  # the bound, for every trained prompt
     assert all(it["runtime/policy_lag_max"] <= 1 for it in summary.iterations)
     counts = Counter(pid for pid, _ in lags)
     m = summary.metrics
     if mode == "regenerate":
-        assert counts == Counter(range(32)) and m["runtime/summary/stale_regenerated_prompts"] > 0
-        assert any(r["attempt"] > 0 for r in summary.minibatches)  # regenerated with newer weights
+        assert counts == Counter(range(32))  # every prompt trained exactly once
+        assert m["runtime/summary/stale_regenerated_prompts"] >= 24 and m["runtime/summary/stale_dropped_prompts"] == 0
+        regenerated = [r for r in summary.minibatches if r["attempt"] > 0]
+        assert len(regenerated) >= 12 and all(r["policy_version"] >= 2 for r in regenerated)  # with newer weights
+        assert all(min(line["versions"]) >= 2 for line in lines[2:])
     else:
-        dropped = m["runtime/summary/stale_dropped_prompts"]
-        assert dropped > 0 and max(counts.values()) == 1 and len(counts) + dropped == 32
+        assert m["runtime/summary/stale_dropped_prompts"] == 24 and m["runtime/summary/stale_regenerated_prompts"] == 0
+        assert len(lines) == 2 and sorted(counts.values()) == [1] * 8  # 8 trained once, 24 dropped, none twice
+        assert m["runtime/summary/prompts_trained"] == 8 and summary.finished
 
 
 def test_a_failing_trainer_stops_the_run_with_its_error(ray_cluster, tmp_path):

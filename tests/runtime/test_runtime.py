@@ -1,23 +1,27 @@
 """End-to-end runs on the shared local Ray cluster with the stand-in engine and the simulated trainer.
 
-Checks: every scheduled prompt reaches the trainer exactly once (trainer ledger), also when an actor is
-killed mid-run and across a Ctrl-C + resume; backpressure bounds the Training Queue; misuse errors
-(engine that fails to load, more actors than CPUs) come before the run starts.
+Checks: every scheduled prompt reaches the trainer exactly once (trainer ledger), also when an actor or a
+Generation Unit is killed mid-minibatch and across a Ctrl-C + resume; backpressure bounds the Training Queue
+and cycles pause -> resume -> pause; misuse errors (engine that fails to load, more actors than CPUs) come
+before the run starts. Where an outcome depends on the interleaving (what is decoding at a kill, whether the
+queue outgrows q_max) a gate (`helpers.Gate`) makes it happen, so no assertion rests on relative speeds.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import time
 from collections import Counter
 
 import pytest
 
 from asp.errors import UserError
-from asp.runtime import EngineSpec, run_async
+from asp.runtime import EngineSpec, control, run_async
+from asp.runtime.queue import Backpressure
 from asp.trainers import SimulatedTrainer
 
-from .helpers import fast_config, make_plan, read_ledger
+from .helpers import Gate, GatedStandIn, GatedTrainer, fast_config, make_plan, only_while_paused, read_ledger
 
 TABLE_4B = (
     "mean_iteration_time_s",
@@ -74,65 +78,104 @@ def test_one_pass_trains_every_prompt_once_and_logs(ray_cluster, tmp_path):
     assert state["finished"] and state["trainer_step"] == 5
 
 
+def kill_at_step_1(gate: Gate, kill) -> tuple[list[float], object]:
+    """An `on_iteration` hook: at step 1, once both actors are inside a held generate call (calls 1-4 run free,
+    5 and 6 wait for the release), call `kill(cu)`, note when (seconds since the run started), then release."""
+    killed: list[float] = []
+
+    def hook(cu, metrics):
+        if cu.step == 1:
+            gate.wait(lambda g: g.count("calls") >= 6, "both actors holding a minibatch")
+            kill(cu)
+            killed.append(time.time() - cu.t0)
+            gate.tick("release")
+
+    return killed, hook
+
+
+def generated_by(records, before_s: float) -> tuple[list, list]:
+    """The ingested minibatch records generated (decoding finished) before / after `before_s`."""
+    done = [(r["gen_start_s"] + r["gen_s"] < before_s, r) for r in records]
+    return [r for early, r in done if early], [r for early, r in done if not early]
+
+
 @pytest.mark.slow
 def test_killed_actor_loses_nothing_and_duplicates_nothing(ray_cluster, tmp_path):
     plan, prompts = make_plan(16, 2)  # 32 prompts, 4 steps of 8
-    killed = []
-
-    def kill_one(cu, metrics):
-        if cu.step == 1:
-            killed.append(0)
-            ray_cluster.kill(cu.actor_handles[0], no_restart=False)  # Ray restarts it (actor_max_restarts)
-
+    gate = Gate(tmp_path / "gate")
+    # Ray restarts it (actor_max_restarts); it is killed while decoding, so that minibatch fails and is retried
+    killed, hook = kill_at_step_1(gate, lambda cu: ray_cluster.kill(cu.actor_handles[0], no_restart=False))
     summary = run_async(
-        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.15}), fast_config(gu_queue_target=2),
-        trainer_factory=trainer(tmp_path), on_iteration=kill_one,
+        plan, prompts, GatedStandIn(str(gate.dir), free_calls=4),
+        fast_config(gu_queue_target=2, coalesce_below_s=0.0), trainer_factory=trainer(tmp_path), on_iteration=hook,
     )  # fmt: skip
     assert killed
     assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(32))
-    assert summary.metrics["runtime/summary/failed_attempts"] >= 1  # the minibatch it was decoding
+    assert summary.metrics["runtime/summary/failed_attempts"] == 1  # the minibatch it was decoding
     retried = [r for r in summary.minibatches if r["attempt"] > 0]
-    assert retried and summary.metrics["runtime/summary/minibatches"] == 16
+    assert len(retried) == 1 and summary.metrics["runtime/summary/minibatches"] == 16
+    before, after = generated_by(summary.minibatches, killed[0])
+    assert len(before) == 4 and retried[0] in after  # step 1's four, then the rest after the kill
     assert summary.metrics["runtime/summary/dead_actors"] == 0  # it came back
 
 
 @pytest.mark.slow
 def test_lost_generation_unit_hands_its_work_to_the_other(ray_cluster, tmp_path):
     plan, prompts = make_plan(16, 2)  # 32 prompts, 4 steps of 8
-
-    def kill_unit(cu, metrics):
-        if cu.step == 1:
-            ray_cluster.kill(cu.gus[0].handle, no_restart=True)  # the GU control process itself
-
+    gate = Gate(tmp_path / "gate")
+    # the GU control process itself dies while its actor holds a minibatch
+    killed, hook = kill_at_step_1(gate, lambda cu: ray_cluster.kill(cu.gus[0].handle, no_restart=True))
     summary = run_async(
-        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.1}),
-        fast_config(generation_units=2, actors_per_unit=1, gu_queue_target=2),
-        trainer_factory=trainer(tmp_path), on_iteration=kill_unit,
+        plan, prompts, GatedStandIn(str(gate.dir), free_calls=4),
+        fast_config(generation_units=2, actors_per_unit=1, gu_queue_target=2, coalesce_below_s=0.0),
+        trainer_factory=trainer(tmp_path), on_iteration=hook,
     )  # fmt: skip
     assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(32))
     assert summary.metrics["runtime/summary/failed_attempts"] >= 1  # what unit 0 held went back to the Database
-    late = [r for r in summary.minibatches if r["arrival_s"] > summary.iterations[0]["runtime/iteration_time_s"] + 0.5]
-    assert late and {r["gu"] for r in late} == {1}
+    before, after = generated_by(summary.minibatches, killed[0])
+    assert len(before) == 4 and len(after) == 12  # nothing lost, nothing twice (16 minibatches)
+    assert {r["gu"] for r in after} == {1}  # after the kill only unit 1 delivered
 
 
-def test_backpressure_bounds_the_queue(ray_cluster, tmp_path):
-    # generation: 2 actors x 2 prompts / 0.02 s ~ 200 prompts/s; training: 4 prompts / 0.06 s ~ 67 prompts/s
-    # without backpressure the queue would reach ~40 prompts (60 generated in ~0.3 s, 67/s trained)
+def observe_backpressure(monkeypatch, gate: Gate) -> list[tuple[str, int]]:
+    """Make the Control Unit's `Backpressure` count pauses / resumes in `gate`; returns (kind, depth) per change."""
+    changes: list[tuple[str, int]] = []
+
+    class Observed(Backpressure):
+        def update(self, depth: int) -> bool:
+            changed = super().update(depth)
+            if changed:
+                kind = "pause" if self.paused else "resume"
+                changes.append((kind, depth))
+                gate.tick(kind)
+            return changed
+
+    monkeypatch.setattr(control, "Backpressure", Observed)
+    return changes
+
+
+def test_backpressure_bounds_the_queue(ray_cluster, tmp_path, monkeypatch):
+    # The trainer only steps while generation is paused, until it paused twice: the queue must fill past q_max
+    # (pause), drain to the resume depth while paused (resume), and fill again (pause), whatever the speeds.
     plan, prompts = make_plan(30, 2, k=1)
     cfg = fast_config(global_batch_prompts=4, q_max=8, coalesce_below_s=0.0, gu_queue_target=1)
+    gate = Gate(tmp_path / "gate")
+    changes = observe_backpressure(monkeypatch, gate)
+    may_step = functools.partial(only_while_paused, pauses=2)
     summary = run_async(
-        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.02}), cfg,
-        trainer_factory=trainer(tmp_path, step_s=0.06),
+        plan, prompts, GatedStandIn(str(gate.dir)), cfg,
+        trainer_factory=functools.partial(GatedTrainer, str(gate.dir), may_step, str(tmp_path / "ledger.jsonl")),
     )  # fmt: skip
     m = summary.metrics
-    assert m["runtime/summary/pauses"] >= 2  # paused, resumed (queue drained), paused again
     kinds = [e[1] for e in summary.events if e[1] in ("pause", "resume")]
-    assert kinds[:3] == ["pause", "resume", "pause"]
+    assert kinds[:3] == ["pause", "resume", "pause"] and m["runtime/summary/pauses"] == kinds.count("pause") >= 2
+    assert [k for k, _ in changes] == kinds
+    assert all(d > cfg.q_max if k == "pause" else d <= cfg.resume_depth for k, d in changes)  # the hysteresis
     assert not any(e[1] == "send" for e in _while_paused(summary.events))  # the sender stopped
     # once paused, only minibatches already handed to the GU can arrive: the one that crossed q_max plus at
     # most gu_queue_target + actors = 3 more, 2 prompts each, however late the pause message lands
     max_prompts = m["runtime/summary/queue_max_samples"] / cfg.n_samples
-    assert max_prompts <= cfg.q_max + 2 + 3 * 2
+    assert cfg.q_max < max_prompts <= cfg.q_max + 2 + 3 * 2
     assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(60))
 
 
@@ -171,11 +214,12 @@ def test_interrupt_then_resume_from_checkpoint(ray_cluster, tmp_path):
 def test_engine_that_fails_to_load_is_reported(ray_cluster):
     plan, prompts = make_plan(2, 2)
     with pytest.raises(UserError, match=r"could not load its engine: TypeError: .*bogus"):
-        run_async(plan, prompts, EngineSpec("standin", options={"bogus": 1}), fast_config())
+        run_async(plan, prompts, EngineSpec("standin", options={"bogus": 1}), fast_config(),
+                  trainer_factory=SimulatedTrainer)  # fmt: skip
 
 
 def test_more_actors_than_cpus_is_refused(ray_cluster):
     plan, prompts = make_plan(2, 2)
     cfg = fast_config(generation_units=2, actors_per_unit=3, actor_num_cpus=1.0)
     with pytest.raises(UserError, match=r"needs 6 CPUs .* Ray can give 4\b"):
-        run_async(plan, prompts, EngineSpec("standin"), cfg)
+        run_async(plan, prompts, EngineSpec("standin"), cfg, trainer_factory=SimulatedTrainer)

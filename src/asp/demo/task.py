@@ -184,6 +184,30 @@ def step_reward(response: str, answer: str, prompt: str) -> float:
     return 0.5 * right / len(terms) + 0.5 * final
 
 
+def simulated_profile(
+    n: int, *, seed: int, samples: int = 8, cap: int = 256, p_early: float = 0.1, p_ramble: float = 0.05
+) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Demo prompts with profiled-like mean lengths, for predictor tests and benchmarks (no policy needed).
+
+    Each prompt's target imitates the mean over `samples` sampled responses of a partly trained policy: most
+    samples have the intended length (`intended_length`) with Gaussian jitter (sd 3 tokens), a fraction
+    `p_early` stops early (0.2-1x), a fraction `p_ramble` rambles towards `cap`.
+
+    Returns:
+        (prompt texts [n], mean response lengths float64 [n] in tokens, number of terms int [n]).
+    """
+    recs = generate_problems(n, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    base = np.array([intended_length(r) for r in recs], dtype=np.float64)[:, None]  # [n, 1]
+    lengths = base + rng.normal(0.0, 3.0, size=(n, samples))
+    early = rng.random((n, samples)) < p_early
+    lengths = np.where(early, base * rng.uniform(0.2, 1.0, size=(n, samples)), lengths)
+    ramble = rng.random((n, samples)) < p_ramble
+    lengths = np.where(ramble, rng.uniform(base, cap, size=(n, samples)), lengths)
+    lengths = np.clip(np.rint(lengths), 1, cap)
+    return [r["problem"] for r in recs], lengths.mean(axis=1), np.array([r["steps"] for r in recs])
+
+
 if __name__ == "__main__":
     recs = generate_problems(10_000, seed=0)
     lengths = np.array([intended_length(r) for r in recs])
