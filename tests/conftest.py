@@ -44,11 +44,13 @@ RAY_CPUS = 4
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """The session's local Ray cluster (started here, shut down at the end)."""
+    """The session's local Ray cluster (started here, bound to 127.0.0.1, shut down at the end)."""
     import ray
 
+    from asp.runtime.run import init_local_ray
+
     if not ray.is_initialized():
-        ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
+        init_local_ray(num_cpus=RAY_CPUS, log_to_driver=False)
     yield ray
     ray.shutdown()
 

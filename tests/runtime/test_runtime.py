@@ -1,10 +1,12 @@
 """End-to-end runs on the shared local Ray cluster with the stand-in engine and the simulated trainer.
 
 Checks: every scheduled prompt reaches the trainer exactly once (trainer ledger), also when an actor or a
-Generation Unit is killed mid-minibatch and across a Ctrl-C + resume; backpressure bounds the Training Queue
-and cycles pause -> resume -> pause; misuse errors (engine that fails to load, more actors than CPUs) come
-before the run starts. Where an outcome depends on the interleaving (what is decoding at a kill, whether the
-queue outgrows q_max) a gate (`helpers.Gate`) makes it happen, so no assertion rests on relative speeds.
+Generation Unit is killed mid-minibatch and across a Ctrl-C + resume (where each step's metrics reach the
+logger once: steps after the last checkpoint, which the resume trains again, were held back); backpressure
+bounds the Training Queue and cycles pause -> resume -> pause; misuse errors (engine that fails to load, more
+actors than CPUs) come before the run starts. Where an outcome depends on the interleaving (what is decoding at
+a kill, whether the queue outgrows q_max) a gate (`helpers.Gate`) makes it happen, so no assertion rests on
+relative speeds.
 """
 
 from __future__ import annotations
@@ -189,26 +191,40 @@ def _while_paused(events):
             yield e
 
 
-def test_interrupt_then_resume_from_checkpoint(ray_cluster, tmp_path):
+def test_interrupt_then_resume_from_checkpoint_logs_each_step_once(ray_cluster, tmp_path):
     plan, prompts = make_plan(10, 4)  # 40 prompts, 5 steps of 8
     engine = EngineSpec("standin", options={"seconds_per_call": 0.01})
-    cfg = fast_config(checkpoint_interval=1)
+    cfg = fast_config(checkpoint_interval=2)
+    logger = ListLogger()  # both sessions log to it, as a resumed launch does to its MLflow run
 
     def interrupt(cu, metrics):
-        if cu.step == 2:
-            raise KeyboardInterrupt  # what Ctrl-C does in the driver
+        if cu.step == 3:
+            raise KeyboardInterrupt  # what Ctrl-C does in the driver: after step 3, checkpointed at step 2
 
     with pytest.raises(KeyboardInterrupt):
         run_async(plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck",
-                  on_iteration=interrupt)  # fmt: skip
+                  on_iteration=interrupt, logger=logger)  # fmt: skip
     assert json.loads((tmp_path / "ck" / "runtime_state.json").read_text())["trainer_step"] == 2
-    summary = run_async(plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck")
+    assert [step for _, step in logger.calls] == [1, 2]  # step 3 is held back: the resume trains it again
+    summary = run_async(plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck",
+                        logger=logger)  # fmt: skip
     assert summary.resumed_from_step == 2 and summary.resume_reason == "resumed"
     assert [it["step"] for it in summary.iterations] == [3, 4, 5]
-    assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(40))  # across both sessions
-    assert [line["step"] for line in read_ledger(tmp_path / "ledger.jsonl")] == [1, 2, 3, 4, 5]
+    ledger = read_ledger(tmp_path / "ledger.jsonl")
+    assert [line["step"] for line in ledger] == [1, 2, 3, 3, 4, 5]  # step 3 of the first session was lost
+    kept = [line for i, line in enumerate(ledger) if i != 2]
+    assert Counter(pid for line in kept for pid in line["prompt_ids"]) == Counter(range(40))
     # the resumed trainer continued its version; actors were told to load it
     assert min(r["policy_version"] for r in summary.minibatches) >= 2
+    # every iteration metric was logged exactly once at each step 1..5, across both sessions
+    steps_by_metric: dict[str, list[int]] = {}
+    for metrics, step in logger.calls:
+        for name in metrics:
+            if not name.startswith("runtime/summary/"):
+                steps_by_metric.setdefault(name, []).append(step)
+    assert "runtime/iteration_time_s" in steps_by_metric and "train/prompts" in steps_by_metric
+    assert {name: steps for name, steps in steps_by_metric.items() if steps != [1, 2, 3, 4, 5]} == {}
+    assert [step for m, step in logger.calls if "runtime/summary/iterations" in m] == [5]  # the finished session
 
 
 def test_engine_that_fails_to_load_is_reported(ray_cluster):

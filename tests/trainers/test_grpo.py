@@ -1,5 +1,6 @@
 """The GRPO trainer in one process (no Ray): real tiny Qwen2 generations through the HF engine, weight flow
-into the engine, checkpoints, NaN and reward failures, the lag monitor, and the trainer factory's checks."""
+into the engine, checkpoints (a damaged one named, the previous one restoring), NaN and reward failures, the lag
+monitor, and the trainer factory's checks."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from asp.runtime.generation import GenerationActor, pack_output, resolve_weights
 from asp.runtime.messages import SamplingParams, WeightUpdate
 from asp.trainers import SimulatedTrainer, make_trainer_factory
 from asp.trainers.grpo import GRPOSpec, LagMonitor, NonFiniteLossError
+from asp.trainers.weights import latest_checkpoint
 from tests.runtime.helpers import output
 
 N = 4
@@ -146,6 +148,32 @@ def test_checkpoint_restore_continues_identically(tiny_qwen, engine, tmp_path):
     assert kept == ["step-00000002", "step-00000003"]  # keep_checkpoints = 2
     with pytest.raises(UserError, match="names no GRPO trainer checkpoint"):
         spec(tiny_qwen)().restore({"version": 3})
+
+
+def test_damaged_checkpoint_is_named_and_the_previous_one_restores(tiny_qwen, engine, tmp_path):
+    a = spec(tiny_qwen, tmp_path)()
+    batches = [batch_from(engine, step=s, seed=s) for s in (1, 2)]
+    first = [a.step(b) for b in batches]
+    states = [r.state for r in first]
+    root = tmp_path / "trainer"
+    model = root / "step-00000002" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-4096])  # e.g. the disk filled up while it was copied
+    assert latest_checkpoint(root) == root / "step-00000001"
+
+    b = spec(tiny_qwen, tmp_path)()  # a resumed run on the same state directory
+    before = {k: v.clone() for k, v in b.model.state_dict().items()}
+    with pytest.raises(UserError, match=rf"{model} is [\d,]+ bytes, manifest.json records .*Delete that directory"):
+        b.restore(states[1])
+    for name, tensor in b.model.state_dict().items():
+        torch.testing.assert_close(tensor, before[name])  # checked before loading: nothing half-loaded
+    assert b.restore(states[0]).version == 1 and b.version == 1  # what the runtime falls back to
+    (root / "step-00000009").mkdir()  # left over from an attempt the resume abandoned
+    rb = b.step(batches[1])  # step 2 trained again from step 1's checkpoint: as the first time
+    assert rb.metrics["train/loss"] == pytest.approx(first[1].metrics["train/loss"], rel=1e-6)
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000001", "step-00000002"]  # rewritten, 9 gone
+    assert latest_checkpoint(root) == root / "step-00000002"
+    with pytest.raises(UserError, match="is from step 2 but the runtime position that names it is at step 5"):
+        spec(tiny_qwen)().restore({**rb.state, "step": 5})
 
 
 def test_nan_loss_skips_the_step_and_stops_after_max_in_a_row(tiny_qwen, engine):

@@ -1,8 +1,10 @@
 """GRPO end to end on the shared Ray cluster: two HF actors with a tiny random Qwen2, the GRPO Training Unit,
-weights through the object store (on-policy check) or safetensors files, interrupt + resume."""
+weights through the object store (on-policy check) or safetensors files, interrupt + resume, and a resume whose
+latest trainer checkpoint is damaged (runtime position and weights both from the previous step)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 
 from asp.config import GRPOParams
 from asp.runtime import EngineSpec, run_async
+from asp.runtime.checkpoint import checkpoint_problem
 from asp.trainers import make_trainer_factory
 from tests.runtime.helpers import fast_config, make_plan
 
@@ -101,3 +104,40 @@ def test_files_transport_interrupt_and_resume(ray_cluster, tiny_qwen, tmp_path):
     assert len(snaps) == 2 and snaps[-1] == "snapshot-00000004.safetensors"
     assert sorted(p.name for p in (tmp_path / "state" / "trainer").iterdir()) == ["step-00000002", "step-00000004"]
     assert all(it["runtime/policy_lag_max"] <= 2 for it in summary.iterations)
+
+
+@pytest.mark.slow
+def test_damaged_trainer_checkpoint_resumes_runtime_and_weights_from_the_previous_step(
+    ray_cluster, tiny_qwen, tmp_path
+):
+    # interrupted after step 3 (checkpoints every step, two trainer checkpoints kept); step 3's model.safetensors is
+    # then cut short. The rerun must resume runtime position AND weights from step 2, not step 3's position with
+    # step 2's weights: step 3 is trained again with version 2 -> 3, the Database gives its prompts out again.
+    plan, prompts = make_plan(8, 2)
+    cfg = fast_config(global_batch_prompts=4, q_max=8, n_samples=4, max_new_tokens=6, iterations=4,
+                      checkpoint_interval=1, max_policy_lag=2)  # fmt: skip
+    trainer = factory(tiny_qwen, tmp_path, cfg, prompts)
+
+    def interrupt(cu, metrics):
+        if cu.step == 3:
+            raise KeyboardInterrupt
+
+    run = functools.partial(run_async, plan, prompts, engine(tiny_qwen), cfg, trainer_factory=trainer,
+                            checkpoint_dir=tmp_path / "ck")  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        run(on_iteration=interrupt)
+    root = tmp_path / "state" / "trainer"
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000003"]
+    model = root / "step-00000003" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+
+    summary = run()
+    assert summary.resumed_from_step == 2 and summary.resume_reason.startswith(
+        "resumed from step 2: the trainer checkpoint of step 3 is damaged"
+    )
+    assert [it["step"] for it in summary.iterations] == [3, 4] and summary.finished
+    assert summary.iterations[0]["runtime/policy_version"] == 3  # the restored version 2, one update later
+    assert min(r["policy_version"] for r in summary.minibatches) >= 2  # actors loaded the restored weights
+    assert summary.metrics["runtime/summary/prompts_trained"] == 2 * 4  # steps 3 and 4 of 4 prompts
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000003", "step-00000004"]  # step 3 written anew
+    assert all(checkpoint_problem(p) is None for p in root.iterdir())

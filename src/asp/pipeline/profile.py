@@ -3,7 +3,9 @@
 Each prompt gets `profile.n_samples` responses capped at `profile.max_new_tokens`. One engine call is one
 minibatch of `profile.minibatch_prompts` prompts (timed: wall time, batch size, max and total tokens — a
 later cost model fits these). Work is saved in chunks under `outputs/.work/profile/<key>/` as it finishes,
-so a killed run resumes where it stopped; the key changes when the prompts, policy or params change.
+so a killed run resumes where it stopped; the key changes when the prompts, policy or params change. A run
+removes the work directories of other keys when it starts (they can never be resumed by it, and a changed
+input would otherwise leave them behind forever) and its own after it succeeded.
 
 Outputs (outputs/profile/): samples.parquet (prompt_id, role, sample, length, finish_reason), prompts.parquet
 (per-prompt mean, median, max, std, truncated_frac), timings.parquet (per minibatch), and
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +37,9 @@ from asp.plots import save_figure
 from asp.progress import progress_bar
 from asp.rollout.base import SamplingParams, timed_generate
 from asp.tracking import Tracker
+
+log = logging.getLogger(__name__)
+KEY_RE = re.compile(r"[0-9a-f]{16}")  # what `run_key` names work directories
 
 
 @dataclass(frozen=True)
@@ -167,14 +174,26 @@ def length_histogram(samples: pd.DataFrame, cap: int) -> Any:
     return fig
 
 
+def prune_work_dirs(work: Path) -> list[Path]:
+    """Remove the work directories of other run keys next to `work` (only names `run_key` makes); return them."""
+    stale = [p for p in work.parent.iterdir() if p.is_dir() and p.name != work.name and KEY_RE.fullmatch(p.name)]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    if stale:
+        log.info("removed %d profiling work directories of other inputs: %s", len(stale), [p.name for p in stale])
+    return stale
+
+
 def load_inputs(paths: Paths, prof: ProfileParams, seed: int) -> tuple[pd.DataFrame, Path]:
-    """The prompts to profile and this run's work directory (created; keyed by prompts, policy and params)."""
+    """The prompts to profile and this run's work directory (created; keyed by prompts, policy and params;
+    work directories of other keys are removed)."""
     prompts = load_profile_prompts(paths.prompts)
     if prompts.empty:
         raise UserError(f"{paths.prompts}: no profiling prompts. Raise prepare.profile_prompts.")
     policy_ref = read_json(paths.policy / "policy.json") if (paths.policy / "policy.json").is_file() else {}
     work = paths.work_dir / run_key(prompts, prof, policy_ref, seed)
     work.mkdir(parents=True, exist_ok=True)
+    prune_work_dirs(work)
     return prompts, work
 
 

@@ -10,7 +10,12 @@ directly) and the only place that logs:
   (duplicates dropped) and put in the Training Queue, recording depth at arrival and send/receive events;
   failures go back to the Database for re-issue; a GU whose actors all died has its work re-issued.
 * **Training** hands one global batch at a time to the Training Unit actor; each finished step produces
-  the iteration's metric dict (logged), marks its prompts trained, and is checkpointed every interval.
+  the iteration's metric dict, marks its prompts trained, and is checkpointed every interval.
+
+**Logging once per step.** A resumed run trains the steps after its last checkpoint again, so the iteration
+metrics are held back until the checkpoint that covers them is written (and at the end of a finished run) and
+only then go to the logger, in step order: steps a resume repeats were never logged, and every step reaches
+the tracker exactly once. Without a checkpointer (nothing can resume) each step is logged as it finishes.
 """
 
 from __future__ import annotations
@@ -120,6 +125,7 @@ class ControlUnit:
         self.stale_regenerated = 0  # prompts sent again for it (stale_samples = regenerate)
         self.reload_failures = 0  # minibatches whose actor could not load the offered snapshot
         self.last_step_end: float | None = None
+        self.unlogged: list[tuple[int, dict[str, float]]] = []  # (step, metrics) awaiting the next checkpoint
 
     # ---- loop ------------------------------------------------------------------------------------------
     def finished(self) -> bool:
@@ -146,6 +152,7 @@ class ControlUnit:
                 else:
                     self._on_report(next(g for g in self.gus if g.collect_ref == ref))
             self._check_stall()
+        self.flush_metrics()  # the final checkpoint already did, unless there is none
         return self._summary()
 
     def _check_stall(self) -> None:
@@ -313,16 +320,17 @@ class ControlUnit:
         metrics.update(result.metrics)
         self.iter_times.append(metrics["runtime/iteration_time_s"])
         self.window = Window(start=end)
-        if self.logger is not None:
-            self.logger.log_metrics(metrics, step=self.step)
+        self.unlogged.append((self.step, metrics))
         self.iterations.append({"step": self.step, **metrics})
-        if self.checkpointer is not None and (self.step % self.config.checkpoint_interval == 0 or self.finished()):
+        if self.checkpointer is None:
+            self.flush_metrics()
+        elif self.step % self.config.checkpoint_interval == 0 or self.finished():
             self.save_checkpoint()
         if self.on_iteration is not None:
             self.on_iteration(self, metrics)
 
     def save_checkpoint(self) -> None:
-        """Write the position reached (only trained prompts count as done)."""
+        """Write the position reached (only trained prompts count as done), then log the steps it covers."""
         if self.checkpointer is not None:
             self.checkpointer.save(
                 database=self.db.state(),
@@ -331,6 +339,14 @@ class ControlUnit:
                 trainer_state=self.trainer_state,
                 finished=self.finished(),
             )
+        self.flush_metrics()
+
+    def flush_metrics(self) -> None:
+        """Hand the held-back iteration metrics to the logger, one call per step in step order."""
+        pending, self.unlogged = self.unlogged, []
+        if self.logger is not None:
+            for step, metrics in pending:
+                self.logger.log_metrics(metrics, step=step)
 
     # ---- summary ---------------------------------------------------------------------------------------
     def _lag_counters(self) -> dict[str, float]:

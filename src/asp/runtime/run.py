@@ -3,8 +3,10 @@
 Everything that can be checked is checked before any actor starts (`UserError`): the schedule against the
 prompt set, the config (q_max >= one global batch, ...), the engine's model directory, the Ray resources
 the actors need, and finally that every engine actually loaded (its error is reported verbatim).
-`ray_session` owns `ray.init` / `ray.shutdown` only when it started Ray (dashboard off), so tests and
-callers can share a cluster; actors are always killed on exit, Ctrl-C or SIGTERM.
+`ray_session` owns `ray.init` / `ray.shutdown` only when it started Ray (dashboard off, every server on
+127.0.0.1), so tests and callers can share a cluster; actors are always killed on exit, Ctrl-C or SIGTERM.
+A resumed run continues from the newest runtime position whose trainer checkpoint is intact
+(`asp.runtime.checkpoint`); a trainer that cannot restore it stops the run with its `UserError`.
 """
 
 from __future__ import annotations
@@ -30,11 +32,17 @@ from asp.runtime.plan import as_plan, check_prompts
 from asp.runtime.trainer import TrainingUnit
 
 log = logging.getLogger(__name__)
+LOOPBACK = "127.0.0.1"
 
 
 @contextlib.contextmanager
 def ray_session(config: RuntimeConfig) -> Iterator[bool]:
-    """Use the running Ray, or start one (dashboard off) and shut it down on exit. Yields True if started."""
+    """Use the running Ray, or start one and shut it down on exit. Yields True if started.
+
+    Without `runtime.ray_address` the local cluster is started with the dashboard off and this node's address
+    set to 127.0.0.1, so its servers (GCS, raylet, workers, runtime-env agent, the autoscaler monitor's metrics
+    endpoint) listen on loopback only (tests/runtime/test_ray_network.py checks the sockets).
+    """
     import ray
 
     if ray.is_initialized():
@@ -44,11 +52,46 @@ def ray_session(config: RuntimeConfig) -> Iterator[bool]:
     if config.ray_address:
         ray.init(address=config.ray_address)
     else:
-        ray.init(num_cpus=config.ray_num_cpus, num_gpus=config.ray_num_gpus, include_dashboard=False)
+        init_local_ray(num_cpus=config.ray_num_cpus, num_gpus=config.ray_num_gpus)
     try:
         yield True
     finally:
         ray.shutdown()
+
+
+def init_local_ray(**options: Any) -> None:
+    """Start a local Ray cluster bound to 127.0.0.1 with the dashboard off (`options` go to `ray.init`)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    with _loopback_node_address():
+        ray.init(include_dashboard=False, _node_ip_address=LOOPBACK, **options)
+    node_ip = ray.util.get_node_ip_address()
+    if node_ip != LOOPBACK:
+        log.warning(
+            "the local Ray cluster took node address %s, not %s: it listens beyond loopback", node_ip, LOOPBACK
+        )
+
+
+@contextlib.contextmanager
+def _loopback_node_address() -> Iterator[None]:
+    """While `ray.init` starts a local cluster, let 127.0.0.1 stand as this node's address.
+
+    Ray's servers bind to the node address when it is the loopback one and to all interfaces otherwise, but on
+    Linux Ray replaces a loopback ``_node_ip_address`` by the routable address
+    (`ray._private.services.resolve_ip_for_localhost` -> `get_node_ip_address`) unless
+    `ray_constants.ENABLE_RAY_CLUSTER` is false, as it is on macOS / Windows (environment variable
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read once when ray is imported, so too late to set here). The flag is
+    switched off only for the duration of `ray.init` (the started processes get ``--node-ip-address=127.0.0.1``).
+    """
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 @contextlib.contextmanager
@@ -208,7 +251,8 @@ def run_async(
         trainer_factory: picklable zero-argument callable building the `Trainer`
             (`asp.trainers.make_trainer_factory`).
         logger: object with ``log_metrics(dict, step)`` (e.g. the stage's MLflow tracker); gets every
-            iteration's metrics and, at the end, the summary (step = last trainer step).
+            iteration's metrics once, when the checkpoint covering the step is written (each step as it
+            finishes when `checkpoint_dir` is None), and at the end the summary (step = last trainer step).
         checkpoint_dir: where ``runtime_state.json`` is kept; None disables checkpoints.
         resume: continue from an unfinished checkpoint of the same plan when there is one.
         on_iteration: called in the driver after every step with (control unit, metrics) (tests, progress).
@@ -258,12 +302,28 @@ def run_async(
 
 
 def _restore(cu: ControlUnit, trainer: Any, state: Mapping[str, Any]) -> None:
+    """Put the Control Unit and the trainer at the checkpointed position (the same step for both).
+
+    Raises:
+        UserError: the trainer could not restore its checkpoint (its own `UserError`, or the error named).
+    """
     import ray
 
     cu.db.restore(state["database"])
     cu.step = cu.start_step = int(state["trainer_step"])
     cu.version = int(state["policy_version"])
     cu.trainer_state = dict(state["trainer_state"])
-    update = ray.get(trainer.restore.remote(cu.trainer_state))
+    try:
+        update = ray.get(trainer.restore.remote(cu.trainer_state))
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        if isinstance(cause, UserError):
+            raise UserError(str(cause)) from None
+        where = cu.checkpointer.path if cu.checkpointer is not None else "the runtime checkpoint"
+        raise UserError(
+            f"the Training Unit could not restore the trainer state of step {cu.step} named in {where}: "
+            f"{type(cause).__name__}: {cause!s:.1000}. Delete the trainer checkpoint it names to resume from the "
+            "previous one, or the runtime state directory to start afresh."
+        ) from None
     if update is not None:
         ray.get([g.handle.set_weights.remote(update) for g in cu.gus])

@@ -225,20 +225,22 @@ class GRPOTrainer:
                     "checkpoint (written by another trainer?); delete the runtime state directory to start afresh."
                 )
             return None
-        if not Path(path).is_dir():
+        try:
+            meta = load_checkpoint(Path(path), self.model, self.opt)
+        except Exception as exc:  # noqa: BLE001 - any failure to read it leaves the same choice to the user
             raise UserError(
-                f"trainer checkpoint {path} named by the runtime checkpoint is missing; delete the "
-                "runtime state directory to start afresh."
-            )
-        meta = load_checkpoint(Path(path), self.model, self.opt)
+                f"trainer checkpoint {path} named by the runtime checkpoint cannot be loaded "
+                f"({type(exc).__name__}: {exc}). Delete that directory: the next run resumes from the previous "
+                "trainer checkpoint and its runtime position; or delete the runtime state directory to start afresh."
+            ) from None
         self.version = int(meta["version"])
         self.counters.update(meta.get("counters", {}))
         self.checkpoint, self.checkpoint_step = str(path), int(meta["step"])
         if self.checkpoint_step != int(state.get("step", self.checkpoint_step)):
-            log.warning(
-                "trainer checkpoint is from step %d, the runtime resumes after step %s",
-                self.checkpoint_step,
-                state.get("step"),
+            raise UserError(
+                f"trainer checkpoint {path} is from step {self.checkpoint_step} but the runtime position that names "
+                f"it is at step {state.get('step')}: resuming would mix a runtime position with weights of another "
+                "step. Delete the runtime state directory to start afresh."
             )
         return self._export()
 

@@ -8,15 +8,19 @@ weights once) -- T_save, together with publishing; `convert` applies the convers
   (without a running Ray, e.g. in a single process, the bytes themselves). The last `keep` refs are held
   so Ray keeps them alive; older ones are released.
 * ``files``: ``<dir>/snapshot-<version>.safetensors`` written atomically on a shared path; the payload is
-  the path; only the last `keep` files are kept.
+  the path; only the last `keep` files are kept (and none newer than the one just written: those are left
+  over from an attempt that a resume abandoned).
 
 Generation actors turn a payload back into tensors with `asp.runtime.generation.resolve_weights` and load
 it in place after their current minibatch -- T_load, reported by the actors.
 
 Trainer checkpoint (`save_checkpoint` / `load_checkpoint`): a directory ``step-<step>/`` with
 ``model.safetensors`` (weights), ``optimizer.safetensors`` (AdamW moments and step per parameter),
-``rng.safetensors`` (torch CPU / CUDA RNG states) and ``trainer.json`` (step, version, counters, optimizer
-hyper-parameters); written to a temporary name and renamed, never pickled.
+``rng.safetensors`` (torch CPU / CUDA RNG states), ``trainer.json`` (step, version, counters, optimizer
+hyper-parameters) and ``manifest.json`` (every file's size, `asp.runtime.checkpoint.write_manifest`); written to
+a temporary name and renamed, never pickled. `load_checkpoint` checks the directory before touching the model
+(`asp.runtime.checkpoint.checkpoint_problem`: a truncated or missing file is named, not a raw safetensors error);
+`latest_checkpoint` is the newest intact one.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ class SnapshotPublisher:
             tmp = path.with_name(f".{path.name}.tmp")
             save_file(dict(state), str(tmp), metadata={"version": str(version)})
             os.replace(tmp, path)
-            self._prune_files()
+            self._prune_files(version)
             return str(path)
         blob = save(dict(state), metadata={"version": str(version)})
         try:
@@ -120,11 +124,14 @@ class SnapshotPublisher:
             pass
         return blob
 
-    def _prune_files(self) -> None:
+    def _prune_files(self, version: int) -> None:
+        """Keep the last `keep` snapshots up to `version` (newer ones are from an attempt a resume abandoned)."""
         assert self.directory is not None
-        snaps = sorted(p for p in self.directory.iterdir() if SNAPSHOT_RE.match(p.name))
-        for old in snaps[: -self.keep]:
-            old.unlink(missing_ok=True)
+        snaps = sorted((int(m.group(1)), p) for p in self.directory.iterdir() if (m := SNAPSHOT_RE.match(p.name)))
+        kept = [p for v, p in snaps if v <= version][-self.keep :]
+        for _, path in snaps:
+            if path not in kept:
+                path.unlink(missing_ok=True)
 
 
 # ---- trainer checkpoints -----------------------------------------------------------------------------
@@ -139,6 +146,7 @@ def save_checkpoint(
     from safetensors.torch import save_file, save_model
 
     from asp.io import atomic_path
+    from asp.runtime.checkpoint import write_manifest
 
     final = Path(root) / f"step-{step:08d}"
     with atomic_path(final) as tmp:
@@ -148,20 +156,35 @@ def save_checkpoint(
         save_file(state, str(tmp / "optimizer.safetensors"))
         save_file(_rng_state(), str(tmp / "rng.safetensors"))
         (tmp / "trainer.json").write_text(json.dumps({**meta, "step": step, "param_groups": groups}, indent=1))
-    for old in sorted(p for p in Path(root).iterdir() if CHECKPOINT_RE.match(p.name))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        write_manifest(tmp)
+    _prune_checkpoints(Path(root), step, keep)
     return final
+
+
+def _prune_checkpoints(root: Path, step: int, keep: int) -> None:
+    """Keep the last `keep` checkpoints up to `step`; later ones belong to an attempt a resume abandoned."""
+    found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
+    kept = [p for s, p in found if s <= step][-keep:]
+    for _, path in found:
+        if path not in kept:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Load weights, optimizer state and RNG from a `save_checkpoint` directory; return its ``trainer.json``.
 
     Raises:
-        FileNotFoundError: a file of the checkpoint is missing.
+        ValueError: the checkpoint is missing or damaged (`checkpoint_problem`; nothing was loaded).
+        FileNotFoundError: a file of a checkpoint without manifest is missing.
     """
     from safetensors.torch import load_file, load_model
 
+    from asp.runtime.checkpoint import checkpoint_problem
+
     directory = Path(directory)
+    problem = checkpoint_problem(directory)
+    if problem:
+        raise ValueError(f"damaged trainer checkpoint: {problem}")
     meta = json.loads((directory / "trainer.json").read_text())
     device = next(model.parameters()).device
     load_model(model, str(directory / "model.safetensors"), device=str(device))
@@ -179,11 +202,17 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The newest ``step-*`` directory under `root`, or None."""
+    """The newest intact ``step-*`` directory under `root` (damaged ones skipped with a warning), or None."""
+    from asp.runtime.checkpoint import checkpoint_problem
+
     if not Path(root).is_dir():
         return None
-    found = sorted(p for p in Path(root).iterdir() if CHECKPOINT_RE.match(p.name))
-    return found[-1] if found else None
+    for path in sorted((p for p in Path(root).iterdir() if CHECKPOINT_RE.match(p.name)), reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        log.warning("skipping damaged trainer checkpoint: %s", problem)
+    return None
 
 
 def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
