@@ -7,6 +7,7 @@ Upstream inputs that need no model (prompt and profile Parquet files) are writte
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,3 +166,8 @@ def trained_predictor(
 def loaded_predictor(trained_predictor: Built) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, meta) of the trained predictor, read back with the stages' shared loader."""
     return load_trained_predictor(trained_predictor.paths.out_dir, trained_predictor.params.predictor)
+
+
+def read_metrics(path: Path) -> dict[str, Any]:
+    """A metrics JSON file with `null` (how non-finite values are written: JSON has no NaN) read back as NaN."""
+    return {k: float("nan") if v is None else v for k, v in json.loads(path.read_text()).items()}

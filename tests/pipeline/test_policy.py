@@ -16,7 +16,7 @@ from asp.pipeline import policy, rebase
 from asp.pipeline.loaders import load_policy_tokenizer, policy_model_path
 from asp.tracking import NullTracker
 
-from .conftest import TINY_POLICY, Built, make_params
+from .conftest import TINY_POLICY, Built, make_params, read_metrics
 
 METRIC_KEYS = {
     "policy/warm_start_s",
@@ -53,7 +53,7 @@ def test_built_policy_json_names_a_loadable_checkpoint(demo_policy: Built) -> No
 def test_metrics_are_sane_and_logged(demo_policy: Built) -> None:
     m, ev = demo_policy.metrics, TINY_POLICY["eval"]
     assert set(m) == METRIC_KEYS
-    assert json.loads(demo_policy.paths.metrics.read_text()) == pytest.approx(m, nan_ok=True)
+    assert read_metrics(demo_policy.paths.metrics) == pytest.approx(m, nan_ok=True)
     assert m["policy/n"] == ev["prompts"] * ev["samples"]
     assert 1 <= m["policy/mean_length"] <= m["policy/max_length"] <= ev["max_new_tokens"]
     assert 0 <= m["policy/truncation_rate"] <= 1 and 0 <= m["policy/mean_reward"] <= 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from asp.errors import UserError
 from asp.pipeline import prepare
 from asp.tracking import NullTracker
 
-from .conftest import make_params
+from .conftest import Built, make_params
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = [
@@ -106,12 +107,12 @@ def test_format_prompts_without_template_keeps_text() -> None:
     assert prepare.format_prompts(["a"], None, False, "sys") == ["sys\n\na"]
 
 
-def test_run_writes_three_parquets_without_partial_files(tmp_path: Path) -> None:
+def test_run_writes_three_parquets_without_partial_files(tmp_path: Path, demo_policy: Built) -> None:
     data = _write(tmp_path, "jsonl", [{"problem": f"q{i}", "answer": str(i)} for i in range(40)])
     params = make_params(
         {"prepare": {"dataset": str(data), "profile_prompts": 10, "heldout_prompts": 5, "chat_template": False}}
     )
-    paths = prepare.Paths(policy=tmp_path / "nopolicy", out_dir=tmp_path / "out", metrics=tmp_path / "m.json")
+    paths = _paths(tmp_path, demo_policy)
     metrics = prepare.run(params, paths, NullTracker())
     train = pd.read_parquet(paths.out_dir / "train.parquet")
     prof = pd.read_parquet(paths.out_dir / "profile.parquet")
@@ -120,3 +121,128 @@ def test_run_writes_three_parquets_without_partial_files(tmp_path: Path) -> None
     assert set(prof.prompt_id).isdisjoint(held.prompt_id) and set(prof.prompt_id) <= set(train.prompt_id)
     assert metrics["prepare/prompts"] == 40
     assert sorted(p.name for p in paths.out_dir.iterdir()) == ["heldout.parquet", "profile.parquet", "train.parquet"]
+    assert metrics["prepare/dropped_too_long"] == 0 and metrics["prepare/prompt_token_limit"] == 512 - 160
+    assert metrics["prepare/prompt_tokens_max"] == 3  # "q39": one token per character, no template
+
+
+def _paths(tmp_path: Path, demo_policy: Built) -> prepare.Paths:
+    return prepare.Paths(policy=demo_policy.paths.out_dir, out_dir=tmp_path / "out", metrics=tmp_path / "m.json")
+
+
+def _assert_nothing_written(tmp_path: Path) -> None:
+    assert not (tmp_path / "out").exists() and not (tmp_path / "m.json").exists()
+
+
+# Each bad file: (file name, bytes, what the message must name). 0xe9 is a Latin-1 "é".
+BAD_FILES = [
+    ("latin1.jsonl", b'{"problem": "a", "answer": "1"}\n{"problem": "caf\xe9", "answer": "2"}\n', "line 2, byte 17"),
+    (
+        "latin1.json",
+        b'[\n {"problem": "a", "answer": "1"},\n {"problem": "\xff", "answer": "2"}\n]',
+        "line 3, byte 15",
+    ),
+    ("empty.parquet", b"", "Parquet file size is 0 bytes"),
+    ("garbage.parquet", b"PAR1 this is not a parquet file", "not a readable Parquet file"),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "where"), BAD_FILES, ids=[f[0] for f in BAD_FILES])
+def test_unreadable_files_are_one_user_error(tmp_path: Path, name: str, data: bytes, where: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(UserError) as err:
+        prepare.read_records(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and where in message
+    assert ("iconv" in message) if name.endswith("json") or name.endswith("jsonl") else ("export it again" in message)
+
+
+def test_truncated_parquet_is_a_user_error(tmp_path: Path) -> None:
+    whole = tmp_path / "whole.parquet"
+    pd.DataFrame({"problem": [f"q{i}" for i in range(200)], "answer": ["1"] * 200}).to_parquet(whole)
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(whole.read_bytes()[:-40])  # an interrupted copy
+    with pytest.raises(UserError, match=rf"^{cut}: not a readable Parquet file .*truncated or corrupt"):
+        prepare.read_records(cut)
+
+
+def test_utf8_with_bom_and_crlf_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"problem": "caf\xc3\xa9", "answer": "1"}\r\n{"problem": "b", "answer": "2"}\r\n')
+    assert prepare.read_records(path)["problem"].tolist() == ["café", "b"]
+
+
+def _deepscaler_subset(tmp_path: Path, n: int = 12) -> Path:
+    """The first n DeepScaleR problems; with the demo policy (512 positions, 160 response tokens) rows 1 and 8 are
+    too long: 496 and 680 tokens (one token per byte, plus the template's 3 markers)."""
+    records = json.loads((ROOT / "data" / "deepscaler_math_train.json").read_text())[:n]
+    return _write(tmp_path, "jsonl", [{"problem": r["problem"], "answer": r["answer"]} for r in records])
+
+
+def test_prompt_longer_than_policy_context_is_rejected_by_id(tmp_path: Path, demo_policy: Built) -> None:
+    data = _deepscaler_subset(tmp_path)
+    params = make_params({"prepare": {"dataset": str(data), "profile_prompts": 2, "heldout_prompts": 2}})
+    with pytest.raises(UserError) as err:
+        prepare.run(params, _paths(tmp_path, demo_policy), NullTracker())
+    message = str(err.value)
+    assert message.startswith(f"{data}: 2 prompts are too long for the policy's context: ")
+    assert "'p0000001' (496 tokens), 'p0000008' (680 tokens)" in message
+    assert "at most 352 tokens" in message and "max_position_embeddings 512" in message
+    assert "prepare.bad_rows: drop" in message
+    _assert_nothing_written(tmp_path)
+
+
+def test_response_budget_is_the_larger_max_new_tokens(tmp_path: Path, demo_policy: Built) -> None:
+    """runtime.max_new_tokens 300 > profile's 160: 512 - 300 = 212 tokens left, so row 0 (286 tokens) fails too."""
+    data = _deepscaler_subset(tmp_path, n=3)
+    params = make_params(
+        {
+            "prepare": {"dataset": str(data), "profile_prompts": 2, "heldout_prompts": 2},
+            "runtime": {"max_new_tokens": 300},
+        }
+    )
+    with pytest.raises(UserError, match=r"'p0000000' \(286 tokens\).*at most 212 tokens.*minus 300 response"):
+        prepare.run(params, _paths(tmp_path, demo_policy), NullTracker())
+    params = make_params({"prepare": {"dataset": str(data)}, "profile": {"max_new_tokens": 512}})
+    with pytest.raises(UserError, match="leaves no room for a prompt next to responses of up to 512 tokens"):
+        prepare.run(params, _paths(tmp_path, demo_policy), NullTracker())
+    _assert_nothing_written(tmp_path)
+
+
+def test_too_long_prompts_dropped_and_counted(tmp_path: Path, demo_policy: Built) -> None:
+    data = _deepscaler_subset(tmp_path)
+    params = make_params(
+        {"prepare": {"dataset": str(data), "profile_prompts": 2, "heldout_prompts": 2, "bad_rows": "drop"}}
+    )
+    paths = _paths(tmp_path, demo_policy)
+    metrics = prepare.run(params, paths, NullTracker())
+    train = pd.read_parquet(paths.out_dir / "train.parquet")
+    assert "p0000001" not in set(train.prompt_id) and "p0000008" not in set(train.prompt_id) and len(train) == 10
+    assert metrics["prepare/dropped_too_long"] == 2 and metrics["prepare/dropped"] == 2
+    assert metrics["prepare/prompt_tokens_max"] <= metrics["prepare/prompt_token_limit"] == 352
+    assert json.loads(paths.metrics.read_text())["prepare/dropped_too_long"] == 2
+
+
+def test_huge_prompt_is_rejected_in_seconds(tmp_path: Path, demo_policy: Built) -> None:
+    """A 5 MB prompt is rejected from its character count (tokenizing it would take ~40 s), with a lower bound."""
+    records = [{"problem": f"q{i}", "answer": "1"} for i in range(6)] + [{"problem": "7 " * 2_500_000, "answer": "1"}]
+    data = _write(tmp_path, "jsonl", records)
+    params = make_params({"prepare": {"dataset": str(data), "profile_prompts": 2, "heldout_prompts": 2}})
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=r"1 prompt is too long.*'p0000006' \(at least \d{6} tokens\)"):
+        prepare.run(params, _paths(tmp_path, demo_policy), NullTracker())
+    assert time.perf_counter() - start < 5
+    _assert_nothing_written(tmp_path)
+
+
+def test_token_counts_bound_is_safe() -> None:
+    """Prompts just over the character bound get a lower bound above the limit; the rest are counted exactly."""
+    from asp.demo.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    per_token = 2 * prepare.max_token_chars(tok)  # 2 * len("<|assistant|>")
+    assert per_token == 26
+    limit = 10
+    prompts = ["x" * (11 * per_token), "x" * (11 * per_token + 1), "héllo"]
+    counts, bound = prepare.token_counts(prompts, tok, limit)
+    assert counts.tolist() == [11 * per_token, 11, 6] and bound.tolist() == [False, True, False]

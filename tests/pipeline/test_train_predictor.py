@@ -4,7 +4,6 @@ reads back, and logs its curves; too few prompts or a missing profile is a clear
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from asp.pipeline import rebase, train_predictor
 from asp.predictor.train import predict_lengths
 from asp.tracking import NullTracker
 
-from .conftest import N_PROFILE, TINY_PREDICTOR, Built, artifact_paths, make_params
+from .conftest import N_PROFILE, TINY_PREDICTOR, Built, artifact_paths, make_params, read_metrics
 
 
 def test_trains_on_the_profile_role_only_and_reports_counts(trained_predictor: Built, loaded_predictor: tuple) -> None:
@@ -30,7 +29,7 @@ def test_trains_on_the_profile_role_only_and_reports_counts(trained_predictor: B
     texts = trained_predictor.extra["frames"]["profile"]["problem"].tolist()
     n_long = sum(len(ids) > TINY_PREDICTOR["max_length"] for ids in tokenizer(texts)["input_ids"])
     assert 0 < n_long < N_PROFILE and m["predictor/truncated_prompts"] == n_long
-    assert json.loads(trained_predictor.paths.metrics.read_text()) == pytest.approx(m, nan_ok=True)
+    assert read_metrics(trained_predictor.paths.metrics) == pytest.approx(m, nan_ok=True)
 
 
 def test_saved_predictor_loads_and_predicts(trained_predictor: Built, loaded_predictor: tuple) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -84,7 +85,7 @@ def test_build_with_calibration_and_plot(tmp_path) -> None:
         (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--k", "0"], "k must be >= 1, got 0"),
         (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--kappa", "-1"], "kappa must be >= 0"),
         (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--method", "x"], "method must be one of"),
-        (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--loads", "calibrated"], "needs a calibration"),
+        (pd.DataFrame({"predicted_length": [1.0, 2.0]}), ["--loads", "calibrated", "--b", "2"], "needs a calibration"),
     ],
 )
 def test_build_bad_input_exits_2_without_traceback(tmp_path, frame: pd.DataFrame, args: list, message: str) -> None:
@@ -170,3 +171,122 @@ def test_cli_help_states_the_spec_defaults() -> None:
     for value in (spec.b, spec.kappa, spec.k, spec.iterations, spec.method, ",".join(map(str, PAPER_TAUS))):
         assert f"[default: ({value})]" in text  # typer shows a show_default text in parentheses
     assert all(method in text for method in BUILD_METHODS)
+
+
+def strict_json(path) -> dict:
+    """Parse as strict JSON: NaN / Infinity are not JSON."""
+
+    def reject(token: str) -> None:
+        raise AssertionError(f"{path} holds {token}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=reject)
+
+
+def tree(root) -> set[str]:
+    """Every file and directory under root (hidden ones too), relative to it."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def lengths_file(tmp_path, n: int, huge_row: int | None = None):
+    pred = np.arange(1, n + 1) * 10.0
+    if huge_row is not None:
+        pred[huge_row] = 1e300
+    src = tmp_path / "preds.csv"
+    write(pd.DataFrame({"prompt_id": [f"p{i}" for i in range(n)], "predicted_length": pred}), src)
+    return src
+
+
+@pytest.mark.parametrize(
+    ("n", "args", "message"),
+    [
+        (10, ["--b", "16"], "10 prompts cannot form minibatches of 16-18 prompts (b = 16, kappa = 2): use b <= 10"),
+        (37, ["--b", "16"], "37 prompts cannot form minibatches of 16-18 prompts (b = 16, kappa = 2): use b = 12 or "),
+        (
+            5,
+            ["--b", "4", "--kappa", "0"],
+            "5 prompts cannot form minibatches of 4 prompts (b = 4, kappa = 0): use b = 1",
+        ),
+    ],
+)
+def test_build_infeasible_sizes_exit_2_naming_what_works(tmp_path, n: int, args: list, message: str) -> None:
+    src = lengths_file(tmp_path, n)
+    res = runner.invoke(app, ["build", str(src), "--out", str(tmp_path / "out" / "s.parquet"), *args])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert res.stderr.startswith(f"error: {src}: {message}") and "--allow-partial" in res.stderr
+    assert tree(tmp_path) == {"preds.csv"}
+
+
+def test_build_allow_partial_writes_strict_json(tmp_path) -> None:
+    """10 prompts, b = 16: one short minibatch, no complete group (mean group load undefined: null, not NaN)."""
+    src, out = lengths_file(tmp_path, 10), tmp_path / "s.parquet"
+    res = runner.invoke(app, ["build", str(src), "--out", str(out), "--b", "16", "--allow-partial"])
+    assert res.exit_code == 0, res.output
+    summary = strict_json(out.with_suffix(".json"))
+    assert summary["feasible"] is False and summary["minibatch_size"] == {"min": 10, "max": 10, "mean": 10.0}
+    assert summary["predicted"]["mean_group_load"] is None and summary["predicted"]["n_groups"] == 0
+    assert len(pd.read_parquet(out)) == 10
+
+
+def test_build_huge_lengths_exit_2_instead_of_infinity_in_json(tmp_path) -> None:
+    src = lengths_file(tmp_path, 10, huge_row=9)
+    res = runner.invoke(app, ["build", str(src), "--out", str(tmp_path / "s.parquet"), "--b", "2", "--kappa", "0"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert f"{src}: column 'predicted_length' row 9 (0-based) has value 1e+300" in res.stderr
+    assert "<= 1e15 tokens" in res.stderr
+    assert tree(tmp_path) == {"preds.csv"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--plot", "{tmp}/fig.xyz"], "--plot {tmp}/fig.xyz: unknown image format 'xyz'; use one of"),
+        (["--out", "{tmp}/s.csv"], "--out {tmp}/s.csv: the schedule is written as Parquet"),
+        (["--summary", "{tmp}/s.txt"], "--summary {tmp}/s.txt: the summary is written as JSON"),
+        (["--out", "{tmp}/preds.csv/s.parquet"], "cannot be created because {tmp}/preds.csv is a file"),
+        (["--out", "{tmp}/dir.parquet"], "{tmp}/dir.parquet: is a directory"),
+        (["--plot", "{tmp}/dir.parquet/../x.json"], "unknown image format 'json'"),
+    ],
+)
+def test_build_checks_outputs_before_reading_or_computing(tmp_path, args: list, message: str) -> None:
+    """The input does not even exist: output paths and formats are checked first, and nothing is written."""
+    (tmp_path / "preds.csv").write_text("not read\n")
+    (tmp_path / "dir.parquet").mkdir()
+    args = [a.format(tmp=tmp_path) for a in args]
+    res = runner.invoke(app, ["build", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "s.parquet"), *args])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert message.format(tmp=tmp_path) in res.stderr
+    assert tree(tmp_path) == {"preds.csv", "dir.parquet"}
+
+
+def test_build_write_failure_leaves_nothing(tmp_path, monkeypatch) -> None:
+    """A failing last output (the plot: disk full) leaves no schedule, summary, temporary file or new directory."""
+    from matplotlib.figure import Figure
+
+    def full_disk(*args, **kwargs) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    src = lengths_file(tmp_path, 40)
+    out = tmp_path / "new" / "deeper" / "s.parquet"
+    res = runner.invoke(app, ["build", str(src), "--out", str(out), "--b", "4", "--plot", str(tmp_path / "fig.png")])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert f"{tmp_path / 'fig.png'}: cannot be written (No space left on device); nothing was written" in res.stderr
+    assert tree(tmp_path) == {"preds.csv"}
+
+
+def test_table_out_format_checked_before_computing(tmp_path) -> None:
+    for cmd in (["ablation", "--tau", "0.5"], ["sweep", "--taus", "1"]):
+        res = runner.invoke(app, [*cmd, "--synthetic", "100", "--out", str(tmp_path / "t.txt")])
+        assert res.exit_code == 2 and "use a .json or .csv output path" in res.stderr
+    assert tree(tmp_path) == set()
+
+
+def test_real_asp_exits_2_on_infeasible_schedule(tmp_path) -> None:
+    """The installed `asp` entry point (not just the typer app) exits 2 with the one-line message."""
+    src = lengths_file(tmp_path, 10)
+    asp = Path(sys.executable).with_name("asp")
+    cmd = [str(asp), "schedule", "build", str(src), "--b", "16", "--out", str(tmp_path / "s.parquet")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: {src}: 10 prompts cannot form") and "Traceback" not in proc.stderr
+    assert tree(tmp_path) == {"preds.csv"}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
-from asp.schedule import build_minibatches, fixed_minibatches, is_feasible, utilization
+from asp.schedule import build_minibatches, fixed_minibatches, infeasible_message, is_feasible, utilization
 
 
 def objective(lengths: np.ndarray, ends: np.ndarray) -> float:
@@ -104,12 +106,27 @@ def test_hand_worked_cases() -> None:
 
 
 def test_infeasible_error_policy_and_feasibility() -> None:
-    with pytest.raises(ValueError, match="cannot be split"):
+    with pytest.raises(ValueError, match=r"^5 prompts cannot form minibatches of 4 prompts .*use b = 1 or kappa = 1"):
         build_minibatches([1, 2, 3, 4, 5], 4, 0, on_infeasible="error")
     assert is_feasible(64, 32, 0) and not is_feasible(65, 32, 0) and not is_feasible(31, 32, 2)
     assert is_feasible(66, 32, 2) and not is_feasible(35, 32, 2)  # 35 > 34 and < 64
     # sizes 32..34: m minibatches cover [32m, 34m]; these ranges touch from m = 16 on, so 511 is the last gap
     assert not is_feasible(511, 32, 2) and all(is_feasible(n, 32, 2) for n in range(512, 3000))
+
+
+@pytest.mark.parametrize(
+    ("n", "b", "kappa"), [(10, 16, 2), (37, 16, 2), (5, 4, 0), (65, 32, 0), (511, 32, 2), (7, 3, 0)]
+)
+def test_infeasible_message_suggests_settings_that_work(n: int, b: int, kappa: int) -> None:
+    """The suggested b works with the given kappa and no larger b below the given one does; same for kappa."""
+    message = infeasible_message(n, b, kappa)
+    assert message.startswith(f"{n} prompts cannot form minibatches of {b}") and not is_feasible(n, b, kappa)
+    if n < b:
+        assert message.endswith(f"use b <= {n} (fewer prompts than b)") and is_feasible(n, n, kappa)
+        return
+    good_b, good_kappa = (int(x) for x in re.search(r"use b = (\d+) or kappa = (\d+)", message).groups())
+    assert is_feasible(n, good_b, kappa) and not any(is_feasible(n, c, kappa) for c in range(good_b + 1, b))
+    assert is_feasible(n, b, good_kappa) and not any(is_feasible(n, b, c) for c in range(kappa, good_kappa))
 
 
 def test_large_input_sizes_within_bounds() -> None:
@@ -123,6 +140,12 @@ def test_large_input_sizes_within_bounds() -> None:
     [
         ([1.0, np.nan], 2, 0, r"sorted_lengths\[1\] = nan is NaN"),
         ([1.0, np.inf], 2, 0, "infinite"),
+        (
+            [1.0, 1e300],
+            2,
+            0,
+            r"sorted_lengths\[1\] = 1e\+300 is larger than 1e15; lengths must be finite, > 0 and <= 1e15",
+        ),
         ([0.0, 1.0], 2, 0, "zero or negative"),
         ([-3.0, 1.0], 2, 0, "zero or negative"),
         ([], 2, 0, "empty"),

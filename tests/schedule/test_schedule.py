@@ -110,6 +110,19 @@ def test_summary_is_small_json_and_reports_realized_metrics() -> None:
 def test_infeasible_n_gets_one_short_minibatch() -> None:
     s = build_schedule(list(range(5)), [1, 2, 3, 4, 5], b=4, kappa=0, k=1)
     assert sorted(s.minibatch_sizes.tolist()) == [1, 4] and s.info["feasible"] is False
+    with pytest.raises(ValueError, match=r"^10 prompts cannot form minibatches of 16-18 prompts .*use b <= 10"):
+        build_schedule(list(range(10)), np.arange(1.0, 11.0), b=16, kappa=2, on_infeasible="error")
+
+
+def test_summary_of_a_schedule_without_a_complete_group_is_strict_json() -> None:
+    """No complete group: mean_group_load is NaN in the dict and null in the JSON text (never NaN)."""
+    from asp.io import json_text
+
+    s = build_schedule(list(range(10)), np.arange(1.0, 11.0), b=16, kappa=2, k=6)
+    summary = schedule_summary(s)
+    assert np.isnan(summary["predicted"]["mean_group_load"])
+    text = json_text(summary)
+    assert "NaN" not in text and json.loads(text)["predicted"]["mean_group_load"] is None
 
 
 @pytest.mark.parametrize(
@@ -118,6 +131,12 @@ def test_infeasible_n_gets_one_short_minibatch() -> None:
         ((["a", "b"], [1.0]), {}, "prompt_ids has shape"),
         ((["a", "a"], [1.0, 2.0]), {}, "unique"),
         ((["a", "b"], [1.0, np.inf]), {}, "infinite"),
+        ((["a", "b"], [1.0, 1e300]), {}, r"predicted_lengths\[1\] = 1e\+300 is larger than 1e15"),
+        (
+            (["a", "b"], [1.0, 2.0]),
+            {"calibration": ([1.0, 2.0], [1.0, 1e16])},
+            r"calibration\(predicted_lengths\)\[1\]",
+        ),
         ((["a", "b"], [1.0, 0.0]), {}, "zero or negative"),
         (([], []), {}, "empty"),
         ((["a", "b"], [1.0, 2.0]), {"k": 0}, "k must be >= 1"),

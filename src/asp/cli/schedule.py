@@ -6,8 +6,11 @@ Examples:
     asp schedule sweep --synthetic 39000 --out sweep.json
 
 Mounted by asp.cli as `asp schedule`; runnable alone as `python -m asp.cli.schedule`. Bad input prints one
-message on stderr and exits with code 2. numpy, pandas, numba and the scheduler itself are imported inside the
-commands, so `asp --help` and `asp schedule --help` stay fast. Scheduler flags left out (None) take the defaults
+message on stderr and exits with code 2, writing nothing: `build` checks its output paths and formats before it
+computes, refuses a dataset that cannot be cut into minibatches of b..b+kappa prompts unless --allow-partial is
+given (the message names the b and kappa that would work), and rejects lengths that are not in (0, 1e15].
+numpy, pandas, numba and the scheduler itself are imported inside the commands, so `asp --help` and
+`asp schedule --help` stay fast. Scheduler flags left out (None) take the defaults
 of `asp.schedule.ScheduleSpec` (and `PAPER_TAUS`); the help texts state them and tests/schedule/test_cli.py
 checks that they agree.
 """
@@ -15,6 +18,7 @@ checks that they agree.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -118,15 +122,38 @@ def build(
     ] = None,
     calibration: Annotated[Path | None, typer.Option(help="Knots JSON {x, y} or table x,y.")] = None,
     shuffle: Annotated[bool, typer.Option(help="Shuffle whole batch groups.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Also save the Figure-7 style plot (PNG).")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Also save the Figure-7 style plot (format from the suffix: png, pdf, svg...).")
+    ] = None,
+    allow_partial: Annotated[
+        bool,
+        typer.Option(
+            "--allow-partial",
+            help="Accept n prompts that cannot be cut into minibatches of b..b+kappa prompts (e.g. n < b): one "
+            "minibatch then holds fewer than b prompts and the summary says feasible: false. Without it such "
+            "input is an error that names the b and kappa that would work.",
+        ),
+    ] = False,
 ) -> None:
-    """Build a schedule from predicted lengths and write it (Parquet + JSON summary)."""
+    """Build a schedule from predicted lengths and write it (Parquet + JSON summary [+ plot]).
+
+    Every output path and format is checked before anything is computed, and the outputs are written together
+    (temporary files renamed at the end): on any error nothing is written.
+    """
     from asp import io
     from asp.io.schedule import read_calibration, read_lengths
+    from asp.schedule.dp import infeasible_message, is_feasible
     from asp.schedule.schedule import build_schedule, schedule_summary, schedule_to_frame
 
     spec = _spec(b, kappa, k, iterations, method)
+    outputs = _check_outputs(out, summary or out.with_suffix(".json"), plot)
     data = read_lengths(input, need_predictions=True)
+    n = len(data["prompt_id"])
+    if not allow_partial and not is_feasible(n, spec.b, spec.kappa):
+        raise UserError(
+            f"{input}: {infeasible_message(n, spec.b, spec.kappa)}. Change --b / --kappa accordingly, or pass "
+            "--allow-partial to accept one minibatch of fewer than b prompts."
+        )
     cal = read_calibration(calibration) if calibration else None
     sched = build_schedule(
         data["prompt_id"],
@@ -136,23 +163,88 @@ def build(
         calibration=cal,
         loads=loads,
         shuffle=shuffle,
+        on_infeasible="short" if allow_partial else "error",
     )
     info = schedule_summary(sched, data["true_length"])
-    io.write_parquet(schedule_to_frame(sched), out)
-    io.write_json(info, summary or out.with_suffix(".json"))
+    figure = None
     if plot is not None:
         from asp.plots.schedule import plot_schedule
 
-        with io.atomic_path(plot) as tmp:
-            plot_schedule(sched, data["true_length"]).savefig(tmp, format=plot.suffix.lstrip(".") or "png", dpi=120)
+        figure = plot_schedule(sched, data["true_length"])
+    _write_build(outputs, schedule_to_frame(sched), io.json_text(info), figure)
     pm = info["predicted"]
     typer.echo(
         f"{sched.n_prompts} prompts -> {sched.n_minibatches} minibatches, {sched.n_groups} groups; "
-        f"predicted padding {pm['P']:.3f}, group-load CV {pm['CV']:.2e}; wrote {out}"
+        f"predicted padding {pm['P']:.3f}, group-load CV {pm['CV']:.2e}; wrote {outputs[0]}"
     )
     if "realized" in info:
         rm = info["realized"]
         typer.echo(f"realized on true lengths: D {rm['D']:.0f}, padding {rm['P']:.3f}, CV {rm['CV']:.3f}")
+
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def _check_outputs(out: Path, summary: Path, plot: Path | None) -> tuple[Path, Path, Path | None]:
+    """Check the formats and writability of `asp schedule build`'s outputs before anything is computed."""
+    if out.suffix.lower() not in PARQUET_SUFFIXES:
+        raise UserError(f"--out {out}: the schedule is written as Parquet; give a path ending in .parquet")
+    if summary.suffix.lower() != ".json":
+        raise UserError(f"--summary {summary}: the summary is written as JSON; give a path ending in .json")
+    if plot is not None:
+        _check_plot_format(plot)
+    paths = [out, summary] + ([plot] if plot is not None else [])
+    resolved = [p.resolve() for p in paths]
+    if len(set(resolved)) < len(resolved):
+        raise UserError(f"the output paths {', '.join(map(str, paths))} must differ; give each its own file")
+    for path in paths:
+        _check_writable(path)
+    return out, summary, plot
+
+
+def _check_plot_format(plot: Path) -> None:
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    fmt = plot.suffix.lstrip(".").lower() or "png"
+    if fmt not in formats:
+        raise UserError(f"--plot {plot}: unknown image format {fmt!r}; use one of {', '.join(sorted(formats))}")
+
+
+def _check_writable(path: Path) -> None:
+    """UserError unless `path` can be created or replaced: not a directory, its nearest existing ancestor a writable
+    directory."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; give a file path for this output")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{path}: cannot be created because {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"{path}: no permission to write in {ancestor}; choose another output path")
+
+
+def _write_build(outputs: tuple[Path, Path, Path | None], frame: Any, summary_text: str, figure: Any) -> None:
+    """Write the schedule, its summary and the plot together: all renamed into place, or none on an error."""
+    from asp import io
+
+    out, summary, plot = outputs
+    paths = [out, summary] + ([plot] if plot is not None else [])
+    writers = [
+        lambda tmp: frame.to_parquet(tmp, index=False),
+        lambda tmp: tmp.write_text(summary_text),
+        lambda tmp: figure.savefig(tmp, format=plot.suffix.lstrip(".").lower() or "png", dpi=120),
+    ]
+    current = ", ".join(map(str, paths))  # while the temporary files are created
+    try:
+        with io.atomic_paths(*paths) as tmps:
+            for path, tmp, write in zip(paths, tmps, writers, strict=False):
+                current = str(path)
+                write(tmp)
+            current = ", ".join(map(str, paths))  # while they are renamed into place
+    except OSError as exc:
+        raise UserError(f"{current}: cannot be written ({exc.strerror or exc}); nothing was written") from None
 
 
 @app.command("ablation")
@@ -178,6 +270,7 @@ def ablation_cmd(
     from asp.schedule.ablation import ablation, perturb_predictions
 
     spec = _spec(b, kappa, k, iterations, method)
+    _check_table_out(out)
     true, data = _true_lengths(input, synthetic)
     seed_list = list(range(seeds))
     if tau is not None:
@@ -217,6 +310,7 @@ def sweep_cmd(
     from asp.schedule.spec import PAPER_TAUS
 
     spec = _spec(b, kappa, k, iterations, method)
+    _check_table_out(out)
     true, _ = _true_lengths(input, synthetic)
     try:
         tau_list = list(PAPER_TAUS) if taus is None else [float(t) for t in taus.split(",") if t.strip()]
@@ -229,6 +323,15 @@ def sweep_cmd(
     typer.echo(res.cv.to_string(float_format=lambda v: f"{v:.3f}"))
     if out is not None:
         _write_table({"local": res.local, "cv": res.cv}, out)
+
+
+def _check_table_out(out: Path | None) -> None:
+    """Check an ablation / sweep --out path before the (long) computation."""
+    if out is None:
+        return
+    if out.suffix.lower() not in (".json", ".csv"):
+        raise UserError(f"{out}: use a .json or .csv output path")
+    _check_writable(out)
 
 
 def _write_table(tables: dict[str, Any], out: Path) -> None:

@@ -1,12 +1,16 @@
 """Small file helpers shared by the stages: atomic writes of Parquet, JSON, YAML and whole directories.
 
-Nothing is half-written: every writer writes to a temporary name in the same directory and renames.
+Nothing is half-written: every writer writes to a temporary name in the same directory and renames; on an error
+the temporary files and the directories the writer created are removed. `atomic_paths` does the same for several
+outputs at once (all are renamed into place, or none). JSON is always valid JSON: a non-finite float (NaN, an
+undefined metric such as a mean over nothing; or +-inf) is written as null, never as NaN/Infinity.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -24,16 +28,40 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     Works for files and directories (the block creates whichever it wants at the yielded path).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]  # deepest first
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except BaseException:
+        _remove_empty(created)
+        raise
     target = tmp / path.name
     try:
         yield target
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         os.replace(target, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(created)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove the directories a failed write created (deepest first), if they are still empty."""
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+@contextlib.contextmanager
+def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
+    """`atomic_path` for several outputs: yields one temporary path per output; all are renamed into place only if
+    the block succeeds, none if it raises."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(atomic_path(p)) for p in paths]
 
 
 def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
@@ -42,10 +70,37 @@ def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
         df.to_parquet(tmp, index=False)
 
 
+def json_safe(obj: Any) -> Any:
+    """`obj` with numpy scalars / arrays as Python values and every non-finite float (NaN, +-inf) as None.
+
+    JSON has no NaN or Infinity (Python's json module writes them anyway, giving files other parsers reject).
+    """
+    if isinstance(obj, dict):
+        return {key: json_safe(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(value) for value in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, str | bytes):  # numpy arrays and scalars
+        return json_safe(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def json_text(obj: Any) -> str:
+    """Strict JSON text of `obj` (see `json_safe`), pretty-printed with sorted keys and a final newline."""
+    return json.dumps(json_safe(obj), indent=2, sort_keys=True, allow_nan=False, default=_number) + "\n"
+
+
+def _number(obj: Any) -> float | None:
+    """Fallback for objects json cannot write (Decimal, ...): their float value, None when not finite."""
+    value = float(obj)
+    return value if math.isfinite(value) else None
+
+
 def write_json(obj: Any, path: str | Path) -> None:
-    """Write JSON atomically, pretty-printed with sorted keys."""
+    """Write JSON atomically, pretty-printed with sorted keys; non-finite floats are written as null."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
+        tmp.write_text(json_text(obj))
 
 
 def read_json(path: str | Path) -> Any:

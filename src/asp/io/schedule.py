@@ -39,15 +39,19 @@ def read_table(path: str | Path) -> pd.DataFrame:
 
 
 def _numeric(df: pd.DataFrame, column: str, path: Path) -> np.ndarray:
+    """The column as float64 lengths; UserError naming the first row that is not a number in (0, MAX_LENGTH]."""
+    from asp.schedule.validate import MAX_LENGTH, MAX_LENGTH_TEXT
+
     values = pd.to_numeric(df[column], errors="coerce").to_numpy(np.float64)
-    bad = np.flatnonzero(~np.isfinite(values) | (values <= 0))
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(~np.isfinite(values) | (values <= 0) | (values > MAX_LENGTH))
     if bad.size:
         row = int(bad[0])
         value = df[column].iloc[row]
         value = value.item() if hasattr(value, "item") else value
         raise UserError(
             f"{path}: column {column!r} row {row} (0-based) has value {value!r}; "
-            f"lengths must be finite numbers > 0 ({bad.size} bad rows in all)"
+            f"lengths must be finite numbers > 0 and <= {MAX_LENGTH_TEXT} tokens ({bad.size} bad rows in all)"
         )
     return values
 
@@ -63,7 +67,8 @@ def read_lengths(path: str | Path, *, need_predictions: bool) -> dict[str, np.nd
         {"prompt_id": (n,), "predicted_length": (n,) or None, "true_length": (n,) or None}.
 
     Raises:
-        UserError: missing file/columns, empty file, non-numeric or non-positive lengths, duplicate ids.
+        UserError: missing file/columns, empty file, non-numeric, non-positive or huge (> 1e15) lengths,
+            duplicate ids.
     """
     path = Path(path)
     df = read_table(path)

@@ -26,6 +26,25 @@ def policy_model_path(policy_dir: str | Path) -> Path:
     return Path(read_json(ref)["model_path"])
 
 
+def policy_context_length(policy_dir: str | Path) -> int | None:
+    """The policy's context in tokens: `max_position_embeddings` of its config.json (or of its `text_config`).
+
+    Returns None when the config states no context length (the caller then cannot check prompt lengths).
+    """
+    config_path = policy_model_path(policy_dir) / "config.json"
+    try:
+        config = read_json(config_path)
+    except (OSError, ValueError) as exc:
+        raise UserError(
+            f"{config_path}: cannot be read ({exc}). Rerun the policy stage (`dvc repro policy`)."
+        ) from None
+    for section in (config, config.get("text_config") or {}):
+        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def load_policy_tokenizer(policy_dir: str | Path) -> Any:
     """The policy's tokenizer (local files only; `tokenizer.json` kept as saved, see `asp.rollout.load_tokenizer`)."""
     from asp.rollout import load_tokenizer

@@ -6,6 +6,12 @@ answer, prompt[, steps]): `train.parquet` (every valid prompt, the RL dataset), 
 subset profiled to train the length predictor) and `heldout.parquet` (profiled, kept aside to evaluate it);
 profile and heldout are disjoint subsets of train.
 
+Bad input is caught here, not minutes later in `profile`: a file that is not UTF-8 or not readable Parquet, rows
+without a problem or answer, duplicate ids, and prompts (chat template applied) longer than the policy's context
+allows: max_position_embeddings minus the longest response the pipeline asks for (the larger of
+profile.max_new_tokens and runtime.max_new_tokens). `prepare.bad_rows: error` stops with the rows / ids named;
+`drop` drops them and counts them in metrics/prepare.json (`prepare/dropped_too_long` for the long prompts).
+
 Run: `asp stage prepare` (what `dvc repro prepare` calls).
 """
 
@@ -22,7 +28,7 @@ import pandas as pd
 from asp.config import DEMO_DATASET, Params, PrepareParams
 from asp.errors import UserError
 from asp.io import write_json, write_parquet
-from asp.pipeline.loaders import load_policy_tokenizer
+from asp.pipeline.loaders import load_policy_tokenizer, policy_context_length
 from asp.tracking import Tracker
 
 
@@ -34,16 +40,21 @@ class Paths:
 
 
 def read_records(path: str | Path) -> pd.DataFrame:
-    """Read prompt records from a .json (list of objects), .jsonl or .parquet file."""
+    """Read prompt records from a .json (list of objects), .jsonl or .parquet file.
+
+    Raises:
+        UserError: missing file, unknown type, bytes that are not UTF-8 (JSON/JSONL: line and column named),
+            invalid JSON, or a Parquet file that cannot be read (corrupt or truncated).
+    """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: dataset file not found. Set prepare.dataset to an existing JSON/JSONL/Parquet file.")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        return pd.read_parquet(path)
+        return _read_parquet(path)
     if suffix == ".jsonl":
         rows = []
-        for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        for lineno, line in enumerate(_utf8_text(path).split("\n"), start=1):
             if not line.strip():
                 continue
             try:
@@ -53,13 +64,43 @@ def read_records(path: str | Path) -> pd.DataFrame:
         return _frame(rows, path)
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(_utf8_text(path))
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         return _frame(data, path)
     raise UserError(f"{path}: unsupported file type '{suffix}'. Use .json (a list of objects), .jsonl or .parquet.")
+
+
+def _utf8_text(path: Path) -> str:
+    """The file decoded as UTF-8 (a leading byte-order mark is skipped); UserError naming the first bad byte."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        lineno, column = data.count(b"\n", 0, exc.start) + 1, exc.start - line_start + 1
+        raise UserError(
+            f"{path}: line {lineno}, byte {column} of that line (byte 0x{data[exc.start]:02x}) is not valid UTF-8. "
+            "JSON/JSONL datasets must be UTF-8: re-encode the file (e.g. `iconv -f latin1 -t utf-8 IN > OUT` "
+            "if it is Latin-1) or fix that line."
+        ) from None
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    """`pd.read_parquet`, with a corrupt, truncated or non-Parquet file reported as a UserError."""
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(path)
+    except (ValueError, OSError, pa.ArrowException) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        reason = reason.split(f"{path}': ", 1)[-1].rstrip(".")  # pyarrow repeats the path: "... '<path>': why"
+        raise UserError(
+            f"{path}: not a readable Parquet file ({reason}). It may be truncated or corrupt (an interrupted "
+            "copy or download): copy or export it again, or point prepare.dataset at a JSON/JSONL file."
+        ) from None
 
 
 def _frame(rows: Any, path: Path) -> pd.DataFrame:
@@ -140,19 +181,104 @@ def load_raw(prep: PrepareParams, seed: int) -> tuple[pd.DataFrame, str]:
 
 
 def build_prompts(
-    raw: pd.DataFrame, prep: PrepareParams, source: str, policy_dir: Path
+    raw: pd.DataFrame, prep: PrepareParams, source: str, policy_dir: Path, max_new_tokens: int
 ) -> tuple[pd.DataFrame, dict[str, int], bool]:
-    """Clean the rows, keep at most `prepare.max_prompts` and add the `prompt` column (chat template applied).
+    """Clean the rows, add the `prompt` column (chat template applied), check that every prompt fits the policy's
+    context with `max_new_tokens` of response, and keep at most `prepare.max_prompts`.
 
-    Returns the frame, the drop counts and whether the policy's chat template was applied.
+    Returns the frame, the drop / token counts and whether the policy's chat template was applied.
     """
     df, counts = clean_rows(raw, prep, source)
+    tokenizer = load_policy_tokenizer(policy_dir)
+    templated = prep.chat_template and bool(getattr(tokenizer, "chat_template", None))
+    df["prompt"] = format_prompts(df["problem"].tolist(), tokenizer, prep.chat_template, prep.system_prompt)
+    context = policy_context_length(policy_dir)
+    df, tokens, length_counts = fit_context(df, tokenizer, context, max_new_tokens, prep.bad_rows, source)
+    counts = {**counts, "dropped": counts["dropped"] + length_counts["dropped_too_long"], **length_counts}
     if prep.max_prompts is not None:
         df = df.iloc[: prep.max_prompts].reset_index(drop=True)
-    tokenizer = load_policy_tokenizer(policy_dir) if prep.chat_template else None
-    templated = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
-    df["prompt"] = format_prompts(df["problem"].tolist(), tokenizer, prep.chat_template, prep.system_prompt)
+    if tokens is not None and len(df):
+        counts["prompt_tokens_max"] = int(tokens[: len(df)].max())
     return df, counts, templated
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters any single token of the vocabulary spells (>= 1): a bound on characters per token.
+
+    Byte-level vocabularies spell one symbol per byte, so this over-counts characters (safe for `token_counts`).
+    """
+    return max(1, max((len(token) for token in tokenizer.get_vocab()), default=1))
+
+
+def token_counts(prompts: list[str], tokenizer: Any, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts of the prompts as the engines see them (no special tokens added), fast for huge prompts.
+
+    A prompt of more than 2 * (limit + 1) * `max_token_chars` characters certainly has more than `limit` tokens
+    (no token spells more than max_token_chars characters; the factor 2 covers normalizers that merge characters),
+    so it is not tokenized (a 5 MB prompt takes tens of seconds): its count is the lower bound
+    chars // (2 * max_token_chars).
+
+    Returns:
+        (n,) int64 token counts and (n,) bool, True where a count is that lower bound.
+    """
+    per_token = 2 * max_token_chars(tokenizer)
+    chars = np.fromiter(map(len, prompts), dtype=np.int64, count=len(prompts))
+    huge = chars > (limit + 1) * per_token
+    counts = chars // per_token
+    small = np.flatnonzero(~huge)
+    if small.size:
+        ids = tokenizer([prompts[i] for i in small], add_special_tokens=False, verbose=False)["input_ids"]
+        counts[small] = [len(x) for x in ids]
+    return counts, huge
+
+
+def fit_context(
+    df: pd.DataFrame, tokenizer: Any, context: int | None, max_new_tokens: int, bad_rows: str, source: str
+) -> tuple[pd.DataFrame, np.ndarray | None, dict[str, int]]:
+    """Check that every prompt leaves `max_new_tokens` of the policy's `context` for its response.
+
+    bad_rows "error": UserError naming the ids, token counts and the limit; "drop": drop those prompts and count
+    them (`dropped_too_long`). No check when the policy's config states no context (`context` None).
+
+    Returns:
+        The kept rows, their (n_kept,) token counts (None when not checked) and {dropped_too_long[,
+        prompt_token_limit]}.
+    """
+    if context is None:
+        return df, None, {"dropped_too_long": 0}
+    limit = context - max_new_tokens
+    if limit < 1:
+        raise UserError(
+            f"the policy's context (max_position_embeddings {context} tokens) leaves no room for a prompt next to "
+            f"responses of up to {max_new_tokens} tokens (the larger of profile.max_new_tokens and "
+            "runtime.max_new_tokens). Lower those below the context, or use a policy with a longer context."
+        )
+    counts, lower_bound = token_counts(df["prompt"].tolist(), tokenizer, limit)
+    bad = counts > limit
+    if bad.any() and bad_rows == "error":
+        raise UserError(
+            _too_long_message(df["prompt_id"].to_numpy()[bad], counts[bad], lower_bound[bad], source)
+            + f" A prompt may have at most {limit} tokens: the policy's max_position_embeddings {context} "
+            f"minus {max_new_tokens} response tokens (the larger of profile.max_new_tokens and "
+            "runtime.max_new_tokens). Shorten or remove these prompts, set prepare.bad_rows: drop to drop "
+            "them (counted as prepare/dropped_too_long), or lower the max_new_tokens settings."
+        )
+    return (
+        df[~bad].reset_index(drop=True),
+        counts[~bad],
+        {"dropped_too_long": int(bad.sum()), "prompt_token_limit": limit},
+    )
+
+
+def _too_long_message(ids: np.ndarray, counts: np.ndarray, lower_bound: np.ndarray, source: str, show: int = 5) -> str:
+    """'<source>: N prompts are too long for the policy's context: 'id' (T tokens), ...' (the first `show`)."""
+    listed = [
+        f"{pid!r} ({'at least ' if lb else ''}{int(n)} tokens)"
+        for pid, n, lb in zip(ids[:show].tolist(), counts[:show], lower_bound[:show], strict=True)
+    ]
+    more = f" and {ids.size - show} more" if ids.size > show else ""
+    noun = "prompt is" if ids.size == 1 else "prompts are"
+    return f"{source}: {ids.size} {noun} too long for the policy's context: {', '.join(listed)}{more}."
 
 
 def save_splits(df: pd.DataFrame, roles: np.ndarray, out_dir: Path) -> None:
@@ -165,7 +291,8 @@ def save_splits(df: pd.DataFrame, roles: np.ndarray, out_dir: Path) -> None:
 def prepare_metrics(
     df: pd.DataFrame, n_raw: int, roles: np.ndarray, templated: bool, counts: dict[str, int]
 ) -> dict[str, Any]:
-    """Prompt counts per role, prompt characters, whether templated and the dropped-row counts."""
+    """Prompt counts per role, prompt characters, whether templated, the dropped-row counts and, when the policy
+    states its context, the prompt token limit and the longest kept prompt in tokens."""
     chars = df["prompt"].str.len()
     return {
         "prepare/prompts": len(df),
@@ -183,11 +310,19 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Load, clean, template and split the prompts; write Parquet and metrics; log to the tracker."""
     prep, seed = params.prepare, params.common.seed
     raw, source = load_raw(prep, seed)
-    df, counts, templated = build_prompts(raw, prep, source, paths.policy)
+    max_new_tokens = max(params.profile.max_new_tokens, params.runtime.max_new_tokens)
+    df, counts, templated = build_prompts(raw, prep, source, paths.policy, max_new_tokens)
     roles = split_roles(len(df), prep.profile_prompts, prep.heldout_prompts, seed + 2)
     save_splits(df, roles, paths.out_dir)
     metrics = prepare_metrics(df, len(raw), roles, templated, counts)
     write_json(metrics, paths.metrics)
-    tracker.log_params({"prepare": prep.model_dump(), "common.seed": seed})
+    tracker.log_params(
+        {
+            "prepare": prep.model_dump(),
+            "common.seed": seed,
+            "profile.max_new_tokens": params.profile.max_new_tokens,
+            "runtime.max_new_tokens": params.runtime.max_new_tokens,
+        }
+    )
     tracker.log_metrics(metrics)
     return metrics

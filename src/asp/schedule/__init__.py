@@ -16,7 +16,7 @@ from asp.predictor.metrics import kendall_tau
 from asp.schedule.ablation import CONDITIONS, SweepResult, ablation, perturb_predictions, sweep, synthetic_lengths
 from asp.schedule.balance import balance_groups, group_loads, shuffle_groups
 from asp.schedule.conditions import CONDITION_NAMES, condition_schedule
-from asp.schedule.dp import build_minibatches, fixed_minibatches, is_feasible, utilization
+from asp.schedule.dp import build_minibatches, fixed_minibatches, infeasible_message, is_feasible, utilization
 from asp.schedule.metrics import schedule_metrics
 from asp.schedule.schedule import (
     Schedule,
@@ -46,6 +46,7 @@ __all__ = [
     "fit_isotonic",
     "fixed_minibatches",
     "group_loads",
+    "infeasible_message",
     "is_feasible",
     "kendall_tau",
     "perturb_predictions",

@@ -13,7 +13,8 @@ state (the chosen size minus b); n = 10^7 takes well under the 0.3 s target (see
 Infeasible n. When n cannot be written as a sum of sizes in [b, b + kappa] (e.g. n = 5, b = 4, kappa = 0, or
 n < b), the default policy `on_infeasible="short"` allows exactly one minibatch of size in [1, b - 1]; the DP
 places it where it maximises the same objective (one extra layer of states, O(b * n)). `is_feasible` tells
-the caller in advance; `on_infeasible="error"` raises instead.
+the caller in advance and `infeasible_message` says which b and kappa would work; `on_infeasible="error"`
+raises a ValueError with that message instead.
 
 Run the checks: `.venv/bin/python -m pytest tests/schedule/test_dp.py -q`.
 """
@@ -101,6 +102,29 @@ def is_feasible(n: int, b: int, kappa: int) -> bool:
     return n >= 1 and -(-n // (b + kappa)) <= n // b
 
 
+def infeasible_message(n: int, b: int, kappa: int) -> str:
+    """Why n prompts cannot be cut into minibatches of b..b+kappa prompts, and the nearest b / kappa that can.
+
+    Example:
+        >>> infeasible_message(10, 16, 2).split(": ")[0]
+        '10 prompts cannot form minibatches of 16-18 prompts (b = 16, kappa = 2)'
+        >>> infeasible_message(10, 16, 2).split(": ")[1]
+        'use b <= 10 (fewer prompts than b)'
+        >>> infeasible_message(37, 16, 2).split(": ")[1].split(" (")[0]  # 37 = 18 + 19, or 12 + 12 + 13
+        'use b = 12 or kappa = 3'
+    """
+    sizes = f"{b}-{b + kappa}" if kappa else f"{b}"
+    head = f"{n} prompts cannot form minibatches of {sizes} prompts (b = {b}, kappa = {kappa})"
+    if n < b:
+        return f"{head}: use b <= {n} (fewer prompts than b)"
+    best_b = next(c for c in range(b - 1, 0, -1) if is_feasible(n, c, kappa))  # c = 1 always works
+    best_kappa = -(-n // (n // b)) - b  # n // b minibatches of at most ceil(n / (n // b)) prompts
+    return (
+        f"{head}: use b = {best_b} or kappa = {best_kappa} (the largest b below {b} that works with kappa = {kappa}, "
+        f"the smallest kappa that works with b = {b})"
+    )
+
+
 @nb.njit(cache=True, nogil=True)
 def _backtrack_uniform(back, n, b):  # pragma: no cover - compiled
     """Endpoints from the size backpointers of `_dp_kernel` (two passes: count, then fill)."""
@@ -163,7 +187,7 @@ def build_minibatches(sorted_lengths: object, b: int, kappa: int, *, on_infeasib
         _dp_kernel(lengths, b, kappa, back, dtype(none))
         return _backtrack_uniform(back, n, b)
     if on_infeasible == "error":
-        raise ValueError(f"n = {n} prompts cannot be split into minibatches of size {b}..{b + kappa}")
+        raise ValueError(f'{infeasible_message(n, b, kappa)}; or use on_infeasible="short" (one smaller minibatch)')
     size0 = np.zeros(n + 1, dtype=np.int32)
     size1 = np.zeros(n + 1, dtype=np.int32)
     _dp_short_kernel(lengths, b, kappa, size0, size1)
