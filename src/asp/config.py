@@ -47,7 +47,11 @@ class PrepareParams(_Params):
     bad_rows: Literal["error", "drop"] = "error"
     max_prompts: Int | None = Field(None, ge=1, description="Keep only the first N valid prompts.")
     profile_prompts: Int = Field(400, ge=2, description="Prompts profiled to train the predictor.")
-    heldout_prompts: Int = Field(150, ge=2, description="Profiled prompts kept aside to evaluate the predictor.")
+    heldout_prompts: Int = Field(
+        400,
+        ge=2,
+        description="Profiled prompts kept aside: the predictor's evaluation and calibration, the schedule ablation.",
+    )
     chat_template: Bool = Field(True, description="Apply the policy tokenizer's chat template when it has one.")
     system_prompt: str | None = None
 
@@ -72,7 +76,7 @@ class DemoPolicyParams(_Params):
     intermediate_size: Int = Field(384, ge=8)
     max_position_embeddings: Int = Field(512, ge=16)
     warm_start_steps: Int = Field(
-        1000, ge=0, description="Half-learned term lookup: short problems mostly right, long ones not (GRPO signal)."
+        1000, ge=1, description="Half-learned term lookup: short problems mostly right, long ones not (GRPO signal)."
     )
     batch_size: Int = Field(32, ge=1)
     lr: Float = Field(2e-3, gt=0)
@@ -291,6 +295,12 @@ class RuntimeParams(_Params):
         "than this (tiny models); 0 disables coalescing.",
     )
     max_chunk: Int = Field(16, ge=1, description="Most minibatches handed to an actor in one coalesced call.")
+    heldout_problems: Int = Field(
+        256,
+        ge=0,
+        description="grpo on the built-in demo task: new problems (not among the run's prompts) whose reward the "
+        "launch stage measures before and after training; 0 disables.",
+    )
 
     @property
     def total_actors(self) -> int:

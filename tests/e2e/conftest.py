@@ -44,6 +44,7 @@ TINY: dict[str, Any] = {
         "trainer_step_s": 0.05,
         "refresh_delay_s": 0.01,
         "checkpoint_interval": 1,
+        "heldout_problems": 16,
     },
 }
 

@@ -80,6 +80,7 @@ def _paths(t: Path) -> dict[str, object]:
             predictions=t / "predictions.parquet",
             calibration=t / "cal.json",
             profile=t / "profile/prompts.parquet",
+            heldout=t / "prompts/heldout.parquet",
             out_dir=t / "schedule",
             metrics=t / "m/schedule.json",
             plot=t / "p/sched.png",
@@ -186,8 +187,7 @@ def _check_schedule(t: Path, preds: pd.DataFrame, run_id: str) -> None:
     assert sm["schedule/prompts"] == len(sched) == TINY["prepare"]["demo_prompts"]
     assert sm["schedule/minibatches"] == len(sizes) and sm["schedule/groups"] == len(groups)
     assert (groups <= s["k"]).all() and (groups < s["k"]).sum() <= 1  # k per group, one partial group at most
-    profiled = TINY["prepare"]["profile_prompts"] + TINY["prepare"]["heldout_prompts"]
-    assert sm["schedule/ablation/prompts"] == profiled
+    assert sm["schedule/ablation/prompts"] == TINY["prepare"]["heldout_prompts"]  # out of sample: held-out only
     table = pd.read_csv(t / "p/ablation.csv").set_index("condition")
     assert list(table.index) == ["C0", "C1", "C2", "C3", "C4"]
     for cond, row in table.iterrows():

@@ -1,6 +1,7 @@
 """evaluate stage on the one-epoch MiniLM predictor and 12 profiled held-out prompts (a 13th held-out prompt has no
 profile row and is left out). Its metrics equal ones computed here from the predictor's own predictions; the
-calibration map is monotone and no worse than raw predictions in squared error; the τ gate fires at
+calibration map is monotone, fitted on all 12 and no worse than raw predictions in squared error; the calibrated MAE
+is out of fold (5 folds interleaved by predicted rank, recomputed here with sklearn); the τ gate fires at
 min_tau 0.99: an error naming evaluate.min_tau and the measured τ, or only a warning with on_fail: warn."""
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 from scipy import stats
+from sklearn.isotonic import IsotonicRegression
 
 from asp.errors import UserError
 from asp.pipeline import evaluate, rebase
-from asp.predictor.calibration import CalibrationMap
+from asp.predictor.calibration import CalibrationMap, fit_calibration
 from asp.predictor.train import predict_lengths
 from asp.tracking import MlflowTracker, NullTracker, end_run
 
@@ -87,7 +89,22 @@ def test_calibration_is_monotone_and_fits_better_than_raw(
     calibrated = cal(pred)
     # isotonic least squares: never worse in squared error than the raw predictions (the identity is monotone)
     assert np.mean((calibrated - true) ** 2) <= np.mean((pred - true) ** 2) + 1e-9
-    assert evaluated.metrics["predictor/mae_calibrated_tokens"] == pytest.approx(np.abs(calibrated - true).mean())
+    np.testing.assert_allclose(cal.y, fit_calibration(pred, true).y, rtol=1e-5)  # the deployed map: all 12 prompts
+
+
+def test_calibrated_mae_is_out_of_fold(evaluated: Built, heldout: tuple[np.ndarray, np.ndarray]) -> None:
+    pred, true = heldout
+    m = evaluated.metrics
+    assert m["predictor/calibration_folds"] == 5
+    rank = np.argsort(np.argsort(pred, kind="stable"), kind="stable")  # fold of a prompt = its predicted rank mod 5
+    out_of_fold = np.empty_like(true)
+    for f in range(5):
+        held = rank % 5 == f
+        iso = IsotonicRegression(out_of_bounds="clip").fit(pred[~held], true[~held])
+        out_of_fold[held] = iso.predict(pred[held])
+    assert m["predictor/mae_calibrated_tokens"] == pytest.approx(np.abs(out_of_fold - true).mean(), rel=1e-5)
+    in_sample = np.abs(fit_calibration(pred, true)(pred) - true).mean()
+    assert m["predictor/mae_calibrated_tokens"] > in_sample  # the fit scored on its own prompts looks better
 
 
 def test_logs_metrics_params_and_artifacts(evaluated: Built) -> None:

@@ -1,14 +1,18 @@
-"""Launch-stage helpers without Ray: the persisted iteration history, the checkpoint key and the GRPO summary."""
+"""Launch-stage helpers without Ray: the persisted iteration history, the checkpoint key, the GRPO summary and the
+held-out reward before / after training (measured on the demo task only, on problems not among the run's prompts)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from asp.pipeline.launch import fingerprint_extra, read_history
+from asp.pipeline.launch import Paths, ResumePoint, fingerprint_extra, heldout_metrics, read_history
 from asp.runtime import grpo_summary
+from asp.trainers.heldout import HELDOUT_SEED_OFFSET, heldout_problems
+from tests.trainers.test_heldout import save_tiny_demo_policy
 
 from .conftest import make_params
 
@@ -43,3 +47,59 @@ def test_grpo_summary_first_last_fifth_lag_and_timings() -> None:
     assert s["grpo/lag_mean"] == pytest.approx(1.5) and s["grpo/lag_max"] == 3
     assert s["grpo/T_train_s"] == 0.5 and s["grpo/T_gen_s"] == 0.25 and s["grpo/duty_cycle_measured"] == 0.95
     assert s["grpo/T_save_s"] != s["grpo/T_save_s"]  # NaN: never measured
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Paths, ResumePoint]:
+    """A policy stage output (a tiny random demo policy) and a run state whose only trainer checkpoint, at step 3,
+    holds the policy's own weights (so before and after decode alike)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from asp.trainers.weights import save_checkpoint
+
+    root = tmp_path_factory.mktemp("launch_heldout")
+    model_dir = save_tiny_demo_policy(root / "model")
+    (root / "policy").mkdir()
+    (root / "policy" / "policy.json").write_text(json.dumps({"model_path": str(model_dir)}))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+    save_checkpoint(root / "state" / "trainer", 3, model, torch.optim.AdamW(model.parameters()), {}, keep=2)
+    point = ResumePoint(plan=None, config=None, extra={}, directory=root / "state", state=None, reason="")
+    return Paths(policy=root / "policy"), point
+
+
+def _heldout_params(**overlay: object) -> object:
+    runtime = {"trainer": "grpo", "heldout_problems": 5, "max_new_tokens": 8, **overlay.pop("runtime", {})}
+    return make_params({"runtime": runtime, **overlay})
+
+
+def test_heldout_reward_on_new_problems_with_the_final_weights(tiny_run: tuple[Paths, ResumePoint]) -> None:
+    paths, point = tiny_run
+    draw = heldout_problems(5, seed=0)[0]  # what the stage would take with nothing to leave out
+    prompts = pd.DataFrame({"problem": [draw[1]["problem"], "A1 B2"], "prompt": ["x", "y"]})  # one is a run prompt
+    m = heldout_metrics(_heldout_params(), paths, point, prompts, trainer_step=3)
+    assert m["grpo/heldout_measured"] == 1 and m["grpo/heldout_problems"] == 5 and m["grpo/heldout_samples"] == 4
+    assert m["grpo/heldout_weights_step"] == 3 and m["grpo/heldout_temperature"] == 1.0
+    assert m["grpo/heldout_skipped_seen"] == heldout_problems(5, seed=0, exclude={draw[1]["problem"], "A1 B2"})[1]
+    assert "none among the run's prompts" in m["grpo/heldout_note"]
+    assert m["grpo/heldout_reward_after"] == m["grpo/heldout_reward_before"]  # the checkpoint holds the same weights
+    assert m["grpo/heldout_gain"] == 0 and m["grpo/heldout_gain_se"] == 0 and m["grpo/heldout_seconds"] > 0
+    assert 0 <= m["grpo/heldout_reward_before"] <= 1
+    assert HELDOUT_SEED_OFFSET == 900  # the problems `asp heldout-reward` decodes too (common.seed + 900)
+
+    late = heldout_metrics(_heldout_params(), paths, point, prompts, trainer_step=4)
+    assert late["grpo/heldout_note"].endswith("trainer weights of step 3, not the last step 4")
+
+
+def test_heldout_reward_not_measured_says_why(tiny_run: tuple[Paths, ResumePoint], tmp_path: Path) -> None:
+    paths, point = tiny_run
+    prompts = pd.DataFrame({"problem": ["A1"], "prompt": ["x"]})
+    file_data = _heldout_params(prepare={"dataset": "data/math.jsonl"})
+    off = _heldout_params(runtime={"heldout_problems": 0})
+    no_ckpt = ResumePoint(plan=None, config=None, extra={}, directory=tmp_path, state=None, reason="")
+    for params, pt, why in (
+        (file_data, point, "not measured: data/math.jsonl has no held-out split excluded from GRPO training"),
+        (off, point, "not measured: runtime.heldout_problems is 0"),
+        (_heldout_params(), no_ckpt, f"not measured: no trainer checkpoint in {tmp_path}"),
+    ):
+        assert heldout_metrics(params, paths, pt, prompts, 3) == {"grpo/heldout_measured": 0, "grpo/heldout_note": why}

@@ -2,7 +2,8 @@
 The schedule holds every prompt exactly once in minibatches of 4-5 cut from the length-sorted order; the reported
 predicted D / P / CV / spread equal a recomputation from the written Parquet; balancing beats the sorted order;
 with a calibration map and profiled true lengths it balances calibrated loads and runs the C0-C4 ablation on the
-profiled prompts only."""
+held-out prompts only, with cross-fitted calibrated loads (raw ones with `loads: raw`), and none without the
+held-out split."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pytest
 from asp.errors import UserError
 from asp.io import write_json
 from asp.pipeline import rebase, schedule
+from asp.predictor.calibration import cross_fit_calibration
+from asp.schedule import ScheduleSpec, ablation
 from asp.tracking import MlflowTracker, NullTracker, end_run
 
 from .conftest import artifact_paths, make_params
@@ -26,7 +29,8 @@ IDS = [f"s{i:03d}" for i in range(N)]
 # distinct, spread out (10 .. ~700 tokens), in a seeded random order
 LENGTHS = np.random.default_rng(7).permutation(10.0 + 3.0 * np.arange(N) + np.arange(N) ** 2 / 8.0)
 CALIBRATION = {"kind": "isotonic", "x": [0.0, 100.0, 1000.0], "y": [5.0, 50.0, 3000.0]}
-PARAMS = make_params({"schedule": {"b": B, "kappa": KAPPA, "k": K, "iterations": 2000, "ablation_seeds": 1}})
+SCHEDULE = {"b": B, "kappa": KAPPA, "k": K, "iterations": 2000, "ablation_seeds": 1}
+PARAMS = make_params({"schedule": SCHEDULE})
 CONDITIONS = ("C0", "C1", "C2", "C3", "C4")
 
 
@@ -109,37 +113,85 @@ def test_raw_schedule_layout_metrics_and_tracking(tmp_path: Path, new_tracker: C
     assert {"schedule_summary.json", "plots"} <= artifact_paths(tracker) and paths.plot.is_file()
 
 
-def test_calibrated_loads_and_ablation_on_profiled_prompts(
+HELDOUT = IDS[16:]  # the ablation's prompts; IDS[:16] are profiled too, as prompts the predictor trained on
+
+
+def _profiled_inputs(root: Path) -> schedule.Paths:
+    """Predictions, the calibration map, profiled true lengths of every prompt (the 16 training-split ones far off
+    the map, so that counting them would show) plus one prompt the predictions lack, and the held-out split
+    (HELDOUT, plus one prompt without a profile row)."""
+    paths = _inputs(root)
+    write_json(CALIBRATION, paths.calibration)
+    true = _calibrate(LENGTHS)
+    true[:16] = 5000.0
+    paths.profile.parent.mkdir(parents=True)
+    pd.DataFrame({"prompt_id": [*IDS, "other"], "mean_length": [*true, 99.0]}).to_parquet(paths.profile, index=False)
+    paths.heldout.parent.mkdir(parents=True)
+    pd.DataFrame({"prompt_id": [*HELDOUT, "unprofiled"]}).to_parquet(paths.heldout, index=False)
+    return paths
+
+
+def _expected_table(loads: str) -> pd.DataFrame:
+    """The C0-C4 table of the held-out prompts, built here: cross-fitted calibrated loads (5 folds) or raw ones."""
+    pred, true = LENGTHS[16:], _calibrate(LENGTHS[16:])
+    cal = schedule.FixedLoads(pred, cross_fit_calibration(pred, true, 5)) if loads == "calibrated" else None
+    spec = ScheduleSpec(b=B, kappa=KAPPA, k=K, iterations=2000, method="asp")
+    return ablation(true, pred, spec, seeds=[0], calibration=cal, loads=loads)
+
+
+def test_calibrated_loads_and_ablation_on_heldout_prompts(
     tmp_path: Path, new_tracker: Callable[[str], MlflowTracker]
 ) -> None:
-    paths = _inputs(tmp_path)
-    write_json(CALIBRATION, paths.calibration)
-    profiled = 48  # true lengths for 48 of the 64 prompts, plus one prompt the predictions do not have
-    true = pd.DataFrame(
-        {"prompt_id": [*IDS[:profiled], "other"], "mean_length": [*_calibrate(LENGTHS[:profiled]), 99.0]}
-    )
-    paths.profile.parent.mkdir(parents=True)
-    true.to_parquet(paths.profile, index=False)
+    paths = _profiled_inputs(tmp_path)
     tracker = new_tracker("schedule-calibrated")
     metrics = schedule.run(PARAMS, paths, tracker)
     end_run(tracker)
 
     sched = pd.read_parquet(paths.out_dir / "schedule.parquet")
-    _check_layout(sched)
+    _check_layout(sched)  # the schedule itself covers every predicted prompt
     assert metrics["schedule/loads_calibrated"] == 1
     np.testing.assert_allclose(sched["load_used"], _calibrate(sched["predicted_length"].to_numpy()))
 
-    assert metrics["schedule/ablation/prompts"] == profiled
+    assert metrics["schedule/ablation/split"] == "heldout" and metrics["schedule/ablation/prompts"] == len(HELDOUT)
+    assert metrics["schedule/ablation/calibration_folds"] == 5
     table = pd.read_csv(paths.ablation_csv).set_index("condition")
     assert table.index.tolist() == list(CONDITIONS) and table.columns.tolist() == ["D", "P", "CV", "spread"]
+    pd.testing.assert_frame_equal(table, _expected_table("calibrated"), check_names=False, rtol=1e-5)
     for c in CONDITIONS:
         for m in table.columns:
             assert metrics[f"schedule/ablation/{c}/{m}"] == pytest.approx(table.loc[c, m], rel=1e-5)
-    # perfect predictions: DP minibatches of sorted prompts pad far less than the original order, and the
+    # near-perfect predictions: DP minibatches of sorted prompts pad far less than the original order, and the
     # balanced order (C4) evens out group loads far better than the sorted one (C2)
     assert metrics["schedule/ablation/C2/P"] < 0.5 * metrics["schedule/ablation/C0/P"]
     assert metrics["schedule/ablation/C4/CV"] < 0.5 * metrics["schedule/ablation/C2/CV"]
     assert f"tables/{paths.ablation_csv.name}" in artifact_paths(tracker, "tables")
+    run = tracker.client.get_run(tracker.run_id).data
+    assert run.tags["schedule.ablation.split"] == "heldout"
+    assert run.metrics["schedule/ablation/prompts"] == len(HELDOUT)
+    assert json.loads(paths.metrics.read_text())["schedule/ablation/split"] == "heldout"
+
+
+def test_raw_loads_ablation_and_no_ablation_without_the_heldout_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = _profiled_inputs(tmp_path)
+    metrics = schedule.run(make_params({"schedule": {**SCHEDULE, "loads": "raw"}}), paths, NullTracker())
+    assert metrics["schedule/loads_calibrated"] == 0 and metrics["schedule/ablation/calibration_folds"] == 0
+    table = pd.read_csv(paths.ablation_csv).set_index("condition")
+    pd.testing.assert_frame_equal(table, _expected_table("raw"), check_names=False, rtol=1e-5)
+
+    paths.heldout.unlink()
+    paths.ablation_csv.unlink()
+    metrics = schedule.run(PARAMS, paths, NullTracker())
+    assert not any(k.startswith("schedule/ablation/") for k in metrics) and not paths.ablation_csv.exists()
+    assert "heldout.parquet: missing, so no C0-C4 ablation" in capsys.readouterr().err
+
+
+def test_fixed_loads_refuse_other_predictions() -> None:
+    loads = schedule.FixedLoads(np.array([1.0, 2.0]), np.array([10.0, 20.0]))
+    np.testing.assert_array_equal(loads(np.array([1.0, 2.0])), [10.0, 20.0])
+    with pytest.raises(ValueError, match="other predictions"):
+        loads(np.array([2.0, 1.0]))
 
 
 def test_bad_predictions_are_clear_errors_and_write_nothing(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Calibration map: hand-worked isotonic fit, monotone on random data, JSON round trip."""
+"""Calibration map: hand-worked isotonic fit, monotone on random data, JSON round trip; hand-worked cross-fitting."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from asp.predictor.calibration import CalibrationMap, fit_calibration, fit_isotonic
+from asp.predictor.calibration import (
+    CalibrationMap,
+    calibration_folds,
+    cross_fit_calibration,
+    fit_calibration,
+    fit_isotonic,
+)
 
 
 def test_isotonic_by_hand() -> None:
@@ -69,3 +75,39 @@ def test_invalid_maps_and_inputs() -> None:
         fit_calibration(np.array([]), np.array([]))
     with pytest.raises(ValueError, match="NaN"):
         CalibrationMap(x=(1.0,), y=(2.0,))(np.array([math.nan]))
+
+
+def test_cross_fit_by_hand() -> None:
+    pred = np.array([1, 2, 3, 4, 5, 6.0])
+    true = np.array([10, 30, 20, 20, 50, 45.0])
+    # folds interleave by predicted rank: fold 0 = predicted 1, 3, 5; fold 1 = predicted 2, 4, 6
+    np.testing.assert_array_equal(calibration_folds(pred, 2), [0, 1, 0, 1, 0, 1])
+    # fold 0 scored by the fit on fold 1 (x 2, 4, 6; y 30, 20, 45 -> the violating 30, 20 pool to 25: y 25, 25, 45):
+    #   f(1) = 25 (flat below), f(3) = 25, f(5) = 35 (halfway 25 -> 45)
+    # fold 1 scored by the fit on fold 0 (x 1, 3, 5; y 10, 20, 50, already monotone):
+    #   f(2) = 15, f(4) = 35, f(6) = 50 (flat above)
+    oof = cross_fit_calibration(pred, true, folds=2)
+    np.testing.assert_allclose(oof, [25, 15, 25, 35, 35, 50])
+    # out-of-fold MAE = (15 + 15 + 5 + 15 + 15 + 5) / 6 = 70 / 6; the map fitted on all six and scored on them
+    # (y 10, 23.3, 23.3, 23.3, 47.5, 47.5) has MAE (0 + 6.67 + 3.33 + 3.33 + 2.5 + 2.5) / 6 = 3.06: optimistic
+    assert np.abs(oof - true).mean() == pytest.approx(70 / 6)
+    assert np.abs(fit_calibration(pred, true)(pred) - true).mean() == pytest.approx(55 / 18)
+
+
+def test_cross_fit_follows_the_prompts_not_their_positions() -> None:
+    pred = np.array([1, 2, 3, 4, 5, 6.0])
+    true = np.array([10, 30, 20, 20, 50, 45.0])
+    perm = np.array([4, 0, 5, 2, 1, 3])
+    np.testing.assert_allclose(cross_fit_calibration(pred[perm], true[perm], folds=2), [35, 25, 50, 25, 15, 35])
+    # leave-one-out (K = n) on a monotone relation recovers the interior points exactly, flat at the ends
+    line = np.array([0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_allclose(cross_fit_calibration(line, 10 * line, folds=4), [10, 10, 20, 20])
+
+
+def test_cross_fit_rejects_bad_folds() -> None:
+    x = np.arange(4.0)
+    for folds in (1, 5, True, 2.0):
+        with pytest.raises(ValueError, match="folds must be an integer"):
+            cross_fit_calibration(x, x, folds=folds)
+    with pytest.raises(ValueError, match="equal length"):
+        cross_fit_calibration(x, x[:3], folds=2)

@@ -1,11 +1,13 @@
 """`asp heldout-reward`: mean demo reward of the policy, optionally with a trainer checkpoint's weights, on new
-problems of the built-in task (never seen by the warm start, the profile or the GRPO run).
+problems of the built-in task that are not among the pipeline's prompts (so never trained on by the GRPO run).
 
     asp heldout-reward                                                          # the policy stage's output
     asp heldout-reward --weights outputs/launch_state/C4/trainer/step-00000200/model.safetensors
 
-Both lines decode the same problems with the same seed, so their difference is the GRPO run's held-out gain
-(the README's "held-out reward before -> after").
+Both lines decode the same problems with the same seed, so their difference is the GRPO run's held-out gain.
+The launch stage measures the same numbers itself (``grpo/heldout_reward_before`` / ``_after`` in
+metrics/launch.json, `asp.trainers.heldout`); with the defaults (seed 0, 4 samples, 160 new tokens, T = 1) and
+as many problems as ``runtime.heldout_problems``, this command repeats that measurement.
 """
 
 from __future__ import annotations
@@ -19,47 +21,57 @@ from asp.errors import UserError
 
 
 def held_out_reward(
-    policy_dir: Path, weights: Path | None, *, problems: int, samples: int, max_new_tokens: int, seed: int
-) -> float:
-    """Mean reward of `samples` responses to each of `problems` fresh demo problems (seed-derived ids)."""
-    import torch
-    from safetensors.torch import load_model
-    from transformers import AutoModelForCausalLM
+    policy_dir: Path,
+    weights: Path | None,
+    *,
+    problems: int,
+    samples: int,
+    max_new_tokens: int,
+    seed: int,
+    prompts: Path | None = None,
+) -> tuple[float, int]:
+    """Mean reward of `samples` responses to each of `problems` new demo problems (seed-derived) that are not
+    among the `prompts` file's problems; returns it and how many candidate problems were skipped for that."""
+    import pandas as pd
 
-    from asp.demo.policy import evaluate_policy
-    from asp.demo.task import generate_problems
     from asp.pipeline.loaders import policy_model_path
-    from asp.rollout import load_tokenizer
+    from asp.trainers.heldout import heldout_problems, heldout_rewards
 
-    path = policy_model_path(policy_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32).eval()
-    if weights is not None:
-        if not weights.is_file():
-            raise UserError(f"{weights}: no such weights file; give a trainer checkpoint's model.safetensors.")
-        load_model(model, str(weights))
-    records = generate_problems(problems, seed=seed + 900, id_prefix="heldout")
-    result = evaluate_policy(
-        model,
-        load_tokenizer(path),
-        records,
-        n_samples=samples,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        batch_size=64,
-    )
-    return float(result["mean_reward"])
+    exclude: set[str] = set()
+    if prompts is not None and prompts.is_file():
+        exclude = set(pd.read_parquet(prompts, columns=["problem"])["problem"])
+    records, skipped = heldout_problems(problems, seed=seed, exclude=exclude)
+    try:
+        result = heldout_rewards(
+            policy_model_path(policy_dir), weights, records, samples=samples, max_new_tokens=max_new_tokens, seed=seed
+        )
+    except FileNotFoundError:
+        raise UserError(f"{weights}: no such weights file; give a trainer checkpoint's model.safetensors.") from None
+    return result.mean, skipped
 
 
 def heldout_reward(
     weights: Annotated[Path | None, typer.Option(help="Trainer checkpoint weights (model.safetensors).")] = None,
     policy: Annotated[Path, typer.Option(help="The policy stage's output directory.")] = Path("outputs/policy"),
-    problems: Annotated[int, typer.Option(min=1, help="New demo problems.")] = 256,
+    prompts: Annotated[
+        Path, typer.Option(help="Prompts to leave out (the prepare stage's train.parquet; skipped if absent).")
+    ] = Path("outputs/prompts/train.parquet"),
+    problems: Annotated[int, typer.Option(min=1, help="New demo problems (runtime.heldout_problems).")] = 256,
     samples: Annotated[int, typer.Option(min=1, help="Responses per problem.")] = 4,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Response cap (runtime.max_new_tokens).")] = 160,
-    seed: Annotated[int, typer.Option(min=0)] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="common.seed")] = 0,
 ) -> None:
     """Mean demo reward on new problems (the policy, or the policy with trained weights)."""
-    reward = held_out_reward(
-        policy, weights, problems=problems, samples=samples, max_new_tokens=max_new_tokens, seed=seed
+    reward, skipped = held_out_reward(
+        policy,
+        weights,
+        problems=problems,
+        samples=samples,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        prompts=prompts,
     )
-    typer.echo(f"held-out reward {reward:.3f} ({problems} problems x {samples} samples)")
+    left_out = (
+        f"{skipped} drawn problems skipped as prompts of {prompts}" if prompts.is_file() else f"{prompts} absent"
+    )
+    typer.echo(f"held-out reward {reward:.3f} ({problems} problems x {samples} samples; {left_out})")

@@ -2,7 +2,10 @@
 
 Computes Kendall τ, Spearman, MAE (tokens), pairwise ordering accuracy and the error per true-length bucket;
 writes metrics/predictor.json and a predicted-versus-true scatter plot; fits a monotone calibration map
-(isotonic regression of true mean length on prediction) that the scheduler uses to balance expected loads.
+(isotonic regression of true mean length on prediction) on all held-out prompts, which the scheduler uses to
+balance expected loads (outputs/calibration.json). `predictor/mae_calibrated_tokens` is out of sample: K-fold
+cross-fitted over the held-out prompts (`asp.predictor.calibration.cross_fit_calibration`), each prompt
+calibrated by a map fitted on the other folds; `predictor/calibration_folds` says K.
 `evaluate.min_tau` gates the pipeline: below it the stage fails (or warns, `evaluate.on_fail: warn`).
 
 Run: `asp stage evaluate` (what `dvc repro evaluate` calls).
@@ -36,12 +39,12 @@ class Paths:
 
 
 def scatter_figure(pred: np.ndarray, true: np.ndarray, calibrated: np.ndarray, tau: float) -> Any:
-    """Figure: predicted (raw and calibrated) versus true mean response length, log-log, with y = x."""
+    """Figure: predicted (raw and out-of-fold calibrated) versus true mean response length, log-log, with y = x."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 4.5))
     ax.scatter(true, pred, s=10, alpha=0.6, label="raw prediction")
-    ax.scatter(true, calibrated, s=10, alpha=0.6, label="calibrated")
+    ax.scatter(true, calibrated, s=10, alpha=0.6, label="calibrated (out of fold)")
     lo, hi = max(1.0, float(min(true.min(), pred.min()))), float(max(true.max(), pred.max()))
     ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
     ax.set(
@@ -80,27 +83,32 @@ def load_heldout(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray]:
     return predict_lengths(model, tokenizer, texts, batch_size=params.predict.batch_size), true
 
 
-def score(pred: np.ndarray, true: np.ndarray, bucket_edges: list[float]) -> tuple[dict[str, Any], Any, list[Any]]:
-    """Ranking metrics, the fitted calibration map and the per-bucket errors of `pred` against `true`."""
-    from asp.predictor.calibration import fit_calibration
+def score(
+    pred: np.ndarray, true: np.ndarray, bucket_edges: list[float]
+) -> tuple[dict[str, Any], Any, np.ndarray, list[Any]]:
+    """Ranking metrics, the calibration map (fitted on all prompts), the out-of-fold calibrated lengths [n] and
+    the per-bucket errors of `pred` against `true`; the calibrated MAE is the out-of-fold one."""
+    from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration, fit_calibration
     from asp.predictor.metrics import bucket_errors, ranking_metrics
 
     try:
         scores = ranking_metrics(pred, true)
     except ValueError as exc:
         raise UserError(f"cannot evaluate the predictor on {len(true)} held-out prompts: {exc}") from None
-    calibration = fit_calibration(pred, true)
+    folds = min(CALIBRATION_FOLDS, len(true))
+    out_of_fold = cross_fit_calibration(pred, true, folds)
     metrics = {f"predictor/{k}": float(v) for k, v in scores.items()}
     metrics["predictor/heldout_prompts"] = len(true)
-    metrics["predictor/mae_calibrated_tokens"] = float(np.mean(np.abs(calibration(pred) - true)))
-    return metrics, calibration, bucket_errors(pred, true, bucket_edges)
+    metrics["predictor/mae_calibrated_tokens"] = float(np.mean(np.abs(out_of_fold - true)))
+    metrics["predictor/calibration_folds"] = folds
+    return metrics, fit_calibration(pred, true), out_of_fold, bucket_errors(pred, true, bucket_edges)
 
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Evaluate on held-out prompts, fit and save the calibration map, apply the τ gate."""
     evaluation = params.evaluate
     pred, true = load_heldout(params, paths)
-    metrics, calibration, buckets = score(pred, true, evaluation.bucket_edges)
+    metrics, calibration, out_of_fold, buckets = score(pred, true, evaluation.bucket_edges)
     tau = metrics["predictor/kendall_tau"]
     tracker.log_params({"evaluate": evaluation.model_dump()})
     tracker.log_metrics(metrics)  # the failed run still shows why
@@ -108,6 +116,6 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     gate(tau, evaluation.min_tau, evaluation.on_fail)  # before any file: a rejected predictor leaves nothing behind
     write_json(calibration.to_dict(), paths.calibration)
     write_json({**metrics, "buckets": buckets}, paths.metrics)
-    save_figure(scatter_figure(pred, true, calibration(pred), tau), paths.plot, tracker)
+    save_figure(scatter_figure(pred, true, out_of_fold, tau), paths.plot, tracker)
     tracker.log_artifact(paths.calibration)
     return metrics

@@ -12,6 +12,13 @@ outputs/launch_state/<condition>/, which DVC keeps between runs: an interrupted 
 same MLflow run with steps continuing, and its iteration history is kept there so the summary covers the
 whole run.
 
+With the grpo trainer on the built-in demo task, the stage then measures the held-out reward before and after
+training (`asp.trainers.heldout`): `runtime.heldout_problems` new problems that are not among the run's prompts,
+4 samples each, decoded by the initial policy and by the run's final trainer weights with the same seed
+(``grpo/heldout_reward_before`` / ``_after``, their paired gain and its standard error). Other datasets have no
+held-out split excluded from GRPO training, so there ``grpo/heldout_measured`` is 0 and ``grpo/heldout_note``
+says why.
+
 Writes outputs/launch/ (summary.json, iterations.parquet, minibatches.parquet), metrics/launch.json and
 plots/launch_timeline.png; logs every iteration to MLflow.
 
@@ -30,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asp.config import Params, RuntimeParams
+from asp.config import DEMO_DATASET, Params, RuntimeParams
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
 from asp.pipeline.loaders import policy_model_path, schedule_spec
@@ -359,6 +366,57 @@ def save_outputs(
         write_parquet(pd.DataFrame(summary.minibatches), out / "minibatches.parquet")
 
 
+def heldout_metrics(
+    params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, trainer_step: int
+) -> dict[str, Any]:
+    """``grpo/heldout_*``: the demo reward on new problems of the initial policy and of the run's final weights
+    (the newest trainer checkpoint; ``grpo/heldout_weights_step`` is its step, `trainer_step` where the run ended).
+
+    Not measured (``grpo/heldout_measured`` 0, ``grpo/heldout_note`` says why) for datasets other than the
+    built-in demo, when `runtime.heldout_problems` is 0, or when the run left no trainer checkpoint.
+    """
+    from asp.trainers.heldout import HELDOUT_SAMPLES, compare_heldout, final_weights, heldout_problems
+
+    runtime, seed, dataset = params.runtime, params.common.seed, params.prepare.dataset
+    final = final_weights(point.directory)
+    reasons = (
+        (dataset != DEMO_DATASET, f"{dataset} has no held-out split excluded from GRPO training"),
+        (runtime.heldout_problems == 0, "runtime.heldout_problems is 0"),
+        (final is None, f"no trainer checkpoint in {point.directory}"),
+    )
+    reason = next((why for hit, why in reasons if hit), None)
+    if reason is not None:
+        return {"grpo/heldout_measured": 0, "grpo/heldout_note": f"not measured: {reason}"}
+    try:
+        records, skipped = heldout_problems(runtime.heldout_problems, seed=seed, exclude=set(prompts["problem"]))
+    except ValueError as exc:
+        raise UserError(f"runtime.heldout_problems: {exc}") from None
+    temperature = runtime.temperature if runtime.temperature > 0 else 1.0  # the demo sampler does not decode greedily
+    print(f"[launch] held-out reward: {len(records)} new problems x {HELDOUT_SAMPLES} samples", file=sys.stderr)
+    measured = compare_heldout(
+        policy_model_path(paths.policy),
+        final[0],
+        records,
+        samples=HELDOUT_SAMPLES,
+        max_new_tokens=runtime.max_new_tokens,
+        seed=seed,
+        temperature=temperature,
+        device=runtime.grpo.device,
+        num_threads=runtime.engine.num_threads,
+    )
+    return {
+        "grpo/heldout_measured": 1,
+        "grpo/heldout_note": "new demo problems, none among the run's prompts; after = trainer weights of step "
+        + (f"{final[1]}" if final[1] == trainer_step else f"{final[1]}, not the last step {trainer_step}"),
+        "grpo/heldout_problems": len(records),
+        "grpo/heldout_samples": HELDOUT_SAMPLES,
+        "grpo/heldout_skipped_seen": skipped,
+        "grpo/heldout_temperature": temperature,
+        "grpo/heldout_weights_step": final[1],
+        **{f"grpo/heldout_{k}": v for k, v in measured.items()},
+    }
+
+
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Run the asynchronous RL loop over the schedule; write the run summary, metrics and plot."""
     runtime, seed = params.runtime, params.common.seed
@@ -371,9 +429,13 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     summary = run_session(point, prompts_by_id, engine, factory, runtime, tracker)
     history = earlier + summary.iterations  # the whole run: earlier sessions up to the resume step, then this one
     metrics = run_metrics(summary, history, runtime.trainer)
+    if runtime.trainer == "grpo":
+        metrics.update(heldout_metrics(params, paths, point, prompts, summary.trainer_step))
     save_outputs(paths.out_dir, runtime, summary, history, metrics, tracker.run_id)
     write_json(metrics, paths.metrics)
     save_figure(timeline_figure(history), paths.plot, tracker)
     if runtime.trainer == "grpo":
-        tracker.log_metrics({k: v for k, v in metrics.items() if k.startswith("grpo/")}, step=summary.trainer_step)
+        grpo = {k: v for k, v in metrics.items() if k.startswith("grpo/")}
+        tracker.log_metrics({k: v for k, v in grpo.items() if isinstance(v, int | float)}, step=summary.trainer_step)
+        tracker.set_tags({k.replace("/", "."): v for k, v in grpo.items() if isinstance(v, str)})
     return metrics

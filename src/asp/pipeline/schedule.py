@@ -1,17 +1,25 @@
 """`schedule` stage: the length-aware rollout schedule of every training prompt.
 
 Reads predictions (prompt_id, predicted_length[, calibrated_length]), the calibration map from `evaluate`
-and, when present, the profiled true mean lengths. Builds DP minibatches (sizes in [b, b + κ]) and balanced
-batch groups of k minibatches (paper §3.3-3.4), balancing calibrated expected loads by default. Writes
-outputs/schedule/schedule.parquet (one row per prompt, in dispatch order) + summary.json, and
-metrics/schedule.json. On the profiled prompts, whose true lengths are known, it runs the C0-C4 ablation
-(paper §5.3) and reports realized padding and group-load balance.
+and, when present, the profiled true mean lengths and the held-out split. Builds DP minibatches (sizes in
+[b, b + κ]) and balanced batch groups of k minibatches (paper §3.3-3.4), balancing calibrated expected loads by
+default. Writes outputs/schedule/schedule.parquet (one row per prompt, in dispatch order) + summary.json, and
+metrics/schedule.json.
+
+The C0-C4 ablation (paper §5.3: realized dispersion, padding and group-load balance, measured on true lengths)
+runs on the held-out prompts only (outputs/prompts/heldout.parquet), which the predictor never trained on. The
+deployed calibration map was fitted on those same prompts, so with `schedule.loads: calibrated` the ablation
+balances cross-fitted loads instead: each prompt's expected length comes from an isotonic map fitted on the other
+folds (`asp.predictor.calibration.cross_fit_calibration`, as the evaluate stage scores it). Metrics say so:
+`schedule/ablation/split` (heldout), `schedule/ablation/prompts` and `schedule/ablation/calibration_folds`
+(0: raw loads).
 
 Run: `asp stage schedule` (what `dvc repro schedule` calls).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,7 @@ class Paths:
     predictions: Path = Path("outputs/predictions.parquet")
     calibration: Path = Path("outputs/calibration.json")
     profile: Path = Path("outputs/profile/prompts.parquet")
+    heldout: Path = Path("outputs/prompts/heldout.parquet")
     out_dir: Path = Path("outputs/schedule")
     metrics: Path = Path("metrics/schedule.json")
     plot: Path = Path("plots/schedule_loads.png")
@@ -39,7 +48,8 @@ class Paths:
 
 
 def load_inputs(paths: Paths) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
-    """Predictions, the calibration map (None if absent) and profiled true lengths (None if absent)."""
+    """Predictions, the calibration map (None if absent) and the held-out prompts' profiled mean lengths (None
+    unless both the profile and the held-out split are there)."""
     if not paths.predictions.is_file():
         raise UserError(f"{paths.predictions}: missing. Run the predict stage first (`dvc repro predict`).")
     preds = pd.read_parquet(paths.predictions)
@@ -51,30 +61,86 @@ def load_inputs(paths: Paths) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
         from asp.predictor.calibration import CalibrationMap
 
         calibration = CalibrationMap.from_dict(read_json(paths.calibration))
-    true = pd.read_parquet(paths.profile, columns=["prompt_id", "mean_length"]) if paths.profile.is_file() else None
-    return preds, calibration, true
+    if not paths.profile.is_file():
+        return preds, calibration, None
+    if not paths.heldout.is_file():
+        print(
+            f"[schedule] {paths.heldout}: missing, so no C0-C4 ablation (it runs on held-out prompts only).",
+            file=sys.stderr,
+        )
+        return preds, calibration, None
+    heldout = pd.read_parquet(paths.heldout, columns=["prompt_id"])
+    true = pd.read_parquet(paths.profile, columns=["prompt_id", "mean_length"])
+    return preds, calibration, true[true["prompt_id"].isin(heldout["prompt_id"])]
 
 
-def profiled_ablation(
+@dataclass(frozen=True)
+class FixedLoads:
+    """Calibration stand-in for the ablation: the given expected lengths [n] of exactly the given predictions [n].
+
+    The scheduler calls its calibration on the prediction vector it schedules; this one answers with per-prompt
+    (cross-fitted) loads, which no single map of the prediction gives, and refuses any other vector.
+    """
+
+    predicted: np.ndarray
+    loads: np.ndarray
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        if not np.array_equal(np.asarray(values, dtype=np.float64), self.predicted):
+            raise ValueError("FixedLoads is called on other predictions than the ones it holds loads for")
+        return self.loads.copy()
+
+
+def ablation_loads(pred: np.ndarray, true: np.ndarray, calibration: Any, loads: str) -> tuple[Any, str, int]:
+    """(calibration, loads mode, folds) for the held-out ablation: cross-fitted calibrated loads, or raw ones."""
+    from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
+
+    if calibration is None or loads == "raw":
+        return None, "raw", 0
+    folds = min(CALIBRATION_FOLDS, pred.size)
+    return FixedLoads(pred, cross_fit_calibration(pred, true, folds)), "calibrated", folds
+
+
+def heldout_ablation(
     preds: pd.DataFrame, true: pd.DataFrame, params: Params, calibration: Any
-) -> tuple[pd.DataFrame, dict[str, float]]:
-    """C0-C4 on the profiled prompts (true = profiled mean lengths, predictions from the predictor)."""
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """C0-C4 on the held-out prompts (true = profiled mean lengths, predictions from the predictor).
+
+    Returns the table (empty when there are fewer than two batch groups' worth of prompts) and its metrics.
+    """
     from asp.schedule import ablation
 
     schedule_params = params.schedule
     joined = preds.merge(true, on="prompt_id", how="inner")
     if len(joined) < 2 * schedule_params.b * schedule_params.k:
+        print(
+            f"[schedule] {len(joined)} held-out prompts with profiled lengths: fewer than two batch groups "
+            f"(2 * b * k = {2 * schedule_params.b * schedule_params.k}), so no C0-C4 ablation; raise "
+            "prepare.heldout_prompts.",
+            file=sys.stderr,
+        )
         return pd.DataFrame(), {}
+    pred = joined["predicted_length"].to_numpy(np.float64)
+    true_lengths = joined["mean_length"].to_numpy(np.float64)
+    cal, mode, folds = ablation_loads(pred, true_lengths, calibration, schedule_params.loads)
     table = ablation(
-        joined["mean_length"].to_numpy(np.float64),
-        joined["predicted_length"].to_numpy(np.float64),
+        true_lengths,
+        pred,
         schedule_spec(schedule_params),
         seeds=[params.common.seed + i for i in range(schedule_params.ablation_seeds)],
-        calibration=calibration,
-        loads=schedule_params.loads if calibration is not None else "raw",
+        calibration=cal,
+        loads=mode,
     )
-    flat = {f"schedule/ablation/{c}/{m}": float(v) for c, row in table.iterrows() for m, v in row.items()}
-    flat["schedule/ablation/prompts"] = len(joined)
+    flat: dict[str, Any] = {
+        f"schedule/ablation/{c}/{m}": float(v) for c, row in table.iterrows() for m, v in row.items()
+    }
+    flat.update(
+        {
+            "schedule/ablation/split": "heldout",
+            "schedule/ablation/prompts": len(joined),
+            "schedule/ablation/calibration_folds": folds,
+        }
+    )
     return table, flat
 
 
@@ -148,13 +214,14 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     metrics = predicted_metrics(sched, calibration is not None and schedule_params.loads == "calibrated")
     table = pd.DataFrame()
     if true is not None:
-        table, flat = profiled_ablation(preds, true, params, calibration)
+        table, flat = heldout_ablation(preds, true, params, calibration)
         metrics.update(flat)
     save_schedule(sched, summary, paths.out_dir)
     write_json(metrics, paths.metrics)
     save_ablation(table, paths.ablation_csv, tracker)
     save_figure(plot_schedule(sched), paths.plot, tracker)
     tracker.log_params({"schedule": schedule_params.model_dump(), "common.seed": seed})
-    tracker.log_metrics(metrics)
+    tracker.log_metrics({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+    tracker.set_tags({k.replace("/", "."): v for k, v in metrics.items() if isinstance(v, str)})
     tracker.log_dict(summary, "schedule_summary.json")
     return metrics
