@@ -1,6 +1,7 @@
-"""The `asp` command: user errors print one message naming the key and exit 2 without a traceback;
-`asp repro` runs DVC under one MLflow parent run, `asp preset apply` writes a valid overlay or nothing, and
-`asp serve` registers the Prefect deployment."""
+"""The `asp` command: user and usage errors print one message and exit 2 without a traceback (checked in-process
+through `asp.cli.main`, the console entry point, so the exit code is the one a shell sees); `asp repro` runs DVC
+under one MLflow parent run and fails with dvc's code when DVC fails, `asp preset apply` writes a valid overlay
+or nothing, and `asp serve` registers the Prefect deployment."""
 
 from __future__ import annotations
 
@@ -16,6 +17,41 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _asp(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "asp", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _main(*args: str) -> int:
+    """Run `asp ARGS` in-process through the console entry point; returns the exit code it ends with."""
+    from asp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["schedule", "build", "missing.parquet"], "error: missing.parquet: file not found"),  # typer.Exit(2)
+        (["schedule", "build", "x.parquet", "--b", "x"], "Error: Invalid value for '--b'"),
+        (["--bogus"], "Error: No such option: --bogus"),
+        (["stage"], "Error: Missing argument 'name'."),
+        (["schedule", "frobnicate"], "Error: No such command 'frobnicate'."),
+        (["stage", "nope"], "error: no stage 'nope': dvc.yaml defines policy, prepare"),  # UserError
+    ],
+)
+def test_user_and_usage_errors_exit_2_with_one_message(
+    args: list[str], message: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    assert _main(*args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert sum(line.lower().startswith("error") for line in err.splitlines()) == 1, err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture) -> None:
+    assert _main("--help") == 0
+    assert "repro" in capsys.readouterr().out
 
 
 def test_bad_params_exit_2_naming_the_key(tmp_path: Path) -> None:
@@ -82,8 +118,8 @@ def _env_without_store() -> dict[str, str]:
     return dict(env, DVC_NO_ANALYTICS="1")
 
 
-def _repro(repo: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asp", "repro"], cwd=repo, env=_env_without_store(),
+def _repro(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asp", "repro", *args], cwd=repo, env=_env_without_store(),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
@@ -116,12 +152,7 @@ def test_repro_runs_dvc_under_one_parent_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bugs: asp.cli.main ignores the code `app(standalone_mode=False)` returns for typer.Exit, so "
-    "`asp repro` exits 0; and open_tracker ends the parent run FINISHED after repro's end_run(parent, 'FAILED')",
-)
-def test_repro_failure_fails_the_command_and_the_parent_run(tmp_path: Path) -> None:
+def test_repro_failure_fails_the_command_make_run_and_the_parent_run(tmp_path: Path) -> None:
     import re
 
     repo, store = tmp_path / "repo", tmp_path / "store.db"
@@ -130,6 +161,25 @@ def test_repro_failure_fails_the_command_and_the_parent_run(tmp_path: Path) -> N
     dvc_code = int(re.search(r"dvc repro failed with exit code (\d+)", out.stderr).group(1))
     (run,) = _pipeline_runs(store)
     assert dvc_code != 0 and (out.returncode, run.info.status) == (dvc_code, "FAILED")
+    assert "Traceback" not in out.stderr
+
+    # `make run` (asp repro after the install step, which -o skips here) fails too; make names dvc's code
+    env = dict(_env_without_store(), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    made = subprocess.run(["make", "-f", str(ROOT / "Makefile"), "-o", "install", "run"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert made.returncode == 2 and f"run] Error {dvc_code}" in made.stderr, made.stderr[-3000:]
+    assert [r.info.status for r in _pipeline_runs(store)] == ["FAILED", "FAILED"]
+
+
+@pytest.mark.slow
+def test_repro_of_an_unknown_target_fails_with_dvcs_code(tmp_path: Path) -> None:
+    repo, store = tmp_path / "repo", tmp_path / "store.db"
+    _tiny_dvc_project(repo, store)
+    out = _repro(repo, "nope")
+    assert "Stage 'nope' not found" in out.stderr
+    assert out.returncode != 0 and f"dvc repro failed with exit code {out.returncode}" in out.stderr
+    (run,) = _pipeline_runs(store)
+    assert run.info.status == "FAILED" and run.data.tags["asp.dvc_args"] == "nope"
 
 
 def _preset_dir(tmp_path: Path, **presets: dict) -> Path:

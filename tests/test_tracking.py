@@ -1,19 +1,51 @@
-"""Tracker: nested stage runs under a parent run, logged to a temporary SQLite store and read back."""
+"""Tracker: nested stage runs under a parent run, logged to a temporary SQLite store and read back; how a run
+ends (FINISHED / FAILED / KILLED, a status set inside the block kept); owner tags and the sweep that marks runs
+of dead processes KILLED without touching live, unknown or resumed ones."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import socket
+import subprocess
+import uuid
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import psutil  # noqa: E402
 import pytest  # noqa: E402
+import typer  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.artifacts import download_artifacts  # noqa: E402
 
-from asp.tracking import PARENT_ENV, Tracker, end_run, flatten, log_text, open_tracker, start_run  # noqa: E402
+from asp.env import Terminated  # noqa: E402
+from asp.errors import UserError  # noqa: E402
+from asp.tracking import (  # noqa: E402
+    HOST_TAG,
+    PARENT_ENV,
+    PID_TAG,
+    START_TAG,
+    Tracker,
+    end_run,
+    flatten,
+    log_text,
+    nested_statuses,
+    open_tracker,
+    start_run,
+    status_of,
+)
+
+
+@pytest.fixture
+def exp(_mlflow_store: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
+    """A new experiment's name in the session's SQLite store (`_mlflow_store`); no parent run in the environment."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_store)
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    return f"{request.node.name}-{uuid.uuid4().hex[:8]}"
 
 
 def _log_everything(tracker: Tracker, tmp_path: Path) -> None:
@@ -37,13 +69,12 @@ def _artifact_text(uri: str, run_id: str, path: str) -> str:
     return Path(download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=uri)).read_text()
 
 
-def test_nested_runs_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+def test_nested_runs_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exp: str, _mlflow_store: str) -> None:
+    uri = _mlflow_store
     monkeypatch.chdir(tmp_path)  # artifacts go to ./mlartifacts of the working directory
-    parent = start_run(uri, "exp-test", "pipeline", tags={"asp.kind": "pipeline"})
+    parent = start_run(uri, exp, "pipeline", tags={"asp.kind": "pipeline"})
     monkeypatch.setenv(PARENT_ENV, parent.run_id)
-    with open_tracker("prepare", experiment="exp-test") as tracker:
+    with open_tracker("prepare", experiment=exp) as tracker:
         assert MlflowClient(uri).get_run(tracker.run_id).info.status == "RUNNING"
         _log_everything(tracker, tmp_path)
         child_id = tracker.run_id
@@ -51,10 +82,10 @@ def test_nested_runs_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     end_run(parent)
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("exp-test")
+    experiment = client.get_experiment_by_name(exp)
     child, parent_run = client.get_run(child_id), client.get_run(parent.run_id)
-    assert child.info.experiment_id == parent_run.info.experiment_id == exp.experiment_id
-    assert exp.artifact_location == (tmp_path / "mlartifacts").as_uri()
+    assert child.info.experiment_id == parent_run.info.experiment_id == experiment.experiment_id
+    assert experiment.artifact_location == (tmp_path / "mlartifacts").as_uri()
     assert child.info.run_name == "prepare" and parent_run.info.run_name == "pipeline"
     assert child.data.tags["mlflow.parentRunId"] == parent.run_id
     assert "mlflow.parentRunId" not in parent_run.data.tags and parent_run.data.tags["asp.kind"] == "pipeline"
@@ -70,17 +101,14 @@ def test_nested_runs_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     png = Path(download_artifacts(run_id=child_id, artifact_path="plots/line.png", tracking_uri=uri))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert client.list_artifacts(parent.run_id) == []  # nothing leaked into the parent
-    assert {r.info.run_id for r in client.search_runs([exp.experiment_id])} == {child_id, parent.run_id}
+    assert {r.info.run_id for r in client.search_runs([experiment.experiment_id])} == {child_id, parent.run_id}
 
 
-def test_failed_stage_marks_run_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv(PARENT_ENV, raising=False)
-    with pytest.raises(RuntimeError), open_tracker("boom", experiment="e") as tracker:
+def test_failed_stage_marks_run_failed(exp: str, _mlflow_store: str) -> None:
+    with pytest.raises(RuntimeError), open_tracker("boom", experiment=exp) as tracker:
         run_id = tracker.run_id
         raise RuntimeError("stage failed")
-    assert MlflowClient(uri).get_run(run_id).info.status == "FAILED"
+    assert MlflowClient(_mlflow_store).get_run(run_id).info.status == "FAILED"
 
 
 @pytest.mark.parametrize("off", ["enabled=False", "ASP_TRACKING=0"])
@@ -104,18 +132,16 @@ def test_flatten() -> None:
     assert flatten({"a": {"b": {"c": 1}}, "d": 2}) == {"a.b.c": 1, "d": 2}
 
 
-def test_resumed_run_continues_and_keeps_changed_params_as_tags(tmp_path: Path, monkeypatch) -> None:
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv(PARENT_ENV, raising=False)
-    with pytest.raises(KeyboardInterrupt), open_tracker("launch", experiment="e") as tracker:
+def test_resumed_run_continues_and_keeps_changed_params_as_tags(exp: str, _mlflow_store: str) -> None:
+    uri = _mlflow_store
+    with pytest.raises(KeyboardInterrupt), open_tracker("launch", experiment=exp) as tracker:
         run_id = tracker.run_id
         tracker.log_params({"runtime": {"iterations": 4, "q_max": 16}})
         tracker.log_metrics({"train/reward_mean": 0.1}, step=1)
         raise KeyboardInterrupt
     client = MlflowClient(uri)
     assert client.get_run(run_id).info.status == "KILLED"
-    with open_tracker("launch", experiment="e", resume_run_id=run_id) as again:
+    with open_tracker("launch", experiment=exp, resume_run_id=run_id) as again:
         assert again.run_id == run_id
         again.log_params({"runtime": {"iterations": 6, "q_max": 16}, "extra": 1})  # iterations changed
         again.log_metrics({"train/reward_mean": 0.2}, step=2)
@@ -124,5 +150,113 @@ def test_resumed_run_continues_and_keeps_changed_params_as_tags(tmp_path: Path, 
     assert run.data.params["runtime.iterations"] == "4" and run.data.params["extra"] == "1"
     assert run.data.tags["asp.param_changed_on_resume.runtime.iterations"] == "6"
     assert [m.step for m in client.get_metric_history(run_id, "train/reward_mean")] == [1, 2]
-    with open_tracker("launch", experiment="e", resume_run_id="0" * 32) as fresh:  # unknown run: a new one
+    with open_tracker("launch", experiment=exp, resume_run_id="0" * 32) as fresh:  # unknown run: a new one
         assert fresh.run_id != run_id
+
+
+def test_status_set_inside_the_block_is_kept(exp: str, _mlflow_store: str) -> None:
+    client = MlflowClient(_mlflow_store)
+    with open_tracker("pipeline", experiment=exp) as tracker:  # what `asp repro` does when dvc fails
+        end_run(tracker, "FAILED")
+    assert client.get_run(tracker.run_id).info.status == "FAILED"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (None, "FINISHED"),
+        (RuntimeError("stage failed"), "FAILED"),
+        (UserError("bad row"), "FAILED"),
+        (SystemExit(0), "FINISHED"),
+        (SystemExit(3), "FAILED"),
+        (SystemExit(15), "KILLED"),  # Ray's SIGTERM handler in a driver process
+        (SystemExit(143), "KILLED"),
+        (typer.Exit(0), "FINISHED"),
+        (typer.Exit(2), "FAILED"),
+        (KeyboardInterrupt(), "KILLED"),  # Ctrl-C
+        (Terminated(), "KILLED"),  # SIGTERM, as asp.env.sigterm_as_interrupt raises it
+        (asyncio.CancelledError(), "KILLED"),  # like Prefect's TerminationSignal: a BaseException, no error
+    ],
+)
+def test_status_of_how_the_block_ended(exc: BaseException | None, status: str) -> None:
+    assert status_of(exc) == status
+
+
+def test_interrupted_block_ends_killed_and_reraises(exp: str, _mlflow_store: str) -> None:
+    client = MlflowClient(_mlflow_store)
+    with pytest.raises(Terminated), open_tracker("stage", experiment=exp) as tracker:
+        raise Terminated()
+    assert client.get_run(tracker.run_id).info.status == "KILLED"
+
+
+def test_nested_statuses(exp: str, _mlflow_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = MlflowClient(_mlflow_store)
+    with open_tracker("pipeline", experiment=exp) as parent:
+        monkeypatch.setenv(PARENT_ENV, parent.run_id)
+        with open_tracker("a", experiment=exp):
+            pass
+        with pytest.raises(KeyboardInterrupt), open_tracker("b", experiment=exp):
+            raise KeyboardInterrupt
+        assert sorted(nested_statuses(parent)) == ["FINISHED", "KILLED"]
+    assert client.get_run(parent.run_id).info.status == "FINISHED"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _running(client: MlflowClient, exp: str, name: str, **owner: str) -> str:
+    """A RUNNING run named `name` in `exp` whose owner tags are replaced by `owner` ('' deletes one)."""
+    run_id = start_run(client.tracking_uri, exp, name).run_id
+    for key, value in owner.items():
+        tag = {"pid": PID_TAG, "host": HOST_TAG, "start": START_TAG}[key]
+        client.set_tag(run_id, tag, value) if value else client.delete_tag(run_id, tag)
+    return run_id
+
+
+def test_runs_record_their_owner_process(exp: str, _mlflow_store: str) -> None:
+    client = MlflowClient(_mlflow_store)
+    with open_tracker("prepare", experiment=exp) as tracker:
+        tags = client.get_run(tracker.run_id).data.tags
+    assert (tags[PID_TAG], tags[HOST_TAG]) == (str(os.getpid()), socket.gethostname())
+    assert abs(float(tags[START_TAG]) - psutil.Process().create_time()) < 1.0
+
+
+def test_stale_runs_of_dead_owners_are_killed_when_the_name_opens_again(exp: str, _mlflow_store: str) -> None:
+    client = MlflowClient(_mlflow_store)
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        live_start = f"{psutil.Process(live.pid).create_time():.2f}"
+        dead = _running(client, exp, "profile", pid=str(_dead_pid()))  # SIGKILLed earlier attempt
+        reused = _running(client, exp, "profile", pid=str(live.pid), start="1.00")  # its pid now belongs to another
+        alive = _running(client, exp, "profile", pid=str(live.pid), start=live_start)  # still running elsewhere
+        elsewhere = _running(client, exp, "profile", pid=str(_dead_pid()), host="another-host")  # cannot tell
+        untagged = _running(client, exp, "profile", pid="", host="", start="")  # from before owner tags: cannot tell
+        other_stage = _running(client, exp, "predict", pid=str(_dead_pid()))  # swept when `predict` opens
+        with open_tracker("profile", experiment=exp) as tracker:
+            pass
+    finally:
+        live.kill()
+        live.wait()
+    status = {run_id: client.get_run(run_id).info.status for run_id in (dead, reused, alive, elsewhere, untagged)}
+    assert status == {dead: "KILLED", reused: "KILLED", alive: "RUNNING", elsewhere: "RUNNING", untagged: "RUNNING"}
+    assert client.get_run(other_stage).info.status == "RUNNING"
+    reason = client.get_run(dead).data.tags["asp.killed_reason"]
+    assert reason.endswith(f"died; found by run {tracker.run_id}") and socket.gethostname() in reason
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_resumed_run_left_running_by_a_dead_owner_is_continued_not_killed(exp: str, _mlflow_store: str) -> None:
+    client = MlflowClient(_mlflow_store)
+    interrupted = _running(client, exp, "launch", pid=str(_dead_pid()))  # launch SIGKILLed mid-run: resumed next
+    older = _running(client, exp, "launch", pid=str(_dead_pid()))
+    with open_tracker("launch", experiment=exp, resume_run_id=interrupted) as tracker:
+        assert tracker.run_id == interrupted
+        assert client.get_run(older).info.status == "KILLED"
+        assert client.get_run(interrupted).data.tags[PID_TAG] == str(os.getpid())  # this process owns it now
+    run = client.get_run(interrupted)
+    assert run.info.status == "FINISHED" and run.data.tags["asp.resumed"] == "true"
+    assert "asp.killed_reason" not in run.data.tags

@@ -1,12 +1,22 @@
-"""Offline-friendly defaults, set by the project's own entry points (never the user's shell).
+"""The process environment of the project's own entry points: offline defaults and termination signals.
 
-DVC analytics off, Prefect analytics off, MLflow telemetry off, Hugging Face hub offline. Values the user
-already set win (`os.environ.setdefault`).
+`set_offline_defaults()`: DVC analytics off, Prefect analytics off, MLflow telemetry off, Hugging Face hub
+offline. Values the user already set win (`os.environ.setdefault`); never applied to the user's shell.
+
+`sigterm_as_interrupt()`: while the block runs, SIGTERM (a job scheduler, `kill`, `timeout`) raises `Terminated`,
+a `KeyboardInterrupt`, in the main thread, so the cleanup Ctrl-C gets (MLflow runs end KILLED, temporary files
+removed) happens too. It yields the signals it turned into `Terminated`, so a command can exit with 128 + the
+signal (143) instead of Ctrl-C's 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 OFFLINE_DEFAULTS = {
     "DVC_NO_ANALYTICS": "1",
@@ -25,3 +35,34 @@ def set_offline_defaults() -> None:
     """Apply `OFFLINE_DEFAULTS` without overriding anything already in the environment."""
     for key, value in OFFLINE_DEFAULTS.items():
         os.environ.setdefault(key, value)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM turned into an interrupt: code that cleans up after Ctrl-C cleans up after it too."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """Raise `Terminated` on the first SIGTERM while the block runs; later ones are ignored, so they cannot cut
+    the cleanup short. Yields the list of signals received so far. Main thread only, and only where SIGTERM
+    still has its default action (Prefect's and Ray's own handlers are left alone); otherwise a no-op."""
+    received: list[int] = []
+    main_thread = threading.current_thread() is threading.main_thread()
+    if not main_thread or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield received
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -3,6 +3,8 @@
 `stage_names()` is the list of stages in `dvc.yaml` order (the one list; nothing copies it). `run_stage` loads
 the typed params, opens the stage's MLflow run (nested under the pipeline's parent run), calls
 `asp.pipeline.<stage>.run` and prints a one-line summary. `asp stage NAME` accepts registered names only.
+A stage interrupted by Ctrl-C or SIGTERM ends its run KILLED (and exits non-zero); a run left RUNNING by an
+earlier attempt that died (SIGKILL) is marked KILLED when the stage starts again (`asp.tracking.open_tracker`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from asp.config import Params, load_params
-from asp.env import set_offline_defaults
+from asp.env import set_offline_defaults, sigterm_as_interrupt
 from asp.errors import UserError
 from asp.tracking import Tracker, open_tracker
 
@@ -62,13 +64,16 @@ def run_stage(
     params = load_params(params_path)
     t0 = time.perf_counter()
     previous = resume_run(params, paths) if resume_run is not None else None
-    with open_tracker(
-        name,
-        experiment=params.common.experiment,
-        tracking_uri=params.common.tracking_uri,
-        tags={"asp.stage": name},
-        resume_run_id=previous,
-    ) as tracker:
+    with (
+        sigterm_as_interrupt(),
+        open_tracker(
+            name,
+            experiment=params.common.experiment,
+            tracking_uri=params.common.tracking_uri,
+            tags={"asp.stage": name},
+            resume_run_id=previous,
+        ) as tracker,
+    ):
         metrics = fn(params, paths, tracker)
         elapsed = time.perf_counter() - t0
         tracker.log_metrics({f"{name}/stage_wall_s": elapsed})

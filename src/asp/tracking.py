@@ -7,6 +7,10 @@ This is the only module that imports mlflow. Conventions (see shared/DESIGN.md):
 * one parent run per pipeline execution (`asp repro` creates it and hands its id to the stage processes
   through the `ASP_PARENT_RUN_ID` environment variable) and one nested run per stage;
 * metric names are namespaced: `prepare/prompts`, `schedule/group_load_cv`, `runtime/queue_depth`, ...
+* a run ends FINISHED, FAILED (an exception) or KILLED (Ctrl-C, SIGTERM, a Prefect cancellation); a status set
+  with `end_run` inside the `open_tracker` block stays. Every run records its owner process (`asp.pid`,
+  `asp.host`, `asp.pid_start`); when a run opens, earlier RUNNING runs of the same name whose owner process on
+  this host is gone (killed with SIGKILL, out of memory) are marked KILLED.
 
 Usage::
 
@@ -20,12 +24,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import socket
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 PARENT_ENV = "ASP_PARENT_RUN_ID"
+PID_TAG, HOST_TAG, START_TAG = "asp.pid", "asp.host", "asp.pid_start"
 DEFAULT_URI = "sqlite:///mlflow.db"
 ARTIFACT_DIR = "mlartifacts"
 log = logging.getLogger(__name__)
@@ -101,6 +108,7 @@ class MlflowTracker:
         self.client = client
         self.run_id = run_id
         self.resumed = resumed
+        self.status: str | None = None  # set once the run is ended (`end_run`)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log params (nested dicts flattened). On a resumed run, params already logged with the same value
@@ -165,7 +173,13 @@ def ensure_experiment(client: Any, name: str, root: str | Path = ".") -> str:
     location = None
     if client.tracking_uri.startswith("sqlite:"):
         location = (Path(root).resolve() / ARTIFACT_DIR).as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # another process (a parallel stage) created it meanwhile
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 def start_run(
@@ -174,7 +188,7 @@ def start_run(
     """Create a run (nested under `parent_run_id` when given) and return a tracker bound to it."""
     client = _client(uri)
     exp_id = ensure_experiment(client, experiment)
-    all_tags = {"mlflow.runName": run_name, **(tags or {})}
+    all_tags = {"mlflow.runName": run_name, **(tags or {}), **owner_tags()}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
@@ -190,14 +204,96 @@ def reopen_run(uri: str, run_id: str) -> MlflowTracker | None:
         log.warning("MLflow run %s cannot be continued (%s); starting a new run", run_id, exc)
         return None
     client.update_run(run_id, status="RUNNING")
-    client.set_tag(run_id, "asp.resumed", "true")
-    return MlflowTracker(client, run_id, resumed=True)
+    tracker = MlflowTracker(client, run_id, resumed=True)
+    tracker.set_tags({"asp.resumed": "true", **owner_tags()})  # this process owns it now
+    return tracker
 
 
 def end_run(tracker: Tracker, status: str = "FINISHED") -> None:
-    """Mark an MLflow run finished (or FAILED / KILLED); no-op for the null tracker."""
+    """Mark an MLflow run finished (or FAILED / KILLED); no-op for the null tracker. Inside `open_tracker`, the
+    status set here is the one the run keeps."""
     if isinstance(tracker, MlflowTracker):
         tracker.client.set_terminated(tracker.run_id, status=status)
+        tracker.status = status
+
+
+def status_of(exc: BaseException | None) -> str:
+    """The status of a run whose block ended with `exc`: FINISHED (none, or an exit with code 0), FAILED (an
+    error, or an exit with another code) or KILLED (Ctrl-C, SIGTERM, a Prefect cancellation: the other
+    `BaseException`s, and exits with a signal's code)."""
+    if exc is None:
+        return "FINISHED"
+    if isinstance(exc, SystemExit):  # Ray's SIGTERM handler exits with 15; shells report signal N as 128 + N
+        killed = exc.code == signal.SIGTERM or (isinstance(exc.code, int) and exc.code > 128)
+        return "FINISHED" if exc.code in (0, None) else "KILLED" if killed else "FAILED"
+    if isinstance(exc, Exception):
+        return "FINISHED" if getattr(exc, "exit_code", None) == 0 else "FAILED"  # typer.Exit(0) is no failure
+    return "KILLED"
+
+
+def nested_statuses(tracker: Tracker) -> list[str]:
+    """The statuses of the runs nested under `tracker`'s run (the stage runs of a pipeline); [] without MLflow."""
+    if not isinstance(tracker, MlflowTracker):
+        return []
+    exp_id = tracker.client.get_run(tracker.run_id).info.experiment_id
+    runs = tracker.client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{tracker.run_id}'")
+    return [run.info.status for run in runs]
+
+
+def owner_tags() -> dict[str, str]:
+    """Tags naming this process (pid, host, start time), so a later run can tell a dead owner from a live one."""
+    return {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), START_TAG: _process_start(os.getpid()) or ""}
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started (seconds since the epoch, as text); None if no such live process."""
+    import psutil  # a dependency of dvc
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return f"{proc.create_time():.2f}"
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.Error:  # access denied: it exists
+        return "?"
+
+
+def owner_alive(tags: Mapping[str, str]) -> bool:
+    """Whether the process a run's tags name may still be running. Unknown (another host, no owner tags) counts
+    as alive: only a run whose owner is provably gone is ever marked KILLED."""
+    if tags.get(HOST_TAG) != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
+        return True
+    started = _process_start(int(tags[PID_TAG]))
+    if started is None:
+        return False
+    try:
+        return abs(float(started) - float(tags.get(START_TAG, ""))) < 1.0  # else: the pid was reused
+    except ValueError:  # start time unknown: the pid alone says alive
+        return True
+
+
+def sweep_stale_runs(tracker: Tracker, run_name: str) -> list[str]:
+    """Mark KILLED the RUNNING runs named `run_name` (in `tracker`'s experiment, other than its own run) whose
+    owner process died without ending them (SIGKILL, out of memory, power loss on this host). Returns their ids."""
+    if not isinstance(tracker, MlflowTracker):
+        return []
+    client = tracker.client
+    exp_id = client.get_run(tracker.run_id).info.experiment_id
+    query = f"attributes.status = 'RUNNING' and attributes.run_name = '{run_name}'"
+    stale = [
+        run
+        for run in client.search_runs([exp_id], query, max_results=1000)
+        if run.info.run_id != tracker.run_id and not owner_alive(run.data.tags)
+    ]
+    for run in stale:
+        tags = run.data.tags
+        why = f"owner process {tags[PID_TAG]} on {tags[HOST_TAG]} died; found by run {tracker.run_id}"
+        client.set_tag(run.info.run_id, "asp.killed_reason", why)
+        client.set_terminated(run.info.run_id, status="KILLED")
+        log.warning("MLflow run %s (%s) was left RUNNING: %s; marked KILLED", run.info.run_id, run_name, why)
+    return [run.info.run_id for run in stale]
 
 
 @contextlib.contextmanager
@@ -210,7 +306,9 @@ def open_tracker(
     tags: Mapping[str, str] | None = None,
     resume_run_id: str | None = None,
 ) -> Iterator[Tracker]:
-    """Open a stage run nested under `$ASP_PARENT_RUN_ID` when set; mark it FAILED if the block raises.
+    """Open a stage run nested under `$ASP_PARENT_RUN_ID` when set; it ends FAILED if the block raises an error,
+    KILLED if it is interrupted (see `status_of`), with the status given to `end_run` inside the block if any,
+    else FINISHED. Earlier runs of the same name left RUNNING by a dead process are marked KILLED first.
 
     With `resume_run_id` (a run that was interrupted, e.g. a resumed `launch`), that run is continued
     instead: same run id, metrics logged at later steps extend its curves."""
@@ -222,11 +320,16 @@ def open_tracker(
     if tracker is None:
         tracker = start_run(uri, experiment, run_name, os.environ.get(PARENT_ENV), tags)
     try:
+        sweep_stale_runs(tracker, run_name)
+    except Exception as exc:  # never fail a stage over another run's bookkeeping
+        log.warning("could not check for stale MLflow runs of %s: %s", run_name, exc)
+    try:
         yield tracker
     except BaseException as exc:
-        end_run(tracker, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        end_run(tracker, status_of(exc))
         raise
-    end_run(tracker)
+    if tracker.status is None:
+        end_run(tracker)
 
 
 def log_text(tracker: Tracker, text: str, name: str) -> None:

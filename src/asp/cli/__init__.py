@@ -9,12 +9,14 @@
     asp serve                   serve the Prefect flow (trigger stages from the Prefect UI)
     asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1 (MLflow: one worker)
 
-User errors print one message and exit with code 2, without a traceback. Heavy libraries (pydantic models,
-numpy, torch, mlflow, prefect, dvc) are imported inside the commands, so `asp --help` starts fast.
+Exit codes: 0 done; 2 a user or usage error (one message, no traceback); 130 Ctrl-C, 143 SIGTERM (MLflow runs
+end KILLED); a failed sub-process (`dvc repro`, a server) passes its own code on. Heavy libraries (pydantic
+models, numpy, torch, mlflow, prefect, dvc) are imported inside the commands, so `asp --help` starts fast.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -27,7 +29,7 @@ import typer
 
 from asp.cli.heldout import heldout_reward
 from asp.cli.schedule import app as schedule_app
-from asp.env import set_offline_defaults
+from asp.env import set_offline_defaults, sigterm_as_interrupt
 from asp.errors import UserError
 
 # Plain click help (no rich): rendering help through rich costs ~0.5 s of imports on every `asp --help`.
@@ -107,9 +109,12 @@ def preset_apply(name: str, params: ParamsOpt = Path("params.yaml")) -> None:
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def repro(ctx: typer.Context, params: ParamsOpt = Path("params.yaml")) -> None:
-    """`dvc repro` (extra args passed through) under one MLflow parent run; stage runs nest under it."""
+    """`dvc repro` (extra args passed through) under one MLflow parent run; stage runs nest under it.
+
+    Fails with dvc's exit code when a stage fails (the parent run ends FAILED, or KILLED when a stage was
+    killed); Ctrl-C / SIGTERM stop the running stage, end the parent KILLED and exit 130 / 143."""
     from asp.config import load_params
-    from asp.tracking import PARENT_ENV, end_run, open_tracker
+    from asp.tracking import PARENT_ENV, end_run, nested_statuses, open_tracker
 
     loaded = load_params(params)
     with open_tracker(
@@ -119,16 +124,49 @@ def repro(ctx: typer.Context, params: ParamsOpt = Path("params.yaml")) -> None:
         tags={"asp.kind": "pipeline", "asp.dvc_args": " ".join(ctx.args)},
     ) as parent:
         env = dict(os.environ, **({PARENT_ENV: parent.run_id} if parent.run_id else {}))
-        rc = subprocess.call([sys.executable, "-m", "dvc", "repro", *ctx.args], env=env)
+        rc, signals = call_forwarding_signals([sys.executable, "-m", "dvc", "repro", *ctx.args], env=env)
         parent.log_artifact(params)
         for metrics_file in sorted(Path("metrics").glob("*.json")):
             data = json.loads(metrics_file.read_text())
             parent.log_metrics({k: v for k, v in data.items() if isinstance(v, int | float)})
-        if rc != 0:
-            end_run(parent, "FAILED")
-    if rc != 0:
+        if signals or rc != 0:
+            end_run(parent, "KILLED" if signals or "KILLED" in nested_statuses(parent) else "FAILED")
+    if rc != 0 and not signals:
         typer.echo(f"dvc repro failed with exit code {rc}", err=True)
-        raise typer.Exit(rc)
+    _exit_like(rc, signals)
+
+
+def call_forwarding_signals(cmd: list[str], env: dict[str, str], *, to_children: bool = True) -> tuple[int, list[int]]:
+    """Run `cmd` to the end; returns its exit code and the SIGINT / SIGTERM this process received meanwhile.
+
+    Ctrl-C reaches the whole foreground process group (the command and its stage processes) from the terminal,
+    so SIGINT is only noted here. SIGTERM is passed on: with `to_children`, to the command's descendants (under
+    `dvc repro`: the running stage, which ends its run KILLED, after which dvc fails and unlocks), or to the
+    command itself when it has none; else to the command (a server, which stops its own workers)."""
+    import signal
+
+    import psutil  # a dependency of dvc
+
+    received: list[int] = []
+    procs: list[subprocess.Popen] = []
+
+    def note(signum: int, frame: object) -> None:
+        received.append(signum)
+        if signum != signal.SIGTERM or not procs:
+            return
+        with contextlib.suppress(psutil.Error):  # it may have ended meanwhile
+            top = psutil.Process(procs[0].pid)
+            for target in (top.children(recursive=True) if to_children else []) or [top]:
+                with contextlib.suppress(psutil.Error):
+                    target.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        procs.append(subprocess.Popen(cmd, env=env))
+        return procs[0].wait(), received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()
@@ -149,7 +187,7 @@ def ui_prefect(port: int = 4200, host: Annotated[str, typer.Option(help="keep 12
         err=True,
     )
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
-    raise typer.Exit(subprocess.call(cmd, env=env))
+    _exit_like(*call_forwarding_signals(cmd, env=env, to_children=False))
 
 
 @ui_app.command("mlflow")
@@ -178,29 +216,28 @@ def ui_mlflow(
         "1",
     ]
     typer.echo(f"MLflow UI: http://{host}:{port}  (store {uri}); Ctrl-C stops it", err=True)
-    raise typer.Exit(subprocess.call(cmd))
+    _exit_like(*call_forwarding_signals(cmd, env=dict(os.environ), to_children=False))
 
 
-def main() -> None:
-    """Console entry point: offline defaults, then the app; user errors exit 2 without a traceback."""
+def _exit_like(rc: int, signals: list[int]) -> None:
+    """Exit as a command stopped by Ctrl-C / SIGTERM (130 / 143; main() says so), else with the sub-process's
+    code (128 + N when signal N killed it, as a shell reports it)."""
+    raise typer.Exit(128 + signals[0] if signals else rc if rc >= 0 else 128 - rc)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console entry point: offline defaults, then the app; always ends with `SystemExit` (see the exit codes
+    above). Click prints usage errors (exit 2); `UserError` becomes one `error: ...` line (exit 2); Ctrl-C and
+    SIGTERM stop the command after its cleanup (exit 130 / 143)."""
     set_offline_defaults()
-    try:
-        app(standalone_mode=False)
-    except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+    with sigterm_as_interrupt() as terminated:
+        try:
+            app(args=args, prog_name="asp")  # standalone: usage errors, typer.Exit codes and Ctrl-C -> SystemExit
+        except UserError as exc:
+            typer.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
-        raise
+        except SystemExit as exc:
+            code = 128 + terminated[0] if exc.code == 130 and terminated else exc.code  # click: Ctrl-C -> 130
+            if code in (130, 143):
+                typer.echo("interrupted" if code == 130 else "terminated", err=True)
+            sys.exit(code)
