@@ -119,8 +119,14 @@ def _env_without_store() -> dict[str, str]:
 
 
 def _repro(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asp", "repro", *args], cwd=repo, env=_env_without_store(),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "asp", "repro", *args],
+        cwd=repo,
+        env=_env_without_store(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _pipeline_runs(store: Path) -> list:
@@ -165,8 +171,14 @@ def test_repro_failure_fails_the_command_make_run_and_the_parent_run(tmp_path: P
 
     # `make run` (asp repro after the install step, which -o skips here) fails too; make names dvc's code
     env = dict(_env_without_store(), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    made = subprocess.run(["make", "-f", str(ROOT / "Makefile"), "-o", "install", "run"], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    made = subprocess.run(
+        ["make", "-f", str(ROOT / "Makefile"), "-o", "install", "run"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 2 and f"run] Error {dvc_code}" in made.stderr, made.stderr[-3000:]
     assert [r.info.status for r in _pipeline_runs(store)] == ["FAILED", "FAILED"]
 
@@ -235,8 +247,9 @@ def test_serve_registers_the_deployment(tmp_path: Path, prefect_server: dict, ba
     import signal
 
     shutil.copytree(ROOT / "flows", tmp_path / "flows", ignore=shutil.ignore_patterns("__pycache__"))
-    serve = background.start([sys.executable, "-m", "asp", "serve"], log=tmp_path / "serve.log", env=prefect_server,
-                             cwd=tmp_path)  # fmt: skip
+    serve = background.start(
+        [sys.executable, "-m", "asp", "serve"], log=tmp_path / "serve.log", env=prefect_server, cwd=tmp_path
+    )
     api = prefect_server["PREFECT_API_URL"]
     deployment = json.loads(background.wait_http(f"{api}/deployments/name/asp-pipeline/asp-pipeline", serve, 180))
     assert deployment["name"] == "asp-pipeline"

@@ -180,8 +180,14 @@ def test_interrupted_repro_ends_parent_and_stage_killed(project: tuple[Path, str
         subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, timeout=120)
     log = root / "repro.log"
     with log.open("w") as out:  # own session: killpg below reaches what a terminal's Ctrl-C reaches
-        proc = subprocess.Popen([sys.executable, "-m", "asp", "repro"], cwd=root, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asp", "repro"],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         stage_pid = _stage_pid(root, proc, log)
         if how == "ctrl-c":
@@ -216,10 +222,20 @@ def test_prefect_flow_parent_run_fails_when_a_stage_fails(tmp_path: Path) -> Non
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")  # the stage registry
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", PARENT_ENV)}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300")  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "flows.pipeline", "prepare"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    env.update(
+        PYTHONPATH=str(ROOT),
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.pipeline", "prepare"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert re.search(r"^error: missing.jsonl: dataset file not found", out.stderr, re.M), out.stderr[-3000:]
     runs = _runs(experiment)

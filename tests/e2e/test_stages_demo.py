@@ -245,8 +245,13 @@ def _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path: Path, paths: launch.Pa
     the driver, as Ctrl-C), rerun: it resumes in the same MLflow run and the summary covers all 5 steps."""
     import yaml
 
-    grpo_runtime = {"trainer": "grpo", "iterations": 5, "checkpoint_interval": 1, "max_policy_lag": 2,
-                    "grpo": {"lr": 1e-3, "num_threads": 1, "micro_batch_tokens": 2048}}  # fmt: skip
+    grpo_runtime = {
+        "trainer": "grpo",
+        "iterations": 5,
+        "checkpoint_interval": 1,
+        "max_policy_lag": 2,
+        "grpo": {"lr": 1e-3, "num_threads": 1, "micro_batch_tokens": 2048},
+    }
     raw = tiny_params(LEARNING_POLICY, {"runtime": grpo_runtime, "common": {"experiment": "e2e-grpo"}})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     history = paths.state_dir / "C4" / launch.HISTORY_FILE

@@ -37,10 +37,17 @@ def test_checkpoint_key_ignores_operational_grpo_settings() -> None:
 
 def test_grpo_summary_first_last_fifth_lag_and_timings() -> None:
     rows = [
-        {"train/reward_mean": i / 10, "train/lag_mean": 1 + i % 2, "train/lag_max": 2 + i % 2, "train/t_train_s": 0.5,
-         "train/t_gen_s": 0.25, "train/duty_cycle": 0.9, "train/duty_cycle_measured": 0.95 if i == 9 else 0.1}
+        {
+            "train/reward_mean": i / 10,
+            "train/lag_mean": 1 + i % 2,
+            "train/lag_max": 2 + i % 2,
+            "train/t_train_s": 0.5,
+            "train/t_gen_s": 0.25,
+            "train/duty_cycle": 0.9,
+            "train/duty_cycle_measured": 0.95 if i == 9 else 0.1,
+        }
         for i in range(10)
-    ]  # fmt: skip
+    ]
     s = grpo_summary([{"runtime/iteration_time_s": 1.0}, *rows])  # rows without a reward are ignored
     assert s["grpo/iterations"] == 10
     assert s["grpo/reward_first_20pct"] == pytest.approx(0.05) and s["grpo/reward_last_20pct"] == pytest.approx(0.85)

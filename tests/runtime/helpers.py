@@ -65,11 +65,23 @@ def output(task_id: int, prompt_ids: list, lengths: list[int], n: int = 2, versi
     tokens = np.concatenate([np.full(L, 100 * task_id + s, np.int32) for s, L in enumerate(lengths)])
     logprobs = np.concatenate([np.full(L, -(s + 1.0), np.float32) for s, L in enumerate(lengths)])
     return MinibatchOutput(
-        task_id=task_id, minibatch_id=10 + task_id, attempt=0, gu=0, actor=task_id % 2, policy_version=version,
-        prompt_ids=prompt_ids, n=n, lengths=lengths_arr, stopped=np.ones(len(lengths), bool), token_ids=tokens,
-        logprobs=logprobs, prompt_tokens=np.full(len(prompt_ids), 3, np.int32),
-        texts=[f"t{task_id}.{s}" for s in range(len(lengths))], gen_start=0.0, gen_end=1.0,
-    )  # fmt: skip
+        task_id=task_id,
+        minibatch_id=10 + task_id,
+        attempt=0,
+        gu=0,
+        actor=task_id % 2,
+        policy_version=version,
+        prompt_ids=prompt_ids,
+        n=n,
+        lengths=lengths_arr,
+        stopped=np.ones(len(lengths), bool),
+        token_ids=tokens,
+        logprobs=logprobs,
+        prompt_tokens=np.full(len(prompt_ids), 3, np.int32),
+        texts=[f"t{task_id}.{s}" for s in range(len(lengths))],
+        gen_start=0.0,
+        gen_end=1.0,
+    )
 
 
 # ---- gates: make an interleaving happen for certain instead of relying on how long two sleeps take ----------

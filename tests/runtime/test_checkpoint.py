@@ -119,9 +119,12 @@ def test_no_intact_trainer_checkpoint_is_an_error_naming_the_files(tmp_path):
         save_step(ck, tmp_path, step)
     truncate(tmp_path / "trainer" / "step-00000002" / "model.safetensors")
     shutil.rmtree(tmp_path / "trainer" / "step-00000001")
-    with pytest.raises(UserError, match=r"none of the trainer checkpoints it names is intact \(step 2: .*step-00000002"
-                       r"/model.safetensors is 100 bytes.*; step 1: .*step-00000001 is missing\)\. Restore them "
-                       r"from a backup, or delete .* to start the run afresh"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"none of the trainer checkpoints it names is intact \(step 2: .*step-00000002"
+        r"/model.safetensors is 100 bytes.*; step 1: .*step-00000001 is missing\)\. Restore them "
+        r"from a backup, or delete .* to start the run afresh",
+    ):
         Checkpointer(tmp_path, "plan").load()
 
 

@@ -53,8 +53,11 @@ def test_lag_params_are_checked():
 
 def ledger_lags(path):
     """(prompt id, lag) of every trained prompt: trainer version at consumption (step - 1) - sample version."""
-    return [(pid, line["step"] - 1 - v) for line in read_ledger(path) for pid, v in zip(line["prompt_ids"],
-            line["versions"], strict=True)]  # fmt: skip
+    return [
+        (pid, line["step"] - 1 - v)
+        for line in read_ledger(path)
+        for pid, v in zip(line["prompt_ids"], line["versions"], strict=True)
+    ]
 
 
 @pytest.mark.parametrize("mode", ["drop", "regenerate"])
@@ -66,10 +69,14 @@ def test_the_lag_bound_holds_end_to_end(ray_cluster, tmp_path, mode):
     ledger, gate_dir = tmp_path / "ledger.jsonl", str(tmp_path / "gate")
     cfg = fast_config(global_batch_prompts=4, q_max=32, max_policy_lag=1, stale_samples=mode, gu_queue_target=2)
     summary = run_async(
-        plan, prompts, GatedStandIn(gate_dir), cfg,
-        trainer_factory=functools.partial(GatedTrainer, gate_dir,
-                                          functools.partial(after_prompts_generated, prompts=32), str(ledger)),
-    )  # fmt: skip
+        plan,
+        prompts,
+        GatedStandIn(gate_dir),
+        cfg,
+        trainer_factory=functools.partial(
+            GatedTrainer, gate_dir, functools.partial(after_prompts_generated, prompts=32), str(ledger)
+        ),
+    )
     lines = read_ledger(ledger)
     assert [line["versions"] for line in lines[:2]] == [[0] * 4, [0] * 4]  # lags 0 and 1
     lags = ledger_lags(ledger)

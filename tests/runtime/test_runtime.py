@@ -58,9 +58,14 @@ def test_one_pass_trains_every_prompt_once_and_logs(ray_cluster, tmp_path):
     logger = ListLogger()
     cfg = fast_config(q_max=8)  # = one batch: resumes at 7 prompts (q_max - 8 = 0 would deadlock)
     summary = run_async(
-        plan, prompts, EngineSpec("standin", options={"seconds_per_call": 0.005, "jitter": 0.5}), cfg,
-        trainer_factory=trainer(tmp_path, refresh_s=0.002), logger=logger, checkpoint_dir=tmp_path / "ckpt",
-    )  # fmt: skip
+        plan,
+        prompts,
+        EngineSpec("standin", options={"seconds_per_call": 0.005, "jitter": 0.5}),
+        cfg,
+        trainer_factory=trainer(tmp_path, refresh_s=0.002),
+        logger=logger,
+        checkpoint_dir=tmp_path / "ckpt",
+    )
     assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(36))
     assert summary.trainer_step == 5 and summary.finished
     assert [it["step"] for it in summary.iterations] == [1, 2, 3, 4, 5]
@@ -108,9 +113,13 @@ def test_killed_actor_loses_nothing_and_duplicates_nothing(ray_cluster, tmp_path
     # Ray restarts it (actor_max_restarts); it is killed while decoding, so that minibatch fails and is retried
     killed, hook = kill_at_step_1(gate, lambda cu: ray_cluster.kill(cu.actor_handles[0], no_restart=False))
     summary = run_async(
-        plan, prompts, GatedStandIn(str(gate.dir), free_calls=4),
-        fast_config(gu_queue_target=2, coalesce_below_s=0.0), trainer_factory=trainer(tmp_path), on_iteration=hook,
-    )  # fmt: skip
+        plan,
+        prompts,
+        GatedStandIn(str(gate.dir), free_calls=4),
+        fast_config(gu_queue_target=2, coalesce_below_s=0.0),
+        trainer_factory=trainer(tmp_path),
+        on_iteration=hook,
+    )
     assert killed
     assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(32))
     assert summary.metrics["runtime/summary/failed_attempts"] == 1  # the minibatch it was decoding
@@ -128,10 +137,13 @@ def test_lost_generation_unit_hands_its_work_to_the_other(ray_cluster, tmp_path)
     # the GU control process itself dies while its actor holds a minibatch
     killed, hook = kill_at_step_1(gate, lambda cu: ray_cluster.kill(cu.gus[0].handle, no_restart=True))
     summary = run_async(
-        plan, prompts, GatedStandIn(str(gate.dir), free_calls=4),
+        plan,
+        prompts,
+        GatedStandIn(str(gate.dir), free_calls=4),
         fast_config(generation_units=2, actors_per_unit=1, gu_queue_target=2, coalesce_below_s=0.0),
-        trainer_factory=trainer(tmp_path), on_iteration=hook,
-    )  # fmt: skip
+        trainer_factory=trainer(tmp_path),
+        on_iteration=hook,
+    )
     assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(32))
     assert summary.metrics["runtime/summary/failed_attempts"] >= 1  # what unit 0 held went back to the Database
     before, after = generated_by(summary.minibatches, killed[0])
@@ -165,9 +177,12 @@ def test_backpressure_bounds_the_queue(ray_cluster, tmp_path, monkeypatch):
     changes = observe_backpressure(monkeypatch, gate)
     may_step = functools.partial(only_while_paused, pauses=2)
     summary = run_async(
-        plan, prompts, GatedStandIn(str(gate.dir)), cfg,
+        plan,
+        prompts,
+        GatedStandIn(str(gate.dir)),
+        cfg,
         trainer_factory=functools.partial(GatedTrainer, str(gate.dir), may_step, str(tmp_path / "ledger.jsonl")),
-    )  # fmt: skip
+    )
     m = summary.metrics
     kinds = [e[1] for e in summary.events if e[1] in ("pause", "resume")]
     assert kinds[:3] == ["pause", "resume", "pause"] and m["runtime/summary/pauses"] == kinds.count("pause") >= 2
@@ -202,12 +217,21 @@ def test_interrupt_then_resume_from_checkpoint_logs_each_step_once(ray_cluster, 
             raise KeyboardInterrupt  # what Ctrl-C does in the driver: after step 3, checkpointed at step 2
 
     with pytest.raises(KeyboardInterrupt):
-        run_async(plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck",
-                  on_iteration=interrupt, logger=logger)  # fmt: skip
+        run_async(
+            plan,
+            prompts,
+            engine,
+            cfg,
+            trainer_factory=trainer(tmp_path),
+            checkpoint_dir=tmp_path / "ck",
+            on_iteration=interrupt,
+            logger=logger,
+        )
     assert json.loads((tmp_path / "ck" / "runtime_state.json").read_text())["trainer_step"] == 2
     assert [step for _, step in logger.calls] == [1, 2]  # step 3 is held back: the resume trains it again
-    summary = run_async(plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck",
-                        logger=logger)  # fmt: skip
+    summary = run_async(
+        plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck", logger=logger
+    )
     assert summary.resumed_from_step == 2 and summary.resume_reason == "resumed"
     assert [it["step"] for it in summary.iterations] == [3, 4, 5]
     ledger = read_ledger(tmp_path / "ledger.jsonl")
@@ -230,8 +254,9 @@ def test_interrupt_then_resume_from_checkpoint_logs_each_step_once(ray_cluster, 
 def test_engine_that_fails_to_load_is_reported(ray_cluster):
     plan, prompts = make_plan(2, 2)
     with pytest.raises(UserError, match=r"could not load its engine: TypeError: .*bogus"):
-        run_async(plan, prompts, EngineSpec("standin", options={"bogus": 1}), fast_config(),
-                  trainer_factory=SimulatedTrainer)  # fmt: skip
+        run_async(
+            plan, prompts, EngineSpec("standin", options={"bogus": 1}), fast_config(), trainer_factory=SimulatedTrainer
+        )
 
 
 def test_more_actors_than_cpus_is_refused(ray_cluster):

@@ -114,16 +114,24 @@ def test_damaged_trainer_checkpoint_resumes_runtime_and_weights_from_the_previou
     # then cut short. The rerun must resume runtime position AND weights from step 2, not step 3's position with
     # step 2's weights: step 3 is trained again with version 2 -> 3, the Database gives its prompts out again.
     plan, prompts = make_plan(8, 2)
-    cfg = fast_config(global_batch_prompts=4, q_max=8, n_samples=4, max_new_tokens=6, iterations=4,
-                      checkpoint_interval=1, max_policy_lag=2)  # fmt: skip
+    cfg = fast_config(
+        global_batch_prompts=4,
+        q_max=8,
+        n_samples=4,
+        max_new_tokens=6,
+        iterations=4,
+        checkpoint_interval=1,
+        max_policy_lag=2,
+    )
     trainer = factory(tiny_qwen, tmp_path, cfg, prompts)
 
     def interrupt(cu, metrics):
         if cu.step == 3:
             raise KeyboardInterrupt
 
-    run = functools.partial(run_async, plan, prompts, engine(tiny_qwen), cfg, trainer_factory=trainer,
-                            checkpoint_dir=tmp_path / "ck")  # fmt: skip
+    run = functools.partial(
+        run_async, plan, prompts, engine(tiny_qwen), cfg, trainer_factory=trainer, checkpoint_dir=tmp_path / "ck"
+    )
     with pytest.raises(KeyboardInterrupt):
         run(on_iteration=interrupt)
     root = tmp_path / "state" / "trainer"

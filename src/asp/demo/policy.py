@@ -26,6 +26,7 @@ from asp.demo.task import intended_length, reference_response, reward
 
 ProgressFn = Callable[[int, int, float], None]
 
+
 @contextlib.contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
     """Run the block with `n` torch intra-op threads (None: leave as is), then restore the previous count.

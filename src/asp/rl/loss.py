@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-AGGREGATIONS = ("token", "sequence")  # the config types runtime.grpo.loss_aggregation with these (tests/test_config.py)
+# runtime.grpo.loss_aggregation is typed with these choices (tests/test_config.py checks they agree)
+AGGREGATIONS = ("token", "sequence")
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
