@@ -21,6 +21,7 @@ from typing import Any
 OFFLINE_DEFAULTS = {
     "DVC_NO_ANALYTICS": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",  # Prefect's 20 s default times out on 2 busy cores
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",

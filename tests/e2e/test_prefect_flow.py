@@ -36,6 +36,7 @@ def test_flow_runs_stages_under_parent_run(tmp_path: Path, _mlflow_store: str) -
         PYTHONPATH=str(ROOT),
         PREFECT_HOME=str(tmp_path / "prefect"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",  # a throw-away server on 2 busy cores is slow
         PREFECT_API_URL="",
     )
     env.pop("PREFECT_API_URL")
