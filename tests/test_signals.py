@@ -105,11 +105,14 @@ def test_stage_exit_code_and_run_status(
     project: tuple[Path, str], mode: str, code: int, message: str, status: str, monkeypatch, capsys
 ) -> None:
     monkeypatch.setenv("SLEEPY", mode)
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a new process (Ray may have set its own)
+    # as in a new process: earlier tests in this pytest process (Ray, Prefect) may have set their own handlers
+    previous_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         assert _main("stage", "sleepy") == code
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
     (run,) = _runs(project[1])["sleepy"]
