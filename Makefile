@@ -10,7 +10,7 @@ comma := ,
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install run test test-fast lint bench clean
+.PHONY: install browser run test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -21,10 +21,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
+# Headless Chromium for the Prefect UI browser test (Playwright drives the system browser; no browser download).
+browser:
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
 run: install
 	asp repro
 
-test: install
+test: install browser
 	$(PY) -m pytest -q
 
 test-fast: install

@@ -1,83 +1,27 @@
-"""Prefect flow of the pipeline: each DVC stage is a Prefect task calling the same `asp.pipeline.<stage>.run`
-(through `asp.stage.run_stage`), so no logic exists twice; one MLflow parent run per flow run.
+"""Prefect entry point of the pipeline (the flow lives in `asp.orchestration.flow`; this file stays thin).
 
-Run once:      python -m flows.pipeline                 (all stages, in DAG order)
-               python -m flows.pipeline schedule launch (just these; --help lists the stages)
-Serve for UI:  asp serve   (a deployment "asp-pipeline" you can trigger from the Prefect UI: asp ui prefect)
+Serve for the UI:  asp ui prefect   then, in another shell,   asp serve
+Run once:          python -m flows.pipeline                        (all stages, in dvc.yaml order)
+                   python -m flows.pipeline schedule launch        (just these)
+                   python -m flows.pipeline schedule --set schedule.k=3   (a DVC experiment; params.yaml untouched)
 
-The flow runs stages directly; `dvc repro` (make run) remains the way to get DVC's caching and dvc.lock.
-A stage that fails ends its own MLflow run and the flow's parent run FAILED (KILLED when interrupted or
-cancelled) and fails the flow run. From the shell: an unknown stage, bad params or a stage's bad input exit 2
-with one message, any other failure 1, Ctrl-C 130.
+Exit codes: 0 done; 2 bad input (unknown stage, preset or param; one message); 1 a stage failed; 130 Ctrl-C.
+Without PREFECT_API_URL the flow runs on a throw-away Prefect server (nothing shows in the UI); set it (as
+`asp ui prefect` prints) to see the run there.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
-
-from prefect import flow, task
 
 from asp.env import set_offline_defaults
 
 
-@task(name="stage", task_run_name="{name}", retries=0)
-def stage_task(name: str, params_path: str) -> dict:
-    """One pipeline stage, exactly as `asp stage NAME` runs it."""
-    from asp.stage import run_stage
-
-    module = importlib.import_module(f"asp.pipeline.{name}")
-    resume = getattr(module, "resume_run_id", None)  # launch: continue the interrupted run's MLflow run
-    return run_stage(name, module.run, module.Paths(), params_path, resume_run=resume)
-
-
-@flow(name="asp-pipeline", log_prints=True)
-def asp_pipeline(stages: list[str] | None = None, params_path: str = "params.yaml") -> dict[str, dict]:
-    """Run the chosen stages (default: all) in DAG order under one MLflow parent run."""
-    from asp.config import load_params
-    from asp.tracking import PARENT_ENV, open_tracker
-
-    chosen = check_stages(stages)
-    params = load_params(params_path)
-    results: dict[str, dict] = {}
-    with open_tracker(
-        "pipeline",
-        experiment=params.common.experiment,
-        tracking_uri=params.common.tracking_uri,
-        tags={"asp.kind": "pipeline", "asp.runner": "prefect"},
-    ) as parent:
-        previous = os.environ.get(PARENT_ENV)
-        if parent.run_id:
-            os.environ[PARENT_ENV] = parent.run_id
-        try:
-            for name in chosen:
-                results[name] = stage_task(name, params_path)
-        finally:
-            if previous is None:
-                os.environ.pop(PARENT_ENV, None)
-            else:
-                os.environ[PARENT_ENV] = previous
-    return results
-
-
-def check_stages(stages: list[str] | None) -> list[str]:
-    """The chosen stages in DAG order (all when none); `UserError` naming the registered ones for unknown names."""
-    from asp.errors import UserError
-    from asp.stage import stage_names
-
-    order = stage_names()
-    unknown = sorted(set(stages or []) - set(order))
-    if unknown:
-        raise UserError(f"unknown stage(s) {unknown}; choose from {', '.join(order)}")
-    return [s for s in order if not stages or s in stages]
-
-
 def main(argv: list[str] | None = None) -> int:
-    """`python -m flows.pipeline [STAGE ...] [--params FILE]`: run the flow once; returns the exit code."""
-    from asp.config import load_params
+    """`python -m flows.pipeline [STAGE ...] [--preset P] [--set K=V ...] [--force]`; returns the exit code."""
     from asp.errors import UserError
+    from asp.orchestration.request import RunRequest, check_request, parse_set_args
     from asp.stage import stage_names
 
     try:
@@ -88,20 +32,24 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m flows.pipeline", description=__doc__.split("\n\n")[0], epilog=epilog
     )
     parser.add_argument("stages", nargs="*", metavar="STAGE", help="stages to run (default: all)")
-    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--preset", help="preset in configs/ for this run only (a DVC experiment)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V", help="param override")
+    parser.add_argument("--force", action="store_true", help="rerun stages DVC finds up to date")
     args = parser.parse_args(argv)
     set_offline_defaults()
     try:
-        check_stages(args.stages)  # bad input fails here, before Prefect starts its server
-        load_params(args.params)
-        asp_pipeline(args.stages or None, args.params)
+        overrides = parse_set_args(args.sets)
+        check_request(RunRequest(tuple(args.stages), args.preset, overrides, args.force))  # before Prefect starts
+        from asp.orchestration.flow import asp_pipeline
+
+        asp_pipeline(args.stages or None, args.preset, overrides or None, args.force)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # Prefect has logged the stage's traceback
+    except Exception as exc:  # Prefect has logged the stage's output and traceback
         print(f"error: the pipeline failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -39,7 +39,10 @@ def _yaml_leaf_keys(raw: dict, prefix: str = "") -> set[str]:
 
 
 def test_shipped_params_list_every_key_at_its_default() -> None:
-    assert _yaml_leaf_keys(SHIPPED) == _leaf_keys(Params)  # complete, and nothing the models do not know
+    leaves = _leaf_keys(Params)
+    # a dict-valued param (orchestration.retries) is one leaf of the models; its entries are keys in the YAML
+    shipped = {next((leaf for leaf in leaves if key.startswith(leaf + ".")), key) for key in _yaml_leaf_keys(SHIPPED)}
+    assert shipped == leaves  # complete, and nothing the models do not know
     assert load_params(ROOT / "params.yaml") == Params.defaults()  # the models hold the one set of defaults
 
 

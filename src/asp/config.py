@@ -330,6 +330,35 @@ class RuntimeParams(_Params):
         return self
 
 
+STAGE_TIMEOUTS_S = {
+    "policy": 7200,
+    "prepare": 1800,
+    "profile": 21600,
+    "train_predictor": 21600,
+    "evaluate": 3600,
+    "predict": 7200,
+    "schedule": 1800,
+    "launch": 172800,
+}
+
+
+class OrchestrationParams(_Params):
+    """How `asp repro` and the Prefect flow drive the DVC stages (nothing here changes a stage's outputs, so no
+    stage lists these params: changing them never makes DVC rerun anything)."""
+
+    retries: dict[str, Annotated[int, Strict(), Field(ge=0, le=5)]] = Field(
+        default_factory=lambda: {"profile": 1, "launch": 1},
+        description="Extra attempts per stage after a failure (profile and launch resume from their checkpoints).",
+    )
+    timeout_s: dict[str, Annotated[float, Strict(), Field(gt=0)]] = Field(
+        default_factory=lambda: dict(STAGE_TIMEOUTS_S),
+        description="Wall-clock limit per stage attempt; the stage is stopped (its MLflow run KILLED) past it.",
+    )
+    mlflow_ui: str = Field(
+        "http://127.0.0.1:5000", description="Base URL of the MLflow UI (`asp ui mlflow`) for links in Prefect."
+    )
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
@@ -381,6 +410,7 @@ class Params(_Params):
     predict: PredictParams
     schedule: ScheduleParams
     runtime: RuntimeParams
+    orchestration: OrchestrationParams
 
     @classmethod
     def defaults(cls) -> Params:

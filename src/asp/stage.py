@@ -18,7 +18,7 @@ from typing import Any
 from asp.config import Params, load_params
 from asp.env import set_offline_defaults, sigterm_as_interrupt
 from asp.errors import UserError
-from asp.tracking import Tracker, open_tracker
+from asp.tracking import Tracker, dvc_parent, open_tracker, record_in_parent
 
 StageFn = Callable[[Params, Any, Tracker], dict[str, Any]]
 DVC_FILE = Path("dvc.yaml")
@@ -64,12 +64,14 @@ def run_stage(
     params = load_params(params_path)
     t0 = time.perf_counter()
     previous = resume_run(params, paths) if resume_run is not None else None
+    common = params.common
     with (
         sigterm_as_interrupt(),
+        dvc_parent(common.experiment, common.tracking_uri) as parent,
         open_tracker(
             name,
-            experiment=params.common.experiment,
-            tracking_uri=params.common.tracking_uri,
+            experiment=common.experiment,
+            tracking_uri=common.tracking_uri,
             tags={"asp.stage": name},
             resume_run_id=previous,
         ) as tracker,
@@ -77,6 +79,8 @@ def run_stage(
         metrics = fn(params, paths, tracker)
         elapsed = time.perf_counter() - t0
         tracker.log_metrics({f"{name}/stage_wall_s": elapsed})
+        if parent is not None:  # plain `dvc repro`: the DVC command's parent run collects every stage
+            record_in_parent(parent, params, params_path, {**metrics, f"{name}/stage_wall_s": elapsed})
     shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in list(metrics.items())[:8])
     print(f"[{name}] done in {elapsed:.1f}s: {shown}", file=sys.stderr)
     return metrics

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 PARENT_ENV = "ASP_PARENT_RUN_ID"
+PREFECT_RUN_ENV, PREFECT_URL_ENV = "ASP_PREFECT_FLOW_RUN_ID", "ASP_PREFECT_FLOW_RUN_URL"
 PID_TAG, HOST_TAG, START_TAG = "asp.pid", "asp.host", "asp.pid_start"
 DEFAULT_URI = "sqlite:///mlflow.db"
 ARTIFACT_DIR = "mlartifacts"
@@ -188,7 +189,7 @@ def start_run(
     """Create a run (nested under `parent_run_id` when given) and return a tracker bound to it."""
     client = _client(uri)
     exp_id = ensure_experiment(client, experiment)
-    all_tags = {"mlflow.runName": run_name, **(tags or {}), **owner_tags()}
+    all_tags = {"mlflow.runName": run_name, **context_tags(), **(tags or {}), **owner_tags()}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
@@ -238,6 +239,75 @@ def nested_statuses(tracker: Tracker) -> list[str]:
     exp_id = tracker.client.get_run(tracker.run_id).info.experiment_id
     runs = tracker.client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{tracker.run_id}'")
     return [run.info.status for run in runs]
+
+
+def context_tags(cwd: str | Path = ".") -> dict[str, str]:
+    """Where a run comes from: the git commit (`mlflow.source.git.commit`) and whether tracked files were
+    changed (`asp.git_dirty`), the DVC experiment (`asp.dvc_exp`, set by `dvc exp run` in DVC_EXP_NAME) and the
+    Prefect flow run that started it (`asp.prefect_flow_run_id` / `_url`, set by the orchestrator)."""
+    from asp import vcs
+
+    tags: dict[str, str] = {}
+    sha = vcs.commit(cwd)
+    if sha:
+        tags["mlflow.source.git.commit"] = sha
+        tags["asp.git_dirty"] = str(vcs.dirty(cwd)).lower()
+    for env, tag in (
+        ("DVC_EXP_NAME", "asp.dvc_exp"),
+        (PREFECT_RUN_ENV, "asp.prefect_flow_run_id"),
+        (PREFECT_URL_ENV, "asp.prefect_flow_run_url"),
+    ):
+        if os.environ.get(env):
+            tags[tag] = os.environ[env]
+    return tags
+
+
+def run_url(ui: str, tracker_or_ids: Tracker | tuple[str, str]) -> str | None:
+    """The MLflow UI address of a run (classic runs view), from a tracker or (experiment id, run id)."""
+    if isinstance(tracker_or_ids, tuple):
+        exp_id, run_id = tracker_or_ids
+    elif isinstance(tracker_or_ids, MlflowTracker):
+        run_id = tracker_or_ids.run_id
+        exp_id = tracker_or_ids.client.get_run(run_id).info.experiment_id
+    else:
+        return None
+    return f"{ui.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning"
+
+
+def find_stage_run(
+    experiment: str,
+    stage: str,
+    *,
+    parent_run_id: str | None = None,
+    tracking_uri: str | None = None,
+    workspace_only: bool = False,
+) -> dict[str, Any] | None:
+    """The newest run of `stage`: under `parent_run_id` when given, else the newest FINISHED one (with
+    `workspace_only`, one not made inside a DVC experiment). Returns its ids, status and metrics, for links and
+    summaries; None when there is none or MLflow is off."""
+    if os.environ.get("ASP_TRACKING", "1") == "0":
+        return None
+    client = _client(resolve_tracking_uri(tracking_uri))
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    query = f"tags.`asp.stage` = '{stage}'"
+    if parent_run_id:
+        query += f" and tags.mlflow.parentRunId = '{parent_run_id}'"
+    else:
+        query += " and attributes.status = 'FINISHED'"
+    runs = client.search_runs([exp.experiment_id], query, max_results=50, order_by=["attributes.start_time DESC"])
+    if workspace_only and not parent_run_id:
+        runs = [r for r in runs if "asp.dvc_exp" not in r.data.tags]
+    if not runs:
+        return None
+    run = runs[0]
+    return {
+        "experiment_id": exp.experiment_id,
+        "run_id": run.info.run_id,
+        "status": run.info.status,
+        "metrics": dict(run.data.metrics),
+    }
 
 
 def owner_tags() -> dict[str, str]:
@@ -339,3 +409,82 @@ def log_text(tracker: Tracker, text: str, name: str) -> None:
         path.write_text(text)
         parent = str(Path(name).parent)
         tracker.log_artifact(path, None if parent == "." else parent)
+
+
+def dvc_group(max_depth: int = 8) -> tuple[str, str] | None:
+    """The DVC command that started this stage process, as (group key, parent run name): `dvc exp run NAME`
+    (DVC_EXP_NAME) or the nearest ancestor `dvc repro` process (pid and start time). None when no DVC
+    command is above this process (a stage run by hand)."""
+    import time
+
+    import psutil  # a dependency of dvc
+
+    from asp import vcs
+
+    exp = os.environ.get("DVC_EXP_NAME")
+    if exp:
+        return f"dvc-exp:{exp}", f"dvc exp run {exp}"
+    try:
+        proc = psutil.Process().parent()
+        for _ in range(max_depth):
+            if proc is None:
+                return None
+            cmd = [Path(a).name for a in proc.cmdline()]
+            if "repro" in cmd and ("dvc" in cmd or any(a.startswith("dvc") for a in cmd[:3])):
+                started = proc.create_time()
+                key = f"dvc:{socket.gethostname()}:{proc.pid}:{started:.2f}"
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
+                return key, f"dvc repro {vcs.commit_label() or 'nogit'} {when}"
+            proc = proc.parent()
+    except psutil.Error:
+        return None
+    return None
+
+
+@contextlib.contextmanager
+def dvc_parent(experiment: str, tracking_uri: str | None = None) -> Iterator[Tracker | None]:
+    """For a stage that plain `dvc repro` / `dvc exp run` started (no orchestrator parent in
+    `$ASP_PARENT_RUN_ID`): the pipeline parent run of that DVC command, created by its first stage and reopened
+    by the later ones, so their runs nest under one parent. The parent's status follows the stages: RUNNING
+    while one runs, then FINISHED, or FAILED / KILLED with the stage. Yields None (and does nothing) when an
+    orchestrator already made the parent, MLflow is off, or no DVC command started this process."""
+    group = None
+    if not os.environ.get(PARENT_ENV) and os.environ.get("ASP_TRACKING", "1") != "0":
+        group = dvc_group()
+    if group is None:
+        yield None
+        return
+    key, name = group
+    client = _client(resolve_tracking_uri(tracking_uri))
+    exp_id = ensure_experiment(client, experiment)
+    found = client.search_runs([exp_id], f"tags.`asp.group` = '{key}'", max_results=1)
+    if found:
+        parent = reopen_run(client.tracking_uri, found[0].info.run_id)
+    else:
+        tags = {"asp.kind": "pipeline", "asp.runner": "dvc", "asp.group": key}
+        parent = start_run(client.tracking_uri, experiment, name, tags=tags)
+    assert parent is not None
+    os.environ[PARENT_ENV] = parent.run_id
+    try:
+        yield parent
+    except BaseException as exc:
+        end_run(parent, status_of(exc))
+        raise
+    else:
+        end_run(parent)
+    finally:
+        os.environ.pop(PARENT_ENV, None)
+
+
+def record_in_parent(parent: Tracker, params: Any, params_path: str | Path, metrics: Mapping[str, Any]) -> None:
+    """Log into a pipeline parent run what every door records there: the params file (artifact, once), the
+    resolved params (flattened; keys already logged are kept) and a stage's numeric metrics."""
+    if not isinstance(parent, MlflowTracker):
+        return
+    logged = parent.client.get_run(parent.run_id).data.params
+    if not logged:
+        parent.log_artifact(params_path)
+        parent.log_params(params.model_dump(mode="json"))
+    parent.log_metrics(
+        {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    )

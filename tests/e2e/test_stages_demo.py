@@ -52,6 +52,7 @@ def _paths(t: Path) -> dict[str, object]:
             out_dir=t / "profile",
             work_dir=t / "work",
             metrics=t / "m/profile.json",
+            timings=t / "m/profile_timings.csv",
             plot=t / "p/profile.png",
         ),
         "train_predictor": train_predictor.Paths(
@@ -126,7 +127,7 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
     profiled = prep["profile_prompts"] + prep["heldout_prompts"]
     samples = pd.read_parquet(tmp_path / "profile/samples.parquet")
     assert len(samples) == profiled * TINY["profile"]["n_samples"] and set(samples.finish_reason) <= {"stop", "length"}
-    timings = pd.read_parquet(tmp_path / "profile/timings.parquet")
+    timings = pd.read_csv(tmp_path / "m/profile_timings.csv")
     assert len(timings) == -(-profiled // TINY["profile"]["minibatch_prompts"]) and (timings.wall_s > 0).all()
     preds = pd.read_parquet(tmp_path / "predictions.parquet")
     assert len(preds) == prep["demo_prompts"] and np.isfinite(preds.predicted_length).all()

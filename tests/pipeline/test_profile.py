@@ -1,7 +1,8 @@
 """profile stage on the tiny demo policy: 4 profiling + 2 held-out prompts x 2 samples, 8-token cap, one
-2-prompt minibatch per chunk. Samples, per-prompt stats, timings and metrics agree with each other; a run killed
-after two chunks resumes with only the missing minibatch and gives the same samples as an uninterrupted run; work
-directories of other run keys are removed when a run starts, its own after it succeeded."""
+2-prompt minibatch per chunk. Samples, per-prompt stats, timings and metrics agree with each other (the wall-clock
+timings in their own CSV, outside the output directory later stages read); a run killed after two chunks resumes
+with only the missing minibatch and gives the same files as an uninterrupted run; work directories of other run
+keys are removed when a run starts, its own after it succeeded."""
 
 from __future__ import annotations
 
@@ -85,7 +86,11 @@ def test_profile_writes_consistent_samples_stats_timings_and_metrics(
     truncated = by_prompt["finish_reason"].apply(lambda f: (f == "length").mean())
     pd.testing.assert_series_equal(stats["truncated_frac"], truncated, check_names=False)
 
-    timings = pd.read_parquet(paths.out_dir / "timings.parquet")
+    assert sorted(p.name for p in paths.out_dir.iterdir()) == ["prompts.parquet", "samples.parquet"]
+    timings = pd.read_csv(paths.timings)
+    assert list(timings.columns) == [
+        "minibatch", "wall_s", "num_prompts", "n", "max_new_tokens", "total_tokens", "max_length", "prompt_tokens"
+    ]  # fmt: skip
     assert timings["minibatch"].tolist() == list(range(N_MINIBATCHES))
     assert (timings["num_prompts"] == MB).all() and (timings["wall_s"] > 0).all()
     assert timings["total_tokens"].sum() == samples["length"].sum()
@@ -137,5 +142,6 @@ def test_killed_run_resumes_from_its_chunks(
     assert len(calls) == N_MINIBATCHES
     for name in ("samples.parquet", "prompts.parquet"):
         pd.testing.assert_frame_equal(pd.read_parquet(paths.out_dir / name), pd.read_parquet(fresh.out_dir / name))
-    resumed_t, fresh_t = (pd.read_parquet(p.out_dir / "timings.parquet") for p in (paths, fresh))
+        assert (paths.out_dir / name).read_bytes() == (fresh.out_dir / name).read_bytes()  # resuming changes nothing
+    resumed_t, fresh_t = (pd.read_csv(p.timings) for p in (paths, fresh))
     np.testing.assert_array_equal(resumed_t["total_tokens"], fresh_t["total_tokens"])

@@ -1,13 +1,13 @@
 """The `asp` command.
 
-    asp repro [DVC ARGS]        dvc repro under one MLflow parent run (what `make run` calls)
+    asp repro [STAGE...] [--set K=V]   stages through DVC under one MLflow parent run (what `make run` calls)
     asp stage NAME              run one pipeline stage (what dvc.yaml calls; stages/NAME.py)
     asp params check            validate params.yaml (optionally with a preset overlaid)
     asp preset list|apply NAME  list presets in configs/ or write one over params.yaml
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline
     asp heldout-reward [--weights F]    demo reward of the policy (or trained weights) on new problems
     asp serve                   serve the Prefect flow (trigger stages from the Prefect UI)
-    asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1 (MLflow: one worker)
+    asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1, printing the URL to open (src/asp/cli/ui.py)
 
 Exit codes: 0 done; 2 a user or usage error (one message, no traceback); 130 Ctrl-C, 143 SIGTERM (MLflow runs
 end KILLED); a failed sub-process (`dvc repro`, a server) passes its own code on. Heavy libraries (pydantic
@@ -16,11 +16,8 @@ models, numpy, torch, mlflow, prefect, dvc) are imported inside the commands, so
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -29,6 +26,7 @@ import typer
 
 from asp.cli.heldout import heldout_reward
 from asp.cli.schedule import app as schedule_app
+from asp.cli.ui import app as ui_app
 from asp.env import set_offline_defaults, sigterm_as_interrupt
 from asp.errors import UserError
 
@@ -37,7 +35,6 @@ PLAIN = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_e
 app = typer.Typer(help="Adaptive Scheduling Pipeline: length-aware rollout scheduling for RL.", **PLAIN)
 params_app = typer.Typer(help="Validate params files.", **PLAIN)
 preset_app = typer.Typer(help="Presets in configs/ overlaid on params.yaml.", **PLAIN)
-ui_app = typer.Typer(help="Local web UIs (bound to 127.0.0.1).", **PLAIN)
 app.add_typer(params_app, name="params")
 app.add_typer(preset_app, name="preset")
 app.add_typer(ui_app, name="ui")
@@ -107,122 +104,53 @@ def preset_apply(name: str, params: ParamsOpt = Path("params.yaml")) -> None:
     typer.echo(f"applied preset '{name}' to {params}; `git diff {params}` shows what changed.")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def repro(ctx: typer.Context, params: ParamsOpt = Path("params.yaml")) -> None:
-    """`dvc repro` (extra args passed through) under one MLflow parent run; stage runs nest under it.
+@app.command()
+def repro(
+    stages: Annotated[list[str] | None, typer.Argument(help="stages to run (default: all, in dvc.yaml order)")] = None,
+    preset: Annotated[str | None, typer.Option(help="preset in configs/ for this run only (a DVC experiment)")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-S", help="param override SECTION.KEY=VALUE (repeatable)")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", "-f", help="rerun stages DVC finds up to date")] = False,
+    params: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Run the pipeline through DVC under one MLflow parent run (what `make run` calls).
 
-    Fails with dvc's exit code when a stage fails (the parent run ends FAILED, or KILLED when a stage was
-    killed); Ctrl-C / SIGTERM stop the running stage, end the parent KILLED and exit 130 / 143."""
-    from asp.config import load_params
-    from asp.tracking import PARENT_ENV, end_run, nested_statuses, open_tracker
+    Each stage runs as `dvc repro --single-item STAGE` (up-to-date stages are skipped by DVC); with --preset or
+    --set the run is a DVC experiment (`dvc exp run --temp`), so params.yaml and outputs/ stay as they are.
+    Retries and per-stage timeouts come from `orchestration:` in params.yaml. A failed stage fails the command
+    (dvc's exit code) and the parent run; Ctrl-C / SIGTERM stop the running stage (its run and the parent end
+    KILLED) and exit 130 / 143."""
+    from asp.orchestration.pipeline import StageFailed, run_pipeline
+    from asp.orchestration.request import RunRequest, parse_set_args
 
-    loaded = load_params(params)
-    with open_tracker(
-        "pipeline",
-        experiment=loaded.common.experiment,
-        tracking_uri=loaded.common.tracking_uri,
-        tags={"asp.kind": "pipeline", "asp.dvc_args": " ".join(ctx.args)},
-    ) as parent:
-        env = dict(os.environ, **({PARENT_ENV: parent.run_id} if parent.run_id else {}))
-        rc, signals = call_forwarding_signals([sys.executable, "-m", "dvc", "repro", *ctx.args], env=env)
-        parent.log_artifact(params)
-        for metrics_file in sorted(Path("metrics").glob("*.json")):
-            data = json.loads(metrics_file.read_text())
-            parent.log_metrics({k: v for k, v in data.items() if isinstance(v, int | float)})
-        if signals or rc != 0:
-            end_run(parent, "KILLED" if signals or "KILLED" in nested_statuses(parent) else "FAILED")
-    if rc != 0 and not signals:
-        typer.echo(f"dvc repro failed with exit code {rc}", err=True)
-    _exit_like(rc, signals)
-
-
-def call_forwarding_signals(cmd: list[str], env: dict[str, str], *, to_children: bool = True) -> tuple[int, list[int]]:
-    """Run `cmd` to the end; returns its exit code and the SIGINT / SIGTERM this process received meanwhile.
-
-    Ctrl-C reaches the whole foreground process group (the command and its stage processes) from the terminal,
-    so SIGINT is only noted here. SIGTERM is passed on: with `to_children`, to the command's descendants (under
-    `dvc repro`: the running stage, which ends its run KILLED, after which dvc fails and unlocks), or to the
-    command itself when it has none; else to the command (a server, which stops its own workers)."""
-    import signal
-
-    import psutil  # a dependency of dvc
-
-    received: list[int] = []
-    procs: list[subprocess.Popen] = []
-
-    def note(signum: int, frame: object) -> None:
-        received.append(signum)
-        if signum != signal.SIGTERM or not procs:
-            return
-        with contextlib.suppress(psutil.Error):  # it may have ended meanwhile
-            top = psutil.Process(procs[0].pid)
-            for target in (top.children(recursive=True) if to_children else []) or [top]:
-                with contextlib.suppress(psutil.Error):
-                    target.send_signal(signal.SIGTERM)
-
-    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    request = RunRequest(tuple(stages or ()), preset, parse_set_args(set_ or []), force)
     try:
-        procs.append(subprocess.Popen(cmd, env=env))
-        return procs[0].wait(), received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        run_pipeline(request, params_path=params)
+    except StageFailed as exc:
+        typer.echo(f"error: {exc}; dvc repro failed with exit code {exc.returncode}", err=True)
+        raise typer.Exit(exc.returncode or 1) from None
 
 
 @app.command()
-def serve(name: str = "asp-pipeline") -> None:
-    """Serve the Prefect flow as a deployment that can be triggered from the Prefect UI (Ctrl-C stops)."""
-    sys.path.insert(0, str(Path.cwd()))
-    from flows.pipeline import asp_pipeline
+def serve(name: Annotated[str, typer.Option(help="deployment name")] = "asp-pipeline") -> None:
+    """Serve the pipeline flow as a Prefect deployment (trigger runs from the Prefect UI; Ctrl-C stops).
 
-    asp_pipeline.serve(name=name)
+    Registers on PREFECT_API_URL, else on the `asp ui prefect` server at http://127.0.0.1:4200 (never on a
+    throw-away server), and prints the deployment's URL."""
+    from asp.orchestration.request import RunRequest, check_request
 
+    check_request(RunRequest())  # dvc.yaml and params.yaml are here and valid
+    api = os.environ.get("PREFECT_API_URL") or "http://127.0.0.1:4200/api"
+    os.environ["PREFECT_API_URL"] = api  # before prefect is imported: its settings are read once
+    os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "5")
+    from asp.orchestration.flow import check_server
+    from asp.orchestration.flow import serve as serve_flow
 
-@ui_app.command("prefect")
-def ui_prefect(port: int = 4200, host: Annotated[str, typer.Option(help="keep 127.0.0.1")] = "127.0.0.1") -> None:
-    """Start the Prefect server and UI on 127.0.0.1 (analytics off)."""
-    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=f"http://{host}:{port}/api")
-    typer.echo(
-        f"Prefect UI: http://{host}:{port}; in another shell: PREFECT_API_URL={env['PREFECT_API_URL']} asp serve",
-        err=True,
-    )
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
-    _exit_like(*call_forwarding_signals(cmd, env=env, to_children=False))
-
-
-@ui_app.command("mlflow")
-def ui_mlflow(
-    port: int = 5000, host: Annotated[str, typer.Option(help="interface; keep 127.0.0.1")] = "127.0.0.1"
-) -> None:
-    """Start the MLflow UI on the project's store (one worker, loopback only)."""
-    from asp.config import load_params
-    from asp.tracking import ARTIFACT_DIR, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(load_params().common.tracking_uri if Path("params.yaml").is_file() else None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        uri,
-        "--default-artifact-root",
-        Path(ARTIFACT_DIR).resolve().as_uri(),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    typer.echo(f"MLflow UI: http://{host}:{port}  (store {uri}); Ctrl-C stops it", err=True)
-    _exit_like(*call_forwarding_signals(cmd, env=dict(os.environ), to_children=False))
-
-
-def _exit_like(rc: int, signals: list[int]) -> None:
-    """Exit as a command stopped by Ctrl-C / SIGTERM (130 / 143; main() says so), else with the sub-process's
-    code (128 + N when signal N killed it, as a shell reports it)."""
-    raise typer.Exit(128 + signals[0] if signals else rc if rc >= 0 else 128 - rc)
+    check_server(api)
+    ui = api.removesuffix("/").removesuffix("/api")
+    typer.echo(f"serving deployment 'asp-pipeline/{name}' on {api}; open {ui}/deployments and click it", err=True)
+    serve_flow(name)
 
 
 def main(args: list[str] | None = None) -> None:

@@ -7,9 +7,13 @@ so a killed run resumes where it stopped; the key changes when the prompts, poli
 removes the work directories of other keys when it starts (they can never be resumed by it, and a changed
 input would otherwise leave them behind forever) and its own after it succeeded.
 
-Outputs (outputs/profile/): samples.parquet (prompt_id, role, sample, length, finish_reason), prompts.parquet
-(per-prompt mean, median, max, std, truncated_frac), timings.parquet (per minibatch), and
-metrics/profile.json, plots/profile_lengths.png (a length histogram like the paper's Figure 8).
+Outputs: outputs/profile/ (what later stages depend on; replaced as a whole, and the same inputs give the same
+bytes) holds samples.parquet (prompt_id, role, sample, length, finish_reason) and prompts.parquet (per-prompt mean,
+median, max, std, truncated_frac). Wall-clock values live outside it, in files no stage depends on:
+metrics/profile_timings.csv (one row per minibatch: minibatch, wall_s, num_prompts, n, max_new_tokens,
+total_tokens, max_length, prompt_tokens; what a generation-time model is fitted on), metrics/profile.json and
+plots/profile_lengths.png (a length histogram like the paper's Figure 8). A resumed run's timings table holds the
+minibatches of earlier sessions as they were timed then.
 
 Run: `asp stage profile` (what `dvc repro profile` calls).
 """
@@ -22,7 +26,7 @@ import logging
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +35,16 @@ import pandas as pd
 
 from asp.config import Params, ProfileParams
 from asp.errors import UserError
-from asp.io import read_json, write_json, write_parquet
+from asp.io import atomic_path, read_json, write_json, write_parquet
 from asp.pipeline.loaders import policy_model_path
 from asp.plots import save_figure
 from asp.progress import progress_bar
-from asp.rollout.base import SamplingParams, timed_generate
+from asp.rollout.base import MinibatchTiming, SamplingParams, timed_generate
 from asp.tracking import Tracker
 
 log = logging.getLogger(__name__)
 KEY_RE = re.compile(r"[0-9a-f]{16}")  # what `run_key` names work directories
+TIMING_COLUMNS = ["minibatch", *(f.name for f in fields(MinibatchTiming))]  # the timings CSV, in this order
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Paths:
     out_dir: Path = Path("outputs/profile")
     work_dir: Path = Path("outputs/.work/profile")
     metrics: Path = Path("metrics/profile.json")
+    timings: Path = Path("metrics/profile_timings.csv")
     plot: Path = Path("plots/profile_lengths.png")
 
 
@@ -215,11 +221,18 @@ def collect_chunks(chunk_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
     return samples, timings
 
 
-def save_outputs(samples: pd.DataFrame, stats: pd.DataFrame, timings: pd.DataFrame, out_dir: Path) -> None:
-    """samples.parquet, prompts.parquet (per-prompt stats) and timings.parquet under `out_dir`."""
-    write_parquet(samples, out_dir / "samples.parquet")
-    write_parquet(stats, out_dir / "prompts.parquet")
-    write_parquet(timings, out_dir / "timings.parquet")
+def save_outputs(samples: pd.DataFrame, stats: pd.DataFrame, out_dir: Path) -> None:
+    """samples.parquet and prompts.parquet (per-prompt stats): `out_dir` is replaced as a whole (nothing stale)."""
+    with atomic_path(out_dir) as out:
+        out.mkdir(parents=True)
+        write_parquet(samples, out / "samples.parquet")
+        write_parquet(stats, out / "prompts.parquet")
+
+
+def save_timings(timings: pd.DataFrame, path: Path) -> None:
+    """The per-minibatch timings as CSV (`TIMING_COLUMNS`; floats written to round-trip), atomically."""
+    with atomic_path(path) as tmp:
+        timings[TIMING_COLUMNS].to_csv(tmp, index=False)
 
 
 def profile_metrics(
@@ -242,7 +255,7 @@ def profile_metrics(
 
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Profile the policy; write samples, per-prompt stats, timings, metrics and the histogram."""
+    """Profile the policy; write samples and per-prompt stats, then the timings, metrics and histogram."""
     prof, seed = params.profile, params.common.seed
     prompts, work = load_inputs(paths, prof, seed)
     tracker.log_params({"profile": prof.model_dump(), "common.seed": seed})
@@ -250,7 +263,8 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     t0 = time.perf_counter()
     samples, timings = collect_chunks(run_chunks(engine, prompts, prof, seed, work))
     stats = per_prompt_stats(samples)
-    save_outputs(samples, stats, timings, paths.out_dir)
+    save_outputs(samples, stats, paths.out_dir)
+    save_timings(timings, paths.timings)
     metrics = profile_metrics(samples, stats, timings, time.perf_counter() - t0)
     write_json(metrics, paths.metrics)
     save_figure(length_histogram(samples, prof.max_new_tokens), paths.plot, tracker)

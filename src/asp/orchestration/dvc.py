@@ -1,0 +1,193 @@
+"""Run DVC commands for the orchestrator: stream their output, classify what each stage did, stop them cleanly.
+
+`dvc_repro_cmd` / `dvc_exp_cmd` build the command lines; `run_streaming` runs one, hands every output line
+to a callback (the terminal for `asp repro`, the Prefect run logger for the flow), enforces a timeout and
+turns SIGTERM / Ctrl-C / a Prefect cancellation into a clean stop of the running stage (it receives SIGTERM,
+so its MLflow run ends KILLED, and DVC releases its lock). `classify` reads DVC's own messages to tell a
+stage that ran from one that was up to date or restored from DVC's run cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from asp.env import sigterm_as_interrupt
+
+StageStatus = Literal["ran", "skipped", "restored", "failed", "timeout", "interrupted"]
+_MESSAGES: tuple[tuple[re.Pattern[str], StageStatus], ...] = (
+    (re.compile(r"Running stage '([^']+)'"), "ran"),
+    (re.compile(r"Stage '([^']+)' didn't change, skipping"), "skipped"),
+    (re.compile(r"Stage '([^']+)' is cached - skipping run, checking out outputs"), "restored"),
+    (re.compile(r"failed to reproduce '([^']+)'"), "failed"),
+)
+STOP_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """How a DVC command ended: exit code, seconds, whether it timed out / was interrupted, and its output."""
+
+    returncode: int
+    seconds: float
+    timed_out: bool
+    interrupted: bool
+    lines: tuple[str, ...]
+
+
+def classify(lines: Iterable[str]) -> dict[str, StageStatus]:
+    """What DVC says it did with each stage: ran, skipped (up to date) or restored (from its run cache).
+
+    >>> classify(["Stage 'prepare' didn't change, skipping", "Running stage 'schedule':"])
+    {'prepare': 'skipped', 'schedule': 'ran'}
+    """
+    out: dict[str, StageStatus] = {}
+    for line in lines:
+        for pattern, status in _MESSAGES:
+            match = pattern.search(line)
+            if match:
+                out[match.group(1)] = status
+    return out
+
+
+def _dvc() -> list[str]:
+    return [sys.executable, "-m", "dvc"]
+
+
+def dvc_repro_cmd(stage: str, force: bool = False) -> list[str]:
+    """`dvc repro --single-item STAGE`: this stage only, skipped by DVC when it is up to date."""
+    return [*_dvc(), "repro", "--single-item", *(["--force"] if force else []), stage]
+
+
+def format_value(value: Any) -> str:
+    """A param value as `dvc exp run -S` parses it (YAML flow style: 3, 0.5, true, [a, b], null)."""
+    if isinstance(value, str):
+        return value
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def dvc_exp_cmd(
+    name: str,
+    stages: Iterable[str],
+    overrides: Mapping[str, Any],
+    force: bool = False,
+    copy_paths: Iterable[str] = ("plots",),
+) -> list[str]:
+    """`dvc exp run --temp -n NAME -S k=v ... STAGES`: in a temporary copy of the workspace, so params.yaml and
+    outputs/ stay as they are; the result is an experiment (`dvc exp show`, `dvc exp apply NAME`).
+
+    `copy_paths` are the git-ignored, uncached outputs (the plots) the temporary copy would otherwise lack, which
+    would make DVC rerun stages that are up to date."""
+    sets = [arg for k, v in overrides.items() for arg in ("-S", f"{k}={format_value(v)}")]
+    copies = [arg for path in copy_paths for arg in ("-C", path)]
+    return [*_dvc(), "exp", "run", "--temp", "-n", name, *copies, *sets, *(["--force"] if force else []), *stages]
+
+
+def stage_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment for DVC and its stage commands: this interpreter's bin first on PATH (so `asp stage`
+    is the installed one), offline defaults inherited, plus `extra` (parent run id, Prefect run, store)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["DVC_NO_ANALYTICS"] = "1"
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' weight-loading bars: \r noise in a log
+    env.update(extra)
+    return env
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    """Send `sig` to the descendants of `pid` (the stage processes under DVC), or to `pid` if it has none."""
+    import psutil  # a dependency of dvc
+
+    with contextlib.suppress(psutil.Error):
+        top = psutil.Process(pid)
+        for proc in top.children(recursive=True) or [top]:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the stage processes, then DVC itself; SIGKILL whatever is left after `grace_s`."""
+    _signal_tree(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s / 2)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(grace_s / 2)
+        except subprocess.TimeoutExpired:
+            _signal_tree(proc.pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+
+
+def run_streaming(
+    cmd: list[str],
+    *,
+    env: Mapping[str, str],
+    on_line: Callable[[str], None],
+    timeout_s: float | None = None,
+    cwd: str | Path | None = None,
+    grace_s: float = STOP_GRACE_S,
+) -> CommandResult:
+    """Run `cmd` to the end, passing each output line (stdout and stderr, `\\r` progress split into lines) to
+    `on_line`. Past `timeout_s` the stage is stopped (SIGTERM, then SIGKILL after `grace_s`) and the result says
+    `timed_out`. An interrupt of this process (Ctrl-C, SIGTERM, a Prefect cancellation) stops it the same way and
+    is re-raised after the stage has ended."""
+    t0 = time.monotonic()
+    lines: list[str] = []
+    proc = subprocess.Popen(
+        cmd, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    pending: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            for part in raw.replace("\r", "\n").splitlines():
+                if part.strip():
+                    pending.put(part.rstrip())
+        pending.put(None)
+
+    reader = threading.Thread(target=read, name="dvc-output", daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        with sigterm_as_interrupt():
+            while True:
+                try:
+                    line = pending.get(timeout=0.2)
+                except queue.Empty:
+                    if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                        timed_out = True
+                        on_line(f"timeout: stopping after {timeout_s:g} s (orchestration.timeout_s)")
+                        _stop(proc, grace_s)
+                        break
+                    continue
+                if line is None:
+                    break
+                lines.append(line)
+                on_line(line)
+    except BaseException:  # Ctrl-C, SIGTERM (Terminated), Prefect's cancellation / termination signal
+        _stop(proc, grace_s)
+        raise
+    rc = proc.wait()
+    reader.join(5)
+    while not pending.empty():
+        item = pending.get_nowait()
+        if item is not None:
+            lines.append(item)
+            on_line(item)
+    return CommandResult(rc, time.monotonic() - t0, timed_out, False, tuple(lines))

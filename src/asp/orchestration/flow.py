@@ -1,0 +1,203 @@
+"""The Prefect flow of the pipeline and its deployment: each task runs one stage THROUGH DVC.
+
+    asp ui prefect              # Prefect server + UI on http://127.0.0.1:4200
+    asp serve                   # (other shell) deployment "asp-pipeline/asp-pipeline"; trigger it from the UI
+    python -m flows.pipeline schedule --set schedule.k=3   # or run the flow once from the shell
+
+The flow is a thin shell over `asp.orchestration.pipeline.PipelineRun`, the same code `asp repro` uses:
+a run without preset or overrides is one task per stage (`dvc repro --single-item STAGE`; an up-to-date stage
+ends in the state "Skipped", one restored from DVC's run cache "Restored"), a run with a preset or overrides
+one task running the DVC experiment (`dvc exp run --temp`, named after the flow run), so params.yaml and
+outputs/ are never rewritten. Every stage publishes an artifact (its key metrics, plots, a link to its MLflow
+run), the flow a summary with the MLflow parent run. The deployment takes typed parameters (the stages as a
+multi-select of dvc.yaml's names, a preset, overrides validated before anything runs), runs one flow run at a
+time (concurrency limit 1), retries `profile` and `launch` (they resume) and stops a stage past its timeout
+(`orchestration:` in params.yaml). Stage output, including progress lines every ~10 %, goes to the run's log.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NONE
+from prefect.runtime import flow_run
+from prefect.states import Completed
+
+from asp import vcs
+from asp.errors import UserError
+from asp.orchestration.pipeline import PipelineRun, StageReport
+from asp.orchestration.request import RunRequest, run_label
+from asp.stage import stage_names
+
+DEFAULT_API = "http://127.0.0.1:4200/api"
+STATE_NAMES = {"ran": "Completed", "skipped": "Skipped", "restored": "Restored"}
+MAX_METRICS = 25
+
+
+def _stage_type() -> Any:
+    """`Literal[<dvc.yaml's stage names>]`, so the UI offers them as a multi-select; `str` without dvc.yaml."""
+    try:
+        return Literal[tuple(stage_names())]
+    except UserError:
+        return str
+
+
+StageName = _stage_type()
+
+
+def _request(stages: Any, preset: Any, overrides: Any, force: Any) -> RunRequest:
+    return RunRequest(tuple(stages or ()), preset or None, dict(overrides or {}), bool(force))
+
+
+def flow_run_name() -> str:
+    """Name of a flow run: what ran, as `run_label` gives it (commit, preset, stages, overrides)."""
+    p = flow_run.parameters
+    request = _request(p.get("stages"), p.get("preset"), p.get("overrides"), p.get("force"))
+    try:
+        return run_label(request, vcs.commit_label(), stage_names())
+    except UserError:
+        return "asp-pipeline (no dvc.yaml)"
+
+
+def _key(*parts: str) -> str:
+    """An artifact key (lowercase letters, digits, dashes)."""
+    return "-".join(p.lower().replace("_", "-") for p in parts)
+
+
+def publish_stage(report: StageReport) -> None:
+    """The stage's artifacts: a table of its key metrics and a note with its MLflow run and plots."""
+    what = {
+        "ran": "ran",
+        "skipped": "was up to date (DVC skipped it)",
+        "restored": "was restored from DVC's run cache",
+    }
+    rows = [{"metric": k, "value": round(v, 6)} for k, v in list(report.metrics.items())[:MAX_METRICS]]
+    create_table_artifact(
+        table=rows or [{"metric": "(no metrics file)", "value": ""}],
+        key=_key("asp", report.stage, "metrics"),
+        description=f"**{report.stage}** {what.get(report.status, report.status)}: key metrics "
+        f"(first {MAX_METRICS}; all in MLflow)",
+    )
+    link = f"[MLflow run of {report.stage}]({report.mlflow_url})" if report.mlflow_url else "no MLflow run found"
+    plots = "\n".join(f"- `{p}`" for p in report.plots) or "- none"
+    create_markdown_artifact(
+        markdown=f"### {report.stage}: {what.get(report.status, report.status)}\n\n{link}\n\n"
+        f"Took {report.seconds:.1f} s.\n\nPlots (in the workspace, and as MLflow artifacts):\n{plots}\n",
+        key=_key("asp", report.stage),
+        description=f"{report.stage}: {report.status}; MLflow link",
+    )
+
+
+def _finish(report: StageReport) -> Any:
+    """A Completed state named after what DVC did (Completed / Skipped / Restored)."""
+    publish_stage(report)
+    message = f"{report.stage}: {report.status}" + (f" (MLflow {report.mlflow_url})" if report.mlflow_url else "")
+    return Completed(name=STATE_NAMES.get(report.status, "Completed"), message=message, data=report.status)
+
+
+@task(name="stage", cache_policy=NONE, persist_result=False)
+def stage_task(run: PipelineRun, name: str) -> Any:
+    """One stage through `dvc repro --single-item` (retries and timeout from `orchestration:` params)."""
+    run.on_line = get_run_logger().info
+    return _finish(run.run_stage(name))
+
+
+@task(name="dvc-experiment", cache_policy=NONE, persist_result=False)
+def experiment_task(run: PipelineRun) -> list[str]:
+    """The chosen stages as one DVC experiment in a temporary workspace (`dvc exp run --temp`)."""
+    run.on_line = get_run_logger().info
+    reports = run.run_experiment()
+    for report in reports:
+        publish_stage(report)
+    return [f"{r.stage}: {r.status}" for r in reports]
+
+
+@flow(name="asp-pipeline", flow_run_name=flow_run_name, log_prints=True, persist_result=False)
+def asp_pipeline(
+    stages: list[StageName] | None = None,  # type: ignore[valid-type]
+    preset: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    force: bool = False,
+) -> dict[str, str]:
+    """Run the chosen stages (default: all, in dvc.yaml order) through DVC under one MLflow parent run.
+
+    Args:
+        stages: stage names from dvc.yaml; none means all.
+        preset: a preset in configs/ (e.g. gpu-cluster) applied on top of params.yaml for this run only.
+        overrides: params for this run only, as dotted keys, e.g. {"schedule.k": 3}.
+        force: rerun stages even when DVC finds them up to date.
+    """
+    logger = get_run_logger()
+    request = _request(stages, preset, overrides, force)
+    run = PipelineRun(
+        request, runner="prefect", prefect_run=(str(flow_run.id), flow_run.ui_url), on_line=logger.info
+    )  # bad stages, preset or overrides fail here, before DVC or MLflow is touched
+    with run:
+        logger.info("run '%s': MLflow parent run %s", run.label, run.parent_url or "(tracking off)")
+        if request.is_experiment:
+            experiment_task.with_options(task_run_name=f"dvc exp run {run.exp_name}")(run)
+        else:
+            for name in run.stages:
+                stage_task.with_options(task_run_name=name, retries=run.retries(name), retry_delay_seconds=5)(
+                    run, name
+                )
+        summary = [
+            {"stage": r.stage, "status": r.status, "seconds": round(r.seconds, 1), "mlflow": r.mlflow_url or ""}
+            for r in run.reports.values()
+        ]
+        create_table_artifact(table=summary, key="asp-pipeline", description=f"Stages of '{run.label}'")
+        exp = (
+            f"\n\nDVC experiment `{run.exp_name}`: `dvc exp show` lists it; `dvc exp apply {run.exp_name}` "
+            "brings its params and outputs into the workspace."
+            if run.exp_name
+            else ""
+        )
+        parent = f"[MLflow parent run]({run.parent_url})" if run.parent_url else "MLflow tracking is off"
+        create_markdown_artifact(
+            markdown=f"### {run.label}\n\n{parent}{exp}", key="asp-pipeline-run", description="MLflow link"
+        )
+    return {r.stage: r.status for r in run.reports.values()}
+
+
+def prefect_api_url() -> str:
+    """PREFECT_API_URL, else the `asp ui prefect` server at 127.0.0.1:4200 (never a throw-away server)."""
+    return os.environ.get("PREFECT_API_URL") or DEFAULT_API
+
+
+def check_server(api_url: str, timeout_s: float = 5.0) -> None:
+    """`UserError` with what to do when no Prefect server answers at `api_url`."""
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout_s) as resp:
+            if resp.status == 200:
+                return
+    except (urllib.error.URLError, OSError):
+        pass
+    raise UserError(
+        f"no Prefect server answers at {api_url}. Start one in another shell with `asp ui prefect` "
+        "(or point PREFECT_API_URL at yours), then run `asp serve` again."
+    )
+
+
+def serve(name: str = "asp-pipeline") -> None:
+    """Register the deployment on the Prefect server and run its flow runs until Ctrl-C."""
+    from prefect import serve as prefect_serve
+
+    deployment = asp_pipeline.to_deployment(
+        name=name,
+        concurrency_limit=1,  # one run at a time writes this workspace's outputs/ and dvc.lock
+        description="The asp pipeline through DVC. Choose stages, a preset and param overrides (dotted keys).",
+        tags=["asp"],
+        entrypoint_type=_module_entrypoint(),
+    )
+    prefect_serve(deployment)
+
+
+def _module_entrypoint() -> Any:
+    from prefect.deployments.runner import EntrypointType
+
+    return EntrypointType.MODULE_PATH

@@ -1,0 +1,320 @@
+"""One pipeline run, whichever door started it (`asp repro` or the Prefect flow): stages run THROUGH DVC.
+
+    with PipelineRun(RunRequest(stages=("schedule",)), runner="cli") as run:
+        for name in run.stages:
+            report = run.run_stage(name)          # dvc repro --single-item NAME (skipped when up to date)
+
+A run without a preset or overrides runs each stage with `dvc repro --single-item` in the workspace, so
+`dvc.lock`, DVC's cache and run cache and `dvc status` stay truthful. A run with a preset or overrides is a
+DVC experiment (`run_experiment`: `dvc exp run --temp -n LABEL -S ...`): it runs in a temporary copy, so
+`params.yaml` and `outputs/` are never rewritten; `dvc exp show` lists it and `dvc exp apply NAME` brings it
+into the workspace. Either way one MLflow parent run, named by `run_label`, holds the stage runs (nested
+through `$ASP_PARENT_RUN_ID`), the params file, the resolved params and every stage's metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from asp import vcs
+from asp.errors import UserError
+from asp.orchestration.dvc import (
+    StageStatus,
+    classify,
+    dvc_exp_cmd,
+    dvc_repro_cmd,
+    run_streaming,
+    stage_env,
+)
+from asp.orchestration.request import (
+    RunRequest,
+    check_request,
+    effective_overrides,
+    experiment_name,
+    ordered_stages,
+    run_label,
+)
+from asp.stage import stage_names
+from asp.tracking import (
+    PARENT_ENV,
+    PREFECT_RUN_ENV,
+    PREFECT_URL_ENV,
+    end_run,
+    find_stage_run,
+    open_tracker,
+    record_in_parent,
+    resolve_tracking_uri,
+    run_url,
+)
+
+
+class StageFailed(Exception):
+    """A stage failed (or timed out) under DVC; its own MLflow run says why, its output was streamed."""
+
+    def __init__(self, stage: str, returncode: int, timed_out: bool = False) -> None:
+        why = "timed out (orchestration.timeout_s)" if timed_out else f"failed (dvc exit code {returncode})"
+        super().__init__(f"stage '{stage}' {why}; its output is above and its MLflow run has the details")
+        self.stage, self.returncode, self.timed_out = stage, returncode, timed_out
+
+
+@dataclass
+class StageReport:
+    """What happened to one stage: `status` ran / skipped (up to date) / restored (DVC run cache), its
+    seconds, its metrics (from its metrics files), its plots, and the MLflow run that made its outputs."""
+
+    stage: str
+    status: StageStatus
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    plots: list[str] = field(default_factory=list)
+    mlflow_run_id: str | None = None
+    mlflow_url: str | None = None
+
+
+def stage_files(name: str, dvc_file: str | Path = "dvc.yaml") -> tuple[list[str], list[str]]:
+    """The metrics files and plot files `dvc.yaml` declares for stage `name`."""
+    spec = (yaml.safe_load(Path(dvc_file).read_text()).get("stages") or {}).get(name) or {}
+
+    def paths(key: str) -> list[str]:
+        return [next(iter(e)) if isinstance(e, dict) else str(e) for e in spec.get(key) or []]
+
+    return paths("metrics"), paths("plots")
+
+
+def numeric_leaves(data: Any, prefix: str = "") -> dict[str, float]:
+    """Finite numbers in a metrics mapping, nested keys joined with '/' (lists and text are left out)."""
+    out: dict[str, float] = {}
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            out.update(numeric_leaves(value, f"{prefix}{key}/" if isinstance(value, Mapping) else f"{prefix}{key}"))
+    elif isinstance(data, int | float) and not isinstance(data, bool) and math.isfinite(data):
+        out[prefix] = float(data)
+    return out
+
+
+def _absolute_store(uri: str, root: Path) -> str:
+    """A relative SQLite store made absolute, so stages in a DVC temp workspace write to the same database."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not Path(uri[len(prefix) :]).is_absolute():
+        return prefix + (root / uri[len(prefix) :]).resolve().as_posix()
+    return uri
+
+
+def _print_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class PipelineRun:
+    """A pipeline run under one MLflow parent run; see the module docstring. Validation happens in the
+    constructor (before any server, DVC or MLflow call), so bad input fails at once with `UserError`."""
+
+    def __init__(
+        self,
+        request: RunRequest,
+        *,
+        params_path: str | Path = "params.yaml",
+        root: str | Path = ".",
+        runner: str = "cli",
+        prefect_run: tuple[str, str | None] | None = None,
+        on_line: Callable[[str], None] = _print_line,
+    ) -> None:
+        self.request = request
+        self.root = Path(root).resolve()
+        self.params_path = Path(params_path)
+        self.params = check_request(request, params_path, self.root)
+        self.stages = ordered_stages(request, self.root)
+        self.label = run_label(request, vcs.commit_label(self.root), stage_names(self.root / "dvc.yaml"))
+        self.exp_name = (
+            experiment_name(self.label, (prefect_run[0] if prefect_run else uuid.uuid4().hex)[:8])
+            if request.is_experiment
+            else None
+        )
+        self.runner, self.prefect_run, self.on_line = runner, prefect_run, on_line
+        self.reports: dict[str, StageReport] = {}
+        self._stack = contextlib.ExitStack()
+        self.parent: Any = None
+        self.failed = False
+        self.exp_ref: str | None = None
+        self.parent_url: str | None = None
+
+    # -- the parent run -------------------------------------------------------------------------------------
+    def __enter__(self) -> PipelineRun:
+        common = self.params.common
+        tags = {
+            "asp.kind": "pipeline",
+            "asp.runner": self.runner,
+            "asp.stages": ",".join(self.stages),
+            "asp.preset": self.request.preset or "",
+            "asp.overrides": json.dumps(dict(self.request.overrides), sort_keys=True),
+        }
+        if self.exp_name:
+            tags["asp.dvc_exp"] = self.exp_name
+        if self.prefect_run:
+            os.environ[PREFECT_RUN_ENV] = self.prefect_run[0]
+            if self.prefect_run[1]:
+                os.environ[PREFECT_URL_ENV] = self.prefect_run[1]
+        self.parent = self._stack.enter_context(
+            open_tracker(self.label, experiment=common.experiment, tracking_uri=common.tracking_uri, tags=tags)
+        )
+        self.parent_url = run_url(self.params.orchestration.mlflow_ui, self.parent)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self._record_parent()
+            if exc is None and self.failed:
+                end_run(self.parent, "FAILED")
+        finally:
+            for env in (PREFECT_RUN_ENV, PREFECT_URL_ENV):
+                os.environ.pop(env, None)
+            self._stack.__exit__(exc_type, exc, tb)
+
+    def _record_parent(self) -> None:
+        """Params file, resolved params and the metrics of every stage (as they are after this run)."""
+        metrics: dict[str, float] = {}
+        for name in stage_names(self.root / "dvc.yaml"):
+            metrics.update(self._metrics_of(name))
+        with contextlib.suppress(Exception):  # the parent's bookkeeping never hides the run's own outcome
+            record_in_parent(self.parent, self.params, self.root / self.params_path, metrics)
+            self.parent.set_tags({f"asp.stage_status.{r.stage}": r.status for r in self.reports.values()})
+
+    def env(self) -> dict[str, str]:
+        """Environment of the DVC command: the parent run, the store (absolute), the Prefect run."""
+        extra = {
+            "MLFLOW_TRACKING_URI": _absolute_store(
+                resolve_tracking_uri(self.params.common.tracking_uri, self.root), self.root
+            )
+        }
+        if self.parent is not None and self.parent.run_id:
+            extra[PARENT_ENV] = self.parent.run_id
+        if self.prefect_run:
+            extra[PREFECT_RUN_ENV] = self.prefect_run[0]
+            extra[PREFECT_URL_ENV] = self.prefect_run[1] or ""
+        return stage_env(extra)
+
+    # -- stages -----------------------------------------------------------------------------------------------
+    def timeout_s(self, name: str) -> float | None:
+        return self.params.orchestration.timeout_s.get(name)
+
+    def retries(self, name: str) -> int:
+        return self.params.orchestration.retries.get(name, 0)
+
+    def run_stage(self, name: str) -> StageReport:
+        """`dvc repro --single-item NAME` in the workspace (one attempt). Raises `StageFailed`."""
+        if self.request.is_experiment:
+            raise UserError("a run with a preset or overrides is a DVC experiment: use run_experiment()")
+        self.on_line(f"[asp] stage {name}: dvc repro --single-item {name}")
+        result = run_streaming(
+            dvc_repro_cmd(name, self.request.force),
+            env=self.env(),
+            on_line=self.on_line,
+            timeout_s=self.timeout_s(name),
+            cwd=self.root,
+        )
+        status = classify(result.lines).get(name, "skipped" if result.returncode == 0 else "failed")
+        if result.returncode != 0 or result.timed_out:
+            self.failed = True
+            self.reports[name] = StageReport(name, "timeout" if result.timed_out else "failed", result.seconds)
+            raise StageFailed(name, result.returncode, result.timed_out)
+        return self._report(name, status, result.seconds)
+
+    def run_experiment(self) -> list[StageReport]:
+        """`dvc exp run --temp -n NAME -S ... STAGES` (the chosen stages; DVC reruns or restores changed
+        upstream stages too). Raises `StageFailed` naming the stage that was running."""
+        assert self.exp_name is not None
+        overrides = effective_overrides(self.request, self.root)
+        cmd = dvc_exp_cmd(self.exp_name, self.stages, overrides, self.request.force)
+        self.on_line(f"[asp] DVC experiment {self.exp_name}: dvc exp run --temp " + " ".join(cmd[cmd.index("-n") :]))
+        timeout = sum(self.timeout_s(s) or 0 for s in stage_names(self.root / "dvc.yaml")) or None
+        result = run_streaming(cmd, env=self.env(), on_line=self.on_line, timeout_s=timeout, cwd=self.root)
+        seen = classify(result.lines)
+        if result.returncode != 0 or result.timed_out:
+            self.failed = True
+            failed = [s for s, st in seen.items() if st == "failed"] or [s for s, st in seen.items() if st == "ran"]
+            stage = failed[-1] if failed else ",".join(self.stages)
+            raise StageFailed(stage, result.returncode, result.timed_out)
+        self.exp_ref = vcs.experiment_ref(self.exp_name, self.root)
+        return [self._report(name, seen.get(name, "skipped"), 0.0) for name in self.stages]
+
+    def _metrics_of(self, name: str) -> dict[str, float]:
+        files, _ = stage_files(name, self.root / "dvc.yaml")
+        out: dict[str, float] = {}
+        for rel in files:
+            if self.exp_ref:
+                text = vcs.file_at(self.exp_ref, rel, self.root)
+            else:
+                path = self.root / rel
+                text = path.read_text() if path.is_file() else None
+            if text:
+                with contextlib.suppress(ValueError, TypeError):
+                    out.update(numeric_leaves(json.loads(text)))
+        return out
+
+    def _report(self, name: str, status: StageStatus, seconds: float) -> StageReport:
+        """The stage's metrics and plots and its MLflow run: the one this run made when the stage ran, else the
+        newest finished run of the stage (the one whose outputs DVC kept or restored)."""
+        _, plots = stage_files(name, self.root / "dvc.yaml")
+        report = StageReport(name, status, seconds, self._metrics_of(name), plots)
+        common = self.params.common
+        parent_id = self.parent.run_id if status == "ran" and self.parent is not None else None
+        look = {"tracking_uri": common.tracking_uri}
+        try:
+            found = None
+            if parent_id:  # it ran in this run
+                found = find_stage_run(common.experiment, name, parent_run_id=parent_id, **look)
+            if found is None:  # up to date or restored: the newest finished run of it (in the workspace)
+                found = find_stage_run(common.experiment, name, workspace_only=not self.exp_name, **look)
+        except Exception as exc:  # a link is a convenience; the stage's outcome stands
+            self.on_line(f"[asp] could not look up the MLflow run of {name}: {exc}")
+            found = None
+        if found:
+            report.mlflow_run_id = found["run_id"]
+            report.mlflow_url = run_url(self.params.orchestration.mlflow_ui, (found["experiment_id"], found["run_id"]))
+        self.reports[name] = report
+        return report
+
+
+def run_pipeline(
+    request: RunRequest,
+    *,
+    params_path: str | Path = "params.yaml",
+    on_line: Callable[[str], None] = _print_line,
+) -> list[StageReport]:
+    """`asp repro`: every chosen stage through DVC under one parent run, with the configured retries.
+    Raises `StageFailed` (after the retries) or `UserError`."""
+    with PipelineRun(request, params_path=params_path, runner="cli", on_line=on_line) as run:
+        on_line(f"[asp] run '{run.label}'" + (f": MLflow {run.parent_url}" if run.parent_url else ""))
+        if request.is_experiment:
+            reports = run.run_experiment()
+        else:
+            reports = []
+            for name in run.stages:
+                for attempt in range(run.retries(name) + 1):
+                    try:
+                        reports.append(run.run_stage(name))
+                        break
+                    except StageFailed as exc:
+                        if attempt == run.retries(name) or exc.timed_out:
+                            raise
+                        run.failed = False
+                        on_line(f"[asp] {exc}; retrying ({attempt + 1}/{run.retries(name)}) in 5 s")
+                        time.sleep(5)
+        for r in reports:
+            on_line(f"[asp] {r.stage:16s} {r.status:9s} {r.seconds:7.1f}s  {r.mlflow_url or ''}")
+        if run.exp_name:
+            on_line(
+                f"[asp] experiment {run.exp_name}: `dvc exp show` lists it, `dvc exp apply {run.exp_name}` applies it"
+            )
+    return reports
