@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -211,37 +210,42 @@ def test_interrupted_repro_ends_parent_and_stage_killed(project: tuple[Path, str
         assert code == {"ctrl-c": 130, "sigterm to asp": 143}[how], text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     runs = _runs(experiment)
-    (parent,), (stage,) = runs["pipeline"], runs["sleepy"]
+    (parent,), (stage,) = _parents(runs), runs["sleepy"]
     assert stage.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
 
 
+def _parents(runs: dict[str, list]) -> list:
+    return [r for group in runs.values() for r in group if r.data.tags.get("asp.kind") == "pipeline"]
+
+
 @pytest.mark.slow
-def test_prefect_flow_parent_run_fails_when_a_stage_fails(tmp_path: Path) -> None:
-    experiment = f"flow-fails-{uuid.uuid4().hex[:8]}"
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["common"]["experiment"] = experiment
-    params["prepare"]["dataset"] = "missing.jsonl"
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")  # the stage registry
+def test_prefect_flow_parent_run_fails_when_a_stage_fails(project: tuple[Path, str]) -> None:
+    root, experiment = project
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", PARENT_ENV)}
     env.update(
+        SLEEPY="error",
+        DVC_NO_ANALYTICS="1",
         PYTHONPATH=str(ROOT),
-        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_HOME=str(root / "prefect"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
     )
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, timeout=120)
     out = subprocess.run(
-        [sys.executable, "-m", "flows.pipeline", "prepare"],
-        cwd=tmp_path,
+        [sys.executable, "-m", "flows.pipeline", "sleepy"],
+        cwd=root,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert out.returncode == 2, out.stderr[-3000:]
-    assert re.search(r"^error: missing.jsonl: dataset file not found", out.stderr, re.M), out.stderr[-3000:]
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert re.search(r"^error: the pipeline failed: StageFailed: stage 'sleepy' failed", out.stderr, re.M), out.stderr
+    assert "sleepy: bad input" in out.stdout + out.stderr  # the stage's own message, streamed through DVC
     runs = _runs(experiment)
-    (parent,), (stage,) = runs["pipeline"], runs["prepare"]
+    (parent,), (stage,) = _parents(runs), runs["sleepy"]
     assert stage.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert (stage.info.status, parent.info.status) == ("FAILED", "FAILED")
+    assert parent.data.tags["asp.runner"] == "prefect"

@@ -148,9 +148,7 @@ def serve(name: Annotated[str, typer.Option(help="deployment name")] = "asp-pipe
     from asp.orchestration.flow import serve as serve_flow
 
     check_server(api)
-    ui = api.removesuffix("/").removesuffix("/api")
-    typer.echo(f"serving deployment 'asp-pipeline/{name}' on {api}; open {ui}/deployments and click it", err=True)
-    serve_flow(name)
+    serve_flow(name, on_ready=lambda line: typer.echo(f"serving {line} (Prefect API {api}; Ctrl-C stops)", err=True))
 
 
 def main(args: list[str] | None = None) -> None:

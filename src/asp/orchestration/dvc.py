@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from asp.env import sigterm_as_interrupt
+from asp.env import Terminated, sigterm_as_interrupt
 
 StageStatus = Literal["ran", "skipped", "restored", "failed", "timeout", "interrupted"]
 _MESSAGES: tuple[tuple[re.Pattern[str], StageStatus], ...] = (
@@ -35,6 +35,7 @@ _MESSAGES: tuple[tuple[re.Pattern[str], StageStatus], ...] = (
     (re.compile(r"failed to reproduce '([^']+)'"), "failed"),
 )
 STOP_GRACE_S = 60.0
+SIGINT_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,14 @@ def run_streaming(
                     break
                 lines.append(line)
                 on_line(line)
-    except BaseException:  # Ctrl-C, SIGTERM (Terminated), Prefect's cancellation / termination signal
-        _stop(proc, grace_s)
+    except BaseException as exc:  # Ctrl-C, SIGTERM (Terminated), Prefect's cancellation / termination signal
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Terminated):
+            # Ctrl-C in a terminal reached the whole process group: the stage is already ending its run KILLED;
+            # a SIGTERM now would cut that short. Give it time, then stop whatever is left.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(SIGINT_WAIT_S)
+        if proc.poll() is None:
+            _stop(proc, grace_s)
         raise
     rc = proc.wait()
     reader.join(5)

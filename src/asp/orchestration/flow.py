@@ -119,7 +119,7 @@ def experiment_task(run: PipelineRun) -> list[str]:
 
 @flow(name="asp-pipeline", flow_run_name=flow_run_name, log_prints=True, persist_result=False)
 def asp_pipeline(
-    stages: list[StageName] | None = None,  # type: ignore[valid-type]
+    stages: list[StageName] = [],  # type: ignore[valid-type]  # noqa: B006 (shown as a multi-select; not mutated)
     preset: str | None = None,
     overrides: dict[str, Any] | None = None,
     force: bool = False,
@@ -183,8 +183,9 @@ def check_server(api_url: str, timeout_s: float = 5.0) -> None:
     )
 
 
-def serve(name: str = "asp-pipeline") -> None:
-    """Register the deployment on the Prefect server and run its flow runs until Ctrl-C."""
+def serve(name: str = "asp-pipeline", on_ready: Any = print) -> None:
+    """Register the deployment on the Prefect server, report its UI address to `on_ready`, then run its flow runs
+    until Ctrl-C."""
     from prefect import serve as prefect_serve
 
     deployment = asp_pipeline.to_deployment(
@@ -194,7 +195,10 @@ def serve(name: str = "asp-pipeline") -> None:
         tags=["asp"],
         entrypoint_type=_module_entrypoint(),
     )
-    prefect_serve(deployment)
+    deployment_id = deployment.apply()
+    ui = prefect_api_url().rstrip("/").removesuffix("/api")
+    on_ready(f"deployment 'asp-pipeline/{name}': {ui}/deployments/deployment/{deployment_id}")
+    prefect_serve(deployment, print_starting_message=False)
 
 
 def _module_entrypoint() -> Any:

@@ -53,6 +53,7 @@ from asp.tracking import (
     PREFECT_URL_ENV,
     end_run,
     find_stage_run,
+    nested_statuses,
     open_tracker,
     record_in_parent,
     resolve_tracking_uri,
@@ -174,8 +175,11 @@ class PipelineRun:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         try:
             self._record_parent()
-            if exc is None and self.failed:
-                end_run(self.parent, "FAILED")
+            if isinstance(exc, StageFailed) or (exc is None and self.failed):
+                # a stage that failed because it was killed (SIGTERM, a timeout) makes the parent KILLED too
+                killed = exc is not None and exc.timed_out or "KILLED" in nested_statuses(self.parent)
+                end_run(self.parent, "KILLED" if killed else "FAILED")
+                exc_type = exc = tb = None  # the status is set; the exception still propagates (returns None)
         finally:
             for env in (PREFECT_RUN_ENV, PREFECT_URL_ENV):
                 os.environ.pop(env, None)

@@ -1,0 +1,327 @@
+"""One pipeline behind three doors, on a real git + DVC project with the tiny demo params: `asp repro`, plain
+`dvc repro` and the Prefect deployment (`asp serve` against a real Prefect server with its UI, triggered through
+the API and by clicking in headless Chromium). Every door runs stages through DVC, so an up-to-date stage is
+skipped, `dvc status` stays clean, override runs are DVC experiments that leave params.yaml alone, and MLflow
+records one parent run per run with the stage runs, tags (git commit, DVC experiment, Prefect flow run),
+params and metrics.
+
+The project is built once for the module (`asp repro` of every stage but launch: about 2-3 minutes).
+Screenshots of the browser test go to $ASP_UI_SCREENSHOT_DIR when set (docs/img), else the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from tests.conftest import Background, _start_prefect_server
+
+from .conftest import tiny_params
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = ["policy", "prepare", "profile", "train_predictor", "evaluate", "predict", "schedule"]  # not launch
+CHROMIUM = os.environ.get("ASP_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ASP_PARENT_RUN_ID", "PREFECT_API_URL")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return dict(env, DVC_NO_ANALYTICS="1", ASP_PROGRESS="1")
+
+
+def _sh(cmd: list[str], cwd: Path, timeout: float = 900) -> str:
+    out = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, (
+        f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
+    return out.stdout + out.stderr
+
+
+def _dvc_changed(repo: Path) -> set[str]:
+    """The stages `dvc status` reports as changed."""
+    status = json.loads(_sh([sys.executable, "-m", "dvc", "status", "--json"], repo))
+    return {key.split(":")[-1] for key in status}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A git + DVC copy of the repository with tiny params, every stage but launch run by `asp repro`."""
+    repo = tmp_path_factory.mktemp("doors") / "repo"
+    repo.mkdir()
+    for item in ("dvc.yaml", "stages", "src", "data", "configs", ".dvcignore"):
+        src = ROOT / item
+        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+        (shutil.copytree(src, repo / item, ignore=ignore) if src.is_dir() else shutil.copy(src, repo / item))
+    experiment = f"doors-{uuid.uuid4().hex[:8]}"
+    params = tiny_params({"common": {"experiment": experiment}})
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (repo / ".gitignore").write_text("/outputs/\n/plots/\n/mlartifacts/\n__pycache__/\n")
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "t@example.com"],
+        ["git", "config", "user.name", "t"],
+        [sys.executable, "-m", "dvc", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-qm", "project"],
+    ):
+        _sh(cmd, repo)
+    t0 = time.monotonic()
+    first = _sh([sys.executable, "-m", "asp", "repro", *STAGES], repo)
+    first_s = time.monotonic() - t0
+    commit = _sh(["git", "rev-parse", "HEAD"], repo).strip()
+    _sh(["git", "add", "-A"], repo)
+    _sh(["git", "commit", "-qm", "pipeline outputs"], repo)
+    return {"repo": repo, "experiment": experiment, "first": first, "first_s": first_s, "commit": commit}
+
+
+def _runs(experiment: str) -> list[Any]:
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id], max_results=1000, order_by=["attributes.start_time ASC"])
+
+
+def test_asp_repro_runs_each_stage_through_dvc_under_one_named_parent(project: dict[str, Any]) -> None:
+    text = project["first"]
+    for stage in STAGES:
+        assert f"Running stage '{stage}'" in text and re.search(rf"\[asp\] {stage} +ran ", text), text[-3000:]
+    print(f"first asp repro of {len(STAGES)} stages: {project['first_s']:.1f} s")
+    runs = _runs(project["experiment"])
+    (parent,) = [r for r in runs if r.data.tags.get("asp.kind") == "pipeline"]
+    assert parent.info.run_name == f"{project['commit'][:7]} demo {'+'.join(STAGES)}"
+    assert parent.info.status == "FINISHED" and parent.data.tags["asp.runner"] == "cli"
+    assert parent.data.tags["mlflow.source.git.commit"] == project["commit"]
+    assert parent.data.tags["asp.git_dirty"] == "false"
+    assert parent.data.params["schedule.k"] == "3"  # the resolved params
+    assert {"schedule/predicted_CV", "predictor/kendall_tau", "prepare/prompts"} <= set(parent.data.metrics)
+    client = MlflowClient()
+    assert "params.yaml" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+    stages = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert set(stages) == set(STAGES)
+    assert all(r.data.tags["mlflow.source.git.commit"] == project["commit"] for r in stages.values())
+
+
+def test_a_second_repro_skips_every_stage_and_dvc_status_is_clean(project: dict[str, Any]) -> None:
+    before = len(_runs(project["experiment"]))
+    t0 = time.monotonic()
+    text = _sh([sys.executable, "-m", "asp", "repro", *STAGES], project["repo"])
+    print(f"asp repro with everything up to date: {time.monotonic() - t0:.1f} s")
+    assert "Running stage" not in text
+    assert all(re.search(rf"\[asp\] {stage} +skipped ", text) for stage in STAGES), text[-3000:]
+    assert len(_runs(project["experiment"])) == before + 1  # only the new parent run
+    assert _dvc_changed(project["repo"]) <= {"launch"}
+
+
+def test_plain_dvc_repro_stage_runs_are_grouped_under_a_parent(project: dict[str, Any]) -> None:
+    repo = project["repo"]
+    _sh([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "schedule"], repo)
+    runs = _runs(project["experiment"])
+    stage = [r for r in runs if r.info.run_name == "schedule"][-1]
+    parent = next(r for r in runs if r.info.run_id == stage.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["asp.runner"] == "dvc" and parent.info.run_name.startswith("dvc repro ")
+    assert parent.info.status == "FINISHED" and "schedule/predicted_CV" in parent.data.metrics
+    assert _dvc_changed(repo) <= {"launch"}  # deterministic outputs: a forced rerun changes nothing
+    assert not _sh(["git", "status", "--porcelain", "--untracked-files=no"], repo).strip()
+
+
+# --- the Prefect door -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A Prefect server with its UI on a free port and `asp serve` in the project; yields the client env plus
+    DEPLOYMENT_ID. Both are stopped at the end (Ctrl-C to `asp serve`, which must exit)."""
+    bg = Background()
+    home = tmp_path_factory.mktemp("doors_prefect")
+    try:
+        env, port, server = _start_prefect_server(home, bg, PREFECT_UI_ENABLED="true")
+        env = dict(env, **{k: v for k, v in _env().items() if k in ("PATH", "DVC_NO_ANALYTICS")})
+        env.pop("ASP_PARENT_RUN_ID", None)
+        env["PREFECT_UI_URL"] = f"http://127.0.0.1:{port}"
+        bg.wait_http(env["PREFECT_UI_URL"] + "/", server, 60)
+        serve_env = dict(env, PREFECT_RUNNER_POLL_FREQUENCY="2")
+        serve = bg.start(
+            [sys.executable, "-m", "asp", "serve"], log=home / "serve.log", env=serve_env, cwd=project["repo"]
+        )
+        url = f"{env['PREFECT_API_URL']}/deployments/name/asp-pipeline/asp-pipeline"
+        deployment = json.loads(bg.wait_http(url, serve, 180))
+        deadline = time.monotonic() + 60
+        while f"/deployments/deployment/{deployment['id']}" not in bg.log(serve) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert f"{env['PREFECT_UI_URL']}/deployments/deployment/{deployment['id']}" in bg.log(serve)  # printed URL
+        env["DEPLOYMENT_ID"] = deployment["id"]
+        yield env
+        assert bg.stop(serve, signal.SIGINT, timeout_s=120) in (0, 130, -signal.SIGINT), bg.log(serve)
+    finally:
+        for proc, _ in reversed(bg.procs):
+            bg.stop(proc)
+
+
+def _api(env: dict[str, str], path: str, body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        env["PREFECT_API_URL"] + path, data=data, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.load(resp)
+
+
+def _trigger(env: dict[str, str], parameters: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
+    """Create a flow run of the deployment (what the UI's Run button does) and wait until it ends."""
+    run = _api(env, f"/deployments/{env['DEPLOYMENT_ID']}/create_flow_run", {"parameters": parameters})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = _api(env, f"/flow_runs/{run['id']}")
+        if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return run
+        time.sleep(1)
+    pytest.fail(f"flow run {run['id']} still {run['state_type']} after {timeout_s} s")
+
+
+def _task_states(env: dict[str, str], flow_run_id: str) -> dict[str, str]:
+    tasks = _api(env, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    return {t["name"]: t["state"]["name"] for t in tasks}
+
+
+def _artifacts(env: dict[str, str], flow_run_id: str) -> list[dict[str, Any]]:
+    return _api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+
+
+def test_ui_run_of_everything_up_to_date_skips_every_stage(project: dict[str, Any], served: dict[str, str]) -> None:
+    t0 = time.monotonic()
+    run = _trigger(served, {"stages": STAGES})
+    wall, flow_s = time.monotonic() - t0, run["total_run_time"]
+    print(f"UI-triggered run, {len(STAGES)} stages up to date: {wall:.1f} s wall, flow run {flow_s:.1f} s")
+    assert run["state_type"] == "COMPLETED", run["state"]
+    assert _task_states(served, run["id"]) == dict.fromkeys(STAGES, "Skipped")
+    assert _dvc_changed(project["repo"]) <= {"launch"}
+    links = [a for a in _artifacts(served, run["id"]) if a["type"] == "markdown" and "MLflow run of" in a["data"]]
+    assert len(links) == len(STAGES) and all("/#/experiments/" in a["data"] for a in links)
+
+
+def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], served: dict[str, str]) -> None:
+    repo = project["repo"]
+    params_before = (repo / "params.yaml").read_bytes()
+    t0 = time.monotonic()
+    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})
+    print(f"UI-triggered schedule run with an override: {time.monotonic() - t0:.1f} s wall")
+    assert run["state_type"] == "COMPLETED", run["state"]
+    assert run["name"] == f"{project['commit'][:7]} demo schedule schedule.k=4" or "schedule.k=4" in run["name"]
+    assert (repo / "params.yaml").read_bytes() == params_before and _dvc_changed(repo) <= {"launch"}
+    runs = _runs(project["experiment"])
+    stage = [r for r in runs if r.info.run_name == "schedule"][-1]
+    assert stage.data.params["schedule.k"] == "4"
+    assert stage.data.tags["asp.prefect_flow_run_id"] == run["id"]
+    assert run["id"] in stage.data.tags["asp.prefect_flow_run_url"]
+    exp_name = stage.data.tags["asp.dvc_exp"]
+    assert exp_name in _sh([sys.executable, "-m", "dvc", "exp", "list", "--name-only"], repo)
+    parent = next(r for r in runs if r.info.run_id == stage.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["asp.runner"] == "prefect" and parent.data.params["schedule.k"] == "4"
+    assert "schedule/predicted_CV" in parent.data.metrics
+    kinds = {a["key"]: a["type"] for a in _artifacts(served, run["id"])}
+    assert kinds.get("asp-schedule") == "markdown" and kinds.get("asp-schedule-metrics") == "table"
+
+    again = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})  # the same run again
+    assert again["state_type"] == "COMPLETED"
+    assert [r for r in _runs(project["experiment"]) if r.info.run_name == "schedule"][
+        -1
+    ].info.run_id == stage.info.run_id
+    note = next(a for a in _artifacts(served, again["id"]) if a["key"] == "asp-schedule")
+    assert "run cache" in note["data"] or "up to date" in note["data"]  # DVC did not run it again
+
+
+def test_a_bad_override_fails_the_flow_run_at_once(served: dict[str, str]) -> None:
+    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.kk": 3}})
+    assert run["state_type"] == "FAILED"
+    assert "unknown key 'schedule.kk'" in run["state"]["message"]
+    print(f"bad override: flow run failed after {run['total_run_time']:.2f} s")
+    assert run["total_run_time"] < 5.0
+
+
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (run `make browser`)")
+def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict[str, str], tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
+    expect = sync_api.expect
+    ui = served["PREFECT_UI_URL"]
+    shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+
+    def field(page: Any, name: str) -> Any:
+        label = page.locator(".schema-form-property__label", has_text=re.compile(rf"^{name}( \(Optional\))?$"))
+        return page.locator(".schema-form-property").filter(has=label)
+
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(30_000)
+        try:
+            page.goto(f"{ui}/deployments/deployment/{served['DEPLOYMENT_ID']}")
+            expect(page.get_by_text("Ready", exact=True)).to_be_visible()
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_text("Custom run", exact=True).click()
+            expect(page.get_by_role("heading", name="Parameters")).to_be_visible()
+            stages = field(page, "stages")  # a multi-select of dvc.yaml's stage names
+            stages.get_by_role("button", name="No items selected").click()
+            options = page.get_by_role("listbox")
+            if not options.is_visible():  # a click on the field's text opens and closes it again
+                page.keyboard.press("ArrowDown")
+            options.get_by_role("option", name="schedule", exact=True).click()
+            page.get_by_role("heading", name="Parameters").click()  # closes the list
+            expect(stages).to_contain_text("schedule")
+            overrides = field(page, "overrides")
+            overrides.get_by_role("button", name="dict", exact=True).click()
+            editor = overrides.get_by_role("textbox")
+            editor.click()
+            page.keyboard.press("ControlOrMeta+a")
+            editor.fill(json.dumps({"schedule.k": 5}))
+            page.screenshot(path=shots / "prefect-custom-run.png", full_page=True)
+            before = {r["id"] for r in _api(served, "/flow_runs/filter", {})}
+            page.get_by_role("button", name="Submit", exact=True).click()
+            deadline, new = time.monotonic() + 60, []
+            while not new and time.monotonic() < deadline:  # the run the click created
+                new = [r for r in _api(served, "/flow_runs/filter", {}) if r["id"] not in before]
+                time.sleep(0.5)
+            assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 5}, new
+            page.goto(f"{ui}/runs/flow-run/{new[0]['id']}")
+            expect(page.get_by_role("banner").get_by_text("Completed", exact=True)).to_be_visible(timeout=240_000)
+            page.get_by_role("tablist").get_by_text("Artifacts", exact=True).click()
+            cards = page.get_by_role("tabpanel", name="Artifacts")
+            expect(cards.get_by_role("link", name=re.compile("asp-pipeline-run"))).to_be_visible()
+            page.screenshot(path=shots / "prefect-flow-run.png")  # the README's picture
+            cards.get_by_role("link", name=re.compile("asp-pipeline-run")).click()
+            link = page.get_by_role("link", name="MLflow parent run", exact=True)
+            expect(link).to_be_visible()
+            assert "/#/experiments/" in (link.get_attribute("href") or "")
+            page.screenshot(path=shots / "prefect-artifact.png")
+        except Exception:
+            page.screenshot(path=shots / "failure.png", full_page=True)
+            raise
+        finally:
+            browser.close()
+    stage = [r for r in _runs(project["experiment"]) if r.info.run_name == "schedule"][-1]
+    assert stage.data.params["schedule.k"] == "5"  # the clicked override reached the stage

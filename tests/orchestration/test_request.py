@@ -1,0 +1,82 @@
+"""Run requests are checked before anything runs: stage names from dvc.yaml, presets, overrides against the params
+models (the message `asp params check` gives); labels and DVC experiment names tell runs apart."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from asp.errors import UserError
+from asp.orchestration.request import (
+    RunRequest,
+    check_request,
+    effective_overrides,
+    experiment_name,
+    ordered_stages,
+    parse_set_args,
+    run_label,
+    set_dotted,
+)
+from asp.stage import stage_names
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_stages_come_in_dvc_yaml_order() -> None:
+    order = stage_names(ROOT / "dvc.yaml")
+    assert ordered_stages(RunRequest(stages=("launch", "prepare")), ROOT) == ["prepare", "launch"]
+    assert ordered_stages(RunRequest(), ROOT) == order
+
+
+def test_overrides_are_validated_with_the_params_message() -> None:
+    params = check_request(RunRequest(overrides={"schedule.k": 3, "runtime.trainer": "simulated"}), root=ROOT)
+    assert params.schedule.k == 3 and params.runtime.trainer == "simulated"
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match=r"unknown key 'schedule\.kk' \(allowed here: .*\bk\b"):
+        check_request(RunRequest(overrides={"schedule.kk": 3}), root=ROOT)
+    assert time.perf_counter() - t0 < 1.0  # fails at once, before DVC, MLflow or Prefect
+    with pytest.raises(UserError, match=r"'schedule\.k' = 'three'"):
+        check_request(RunRequest(overrides={"schedule.k": "three"}), root=ROOT)
+    with pytest.raises(UserError, match=r"unknown stage\(s\) \['shedule'\]; dvc.yaml defines prepare|policy"):
+        check_request(RunRequest(stages=("shedule",)), root=ROOT)
+    with pytest.raises(UserError, match=r"no preset 'gpu'.*gpu-cluster"):
+        check_request(RunRequest(preset="gpu"), root=ROOT)
+    with pytest.raises(UserError, match="expected SECTION.KEY"):
+        check_request(RunRequest(overrides={"k": 3}), root=ROOT)
+
+
+def test_a_preset_and_overrides_make_an_experiment_with_sorted_sets() -> None:
+    assert not RunRequest(stages=("schedule",)).is_experiment
+    request = RunRequest(preset="gpu-cluster", overrides={"schedule.k": 4})
+    assert request.is_experiment
+    check_request(request, root=ROOT)
+    sets = effective_overrides(request, ROOT)
+    assert sets["schedule.k"] == 4 and sets["profile.engine"] == "vllm"  # the override wins over the preset
+    assert list(sets) == sorted(sets)
+
+
+def test_set_args_parse_yaml_scalars() -> None:
+    assert parse_set_args(["schedule.k=3", "runtime.trainer=grpo", "evaluate.min_tau=0.5", "a.b=[1, 2]"]) == {
+        "schedule.k": 3,
+        "runtime.trainer": "grpo",
+        "evaluate.min_tau": 0.5,
+        "a.b": [1, 2],
+    }
+    for bad in ("schedule.k", "k=3", "=3"):
+        with pytest.raises(UserError, match="SECTION.KEY=VALUE"):
+            parse_set_args([bad])
+    assert set_dotted({"a": {"b": 1, "c": 2}}, {"a.b": 5, "d.e": 1}) == {"a": {"b": 5, "c": 2}, "d": {"e": 1}}
+
+
+def test_labels_and_experiment_names() -> None:
+    stages = stage_names(ROOT / "dvc.yaml")
+    assert run_label(RunRequest(), "abc1234", stages) == "abc1234 demo all"
+    label = run_label(RunRequest(("schedule",), "gpu-cluster", {"schedule.k": 3}, True), "abc1234*", stages)
+    assert label == "abc1234* gpu-cluster schedule schedule.k=3 force"
+    name = experiment_name(label, "1a2b3c4d")
+    assert name == "abc1234-dirty-gpu-cluster-schedule-schedule.k-3-force-1a2b3c4d"
+    ok = subprocess.run(["git", "check-ref-format", f"refs/exps/{name}"], capture_output=True)
+    assert ok.returncode == 0
