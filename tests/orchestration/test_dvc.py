@@ -7,7 +7,7 @@ import sys
 import time
 
 from asp.orchestration.dvc import classify, dvc_exp_cmd, dvc_repro_cmd, format_value, run_streaming, stage_env
-from asp.orchestration.pipeline import numeric_leaves, stage_files
+from asp.orchestration.pipeline import numeric_leaves, stage_files, uncached_outputs
 
 
 def test_classify_reads_dvcs_messages() -> None:
@@ -29,7 +29,9 @@ def test_classify_reads_dvcs_messages() -> None:
 def test_command_lines() -> None:
     assert dvc_repro_cmd("schedule")[-3:] == ["repro", "--single-item", "schedule"]
     assert "--force" in dvc_repro_cmd("schedule", force=True)
-    cmd = dvc_exp_cmd("exp-1", ["schedule"], {"schedule.k": 3, "a.b": [1, 2], "c.d": None, "e.f": True})
+    cmd = dvc_exp_cmd(
+        "exp-1", ["schedule"], {"schedule.k": 3, "a.b": [1, 2], "c.d": None, "e.f": True}, copy_paths=["plots"]
+    )
     assert cmd[cmd.index("exp") :] == [
         "exp", "run", "--temp", "-n", "exp-1", "-C", "plots",
         "-S", "schedule.k=3", "-S", "a.b=[1, 2]", "-S", "c.d=null", "-S", "e.f=true", "schedule",
@@ -60,3 +62,9 @@ def test_metrics_and_plots_come_from_dvc_yaml() -> None:
         "a/b": 1.0,
         "c/d": 2.5,
     }
+
+
+def test_uncached_outputs_are_copied_into_experiments_but_not_checkpoints() -> None:
+    copies = uncached_outputs()
+    assert {"metrics/profile_timings.csv", "plots/profile_lengths.png", "metrics/schedule.json"} <= set(copies)
+    assert "outputs/launch_state" not in copies and "outputs/profile" not in copies

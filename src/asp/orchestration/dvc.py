@@ -85,13 +85,13 @@ def dvc_exp_cmd(
     stages: Iterable[str],
     overrides: Mapping[str, Any],
     force: bool = False,
-    copy_paths: Iterable[str] = ("plots",),
+    copy_paths: Iterable[str] = (),
 ) -> list[str]:
     """`dvc exp run --temp -n NAME -S k=v ... STAGES`: in a temporary copy of the workspace, so params.yaml and
     outputs/ stay as they are; the result is an experiment (`dvc exp show`, `dvc exp apply NAME`).
 
-    `copy_paths` are the git-ignored, uncached outputs (the plots) the temporary copy would otherwise lack, which
-    would make DVC rerun stages that are up to date."""
+    `copy_paths` are uncached outputs (plots, metrics, timings) the temporary copy would otherwise lack when git
+    does not hold them, which would make DVC rerun stages that are up to date."""
     sets = [arg for k, v in overrides.items() for arg in ("-S", f"{k}={format_value(v)}")]
     copies = [arg for path in copy_paths for arg in ("-C", path)]
     return [*_dvc(), "exp", "run", "--temp", "-n", name, *copies, *sets, *(["--force"] if force else []), *stages]

@@ -94,6 +94,35 @@ def stage_files(name: str, dvc_file: str | Path = "dvc.yaml") -> tuple[list[str]
     return paths("metrics"), paths("plots")
 
 
+def uncached_outputs(dvc_file: str | Path = "dvc.yaml") -> list[str]:
+    """The outputs `dvc.yaml` marks `cache: false` (metrics, plots, timings), except persistent ones (checkpoints
+    that must not leak into another run). A `dvc exp run --temp` copy lacks them when git does not hold them
+    (untracked, or new), and DVC would rerun their stages for nothing, so they are copied in (`-C`)."""
+    stages = yaml.safe_load(Path(dvc_file).read_text()).get("stages") or {}
+    found = []
+    for spec in stages.values():
+        for key in ("outs", "metrics", "plots"):
+            for entry in spec.get(key) or []:
+                if isinstance(entry, dict):
+                    ((path, opts),) = entry.items()
+                    if opts and opts.get("cache") is False and not opts.get("persist"):
+                        found.append(path)
+    return sorted(set(found))
+
+
+def copy_paths(paths: list[str], root: Path) -> list[str]:
+    """What `dvc exp run -C` must copy for `paths` to exist in the temporary copy: a path whose top folder git
+    ignores is copied as that whole folder (DVC copies into existing folders only), others one by one."""
+    out: list[str] = []
+    for path in paths:
+        top = path.split("/", 1)[0]
+        ignored = vcs.git("check-ignore", top, cwd=root) == top
+        target = top if ignored and "/" in path else path
+        if (root / target).exists() and target not in out:
+            out.append(target)
+    return out
+
+
 def numeric_leaves(data: Any, prefix: str = "") -> dict[str, float]:
     """Finite numbers in a metrics mapping, nested keys joined with '/' (lists and text are left out)."""
     out: dict[str, float] = {}
@@ -239,7 +268,8 @@ class PipelineRun:
         upstream stages too). Raises `StageFailed` naming the stage that was running."""
         assert self.exp_name is not None
         overrides = effective_overrides(self.request, self.root)
-        cmd = dvc_exp_cmd(self.exp_name, self.stages, overrides, self.request.force)
+        copies = copy_paths(uncached_outputs(self.root / "dvc.yaml"), self.root)
+        cmd = dvc_exp_cmd(self.exp_name, self.stages, overrides, self.request.force, copy_paths=copies)
         self.on_line(f"[asp] DVC experiment {self.exp_name}: dvc exp run --temp " + " ".join(cmd[cmd.index("-n") :]))
         timeout = sum(self.timeout_s(s) or 0 for s in stage_names(self.root / "dvc.yaml")) or None
         result = run_streaming(cmd, env=self.env(), on_line=self.on_line, timeout_s=timeout, cwd=self.root)
