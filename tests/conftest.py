@@ -4,7 +4,7 @@ cluster for the whole session and a tiny random Qwen2 (runtime and trainer tests
 Ray starts once (about 5 s, dashboard off) with 4 logical CPUs; every `run_async` call joins it and kills
 its own actors on exit. `tiny_qwen` builds a random 2-layer Qwen2 with a word-level tokenizer.
 `background` starts helper processes and stops them at teardown; `prefect_server` is a Prefect server on a
-free 127.0.0.1 port, `prefect_ui_server` the same with its web UI on.
+free 127.0.0.1 port (`start_prefect_server` starts one, e.g. with its web UI on).
 """
 
 from __future__ import annotations
@@ -144,28 +144,7 @@ def background() -> Iterator[Background]:
             bg.stop(proc)
 
 
-@pytest.fixture
-def prefect_server(tmp_path_factory: pytest.TempPathFactory, background: Background) -> dict[str, str]:
-    """A Prefect server on a free 127.0.0.1 port with its own PREFECT_HOME (analytics and UI off), stopped at
-    teardown. Returns the environment (a copy of os.environ) that points clients at it (PREFECT_API_URL)."""
-    home = tmp_path_factory.mktemp("prefect_server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(
-        os.environ,
-        PREFECT_HOME=str(home),
-        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_UI_ENABLED="false",
-    )
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    proc = background.start(cmd, log=home / "server.log", env=env)
-    background.wait_http(f"{env['PREFECT_API_URL']}/health", proc, 180)
-    return env
-
-
-def _start_prefect_server(
+def start_prefect_server(
     home: Path, background: Background, **settings: str
 ) -> tuple[dict[str, str], int, subprocess.Popen]:
     """Start `prefect server start` on a free 127.0.0.1 port with PREFECT_HOME=`home` (analytics off; `settings`
@@ -187,11 +166,8 @@ def _start_prefect_server(
 
 
 @pytest.fixture
-def prefect_ui_server(tmp_path_factory: pytest.TempPathFactory, background: Background) -> dict[str, str]:
-    """`prefect_server` with the web UI on: a Prefect server on a free 127.0.0.1 port, its own PREFECT_HOME,
-    analytics off, stopped at teardown. Returns the client environment; PREFECT_UI_URL is the UI's root URL."""
-    home = tmp_path_factory.mktemp("prefect_ui_server")
-    env, port, proc = _start_prefect_server(home, background, PREFECT_UI_ENABLED="true")
-    env["PREFECT_UI_URL"] = f"http://127.0.0.1:{port}"
-    background.wait_http(env["PREFECT_UI_URL"] + "/", proc, 60)  # the UI's index.html
+def prefect_server(tmp_path_factory: pytest.TempPathFactory, background: Background) -> dict[str, str]:
+    """A Prefect server on a free 127.0.0.1 port with its own PREFECT_HOME (analytics and UI off), stopped at
+    teardown. Returns the environment (a copy of os.environ) that points clients at it (PREFECT_API_URL)."""
+    env, _, _ = start_prefect_server(tmp_path_factory.mktemp("prefect_server"), background, PREFECT_UI_ENABLED="false")
     return env

@@ -86,11 +86,18 @@ code = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 pathlib.Path("out.txt").write_text(os.environ.get("ASP_PARENT_RUN_ID", "no parent run"))
 pathlib.Path("metrics").mkdir(exist_ok=True)
 pathlib.Path("metrics/hello.json").write_text(json.dumps({"hello/answer": 42, "hello/name": "x"}))
+if code == 99:  # flaky: fails the first attempt only
+    first = not pathlib.Path("attempted").exists()
+    pathlib.Path("attempted").write_text("1")
+    code = 3 if first else 0
+if code == 98:  # hangs
+    import time
+    time.sleep(120)
 sys.exit(code)
 """
 
 
-def _tiny_dvc_project(root: Path, store: Path, exit_code: int = 0) -> dict:
+def _tiny_dvc_project(root: Path, store: Path, exit_code: int = 0, orchestration: dict | None = None) -> dict:
     """A new git + DVC project with one stage (`hello`: writes out.txt and metrics/hello.json, exits with
     `exit_code`) and the repo's complete params.yaml, tracking to `store`. Returns the params written."""
     import yaml
@@ -98,6 +105,7 @@ def _tiny_dvc_project(root: Path, store: Path, exit_code: int = 0) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["common"].update(tracking_uri=f"sqlite:///{store}", experiment="cli-repro")
+    params["orchestration"].update(orchestration or {})
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / "hello.py").write_text(STAGE_SCRIPT)
     stage = {
@@ -183,6 +191,25 @@ def test_repro_failure_fails_the_command_make_run_and_the_parent_run(tmp_path: P
     )
     assert made.returncode == 2 and f"run] Error {dvc_code}" in made.stderr, made.stderr[-3000:]
     assert [r.info.status for r in _pipeline_runs(store)] == ["FAILED", "FAILED"]
+
+
+@pytest.mark.slow
+def test_repro_retries_a_failed_stage_and_stops_one_past_its_timeout(tmp_path: Path) -> None:
+    import time
+
+    repo, store = tmp_path / "flaky", tmp_path / "store.db"
+    _tiny_dvc_project(repo, store, exit_code=99, orchestration={"retries": {"hello": 1}})
+    out = _repro(repo)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "stage 'hello' failed (dvc exit code" in out.stderr and "retrying (1/1)" in out.stderr
+
+    repo = tmp_path / "hangs"
+    _tiny_dvc_project(repo, store, exit_code=98, orchestration={"timeout_s": {"hello": 3}, "retries": {"hello": 1}})
+    t0 = time.monotonic()
+    out = _repro(repo)
+    assert out.returncode != 0 and "stage 'hello' timed out (orchestration.timeout_s)" in out.stderr
+    assert "retrying" not in out.stderr and time.monotonic() - t0 < 90  # a timeout is not retried
+    assert _pipeline_runs(store)[0].info.status == "KILLED"  # the newest parent run
 
 
 def test_repro_of_an_unknown_stage_fails_before_anything_runs(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from tests.conftest import Background, _start_prefect_server
+from tests.conftest import Background, start_prefect_server
 
 from .conftest import tiny_params
 
@@ -159,7 +159,7 @@ def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     bg = Background()
     home = tmp_path_factory.mktemp("doors_prefect")
     try:
-        env, port, server = _start_prefect_server(home, bg, PREFECT_UI_ENABLED="true")
+        env, port, server = start_prefect_server(home, bg, PREFECT_UI_ENABLED="true")
         env = dict(env, **{k: v for k, v in _env().items() if k in ("PATH", "DVC_NO_ANALYTICS")})
         env.pop("ASP_PARENT_RUN_ID", None)
         env["PREFECT_UI_URL"] = f"http://127.0.0.1:{port}"
@@ -174,6 +174,7 @@ def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
         while f"/deployments/deployment/{deployment['id']}" not in bg.log(serve) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert f"{env['PREFECT_UI_URL']}/deployments/deployment/{deployment['id']}" in bg.log(serve)  # printed URL
+        assert (deployment.get("global_concurrency_limit") or {}).get("limit") == 1  # one run at a time
         env["DEPLOYMENT_ID"] = deployment["id"]
         yield env
         assert bg.stop(serve, signal.SIGINT, timeout_s=120) in (0, 130, -signal.SIGINT), bg.log(serve)

@@ -7,7 +7,7 @@ import sys
 import time
 
 from asp.orchestration.dvc import classify, dvc_exp_cmd, dvc_repro_cmd, format_value, run_streaming, stage_env
-from asp.orchestration.pipeline import numeric_leaves, stage_files, uncached_outputs
+from asp.orchestration.pipeline import numeric_leaves, stage_files, stage_seconds, uncached_outputs
 
 
 def test_classify_reads_dvcs_messages() -> None:
@@ -68,3 +68,13 @@ def test_uncached_outputs_are_copied_into_experiments_but_not_checkpoints() -> N
     copies = uncached_outputs()
     assert {"metrics/profile_timings.csv", "plots/profile_lengths.png", "metrics/schedule.json"} <= set(copies)
     assert "outputs/launch_state" not in copies and "outputs/profile" not in copies
+
+
+def test_stage_seconds_run_from_one_stage_message_to_the_next() -> None:
+    marks = [
+        (0.0, "Reproducing experiment 'x'"),
+        (1.0, "Stage 'policy' didn't change, skipping"),
+        (1.5, "Running stage 'schedule':"),
+        (4.0, "[schedule] done in 2.4s"),
+    ]
+    assert stage_seconds(marks, 5.0) == {"policy": 0.5, "schedule": 3.5}

@@ -123,6 +123,12 @@ def copy_paths(paths: list[str], root: Path) -> list[str]:
     return out
 
 
+def stage_seconds(marks: list[tuple[float, str]], end: float) -> dict[str, float]:
+    """Seconds per stage from timestamped DVC output: from the line that names a stage to the next such line."""
+    named = [(t, stage) for t, line in marks for stage in classify([line])]
+    return {stage: (named[i + 1][0] if i + 1 < len(named) else end) - t for i, (t, stage) in enumerate(named)}
+
+
 def numeric_leaves(data: Any, prefix: str = "") -> dict[str, float]:
     """Finite numbers in a metrics mapping, nested keys joined with '/' (lists and text are left out)."""
     out: dict[str, float] = {}
@@ -272,15 +278,22 @@ class PipelineRun:
         cmd = dvc_exp_cmd(self.exp_name, self.stages, overrides, self.request.force, copy_paths=copies)
         self.on_line(f"[asp] DVC experiment {self.exp_name}: dvc exp run --temp " + " ".join(cmd[cmd.index("-n") :]))
         timeout = sum(self.timeout_s(s) or 0 for s in stage_names(self.root / "dvc.yaml")) or None
-        result = run_streaming(cmd, env=self.env(), on_line=self.on_line, timeout_s=timeout, cwd=self.root)
+        marks: list[tuple[float, str]] = []  # when each line arrived: a stage's time runs to the next stage's
+
+        def note(line: str) -> None:
+            marks.append((time.monotonic(), line))
+            self.on_line(line)
+
+        result = run_streaming(cmd, env=self.env(), on_line=note, timeout_s=timeout, cwd=self.root)
         seen = classify(result.lines)
+        seconds = stage_seconds(marks, time.monotonic())
         if result.returncode != 0 or result.timed_out:
             self.failed = True
             failed = [s for s, st in seen.items() if st == "failed"] or [s for s, st in seen.items() if st == "ran"]
             stage = failed[-1] if failed else ",".join(self.stages)
             raise StageFailed(stage, result.returncode, result.timed_out)
         self.exp_ref = vcs.experiment_ref(self.exp_name, self.root)
-        return [self._report(name, seen.get(name, "skipped"), 0.0) for name in self.stages]
+        return [self._report(name, seen.get(name, "skipped"), seconds.get(name, 0.0)) for name in self.stages]
 
     def _metrics_of(self, name: str) -> dict[str, float]:
         files, _ = stage_files(name, self.root / "dvc.yaml")
