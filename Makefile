@@ -29,7 +29,7 @@ run: install
 	asp repro
 
 test: install browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

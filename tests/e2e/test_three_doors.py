@@ -247,14 +247,6 @@ def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], se
     kinds = {a["key"]: a["type"] for a in _artifacts(served, run["id"])}
     assert kinds.get("asp-schedule") == "markdown" and kinds.get("asp-schedule-metrics") == "table"
 
-    again = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})  # the same run again
-    assert again["state_type"] == "COMPLETED"
-    assert [r for r in _runs(project["experiment"]) if r.info.run_name == "schedule"][
-        -1
-    ].info.run_id == stage.info.run_id
-    note = next(a for a in _artifacts(served, again["id"]) if a["key"] == "asp-schedule")
-    assert "run cache" in note["data"] or "up to date" in note["data"]  # DVC did not run it again
-
 
 def test_a_bad_override_fails_the_flow_run_at_once(served: dict[str, str]) -> None:
     run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.kk": 3}})
@@ -267,6 +259,7 @@ def test_a_bad_override_fails_the_flow_run_at_once(served: dict[str, str]) -> No
 @pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (run `make browser`)")
 def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict[str, str], tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
+    schedule_before = [r for r in _runs(project["experiment"]) if r.info.run_name == "schedule"][-1].info.run_id
     expect = sync_api.expect
     ui = served["PREFECT_UI_URL"]
     shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
@@ -299,7 +292,7 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             editor = overrides.get_by_role("textbox")
             editor.click()
             page.keyboard.press("ControlOrMeta+a")
-            editor.fill(json.dumps({"schedule.k": 5}))
+            editor.fill(json.dumps({"schedule.k": 4}))  # the API test's run again: DVC must not rerun it
             page.screenshot(path=shots / "prefect-custom-run.png", full_page=True)
             before = {r["id"] for r in _api(served, "/flow_runs/filter", {})}
             page.get_by_role("button", name="Submit", exact=True).click()
@@ -307,7 +300,7 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             while not new and time.monotonic() < deadline:  # the run the click created
                 new = [r for r in _api(served, "/flow_runs/filter", {}) if r["id"] not in before]
                 time.sleep(0.5)
-            assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 5}, new
+            assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 4}, new
             page.goto(f"{ui}/runs/flow-run/{new[0]['id']}")
             expect(page.get_by_role("banner").get_by_text("Completed", exact=True)).to_be_visible(timeout=240_000)
             page.get_by_role("tablist").get_by_text("Artifacts", exact=True).click()
@@ -324,5 +317,24 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             raise
         finally:
             browser.close()
-    stage = [r for r in _runs(project["experiment"]) if r.info.run_name == "schedule"][-1]
-    assert stage.data.params["schedule.k"] == "5"  # the clicked override reached the stage
+    runs = _runs(project["experiment"])
+    assert [r for r in runs if r.info.run_name == "schedule"][-1].info.run_id == schedule_before  # not rerun
+    parent = [r for r in runs if r.data.tags.get("asp.runner") == "prefect"][-1]
+    assert parent.data.params["schedule.k"] == "4" and parent.data.tags["asp.prefect_flow_run_id"] == new[0]["id"]
+    note = next(a for a in _artifacts(served, new[0]["id"]) if a["key"] == "asp-schedule")
+    assert "run cache" in note["data"] or "up to date" in note["data"]
+
+
+def test_a_changed_param_changes_its_stage_only(project: dict[str, Any]) -> None:
+    """DVC tracks each stage's own params: a `prepare` param marks prepare changed, not policy (last: it edits
+    params.yaml, and puts it back)."""
+    path = project["repo"] / "params.yaml"
+    original = path.read_text()
+    params = yaml.safe_load(original)
+    params["prepare"]["heldout_prompts"] += 8
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        changed = _dvc_changed(project["repo"])
+    finally:
+        path.write_text(original)
+    assert "prepare" in changed and "policy" not in changed and "schedule" not in changed

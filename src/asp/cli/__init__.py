@@ -145,10 +145,15 @@ def serve(name: Annotated[str, typer.Option(help="deployment name")] = "asp-pipe
     os.environ["PREFECT_API_URL"] = api  # before prefect is imported: its settings are read once
     os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "5")
     from asp.orchestration.flow import check_server
-    from asp.orchestration.flow import serve as serve_flow
 
     check_server(api)
-    serve_flow(name, on_ready=lambda line: typer.echo(f"serving {line} (Prefect API {api}; Ctrl-C stops)", err=True))
+    from asp.cli.procs import exit_like, run_server
+
+    # In a child process group: Prefect's own shutdown can hang for minutes on a busy machine, so on Ctrl-C /
+    # SIGTERM the wrapper stops the whole tree (SIGTERM, then SIGKILL) and exits 130 / 143.
+    typer.echo(f"serving deployment 'asp-pipeline/{name}' on Prefect at {api}; Ctrl-C stops it", err=True)
+    cmd = [sys.executable, "-m", "asp.orchestration.flow", name]
+    exit_like(*run_server(cmd, dict(os.environ)))
 
 
 def main(args: list[str] | None = None) -> None:

@@ -35,7 +35,6 @@ _MESSAGES: tuple[tuple[re.Pattern[str], StageStatus], ...] = (
     (re.compile(r"failed to reproduce '([^']+)'"), "failed"),
 )
 STOP_GRACE_S = 60.0
-SIGINT_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -183,10 +182,12 @@ def run_streaming(
                 on_line(line)
     except BaseException as exc:  # Ctrl-C, SIGTERM (Terminated), Prefect's cancellation / termination signal
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Terminated):
-            # Ctrl-C in a terminal reached the whole process group: the stage is already ending its run KILLED;
-            # a SIGTERM now would cut that short. Give it time, then stop whatever is left.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(SIGINT_WAIT_S)
+            # Ctrl-C in a terminal reached the whole process group: the stage is already ending its run KILLED
+            # and DVC then exits; a SIGTERM now would cut that short. A second Ctrl-C stops them at once.
+            try:
+                proc.wait()
+            except KeyboardInterrupt:
+                _stop(proc, grace_s)
         if proc.poll() is None:
             _stop(proc, grace_s)
         raise

@@ -205,3 +205,12 @@ def _module_entrypoint() -> Any:
     from prefect.deployments.runner import EntrypointType
 
     return EntrypointType.MODULE_PATH
+
+
+if __name__ == "__main__":  # `asp serve` runs this in its own process group, so Ctrl-C / SIGTERM stop it for sure
+    import sys
+
+    from asp.orchestration import flow as this  # the flow must live in its module, not __main__ (the entrypoint)
+
+    name = sys.argv[1] if len(sys.argv) > 1 else "asp-pipeline"
+    this.serve(name, on_ready=lambda line: print(line, file=sys.stderr, flush=True))
