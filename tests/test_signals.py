@@ -164,6 +164,13 @@ def test_killed_stage_processes_end_their_runs(project: tuple[Path, str], monkey
     assert swept.info.status == "KILLED" and f"owner process {stale.pid} " in swept.data.tags["asp.killed_reason"]
 
 
+def _terminal_signals() -> None:
+    """In the child: SIGINT / SIGTERM at their defaults, as a terminal's shell starts a command (an ignored SIGINT
+    is inherited across exec, and then neither asp nor DVC nor the stage would see the Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _stage_pid(root: Path, proc: subprocess.Popen, log: Path, timeout_s: float = 240) -> int:
     deadline = time.monotonic() + timeout_s
     while not (found := list(root.glob("started-*"))):
@@ -189,6 +196,7 @@ def test_interrupted_repro_ends_parent_and_stage_killed(project: tuple[Path, str
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_terminal_signals,  # an earlier test in this process may have left SIGINT ignored
         )
     try:
         stage_pid = _stage_pid(root, proc, log)
