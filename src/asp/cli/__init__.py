@@ -72,11 +72,9 @@ def params_check(
 
 
 def _preset_path(name: str) -> Path:
-    path = Path("configs") / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in Path("configs").glob("*.yaml"))
-        raise UserError(f"no preset '{name}' ({path} not found). Presets: {', '.join(known) or 'none'}.")
-    return path
+    from asp.orchestration.request import preset_path
+
+    return preset_path(name)
 
 
 @preset_app.command("list")

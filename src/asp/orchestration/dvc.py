@@ -27,7 +27,7 @@ import yaml
 
 from asp.env import Terminated, sigterm_as_interrupt
 
-StageStatus = Literal["ran", "skipped", "restored", "failed", "timeout", "interrupted"]
+StageStatus = Literal["ran", "skipped", "restored", "failed", "timeout"]
 _MESSAGES: tuple[tuple[re.Pattern[str], StageStatus], ...] = (
     (re.compile(r"Running stage '([^']+)'"), "ran"),
     (re.compile(r"Stage '([^']+)' didn't change, skipping"), "skipped"),
@@ -39,12 +39,11 @@ STOP_GRACE_S = 60.0
 
 @dataclass(frozen=True)
 class CommandResult:
-    """How a DVC command ended: exit code, seconds, whether it timed out / was interrupted, and its output."""
+    """How a DVC command ended: exit code, seconds, whether it timed out, and its output."""
 
     returncode: int
     seconds: float
     timed_out: bool
-    interrupted: bool
     lines: tuple[str, ...]
 
 
@@ -198,4 +197,4 @@ def run_streaming(
         if item is not None:
             lines.append(item)
             on_line(item)
-    return CommandResult(rc, time.monotonic() - t0, timed_out, False, tuple(lines))
+    return CommandResult(rc, time.monotonic() - t0, timed_out, tuple(lines))

@@ -19,6 +19,7 @@ import yaml
 from asp.config import Params, deep_merge, read_yaml, validate_params
 from asp.errors import UserError
 from asp.stage import stage_names
+from asp.tracking import flatten
 
 
 @dataclass(frozen=True)
@@ -58,17 +59,6 @@ def parse_set_args(items: Iterable[str]) -> dict[str, Any]:
             out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
             out[key.strip()] = value
-    return out
-
-
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`{"a": {"b": 1}}` -> `{"a.b": 1}`."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
     return out
 
 
