@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from asp.config import load_params
+from asp.config import Params, load_params
 from asp.env import set_offline_defaults
 from asp.pipeline import launch
 from asp.tracking import NullTracker
@@ -45,19 +45,29 @@ COLUMNS = {
 }
 
 
+def table_4b_params(params: Params, condition: str) -> Params:
+    """params with the Table 4(b) runtime setting above and `runtime.condition` set."""
+    runtime = params.runtime.model_copy(update={**TABLE_4B, "condition": condition})
+    return params.model_copy(update={"runtime": runtime})
+
+
+def measure(params: Params, condition: str) -> dict[str, float]:
+    """One real launch (Ray, the demo policy generating, simulated training) in a temporary directory; its
+    ``runtime/summary/...`` metrics."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        paths = replace(
+            launch.Paths(), out_dir=t / "launch", state_dir=t / "state", metrics=t / "m.json", plot=t / "p.png"
+        )
+        return launch.run(table_4b_params(params, condition), paths, NullTracker())
+
+
 def main(conditions: list[str]) -> None:
     set_offline_defaults()
     params = load_params("params.yaml")
     rows = {}
     for cond in conditions:
-        runtime = params.runtime.model_copy(update={**TABLE_4B, "condition": cond})
-        p = params.model_copy(update={"runtime": runtime})
-        with tempfile.TemporaryDirectory() as tmp:
-            t = Path(tmp)
-            paths = replace(
-                launch.Paths(), out_dir=t / "launch", state_dir=t / "state", metrics=t / "m.json", plot=t / "p.png"
-            )
-            metrics = launch.run(p, paths, NullTracker())
+        metrics = measure(params, cond)
         rows[cond] = {k: metrics[f"runtime/summary/{k}"] for k in COLUMNS}
         print(f"{cond} done", file=sys.stderr)
     print("| metric | " + " | ".join(conditions) + " |")

@@ -342,6 +342,61 @@ STAGE_TIMEOUTS_S = {
 }
 
 
+class SimTrainingParams(_Params):
+    """The Training Unit's times for the simulator when ``runtime.trainer: grpo`` (the simulated trainer's are
+    ``runtime.trainer_step_s`` / ``refresh_delay_s``). `asp simulate fit-training` fits them from a launch's
+    ``outputs/launch/iterations.parquet``; the defaults are the demo launch's measured means (metrics/launch.json,
+    grpo/T_*_s)."""
+
+    step_base_s: Float = Field(1.64, ge=0, description="Seconds per trainer step, fixed part.")
+    step_per_token_s: Float = Field(0.0, ge=0, description="Seconds per generated token in the global batch.")
+    save_s: Float = Field(0.019, ge=0, description="T_save: snapshot export per step.")
+    convert_s: Float = Field(0.0, ge=0, description="T_convert: snapshot conversion per step.")
+    load_s: Float = Field(0.011, ge=0, description="T_load: reload per actor, before its next minibatch.")
+
+
+class PlanParams(_Params):
+    """The cluster `asp plan layout` plans for (paper appendix B.6; docs/simulator.md)."""
+
+    devices: Int = Field(8, ge=2, description="Accelerators available (generation + training).")
+    devices_per_node: Int = Field(8, ge=1, description="A Generation Unit's actors are packed on one node.")
+    devices_per_actor: Int = Field(1, ge=1, description="Devices of one generation engine (tensor parallel).")
+    tu_min_devices: Int = Field(1, ge=1, description="Smallest Training Unit that fits the policy.")
+    tu_serial_fraction: Float = Field(
+        0.1, ge=0, le=1, description="Amdahl serial fraction of a training step when the TU grows past its minimum."
+    )
+    max_depth_batches: Float = Field(
+        4.0, gt=0, description="Bound on the mean Training Queue depth at arrival (global batches) of a layout."
+    )
+
+
+class SimulateParams(_Params):
+    """`simulate` stage, `asp simulate` and `asp plan layout`: the runtime on a simulated clock (docs/simulator.md).
+
+    The layout, batch and queue settings are the ``runtime:`` ones; these say how to model time.
+    """
+
+    enabled: Bool = Field(True, description="false: the simulate stage writes only {'simulate/enabled': 0}.")
+    conditions: list[Literal["C0", "C1", "C2", "C3", "C4"]] = Field(
+        ["C0", "C4"], min_length=1, description="Schedule conditions simulated side by side."
+    )
+    generation_form: Literal["auto", "static", "continuous"] = Field(
+        "auto", description="Generation-time model: static (hf), continuous (vllm); auto: from runtime.engine.kind."
+    )
+    lengths: Literal["empirical", "lognormal"] = Field(
+        "empirical",
+        description="Realized lengths: empirical (held-out prompts' samples, nearest calibrated length, rescaled) "
+        "| lognormal (two-level lognormal around the calibrated length).",
+    )
+    cores: Float | None = Field(
+        2.0, gt=0, description="CPU cores the generation actors share (processor sharing); null: a device per actor."
+    )
+    folds: Int = Field(5, ge=2, description="Cross-validation folds of the time-model fit (held-out R², MdAPE).")
+    iterations: Int | None = Field(None, ge=1, description="Trainer steps simulated; null: runtime.iterations.")
+    training: SimTrainingParams = SimTrainingParams()
+    plan: PlanParams = PlanParams()
+
+
 class OrchestrationParams(_Params):
     """How `asp repro` and the Prefect flow drive the DVC stages (nothing here changes a stage's outputs, so no
     stage lists these params: changing them never makes DVC rerun anything)."""
@@ -410,6 +465,7 @@ class Params(_Params):
     predict: PredictParams
     schedule: ScheduleParams
     runtime: RuntimeParams
+    simulate: SimulateParams
     orchestration: OrchestrationParams
 
     @classmethod

@@ -6,6 +6,7 @@
     asp preset list|apply NAME  list presets in configs/ or write one over params.yaml
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline
     asp heldout-reward [--weights F]    demo reward of the policy (or trained weights) on new problems
+    asp simulate [-c C4] [--set K=V]    the launch run predicted on a simulated clock (src/asp/cli/simulate.py)
     asp serve                   serve the Prefect flow (trigger stages from the Prefect UI)
     asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1, printing the URL to open (src/asp/cli/ui.py)
 
@@ -26,6 +27,7 @@ import typer
 
 from asp.cli.heldout import heldout_reward
 from asp.cli.schedule import app as schedule_app
+from asp.cli.simulate import app as simulate_app
 from asp.cli.ui import app as ui_app
 from asp.env import set_offline_defaults, sigterm_as_interrupt
 from asp.errors import UserError
@@ -39,6 +41,7 @@ app.add_typer(params_app, name="params")
 app.add_typer(preset_app, name="preset")
 app.add_typer(ui_app, name="ui")
 app.add_typer(schedule_app, name="schedule", help="Build schedules, ablations and τ sweeps from a lengths file.")
+app.add_typer(simulate_app, name="simulate")
 app.command("heldout-reward")(heldout_reward)
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params file")]

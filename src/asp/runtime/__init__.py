@@ -8,69 +8,63 @@ Training Queue and Training Unit.
                         logger=tracker, checkpoint_dir="runs/launch/ckpt")
     summary.metrics["runtime/summary/mean_iteration_time_s"]
 
-See docs/runtime.md for the design, the metrics and the overhead benchmark; tests in tests/runtime.
+The pure parts (Database, sender policy, Training Queue, backpressure, lag bound, metrics) import no Ray; the
+names below are loaded lazily, so `import asp.runtime.database` (as the simulator `asp.sim` does) stays
+Ray-free. See docs/runtime.md for the design, the metrics and the overhead benchmark; tests in tests/runtime.
 """
 
-from asp.runtime.checkpoint import Checkpointer
-from asp.runtime.config import RuntimeConfig
-from asp.runtime.control import ControlUnit, RunSummary, RuntimeFailure
-from asp.runtime.database import Database, TaskState
-from asp.runtime.engines import EngineSpec, StandInEngine
-from asp.runtime.messages import (
-    Failure,
-    GlobalBatch,
-    GUReport,
-    MinibatchOutput,
-    SamplingParams,
-    StepResult,
-    WeightUpdate,
-    WorkItem,
-)
-from asp.runtime.metrics import (
-    busy_fraction,
-    grpo_summary,
-    iteration_metrics,
-    summary_metrics,
-    time_weighted_stats,
-    trend,
-)
-from asp.runtime.plan import WorkPlan, as_plan, check_prompts
-from asp.runtime.queue import Backpressure, TrainingQueue
-from asp.runtime.run import make_checkpointer, ray_session, run_async
-from asp.runtime.trainer import Trainer, TrainingUnit
+from __future__ import annotations
 
-__all__ = [
-    "Backpressure",
-    "Checkpointer",
-    "ControlUnit",
-    "Database",
-    "EngineSpec",
-    "Failure",
-    "GUReport",
-    "GlobalBatch",
-    "MinibatchOutput",
-    "RunSummary",
-    "RuntimeConfig",
-    "RuntimeFailure",
-    "SamplingParams",
-    "StandInEngine",
-    "StepResult",
-    "TaskState",
-    "Trainer",
-    "TrainingQueue",
-    "TrainingUnit",
-    "WeightUpdate",
-    "WorkItem",
-    "WorkPlan",
-    "as_plan",
-    "busy_fraction",
-    "check_prompts",
-    "grpo_summary",
-    "iteration_metrics",
-    "make_checkpointer",
-    "ray_session",
-    "run_async",
-    "summary_metrics",
-    "time_weighted_stats",
-    "trend",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "asp.runtime.checkpoint": ["Checkpointer"],
+    "asp.runtime.config": ["RuntimeConfig"],
+    "asp.runtime.control": ["ControlUnit", "RunSummary", "RuntimeFailure"],
+    "asp.runtime.database": ["Database", "TaskState"],
+    "asp.runtime.engines": ["EngineSpec", "StandInEngine"],
+    "asp.runtime.messages": [
+        "Failure",
+        "GlobalBatch",
+        "GUReport",
+        "MinibatchOutput",
+        "SamplingParams",
+        "StepResult",
+        "WeightUpdate",
+        "WorkItem",
+    ],
+    "asp.runtime.metrics": [
+        "busy_fraction",
+        "grpo_summary",
+        "iteration_metrics",
+        "summary_metrics",
+        "time_weighted_stats",
+        "trend",
+    ],
+    "asp.runtime.plan": ["WorkPlan", "as_plan", "check_prompts"],
+    "asp.runtime.queue": ["Backpressure", "TrainingQueue"],
+    "asp.runtime.run": ["make_checkpointer", "ray_session", "run_async"],
+    "asp.runtime.sender": ["GULoad", "enforce_lag_bound", "plan_dispatch"],
+    "asp.runtime.trainer": ["Trainer", "TrainingUnit"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the defining module on first use (PEP 562); submodules (`asp.runtime.control`) work as usual."""
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return __all__

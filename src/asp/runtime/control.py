@@ -4,8 +4,8 @@ One single-threaded event loop, co-located with the Training Queue (so backpress
 directly) and the only place that logs:
 
 * **Sender** keeps each GU's outstanding work at ``gu_queue_target + live actors`` minibatches, handing out
-  whole batch groups (retries first) to the least-loaded GU, unless backpressure pauses it; pause/resume
-  and new weight snapshots are broadcast to the GUs.
+  whole batch groups (retries first) to the least-loaded GU (`asp.runtime.sender.plan_dispatch`), unless
+  backpressure pauses it; pause/resume and new weight snapshots are broadcast to the GUs.
 * **Ingestor** takes each GU's batched report: completed minibatches are recorded once in the Database
   (duplicates dropped) and put in the Training Queue, recording depth at arrival and send/receive events;
   failures go back to the Database for re-issue; a GU whose actors all died has its work re-issued.
@@ -37,6 +37,7 @@ from asp.runtime.database import Database
 from asp.runtime.messages import GUReport, MinibatchOutput, StepResult
 from asp.runtime.metrics import Window, iteration_metrics, summary_metrics
 from asp.runtime.queue import Backpressure, TrainingQueue
+from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch
 
 
 class RuntimeFailure(RuntimeError):
@@ -171,17 +172,11 @@ class ControlUnit:
     def _dispatch(self) -> None:
         if self.bp.paused:
             return
-        batches: dict[int, list] = defaultdict(list)
         live = [g for g in self.gus if not g.dead]
-        while live:
-            g = min(live, key=lambda x: x.outstanding - self._target(x))
-            if g.outstanding >= self._target(g):
-                break
-            items = self.db.next_unit(g.index)
-            if not items:
-                break
-            batches[g.index].extend(items)
-            g.outstanding += len(items)
+        loads = [GULoad(g.index, g.outstanding, self._target(g)) for g in live]
+        batches = plan_dispatch(self.db, loads)
+        for g, load in zip(live, loads, strict=True):
+            g.outstanding = load.outstanding
         now = time.time() - self.t0
         for index, items in batches.items():
             self.gus[index].handle.submit.remote(items)
@@ -252,16 +247,12 @@ class ControlUnit:
     # ---- training --------------------------------------------------------------------------------------
     def _evict_stale(self) -> None:
         """Enforce `max_policy_lag` on what the next batch can contain (the version is fixed until it trains)."""
-        bound = self.config.max_policy_lag
-        if bound is None:
-            return
-        for task_id, count in self.tq.evict_older(self.version - bound, time.time()):
-            if self.config.stale_samples == "regenerate":
-                self.db.regenerate(task_id)
-                self.stale_regenerated += count
-            else:
-                self.db.mark_consumed(task_id, count)
-                self.stale_dropped += count
+        cfg = self.config
+        dropped, regenerated = enforce_lag_bound(
+            self.tq, self.db, self.version, cfg.max_policy_lag, cfg.stale_samples, time.time()
+        )
+        self.stale_dropped += dropped
+        self.stale_regenerated += regenerated
         if self.bp.update(self.tq.depth):
             self._set_paused()
 

@@ -1,0 +1,161 @@
+"""Speed of the discrete-event simulator `asp.sim.engine.simulate` (simulated events per wall second).
+
+Run:  .venv/bin/python benchmarks/bench_sim.py            (about a minute; prints Markdown tables)
+      .venv/bin/python benchmarks/bench_sim.py --quick    (smaller sizes, a few seconds)
+
+(a) Paper-scale setting: 16 Generation Units x 8 actors (one device each), n = 8, b = 32, kappa = 2, k = 6,
+    global batch 256 prompts, q_max 1,024 prompts, max_policy_lag 4 (drop), 120 iterations, for conditions
+    C0-C4 built with `asp.schedule.condition_schedule`. Target: all five simulations together < 10 s on one core.
+(b) Long run: the C4 schedule cycled (the Database starts another pass when `iterations` needs it) for enough
+    iterations that about 10^5 minibatches are generated. Target: < 60 s.
+
+The workload is SYNTHETIC (no measured data): DeepScaleR-like response lengths with a per-prompt log-normal
+median (median of medians 2,500 tokens, sigma 0.75) and per-sample log-normal spread around it (sigma 0.4),
+rounded and capped at 8,192 tokens (a heavy right tail with a visible mass at the cap); prompt lengths
+log-normal around 150 tokens. Predictions are the per-prompt mean realized length times log-normal noise whose
+strength is bisected to Kendall tau ~ 0.7 (`asp.schedule.perturb_predictions`).
+
+The time models are ASSUMPTIONS, not measurements (see `GEN_COEF` and `TRAIN`): a continuous-batching engine
+(vLLM-like, TP = 1) with ~20 ms per decode step plus 40 us per active sequence per step (~30 ms per step at
+256 sequences), 10 us per prefill token, 2 ns per attended KV position and 1 s per call; a trainer at 2 s +
+1.2 us per response token per step, 1 s save + 1 s convert per snapshot and 3 s reload per actor. They put
+generation and training in the same range so the conditions differ; they say nothing about a real cluster.
+
+Schedule building (DP + balancing, with a short annealing of `ANNEAL_ITERATIONS` proposals) is timed
+separately from the simulation. The script imports only asp.sim / asp.runtime / asp.schedule (no Ray); it
+prints ``'ray' in sys.modules`` at the end as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+from asp.runtime.config import RuntimeConfig
+from asp.runtime.plan import WorkPlan
+from asp.schedule import CONDITION_NAMES, condition_schedule, kendall_tau, perturb_predictions
+from asp.sim.engine import Workload, simulate
+from asp.sim.timemodel import FEATURES, GenerationTimeModel, TrainingTimeModel
+
+CAP = 8192
+N_SAMPLES, B, KAPPA, K = 8, 32, 2, 6
+BATCH = 256
+TAU = 0.7
+ANNEAL_ITERATIONS = 20_000
+# continuous form: intercept (s), decode_steps (s/step), generated_tokens (s/token), prefill_tokens (s/token),
+# kv_reads (s/position) -- assumptions, see the module docstring
+GEN_COEF = {"intercept": 1.0, "decode_steps": 0.020, "generated_tokens": 4e-5, "prefill_tokens": 1e-5, "kv_reads": 2e-9}
+TRAIN = TrainingTimeModel(step_base_s=2.0, step_per_token_s=1.2e-6, save_s=1.0, convert_s=1.0, load_s=3.0)
+
+
+def synthetic_workload(n_prompts: int, seed: int = 0) -> tuple[np.ndarray, Workload]:
+    """(prompt ids, workload) of `n_prompts` prompts with N_SAMPLES synthetic lengths each (module docstring)."""
+    rng = np.random.default_rng([seed, 0xB5])
+    medians = np.log(2500.0) + 0.75 * rng.standard_normal(n_prompts)
+    lengths = np.exp(medians[:, None] + 0.4 * rng.standard_normal((n_prompts, N_SAMPLES)))
+    lengths = np.clip(np.round(lengths), 16, CAP).astype(np.int32)
+    prompt_tokens = np.clip(np.round(rng.lognormal(np.log(150.0), 0.5, n_prompts)), 20, 1024).astype(np.int32)
+    ids = np.arange(n_prompts)
+    return ids, Workload.from_arrays(ids, lengths, prompt_tokens, max_new_tokens=CAP)
+
+
+def runtime_config(iterations: int) -> RuntimeConfig:
+    return RuntimeConfig(
+        generation_units=16,
+        actors_per_unit=8,
+        gu_queue_target=6,
+        global_batch_prompts=BATCH,
+        q_max=4 * BATCH,
+        n_samples=N_SAMPLES,
+        max_new_tokens=CAP,
+        max_policy_lag=4,
+        stale_samples="drop",
+        iterations=iterations,
+    )
+
+
+def build_plans(ids: np.ndarray, predicted: np.ndarray) -> tuple[dict[str, WorkPlan], dict[str, float]]:
+    plans, seconds = {}, {}
+    for c in CONDITION_NAMES:
+        start = time.perf_counter()
+        extra = {"iterations": ANNEAL_ITERATIONS} if c == "C4" else {}
+        schedule = condition_schedule(ids, predicted, c, b=B, kappa=KAPPA, k=K, seed=0, **extra)
+        plans[c] = WorkPlan.from_schedule(schedule)
+        seconds[c] = time.perf_counter() - start
+    return plans, seconds
+
+
+def timed_simulation(plan: WorkPlan, work: Workload, gen: GenerationTimeModel, cfg: RuntimeConfig):
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = simulate(plan, work, gen, TRAIN, cfg)
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def part_a(n_prompts: int, iterations: int, gen: GenerationTimeModel) -> tuple[dict[str, WorkPlan], Workload]:
+    ids, work = synthetic_workload(n_prompts)
+    true_mean = work.lengths.mean(axis=1)
+    predicted, nu = perturb_predictions(true_mean, TAU, seed=0)
+    sub = np.random.default_rng(1).choice(n_prompts, min(n_prompts, 20_000), replace=False)
+    tau = kendall_tau(true_mean[sub], predicted[sub])
+    flat = work.lengths.ravel()
+    print(
+        f"\n## (a) 16 GUs x 8 actors, {n_prompts:,} prompts x n={N_SAMPLES}, batch {BATCH}, {iterations} iterations\n\n"
+        f"Synthetic lengths: median {np.median(flat):,.0f}, mean {flat.mean():,.0f}, p99 {np.percentile(flat, 99):,.0f}, "
+        f"at cap {np.mean(flat >= CAP):.1%}; predictions: noise nu = {nu:.3f}, Kendall tau = {tau:.3f}.\n"
+    )
+    plans, build_s = build_plans(ids, predicted)
+    cfg = runtime_config(iterations)
+    rows, total_wall, total_cpu = [], 0.0, 0.0
+    for c, plan in plans.items():
+        r, wall, cpu = timed_simulation(plan, work, gen, cfg)
+        total_wall, total_cpu = total_wall + wall, total_cpu + cpu
+        m = r.metrics
+        rows.append(
+            f"| {c} | {plan.n_minibatches:,} | {build_s[c]:.2f} | {m['runtime/summary/mean_iteration_time_s']:.2f} "
+            f"| {m['runtime/summary/queue_std_samples']:,.0f} | {m['runtime/summary/padding_rate_mean']:.3f} "
+            f"| {m['runtime/summary/minibatches']:,.0f} | {r.events:,} | {wall:.2f} | {cpu:.2f} | {r.events / wall:,.0f} |"
+        )
+    print("| cond | plan minibatches | build s | mean iter s (sim) | queue STD (samples) | padding | minibatches "
+          "| events | wall s | cpu s | events/s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
+    verdict = "met" if total_wall < 10 else "MISSED"
+    print(f"\nAll five simulations: {total_wall:.2f} s wall, {total_cpu:.2f} s CPU (target < 10 s: {verdict}).")
+    return plans, work
+
+
+def part_b(plan: WorkPlan, work: Workload, gen: GenerationTimeModel, minibatches: int) -> None:
+    iterations = math.ceil(minibatches * plan.n_prompts / plan.n_minibatches / BATCH)
+    r, wall, cpu = timed_simulation(plan, work, gen, runtime_config(iterations))
+    done = r.metrics["runtime/summary/minibatches"]
+    verdict = "met" if wall < 60 else "MISSED"
+    print(f"\n## (b) C4 schedule cycled for {iterations:,} iterations (target ~{minibatches:,} minibatches)\n")
+    print("| iterations | minibatches | events | simulated h | wall s | cpu s | events/s | minibatches/s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {iterations:,} | {done:,.0f} | {r.events:,} | {r.metrics['sim/simulated_s'] / 3600:,.1f} | {wall:.1f} "
+        f"| {cpu:.1f} | {r.events / wall:,.0f} | {done / wall:,.0f} |"
+    )
+    print(f"\nTarget < 60 s: {verdict}.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (a few seconds)")
+    parser.add_argument("--skip-long", action="store_true", help="only part (a)")
+    args = parser.parse_args()
+    n_prompts, iterations, long_minibatches = (4_096, 12, 5_000) if args.quick else (32_768, 120, 100_000)
+    gen = GenerationTimeModel("continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"])
+    print(f"Generation model (assumed): {GEN_COEF}; training model (assumed): {TRAIN.to_dict()}")
+    plans, work = part_a(n_prompts, iterations, gen)
+    if not args.skip_long:
+        part_b(plans["C4"], work, gen, long_minibatches)
+    print(f"\n'ray' in sys.modules: {'ray' in sys.modules}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""`asp simulate`: the `launch` run predicted on a simulated clock, for any params override, without a launch.
+
+    asp simulate                                    # runtime: + simulate: of params.yaml, C0 and C4
+    asp simulate -c C4 --set runtime.actors_per_unit=4 --set schedule.k=6 --out sim-out
+    asp simulate fit-training outputs/launch/iterations.parquet    # simulate.training params from a launch
+
+It needs the pipeline's outputs up to `schedule` (and metrics/profile_timings.csv); it fits the same models as
+the `simulate` stage (`asp.pipeline.simulate`) and prints the Table 4(b) columns, lag, duty cycle and
+utilizations per condition. `--out DIR` also writes DIR/simulate.json and DIR/timeline.png. Nothing under
+outputs/ or metrics/ is written and nothing is logged to MLflow (the stage does that). Bad params or inputs
+exit 2 with one message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from asp.errors import UserError
+
+app = typer.Typer(
+    help="Simulate the asynchronous run (asp.sim) from the pipeline's outputs.",
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+COLUMNS = {
+    "mean_iteration_time_s": "mean iter (s)",
+    "mean_iteration_time_s_excl_first": "mean iter excl. first (s)",
+    "iteration_time_trend": "trend (Spearman)",
+    "queue_std_samples": "queue STD (samples)",
+    "queue_max_samples": "queue max (samples)",
+    "generation_time_std_s": "gen-time STD / mb (s)",
+    "padding_rate_mean": "padding rate",
+    "depth_at_arrival_batches_mean": "depth at arrival (batches)",
+    "policy_lag_mean": "policy lag mean",
+    "policy_lag_max": "policy lag max",
+    "d_off_estimate": "d_off estimate",
+    "duty_cycle": "duty cycle",
+    "generation_utilization": "generation utilization",
+    "training_utilization": "training utilization",
+    "events": "events",
+}
+
+
+def load_with_overrides(params_path: Path, overrides: list[str], conditions: list[str]) -> Any:
+    """params.yaml with `--set` overrides (and the conditions) applied and validated."""
+    from asp.config import read_yaml, validate_params
+    from asp.orchestration.request import parse_set_args, set_dotted
+
+    values = parse_set_args(overrides)
+    if conditions:
+        values["simulate.conditions"] = list(conditions)
+    raw = set_dotted(read_yaml(params_path), values) if values else read_yaml(params_path)
+    source = str(params_path) + ("".join(f" + {k}={v}" for k, v in values.items()) if values else "")
+    return validate_params(raw, source)
+
+
+def markdown_table(metrics: dict[str, Any], conditions: list[str]) -> str:
+    """The per-condition metrics of `asp.pipeline.simulate.run_metrics` as a Markdown table."""
+    lines = ["| metric | " + " | ".join(conditions) + " |", "|---|" + "---|" * len(conditions)]
+    for key, label in COLUMNS.items():
+        cells = [f"{metrics[f'simulate/{c}/{key}']:.4g}" for c in conditions]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@app.callback(invoke_without_command=True)
+def simulate_command(
+    ctx: typer.Context,
+    params: Annotated[Path, typer.Option("--params", "-p", help="params file")] = Path("params.yaml"),
+    condition: Annotated[
+        list[str] | None, typer.Option("--condition", "-c", help="C0..C4 (repeatable); default simulate.conditions")
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="SECTION.KEY=VALUE override (repeatable)")] = None,
+    out: Annotated[Path | None, typer.Option(help="also write simulate.json and timeline.png here")] = None,
+) -> None:
+    """Simulate `runtime:` over the schedule conditions and print the predicted run metrics."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from asp.io import write_json
+    from asp.pipeline import simulate as stage
+    from asp.plots import save_figure
+    from asp.plots.sim import timeline_figure
+
+    p = load_with_overrides(params, set_ or [], condition or [])
+    if not p.simulate.enabled:
+        raise UserError("simulate.enabled is false; pass --set simulate.enabled=true to simulate anyway.")
+    paths = stage.Paths()
+    models = stage.fit_models(p, paths)
+    results = stage.simulate_conditions(p, paths, models)
+    metrics = stage.run_metrics(models, results)
+    fit = models.gen_report
+    typer.echo(
+        f"generation-time model ({models.gen.form}): held-out R² {fit['r2_heldout']:.3f}, "
+        f"MdAPE {100 * fit['mdape_heldout']:.1f} % over {int(fit['minibatches'])} profiled minibatches"
+    )
+    typer.echo(markdown_table(metrics, list(results)))
+    if out is not None:
+        write_json(metrics, out / "simulate.json")
+        save_figure(timeline_figure({c: r.iterations for c, r in results.items()}), out / "timeline.png")
+        typer.echo(f"wrote {out / 'simulate.json'} and {out / 'timeline.png'}", err=True)
+
+
+@app.command("fit-training")
+def fit_training(
+    iterations: Annotated[Path, typer.Argument(help="a GRPO launch's iterations.parquet")] = Path(
+        "outputs/launch/iterations.parquet"
+    ),
+) -> None:
+    """Fit the Training Unit's times from a launch and print them as a `simulate.training` params overlay."""
+    import pandas as pd
+    import yaml
+
+    from asp.sim.timemodel import fit_training_model
+
+    if not iterations.is_file():
+        raise UserError(f"{iterations}: not found. Run the launch stage with runtime.trainer: grpo first.")
+    try:
+        model, report = fit_training_model(pd.read_parquet(iterations))
+    except ValueError as exc:
+        raise UserError(f"{iterations}: {exc}") from None
+    typer.echo(f"# from {iterations}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
+    typer.echo(yaml.safe_dump({"simulate": {"training": model.to_dict()}}, sort_keys=False).rstrip())

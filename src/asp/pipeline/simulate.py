@@ -1,0 +1,265 @@
+"""`simulate` stage: the run that `launch` would make, predicted on a simulated clock, for C0-C4 side by side.
+
+Fits three models from what the pipeline already measured, then simulates `runtime:` (layout, batch, q_max,
+lag bound, iterations) with `asp.sim.engine.simulate`, which drives the runtime's own Database, sender,
+Training Queue, backpressure and lag bound:
+
+* generation time per minibatch (`asp.sim.timemodel`): fitted on metrics/profile_timings.csv, the profile
+  stage's timed minibatches; its held-out fit (K-fold R², median absolute percentage error) is reported;
+* realized response lengths (`asp.sim.lengths`, ``simulate.lengths``): built from the held-out profiled
+  prompts against their cross-fitted calibrated predictions (out of sample), then sampled for every scheduled
+  prompt (the same lengths in every condition); the default resamples the samples of the held-out prompts
+  with the nearest calibrated length, rescaled;
+* training time: ``runtime.trainer_step_s`` / ``refresh_delay_s`` for the simulated trainer, the
+  ``simulate.training`` params for GRPO (`asp simulate fit-training` fits them from a launch).
+C4 is the schedule stage's own schedule (checked against the predictions); C0-C3 are rebuilt as `launch` does.
+
+Writes metrics/simulate.json (``simulate/<condition>/...`` and the fits), outputs/simulate/ (models.json,
+iterations.parquet) and plots/simulate_timeline.png. `simulate.enabled: false` writes only the flag.
+
+Run: `asp stage simulate` (what `dvc repro simulate` calls); `asp simulate` runs the same with overrides.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from asp.config import Params
+from asp.errors import UserError
+from asp.io import atomic_path, read_json, write_json, write_parquet
+from asp.pipeline.loaders import schedule_spec
+from asp.plots import save_figure
+from asp.tracking import Tracker
+
+# the Table 4(b) columns and the simulator's own, as reported per condition
+REPORTED = (
+    "runtime/summary/mean_iteration_time_s",
+    "runtime/summary/mean_iteration_time_s_excl_first",
+    "runtime/summary/iteration_time_trend",
+    "runtime/summary/queue_std_samples",
+    "runtime/summary/queue_max_samples",
+    "runtime/summary/generation_time_std_s",
+    "runtime/summary/padding_rate_mean",
+    "runtime/summary/depth_at_arrival_batches_mean",
+    "runtime/summary/tokens_per_s",
+    "sim/policy_lag_mean",
+    "sim/policy_lag_max",
+    "sim/d_off_estimate",
+    "sim/duty_cycle",
+    "sim/generation_utilization",
+    "sim/training_utilization",
+    "sim/events",
+)
+
+
+@dataclass(frozen=True)
+class Paths:
+    predictions: Path = Path("outputs/predictions.parquet")
+    calibration: Path = Path("outputs/calibration.json")
+    samples: Path = Path("outputs/profile/samples.parquet")
+    heldout: Path = Path("outputs/prompts/heldout.parquet")
+    timings: Path = Path("metrics/profile_timings.csv")
+    schedule: Path = Path("outputs/schedule/schedule.parquet")
+    out_dir: Path = Path("outputs/simulate")
+    metrics: Path = Path("metrics/simulate.json")
+    plot: Path = Path("plots/simulate_timeline.png")
+
+
+@dataclass(frozen=True)
+class Models:
+    """The fitted models and their reports."""
+
+    gen: Any
+    gen_report: dict[str, float]
+    lengths: Any
+    length_report: dict[str, float]
+    train: Any
+    prompt_tokens: float  # mean prompt tokens per prompt (profiled minibatches)
+
+
+def _need(path: Path, stage: str) -> Path:
+    if not path.is_file():
+        raise UserError(f"{path}: missing. Run the {stage} stage first (`dvc repro {stage}`).")
+    return path
+
+
+def generation_form(params: Params) -> str:
+    """static for the hf engine (static batches), continuous for vLLM, unless `simulate.generation_form` says."""
+    form = params.simulate.generation_form
+    if form != "auto":
+        return form
+    return "continuous" if params.profile.engine == "vllm" else "static"
+
+
+def training_model(params: Params) -> Any:
+    """The Training Unit's times: the simulated trainer's fixed ones, or `simulate.training` for GRPO."""
+    from asp.sim.timemodel import TrainingTimeModel
+
+    rt = params.runtime
+    if rt.trainer == "simulated":
+        return TrainingTimeModel.simulated(rt.trainer_step_s, rt.refresh_delay_s)
+    return TrainingTimeModel(**params.simulate.training.model_dump())
+
+
+def fit_models(params: Params, paths: Paths) -> Models:
+    """Fit the generation-time and length models (see the module docstring)."""
+    from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
+    from asp.sim.lengths import fit_empirical_length_model, fit_length_model
+    from asp.sim.timemodel import fit_generation_model
+
+    timings = pd.read_csv(_need(paths.timings, "profile"))
+    try:
+        gen, gen_report = fit_generation_model(
+            timings, generation_form(params), folds=params.simulate.folds, seed=params.common.seed
+        )
+    except ValueError as exc:
+        raise UserError(f"{paths.timings}: cannot fit a generation-time model: {exc}") from None
+    preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
+    heldout = pd.read_parquet(_need(paths.heldout, "prepare"), columns=["prompt_id"])
+    samples = pd.read_parquet(_need(paths.samples, "profile"), columns=["prompt_id", "length"])
+    samples = samples[samples["prompt_id"].isin(heldout["prompt_id"])]
+    joined = preds[preds["prompt_id"].isin(samples["prompt_id"])].reset_index(drop=True)
+    if len(joined) < CALIBRATION_FOLDS * 2:
+        raise UserError(
+            f"{paths.predictions}: only {len(joined)} held-out prompts have predictions and profiled lengths; the "
+            "length model needs at least 10. Raise prepare.heldout_prompts."
+        )
+    true_mean = samples.groupby("prompt_id")["length"].mean().reindex(joined["prompt_id"]).to_numpy(np.float64)
+    predicted = joined["predicted_length"].to_numpy(np.float64)
+    calibrated = cross_fit_calibration(predicted, true_mean, CALIBRATION_FOLDS)
+    row = pd.Series(np.arange(len(joined)), index=joined["prompt_id"])
+    sample_lengths, index = samples["length"].to_numpy(np.int64), row.loc[samples["prompt_id"]].to_numpy()
+    cap = params.profile.max_new_tokens
+    if params.simulate.lengths == "empirical":
+        lengths, length_report = fit_empirical_length_model(calibrated, sample_lengths, index, cap)
+    else:
+        lengths, length_report = fit_length_model(predicted, calibrated, sample_lengths, index, cap)
+    prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
+    return Models(gen, gen_report, lengths, length_report, training_model(params), prompt_tokens)
+
+
+def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibration: Any) -> dict[str, Any]:
+    """The work plan of every simulated condition: C4 = the schedule stage's output, C0-C3 rebuilt."""
+    from asp.runtime.plan import WorkPlan
+    from asp.schedule import condition_schedule
+
+    plans: dict[str, Any] = {}
+    for cond in params.simulate.conditions:
+        if cond == "C4":
+            plan = WorkPlan.from_frame(pd.read_parquet(_need(paths.schedule, "schedule")))
+            scheduled, predicted = set(plan.prompt_ids()), set(preds["prompt_id"])
+            if scheduled != predicted:
+                odd = sorted(scheduled ^ predicted, key=str)[:3]
+                raise UserError(
+                    f"{paths.schedule}: the schedule does not match {paths.predictions} ({len(scheduled)} scheduled "
+                    f"vs {len(predicted)} predicted prompts; e.g. {odd} are in only one). Re-run the schedule "
+                    "stage (`dvc repro schedule`)."
+                )
+            plans[cond] = plan
+            continue
+        sched = condition_schedule(
+            preds["prompt_id"].to_numpy(),
+            preds["predicted_length"].to_numpy(np.float64),
+            cond,
+            **schedule_spec(params.schedule).kwargs(),
+            seed=params.common.seed,
+            calibration=calibration,
+            loads=params.schedule.loads if calibration is not None else "raw",
+        )
+        plans[cond] = WorkPlan.from_schedule(sched)
+    return plans
+
+
+def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: Any) -> Any:
+    """Realized lengths of every predicted prompt, sampled once (seeded) so every condition sees the same."""
+    from asp.sim.engine import Workload
+
+    predicted = preds["predicted_length"].to_numpy(np.float64)
+    expected = calibration(predicted) if calibration is not None else predicted
+    rng = np.random.default_rng(params.common.seed)
+    lengths = models.lengths.sample(np.asarray(expected, np.float64), params.runtime.n_samples, rng)
+    tokens = np.full(len(preds), round(models.prompt_tokens), np.int64)
+    return Workload.from_arrays(preds["prompt_id"].tolist(), lengths, tokens, params.runtime.max_new_tokens)
+
+
+def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[str, Any]:
+    """condition -> `SimResult` of `runtime:` over that condition's plan."""
+    from asp.predictor.calibration import CalibrationMap
+    from asp.runtime.config import RuntimeConfig
+    from asp.sim.engine import Resources, simulate
+
+    preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
+    calibration = CalibrationMap.from_dict(read_json(paths.calibration)) if paths.calibration.is_file() else None
+    plans = condition_plans(params, paths, preds, calibration)
+    load = workload(params, models, preds, calibration)
+    runtime = dict(params.runtime)
+    if params.simulate.iterations is not None:
+        runtime["iterations"] = params.simulate.iterations
+    config = RuntimeConfig(**runtime, seed=params.common.seed)
+    resources = Resources(cores=params.simulate.cores, threads_per_actor=params.runtime.engine.num_threads or 1)
+    results = {}
+    for cond, plan in plans.items():
+        results[cond] = simulate(plan, load, models.gen, models.train, config, resources)
+        print(f"[simulate] {cond}: {results[cond].metrics[REPORTED[0]]:.3f} s per iteration", file=sys.stderr)
+    return results
+
+
+def run_metrics(models: Models, results: dict[str, Any]) -> dict[str, Any]:
+    """The stage's metrics: fits, then ``simulate/<condition>/<name>`` for the reported columns."""
+    metrics: dict[str, Any] = {"simulate/enabled": 1}
+    metrics.update({f"simulate/gen_fit/{k}": float(v) for k, v in models.gen_report.items()})
+    metrics.update({f"simulate/length_model/{k}": float(v) for k, v in models.length_report.items()})
+    for cond, result in results.items():
+        for key in REPORTED:
+            metrics[f"simulate/{cond}/{key.split('/')[-1]}"] = float(result.metrics[key])
+    return metrics
+
+
+def save_outputs(models: Models, results: dict[str, Any], out_dir: Path) -> None:
+    """models.json (the fitted models) and iterations.parquet (every simulated step), replaced together."""
+    rows = [{"condition": c, **it} for c, r in results.items() for it in r.iterations]
+    frame = pd.DataFrame(rows)
+    frame = frame[[c for c in frame.columns if "/actor" not in c and "/gu" not in c]]  # keep it small
+    with atomic_path(out_dir) as out:
+        out.mkdir(parents=True)
+        write_json(
+            {
+                "generation": models.gen.to_dict(),
+                "lengths": models.lengths.to_dict(),
+                "training": models.train.to_dict(),
+                "prompt_tokens": models.prompt_tokens,
+            },
+            out / "models.json",
+        )
+        write_parquet(frame, out / "iterations.parquet")
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Fit, simulate every condition, save and log (see the module docstring)."""
+    from asp.plots.sim import timeline_figure
+
+    tracker.log_params({"simulate": params.simulate.model_dump(), "common.seed": params.common.seed})
+    if not params.simulate.enabled:  # DVC still expects the declared outputs: say why they are empty
+        metrics = {"simulate/enabled": 0}
+        with atomic_path(paths.out_dir) as out:
+            out.mkdir(parents=True)
+            write_json({"enabled": False}, out / "models.json")
+        write_json(metrics, paths.metrics)
+        save_figure(timeline_figure({}, "simulate.enabled is false: nothing simulated"), paths.plot, tracker)
+        return metrics
+    models = fit_models(params, paths)
+    results = simulate_conditions(params, paths, models)
+    metrics = run_metrics(models, results)
+    save_outputs(models, results, paths.out_dir)
+    write_json(metrics, paths.metrics)
+    title = f"Simulated launch ({params.runtime.trainer} trainer, {params.runtime.total_actors} actors)"
+    save_figure(timeline_figure({c: r.iterations for c, r in results.items()}, title), paths.plot, tracker)
+    tracker.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
+    tracker.log_dict({"models": read_json(paths.out_dir / "models.json")}, "simulate_models.json")
+    return metrics

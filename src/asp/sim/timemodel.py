@@ -1,0 +1,346 @@
+"""Time models of the simulator: seconds to decode one minibatch and seconds of one trainer step (pure, no I/O).
+
+`GenerationTimeModel` predicts a minibatch's wall time from what the simulator knows about it (prompts, samples
+per prompt, the longest and the summed response length, the prompt tokens) as a linear model with non-negative
+coefficients over physically motivated features. Two forms, one per batching discipline (S = decode steps =
+the longest response, R = prompts * n rows, p = mean prompt length in tokens):
+
+* ``static`` (Hugging Face ``generate``: one padded batch; every row runs until the longest response ends):
+  ``intercept`` (per-call overhead: tokenisation, setup, detokenisation), ``decode_steps`` = S (per-step cost
+  that does not grow with the batch: Python loop, kernel launches, reading the weights once per step),
+  ``row_steps`` = R * S (per-row work of every step, padding rows included: matmuls, sampling),
+  ``prefill_tokens`` = n * prompt_tokens (each prompt is repeated n times, so prefill covers R rows), and
+  ``kv_reads`` = R * S * (p + S / 2) (KV-cache positions attended during decode: row r reads p + t positions
+  at step t; summed over S steps that is S * p + S^2 / 2 per row).
+* ``continuous`` (vLLM: finished sequences leave the batch; the longest response still sets the number of
+  steps): ``intercept``, ``decode_steps`` = S, ``generated_tokens`` = total_tokens (the sum over steps of the
+  active sequences, i.e. per-sequence per-step work), ``prefill_tokens`` = prompt_tokens (the n samples of a
+  prompt fork after one prefill), and ``kv_reads`` = T * (p + T / (2R)) (the mean-field value of sum_j
+  len_j * (p + len_j / 2): it is exact when all lengths are equal and low by R * var(len) / 2 otherwise).
+
+`fit_generation_model` fits either form on the profile stage's timings (``metrics/profile_timings.csv``) by
+non-negative least squares on RMS-scaled columns with a tiny ridge (1e-6 of the data's scale). The ridge only
+breaks ties: when columns are collinear (a profile with one minibatch size makes ``row_steps`` proportional to
+``decode_steps``) it splits the weight evenly between them instead of picking one arbitrarily, so a model
+fitted on 16-prompt minibatches scales part of the time with the rows at 18 prompts. Quality is measured out
+of sample: K-fold cross-validation (every minibatch predicted by a fit on the other folds) gives R^2 and the
+median absolute percentage error.
+
+`TrainingTimeModel` is the trainer side: step time = base + per_token * response tokens of the global batch,
+plus the weight refresh of the paper's deferred reload (T_save + T_convert once per exported snapshot on the
+trainer, T_load per actor before its next minibatch). `fit_training_model` fits it on a GRPO launch's
+``outputs/launch/iterations.parquet``.
+
+Run the tests with ``.venv/bin/python -m pytest tests/sim/test_timemodel.py -q``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+FLOOR_S = 1e-6  # smallest time any model returns (s): events never take zero or negative time
+RIDGE = 1e-6  # tie-breaking ridge, relative to the RMS-scaled normal equations
+FEATURES: dict[str, tuple[str, ...]] = {
+    "static": ("intercept", "decode_steps", "row_steps", "prefill_tokens", "kv_reads"),
+    "continuous": ("intercept", "decode_steps", "generated_tokens", "prefill_tokens", "kv_reads"),
+}
+TIMING_COLUMNS = ("wall_s", "num_prompts", "n", "max_length", "total_tokens", "prompt_tokens")
+TRAIN_TIME_COL, TRAIN_TOKENS_COL = "train/t_train_s", "train/response_tokens"
+REFRESH_COLS = {"save_s": "train/t_save_s", "convert_s": "train/t_convert_s", "load_s": "train/t_load_s"}
+T_TRAIN_WINDOW = 10  # GRPO's LagMonitor reports t_train as the mean of the last 10 steps (trainers/grpo.py)
+
+
+def _check_nonneg(name: str, value: Any) -> float:
+    """`value` as a float, or ValueError naming `name` when it is not a finite number >= 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    return v
+
+
+def _checked_keys(cls: type, data: Any) -> dict[str, Any]:
+    """`data` if it is a dict with exactly the dataclass `cls`'s field names; ValueError naming the bad keys."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}.from_dict needs a dict, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown, missing = sorted(set(data) - names), sorted(names - set(data))
+    if unknown or missing:
+        raise ValueError(f"{cls.__name__}.from_dict: unknown keys {unknown}, missing keys {missing}")
+    return data
+
+
+def generation_features(
+    form: str,
+    prompts: np.ndarray,
+    n_samples: np.ndarray,
+    max_length: np.ndarray,
+    total_tokens: np.ndarray,
+    prompt_tokens: np.ndarray,
+) -> np.ndarray:
+    """Feature matrix of `form` (see the module docstring); arguments broadcast against each other.
+
+    Args:
+        form: ``static`` or ``continuous``.
+        prompts: prompts per minibatch; n_samples: samples per prompt.
+        max_length: longest response (tokens) = decode steps; total_tokens: generated tokens summed over samples.
+        prompt_tokens: prompt tokens summed over the minibatch's prompts.
+
+    Returns:
+        float64 [m, 5] features in the order of ``FEATURES[form]`` (m = broadcast size).
+    """
+    p, n, s, t, pt = np.broadcast_arrays(
+        *(np.asarray(a, dtype=np.float64) for a in (prompts, n_samples, max_length, total_tokens, prompt_tokens))
+    )
+    p, n, s, t, pt = (a.ravel() for a in (p, n, s, t, pt))
+    rows = np.maximum(p * n, 1.0)
+    mean_prompt = pt / np.maximum(p, 1.0)
+    if form == "static":
+        cols = (np.ones_like(s), s, rows * s, n * pt, rows * s * (mean_prompt + s / 2))
+    elif form == "continuous":
+        cols = (np.ones_like(s), s, t, pt, t * (mean_prompt + t / (2 * rows)))
+    else:
+        raise ValueError(f"form must be one of {sorted(FEATURES)}, got {form!r}")
+    return np.column_stack(cols)
+
+
+@dataclass(frozen=True)
+class GenerationTimeModel:
+    """Seconds to decode one minibatch: ``max(coef . features, FLOOR_S)``.
+
+    Attributes:
+        form: ``static`` (padded batch, HF) or ``continuous`` (continuous batching, vLLM).
+        coef: non-negative coefficients, one per feature (seconds per unit of the feature).
+        feature_names: ``FEATURES[form]`` (stored so a saved model says what its coefficients multiply).
+    """
+
+    form: Literal["static", "continuous"]
+    coef: tuple[float, ...]
+    feature_names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.form not in FEATURES:
+            raise ValueError(f"form must be one of {sorted(FEATURES)}, got {self.form!r}")
+        names = tuple(self.feature_names)
+        if names != FEATURES[self.form]:
+            raise ValueError(f"feature_names of form {self.form!r} must be {FEATURES[self.form]}, got {names}")
+        if isinstance(self.coef, str | bytes) or len(self.coef) != len(names):
+            raise ValueError(f"coef needs {len(names)} values (one per feature {names}), got {self.coef!r}")
+        coef = tuple(_check_nonneg(f"coef[{name}]", c) for name, c in zip(names, self.coef, strict=True))
+        object.__setattr__(self, "coef", coef)
+        object.__setattr__(self, "feature_names", names)
+
+    def seconds_many(self, prompts, n_samples, max_length, total_tokens, prompt_tokens) -> np.ndarray:
+        """Vectorised `seconds`: array arguments (broadcast together) -> float64 [m] seconds."""
+        x = generation_features(self.form, prompts, n_samples, max_length, total_tokens, prompt_tokens)
+        return np.maximum(x @ np.asarray(self.coef), FLOOR_S)
+
+    def seconds(self, prompts: int, n_samples: int, max_length: int, total_tokens: int, prompt_tokens: int) -> float:
+        """Wall seconds of one minibatch (prompts, samples per prompt, longest / total response and prompt tokens)."""
+        return float(self.seconds_many(prompts, n_samples, max_length, total_tokens, prompt_tokens)[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{"form": ..., "coef": [...], "feature_names": [...]}``."""
+        return {"form": self.form, "coef": list(self.coef), "feature_names": list(self.feature_names)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationTimeModel:
+        """Inverse of `to_dict`; raises ValueError naming the bad key or value."""
+        d = _checked_keys(cls, data)
+        if d["form"] not in FEATURES:
+            raise ValueError(f"form must be one of {sorted(FEATURES)}, got {d['form']!r}")
+        for key in ("coef", "feature_names"):
+            if not isinstance(d[key], list | tuple):
+                raise ValueError(f"{key} must be a list, got {d[key]!r}")
+        return cls(form=d["form"], coef=tuple(d["coef"]), feature_names=tuple(d["feature_names"]))
+
+
+def nnls_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of y on x with RMS-scaled columns and a tiny tie-breaking ridge.
+
+    Args:
+        x: [m, k] features; y: [m] targets.
+
+    Returns:
+        float64 [k] coefficients >= 0 in the units of the unscaled columns.
+    """
+    scale = np.sqrt(np.mean(x**2, axis=0))
+    scale[scale == 0] = 1.0
+    k = x.shape[1]
+    a = np.vstack([x / scale, math.sqrt(RIDGE * len(y)) * np.eye(k)])
+    coef, _ = nnls(a, np.concatenate([y, np.zeros(k)]))
+    return coef / scale
+
+
+def r2_score(y: np.ndarray, pred: np.ndarray) -> float:
+    """Coefficient of determination 1 - SSE / SST (NaN when y is constant)."""
+    sst = float(np.sum((y - y.mean()) ** 2))
+    return 1.0 - float(np.sum((y - pred) ** 2)) / sst if sst > 0 else float("nan")
+
+
+def _check_timings(frame: pd.DataFrame, form: str, folds: int) -> None:
+    if form not in FEATURES:
+        raise ValueError(f"form must be one of {sorted(FEATURES)}, got {form!r}")
+    missing = [c for c in TIMING_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"timings frame lacks columns {missing} (needs {list(TIMING_COLUMNS)})")
+    if folds < 2:
+        raise ValueError(f"folds must be >= 2, got {folds}")
+    need = max(folds, len(FEATURES[form]) + 2)
+    if len(frame) < need:
+        raise ValueError(f"need at least {need} timed minibatches to fit and cross-validate, got {len(frame)}")
+    values = frame[list(TIMING_COLUMNS)].to_numpy(dtype=np.float64)
+    bad = ~np.all(np.isfinite(values), axis=1) | (values[:, 0] <= 0) | np.any(values[:, 1:] < 0, axis=1)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"timings row {row} has a non-positive or non-finite wall_s or a negative/non-finite count: "
+            f"{frame.iloc[row][list(TIMING_COLUMNS)].to_dict()}"
+        )
+
+
+def fit_generation_model(
+    frame: pd.DataFrame, form: Literal["static", "continuous"], *, folds: int = 5, seed: int = 0
+) -> tuple[GenerationTimeModel, dict[str, float]]:
+    """Fit a `GenerationTimeModel` of `form` on per-minibatch timings and score it by K-fold cross-validation.
+
+    Args:
+        frame: one row per timed minibatch with the columns of ``metrics/profile_timings.csv``
+            (``wall_s`` seconds, ``num_prompts``, ``n``, ``max_length``, ``total_tokens``, ``prompt_tokens``).
+        form: ``static`` or ``continuous``.
+        folds: K of the cross-validation (>= 2); seed: seeds the random fold assignment.
+
+    Returns:
+        (model fitted on all rows, report) with ``r2_heldout`` and ``mdape_heldout`` (median |pred - y| / y,
+        a fraction) of the out-of-fold predictions, ``r2_in_sample``, ``minibatches`` and ``folds``.
+
+    Raises:
+        ValueError: a missing column, too few rows (< max(folds, features + 2)), bad values, unknown form.
+    """
+    _check_timings(frame, form, folds)
+    y = frame["wall_s"].to_numpy(dtype=np.float64)
+    x = generation_features(form, *(frame[c].to_numpy() for c in TIMING_COLUMNS[1:]))
+    fold_of = np.arange(len(y)) % folds
+    fold_of = fold_of[np.random.default_rng(seed).permutation(len(y))]
+    heldout = np.empty_like(y)
+    for f in range(folds):
+        test = fold_of == f
+        heldout[test] = np.maximum(x[test] @ nnls_fit(x[~test], y[~test]), FLOOR_S)
+    coef = nnls_fit(x, y)
+    model = GenerationTimeModel(form=form, coef=tuple(coef), feature_names=FEATURES[form])
+    report = {
+        "r2_heldout": r2_score(y, heldout),
+        "mdape_heldout": float(np.median(np.abs(heldout - y) / y)),
+        "r2_in_sample": r2_score(y, np.maximum(x @ coef, FLOOR_S)),
+        "minibatches": float(len(y)),
+        "folds": float(folds),
+    }
+    return model, report
+
+
+@dataclass(frozen=True)
+class TrainingTimeModel:
+    """Trainer step time and weight-refresh costs (all seconds, finite, >= 0).
+
+    Attributes:
+        step_base_s: fixed part of a step (rewards, optimizer, prompt tokens of a typical batch).
+        step_per_token_s: seconds per response token of the global batch.
+        save_s, convert_s: snapshot export and conversion, paid on the trainer once per exported snapshot.
+        load_s: reload of a snapshot, paid by each generation actor before its next minibatch (deferred reload).
+    """
+
+    step_base_s: float
+    step_per_token_s: float
+    save_s: float = 0.0
+    convert_s: float = 0.0
+    load_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _check_nonneg(f.name, getattr(self, f.name)))
+
+    @classmethod
+    def simulated(cls, trainer_step_s: float, refresh_delay_s: float) -> TrainingTimeModel:
+        """The runtime's `SimulatedTrainer`: a fixed step time, reload = `refresh_delay_s` per actor, no export."""
+        return cls(step_base_s=trainer_step_s, step_per_token_s=0.0, load_s=refresh_delay_s)
+
+    def step_seconds(self, tokens: float) -> float:
+        """Seconds of one trainer step on a global batch of `tokens` response tokens (>= FLOOR_S)."""
+        return max(self.step_base_s + self.step_per_token_s * float(tokens), FLOOR_S)
+
+    def publish_seconds(self) -> float:
+        """Trainer-side seconds of exporting one snapshot (T_save + T_convert)."""
+        return self.save_s + self.convert_s
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON-ready form: the five fields by name."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainingTimeModel:
+        """Inverse of `to_dict`; raises ValueError naming the bad key or value."""
+        return cls(**_checked_keys(cls, data))
+
+
+def _recent_median(values: pd.Series) -> float:
+    """Median of the positive entries (the trainer reports 0 until the first event), 0 when there are none."""
+    v = values.to_numpy(dtype=np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    return float(np.median(v)) if v.size else 0.0
+
+
+def fit_training_model(
+    iterations: pd.DataFrame, *, window: int = T_TRAIN_WINDOW
+) -> tuple[TrainingTimeModel, dict[str, float]]:
+    """Fit a `TrainingTimeModel` on a GRPO launch's per-iteration table (``outputs/launch/iterations.parquet``).
+
+    Step time: ``train/t_train_s`` is what `GRPOTrainer.step` spends on rewards and the update (export and
+    checkpoint excluded; ``runtime/train_step_s`` includes them, so it is not used). The trainer reports it as
+    the mean of its last `window` steps, so it is regressed on the same trailing mean of the token column; a
+    linear model commutes with that mean, so the coefficients are those of a single step. Token column:
+    ``train/response_tokens``, the response tokens the step's loss covered, i.e. the generated tokens of the
+    trained global batch (``runtime/generated_tokens`` counts what arrived at the Training Queue during the
+    iteration, which is not the batch that was trained). A resumed run restarts the trainer's window, which
+    this ignores. Refresh costs: medians over steps of the positive ``train/t_save_s``, ``train/t_convert_s``,
+    ``train/t_load_s`` (themselves recent means; 0 before the first event).
+
+    Args:
+        iterations: one row per trainer step (sorted by ``step`` when that column is present).
+        window: steps in the trainer's trailing mean of ``train/t_train_s``.
+
+    Returns:
+        (model, report) with ``r2_in_sample`` (of the trailing means; there is no held-out score here),
+        ``steps``, ``window`` and the fitted values.
+
+    Raises:
+        ValueError: a missing column, fewer than 3 steps, or non-finite / negative times or token counts.
+    """
+    needed = [TRAIN_TIME_COL, TRAIN_TOKENS_COL, *REFRESH_COLS.values()]
+    missing = [c for c in needed if c not in iterations.columns]
+    if missing:
+        raise ValueError(f"iterations table lacks columns {missing} (a GRPO launch's iterations.parquet has them)")
+    frame = iterations.sort_values("step") if "step" in iterations.columns else iterations
+    if len(frame) < 3 or window < 1:
+        raise ValueError(f"need at least 3 trainer steps and window >= 1, got {len(frame)} steps, window {window}")
+    y = frame[TRAIN_TIME_COL].to_numpy(dtype=np.float64)
+    tokens = frame[TRAIN_TOKENS_COL].to_numpy(dtype=np.float64)
+    for name, v in ((TRAIN_TIME_COL, y), (TRAIN_TOKENS_COL, tokens)):
+        bad = np.flatnonzero(~(np.isfinite(v) & (v >= 0)))
+        if bad.size:
+            raise ValueError(f"column {name!r} must hold finite values >= 0; row {int(bad[0])} is {float(v[bad[0]])}")
+    trailing = pd.Series(tokens).rolling(window, min_periods=1).mean().to_numpy()
+    x = np.column_stack([np.ones_like(trailing), trailing])
+    coef = nnls_fit(x, y)
+    refresh = {name: _recent_median(frame[col]) for name, col in REFRESH_COLS.items()}
+    model = TrainingTimeModel(step_base_s=float(coef[0]), step_per_token_s=float(coef[1]), **refresh)
+    report = {"r2_in_sample": r2_score(y, x @ coef), "steps": float(len(y)), "window": float(window)}
+    report.update({k: float(v) for k, v in model.to_dict().items()})
+    return model, report

@@ -1,0 +1,195 @@
+"""The `simulate` stage and `asp simulate` on synthetic pipeline outputs (predictions, held-out profile samples,
+profile timings, a schedule) written directly: metrics per condition, files, determinism, and the bad inputs the
+issue names (negative times, zero actors, a schedule that does not match the predictions) exit 2 naming them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from asp.config import Params, deep_merge, validate_params
+from asp.errors import UserError
+from asp.pipeline import simulate
+from asp.schedule import build_schedule, schedule_to_frame
+from asp.tracking import NullTracker
+
+N_TRAIN, N_HELDOUT, N_SAMPLES, CAP = 480, 120, 4, 96
+OVERLAY = {
+    "profile": {"max_new_tokens": CAP, "n_samples": N_SAMPLES},
+    "schedule": {"b": 8, "kappa": 1, "k": 3, "iterations": 2000},
+    "runtime": {
+        "trainer": "simulated",
+        "iterations": 20,
+        "global_batch_prompts": 16,
+        "q_max": 48,
+        "n_samples": N_SAMPLES,
+        "max_new_tokens": CAP,
+        "actors_per_unit": 3,
+        "trainer_step_s": 0.4,
+    },
+    "simulate": {"conditions": ["C0", "C4"]},
+}
+
+
+def _params(extra: dict | None = None) -> Params:
+    return validate_params(deep_merge(deep_merge(Params.defaults().model_dump(mode="json"), OVERLAY), extra or {}))
+
+
+def write_inputs(root: Path, params: Params) -> simulate.Paths:
+    """Predictions for train + held-out prompts, held-out samples around the true lengths, timings of
+    16-prompt minibatches that follow a static-batching law, and the C4 schedule of the predictions."""
+    rng = np.random.default_rng(0)
+    ids = [f"p{i:04d}" for i in range(N_TRAIN + N_HELDOUT)]
+    true = rng.lognormal(3.3, 0.5, len(ids)).clip(4, CAP * 0.9)
+    predicted = true * rng.lognormal(0, 0.15, len(ids))
+    preds = pd.DataFrame({"prompt_id": ids, "predicted_length": predicted, "calibrated_length": predicted})
+    heldout = ids[N_TRAIN:]
+    lengths = (true[N_TRAIN:, None] * rng.lognormal(0, 0.2, (N_HELDOUT, N_SAMPLES))).round().clip(1, CAP)
+    samples = pd.DataFrame(
+        {"prompt_id": np.repeat(heldout, N_SAMPLES), "sample": np.tile(np.arange(N_SAMPLES), N_HELDOUT)}
+    ).assign(length=lengths.reshape(-1).astype(int))
+    mx = rng.integers(20, CAP, 40)
+    timings = pd.DataFrame(
+        {
+            "minibatch": np.arange(40),
+            "wall_s": 0.05 + 0.004 * mx + rng.normal(0, 0.005, 40).clip(-0.02, 0.02),
+            "num_prompts": 16,
+            "n": N_SAMPLES,
+            "max_new_tokens": CAP,
+            "total_tokens": (mx * 16 * N_SAMPLES * 0.5).astype(int),
+            "max_length": mx,
+            "prompt_tokens": 16 * 30,
+        }
+    )
+    paths = simulate.Paths(
+        predictions=root / "predictions.parquet",
+        calibration=root / "calibration.json",  # absent: raw predictions are the loads
+        samples=root / "profile/samples.parquet",
+        heldout=root / "prompts/heldout.parquet",
+        timings=root / "m/profile_timings.csv",
+        schedule=root / "schedule/schedule.parquet",
+        out_dir=root / "simulate",
+        metrics=root / "m/simulate.json",
+        plot=root / "p/timeline.png",
+    )
+    for d in ("profile", "prompts", "m", "schedule"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    preds.to_parquet(paths.predictions, index=False)
+    samples.to_parquet(paths.samples, index=False)
+    pd.DataFrame({"prompt_id": heldout}).to_parquet(paths.heldout, index=False)
+    timings.to_csv(paths.timings, index=False)
+    s = params.schedule
+    sched = build_schedule(
+        preds.prompt_id.to_numpy(), predicted, b=s.b, kappa=s.kappa, k=s.k, iterations=s.iterations, seed=0
+    )
+    schedule_to_frame(sched).to_parquet(paths.schedule, index=False)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Params, simulate.Paths]:
+    params = _params()
+    return params, write_inputs(tmp_path_factory.mktemp("sim"), params)
+
+
+def test_stage_writes_metrics_per_condition_and_is_deterministic(inputs: tuple[Params, simulate.Paths]) -> None:
+    params, paths = inputs
+    metrics = simulate.run(params, paths, NullTracker())
+    assert metrics["simulate/gen_fit/r2_heldout"] > 0.9  # the timings follow a linear law in max_length
+    for cond in ("C0", "C4"):
+        assert metrics[f"simulate/{cond}/mean_iteration_time_s"] >= params.runtime.trainer_step_s
+        assert 0 <= metrics[f"simulate/{cond}/padding_rate_mean"] < 1
+    # the balanced schedule pads less than the original order, as the scheduler promises
+    assert metrics["simulate/C4/padding_rate_mean"] < metrics["simulate/C0/padding_rate_mean"]
+    assert json.loads(paths.metrics.read_text()) == pytest.approx(metrics)
+    frame = pd.read_parquet(paths.out_dir / "iterations.parquet")
+    assert sorted(frame.condition.unique()) == ["C0", "C4"] and len(frame) == 2 * params.runtime.iterations
+    models = json.loads((paths.out_dir / "models.json").read_text())
+    assert set(models) == {"generation", "lengths", "training", "prompt_tokens"}
+    assert paths.plot.stat().st_size > 10_000
+    first = (paths.out_dir / "models.json").read_bytes(), frame
+    again = simulate.run(params, paths, NullTracker())
+    assert again == metrics and (paths.out_dir / "models.json").read_bytes() == first[0]
+
+
+def test_schedule_not_matching_predictions_is_named(inputs: tuple[Params, simulate.Paths], tmp_path: Path) -> None:
+    params, paths = inputs
+    frame = pd.read_parquet(paths.schedule)
+    bad = tmp_path / "schedule.parquet"
+    frame.assign(prompt_id=frame.prompt_id.str.replace("p0001", "zzz")).to_parquet(bad, index=False)
+    with pytest.raises(UserError, match=r"schedule\.parquet: the schedule does not match .*zzz"):
+        simulate.run(params, replace(paths, schedule=bad, out_dir=tmp_path / "o"), NullTracker())
+    assert not (tmp_path / "o").exists()
+
+
+def test_disabled_stage_writes_only_the_flag(inputs: tuple[Params, simulate.Paths], tmp_path: Path) -> None:
+    params, paths = inputs
+    out = replace(paths, out_dir=tmp_path / "o", metrics=tmp_path / "m.json", plot=tmp_path / "p.png")
+    assert simulate.run(_params({"simulate": {"enabled": False}}), out, NullTracker()) == {"simulate/enabled": 0}
+    assert out.plot.is_file() and json.loads((out.out_dir / "models.json").read_text()) == {"enabled": False}
+
+
+def _asp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    cmd = [sys.executable, "-m", "asp", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory laid out like the repository (params.yaml, outputs/, metrics/) for `asp simulate`."""
+    root = tmp_path_factory.mktemp("project")
+    params = _params()
+    raw = params.model_dump(mode="json")
+    import yaml
+
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    paths = write_inputs(root / "staging", params)
+    default = simulate.Paths()
+    for src, dst in (
+        (paths.predictions, default.predictions),
+        (paths.samples, default.samples),
+        (paths.heldout, default.heldout),
+        (paths.timings, default.timings),
+        (paths.schedule, default.schedule),
+    ):
+        (root / dst).parent.mkdir(parents=True, exist_ok=True)
+        (root / dst).write_bytes(src.read_bytes())
+    return root
+
+
+def test_cli_prints_the_table_and_writes_out(project: Path) -> None:
+    res = _asp(["simulate", "-c", "C4", "--set", "runtime.actors_per_unit=4", "--out", "sim-out"], project)
+    assert res.returncode == 0, res.stderr
+    assert "| mean iter (s) |" in res.stdout and "| C4 |" in res.stdout.splitlines()[1]
+    saved = json.loads((project / "sim-out/simulate.json").read_text())
+    assert "simulate/C4/mean_iteration_time_s" in saved and (project / "sim-out/timeline.png").is_file()
+    assert not (project / "metrics/simulate.json").exists()  # the CLI leaves the stage's outputs alone
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("simulate.training.step_base_s=-1", "simulate.training.step_base_s"),
+        ("runtime.trainer_step_s=-0.5", "runtime.trainer_step_s"),
+        ("runtime.actors_per_unit=0", "runtime.actors_per_unit"),
+        ("simulate.cores=0", "simulate.cores"),
+    ],
+)
+def test_cli_bad_values_exit_2_naming_them(project: Path, override: str, named: str) -> None:
+    res = _asp(["simulate", "--set", override], project)
+    assert res.returncode == 2 and named in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_missing_inputs_exit_2(tmp_path: Path, project: Path) -> None:
+    (tmp_path / "params.yaml").write_bytes((project / "params.yaml").read_bytes())
+    res = _asp(["simulate"], tmp_path)
+    assert res.returncode == 2 and "metrics/profile_timings.csv: missing" in res.stderr, res.stderr

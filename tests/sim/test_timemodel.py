@@ -1,0 +1,192 @@
+"""Generation and training time models: hand-computed values, coefficient recovery, validation, real timings.
+
+Run: ``.venv/bin/python -m pytest tests/sim/test_timemodel.py -q`` (``-s`` prints the fit on the real profile).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from asp.sim.timemodel import (
+    FEATURES,
+    FLOOR_S,
+    GenerationTimeModel,
+    TrainingTimeModel,
+    fit_generation_model,
+    fit_training_model,
+)
+
+REAL_TIMINGS = Path(__file__).resolve().parents[2] / "metrics" / "profile_timings.csv"
+COEF = (0.3, 0.01, 2e-4, 1e-4, 2e-7)
+
+
+def model(form: str, coef=COEF) -> GenerationTimeModel:
+    return GenerationTimeModel(form=form, coef=tuple(coef), feature_names=FEATURES[form])
+
+
+def synthetic_timings(form: str, m: int = 80, noise: float = 0.01, seed: int = 1) -> pd.DataFrame:
+    """Minibatches of 8-24 prompts x 4/8 samples timed by `model(form)` with `noise` relative noise."""
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(8, 25, m)
+    n = rng.choice([4, 8], m)
+    max_length = rng.integers(20, 400, m)
+    total = (prompts * n * max_length * rng.uniform(0.3, 0.9, m)).astype(int)
+    prompt_tokens = prompts * rng.integers(20, 200, m)
+    wall = model(form).seconds_many(prompts, n, max_length, total, prompt_tokens) * (1 + noise * rng.normal(size=m))
+    return pd.DataFrame(
+        {
+            "minibatch": np.arange(m),
+            "wall_s": wall,
+            "num_prompts": prompts,
+            "n": n,
+            "max_new_tokens": 400,
+            "total_tokens": total,
+            "max_length": max_length,
+            "prompt_tokens": prompt_tokens,
+        }
+    )
+
+
+def test_seconds_hand_computed():
+    # prompts 2, n 4 -> R = 8 rows; S = 10 steps; T = 50; prompt_tokens 20 -> mean prompt p = 10.
+    coef = (0.1, 0.01, 0.001, 0.0001, 1e-6)
+    # static: [1, S, R*S, n*pt, R*S*(p + S/2)] = [1, 10, 80, 80, 8*10*15 = 1200]
+    #   0.1 + 0.1 + 0.08 + 0.008 + 0.0012 = 0.2892
+    assert model("static", coef).seconds(2, 4, 10, 50, 20) == pytest.approx(0.2892)
+    # continuous: [1, S, T, pt, T*(p + T/(2R))] = [1, 10, 50, 20, 50*(10 + 50/16) = 656.25]
+    #   0.1 + 0.1 + 0.05 + 0.002 + 0.00065625 = 0.25265625
+    assert model("continuous", coef).seconds(2, 4, 10, 50, 20) == pytest.approx(0.25265625)
+    many = model("static", coef).seconds_many(np.array([2, 2]), 4, np.array([10, 0]), 50, 20)
+    assert many[0] == pytest.approx(0.2892) and many[1] >= FLOOR_S
+    assert model("static", (0.0,) * 5).seconds(1, 1, 1, 1, 1) == FLOOR_S
+
+
+@pytest.mark.parametrize("form", ["static", "continuous"])
+def test_fit_recovers_coefficients(form):
+    fitted, report = fit_generation_model(synthetic_timings(form), form, folds=5, seed=0)
+    np.testing.assert_allclose(fitted.coef, COEF, rtol=0.15)
+    assert report["r2_heldout"] > 0.99 and report["mdape_heldout"] < 0.02
+    assert report["minibatches"] == 80 and report["folds"] == 5
+
+
+def test_fit_is_deterministic_for_a_seed():
+    frame = synthetic_timings("static", noise=0.05)
+    assert fit_generation_model(frame, "static", seed=3)[1] == fit_generation_model(frame, "static", seed=3)[1]
+
+
+def test_collinear_rows_split_between_step_and_row_terms():
+    frame = synthetic_timings("static").assign(num_prompts=16, n=8)  # rows constant: R*S proportional to S
+    frame["wall_s"] = 0.02 * frame["max_length"] + 0.5
+    fitted, _ = fit_generation_model(frame, "static")
+    assert fitted.coef[1] > 0 and fitted.coef[2] > 0  # neither term dropped
+    t16, t18 = (fitted.seconds(p, 8, 100, 100 * p * 4, 30 * p) for p in (16, 18))
+    assert 1.0 < t18 / t16 < 18 / 16 + 1e-9
+
+
+@pytest.mark.parametrize("form", ["static", "continuous"])
+def test_round_trip(form):
+    m = model(form)
+    assert GenerationTimeModel.from_dict(m.to_dict()) == m
+    t = TrainingTimeModel(0.5, 1e-4, 0.2, 0.1, 0.3)
+    assert TrainingTimeModel.from_dict(t.to_dict()) == t
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"form": "paged"}, "form"),
+        ({"coef": [0.1, -1.0, 0.0, 0.0, 0.0]}, "decode_steps"),
+        ({"coef": [0.1, float("nan"), 0.0, 0.0, 0.0]}, "decode_steps"),
+        ({"coef": [0.1, 0.2]}, "5 values"),
+        ({"feature_names": ["a", "b", "c", "d", "e"]}, "feature_names"),
+        ({"extra": 1}, "extra"),
+        ({"coef": 0.5}, "coef must be a list"),
+    ],
+)
+def test_generation_from_dict_rejects(change, message):
+    with pytest.raises(ValueError, match=message):
+        GenerationTimeModel.from_dict({**model("static").to_dict(), **change})
+
+
+def test_training_from_dict_rejects():
+    good = TrainingTimeModel(0.5, 1e-4).to_dict()
+    with pytest.raises(ValueError, match="save_s"):
+        TrainingTimeModel.from_dict({**good, "save_s": -1})
+    with pytest.raises(ValueError, match="load_s"):
+        TrainingTimeModel.from_dict({**good, "load_s": float("inf")})
+    with pytest.raises(ValueError, match="missing keys \\['convert_s'\\]"):
+        TrainingTimeModel.from_dict({k: v for k, v in good.items() if k != "convert_s"})
+
+
+def test_fit_generation_rejects_bad_frames():
+    frame = synthetic_timings("static", m=20)
+    with pytest.raises(ValueError, match="max_length"):
+        fit_generation_model(frame.drop(columns="max_length"), "static")
+    with pytest.raises(ValueError, match="at least 7"):
+        fit_generation_model(frame.head(6), "static")
+    with pytest.raises(ValueError, match="at least 10"):
+        fit_generation_model(frame.head(9), "static", folds=10)
+    with pytest.raises(ValueError, match="row 3"):
+        fit_generation_model(frame.assign(wall_s=np.where(frame.index == 3, 0.0, frame.wall_s)), "static")
+    with pytest.raises(ValueError, match="form"):
+        fit_generation_model(frame, "paged")
+
+
+def test_fit_on_real_profile_timings():
+    if not REAL_TIMINGS.exists():
+        pytest.skip(f"{REAL_TIMINGS} is absent (the profile stage is rewriting it)")
+    frame = pd.read_csv(REAL_TIMINGS)
+    for form in ("static", "continuous"):
+        fitted, report = fit_generation_model(frame, form)
+        print(form, {k: round(v, 3) for k, v in report.items()}, fitted.coef)
+    fitted, report = fit_generation_model(frame, "static")
+    assert report["r2_heldout"] > 0.5
+    row = frame.iloc[0]
+    t16 = fitted.seconds(16, 8, row.max_length, row.total_tokens, row.prompt_tokens)
+    t18 = fitted.seconds(18, 8, row.max_length, row.total_tokens * 18 / 16, row.prompt_tokens * 18 / 16)
+    assert t16 <= t18 < 2 * t16
+
+
+def synthetic_iterations(steps: int = 60, window: int = 10, seed: int = 0) -> pd.DataFrame:
+    """GRPO-like table: per-step time 0.8 s + 2e-4 s/token, reported as a trailing mean of `window` steps."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(2_000, 12_000, steps).astype(float)
+    per_step = 0.8 + 2e-4 * tokens + rng.normal(0, 0.01, steps)
+    save = np.where(np.arange(steps) < 2, 0.0, 0.3)  # 0 until the first export, as the trainer reports it
+    return pd.DataFrame(
+        {
+            "step": np.arange(1, steps + 1),
+            "train/t_train_s": pd.Series(per_step).rolling(window, 1).mean(),
+            "train/response_tokens": tokens,
+            "train/t_save_s": save,
+            "train/t_convert_s": 0.05,
+            "train/t_load_s": np.where(np.arange(steps) < 3, 0.0, 0.4),
+            "runtime/generated_tokens": tokens[::-1],
+        }
+    ).sample(frac=1.0, random_state=0)  # order restored from `step`
+
+
+def test_fit_training_model_recovers_step_time():
+    fitted, report = fit_training_model(synthetic_iterations())
+    assert fitted.step_base_s == pytest.approx(0.8, abs=0.05)
+    assert fitted.step_per_token_s == pytest.approx(2e-4, rel=0.05)
+    assert (fitted.save_s, fitted.convert_s, fitted.load_s) == pytest.approx((0.3, 0.05, 0.4))
+    assert fitted.publish_seconds() == pytest.approx(0.35)
+    assert fitted.step_seconds(10_000) == pytest.approx(2.8, rel=0.03)
+    assert report["r2_in_sample"] > 0.95 and report["steps"] == 60
+
+
+def test_fit_training_model_rejects_missing_columns():
+    with pytest.raises(ValueError, match="train/response_tokens"):
+        fit_training_model(synthetic_iterations().drop(columns="train/response_tokens"))
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_training_model(synthetic_iterations().head(2))
+
+
+def test_simulated_training_model():
+    t = TrainingTimeModel.simulated(trainer_step_s=0.5, refresh_delay_s=0.2)
+    assert t.step_seconds(1e6) == 0.5 and t.publish_seconds() == 0.0 and t.load_s == 0.2
