@@ -379,6 +379,24 @@ def test_lag_zero_trains_only_current_samples(monkeypatch, mode):
         assert dropped > 0
 
 
+def test_work_freed_by_a_resume_is_sent_at_once():
+    # 1 actor, nothing queued beyond the minibatch it decodes (gu_queue_target 0), G = 1 s, T = 100 s, batches of
+    # 4 prompts, q_max 4 (resume at 3), max_policy_lag 0 with drop; 10 minibatches of 2 prompts.
+    #   mb0 0-1, mb1 1-2 -> step 1 2-102 trains both. mb2 2-3, mb3 3-4, mb4 4-5: depth 6 > 4 -> pause; the actor
+    #   idles and the sender stops. At 102 (version 1) the 6 queued prompts (version 0) are dropped: depth 0 ->
+    #   resume. As in the runtime's loop (dispatch, train, then `ray.wait(timeout=poll_timeout_s)`), the freed
+    #   work is sent at the loop's next wake-up: no event is pending, so after the 1 s poll timeout, at 103.
+    #   mb5 103-104, mb6 104-105 (version 1) -> step 2 105-205; mb7-mb9 105-108 -> depth 6 -> pause; at 205
+    #   (version 2) those 6 are dropped and the plan is done: 8 prompts trained, 12 dropped.
+    plan = make_plan(10, 2, k=1)
+    cfg = config(actors_per_unit=1, gu_queue_target=0, global_batch_prompts=4, q_max=4, max_policy_lag=0)
+    r = simulate(plan, make_workload(plan), FixedGen(1.0), FixedTrain(100.0), cfg)
+    assert column(r, "gen_start_s")[5:] == [103.0, 104.0, 105.0, 106.0, 107.0]
+    assert [it["runtime/iteration_time_s"] for it in r.iterations] == [102.0, 103.0]
+    assert r.metrics["runtime/summary/prompts_trained"] == 8
+    assert r.metrics["runtime/summary/stale_dropped_prompts"] == 12
+
+
 # ---- bad input ------------------------------------------------------------------------------------------------
 
 

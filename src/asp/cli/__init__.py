@@ -7,6 +7,7 @@
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline
     asp heldout-reward [--weights F]    demo reward of the policy (or trained weights) on new problems
     asp simulate [-c C4] [--set K=V]    the launch run predicted on a simulated clock (src/asp/cli/simulate.py)
+    asp plan layout [--devices N]       GUs, actors, TU devices, q_max, b, k for a cluster (B.6 + simulated search)
     asp serve                   serve the Prefect flow (trigger stages from the Prefect UI)
     asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1, printing the URL to open (src/asp/cli/ui.py)
 
@@ -26,6 +27,7 @@ from typing import Annotated
 import typer
 
 from asp.cli.heldout import heldout_reward
+from asp.cli.plan import app as plan_app
 from asp.cli.schedule import app as schedule_app
 from asp.cli.simulate import app as simulate_app
 from asp.cli.ui import app as ui_app
@@ -42,6 +44,7 @@ app.add_typer(preset_app, name="preset")
 app.add_typer(ui_app, name="ui")
 app.add_typer(schedule_app, name="schedule", help="Build schedules, ablations and τ sweeps from a lengths file.")
 app.add_typer(simulate_app, name="simulate")
+app.add_typer(plan_app, name="plan")
 app.command("heldout-reward")(heldout_reward)
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params file")]

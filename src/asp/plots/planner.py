@@ -51,10 +51,11 @@ def scaling_figure(
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2, sharey=True)
-    series = [("searched", rows, "-", "C0")]
+    series = [("searched", rows, "-", "C0", 6)]
     if b6_rows:
-        series.append(("B.6 heuristic", b6_rows, "--", "C1"))
-    for name, data, style, color in series:
+        series.append(("B.6 heuristic", b6_rows, "--", "C1", -12))
+    ticks: set[int] = set()
+    for name, data, style, color, dy in series:
         totals, gens, times, kinds = _series(data, cluster)
         for ax, xs in zip(axes, (totals, gens), strict=True):
             ax.plot(xs, times, style, color=color, lw=1.2, label=name)
@@ -63,15 +64,17 @@ def scaling_figure(
                 if pts:
                     ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, zorder=3, s=36)
         for x, t, (_, cand, _) in zip(totals, times, data, strict=True):
-            axes[0].annotate(cand.label(), (x, t), textcoords="offset points", xytext=(4, 6), fontsize=7)
+            axes[0].annotate(cand.label(), (x, t), textcoords="offset points", xytext=(4, dy), fontsize=7, color=color)
+        ticks.update(totals)
     for kind, marker in MARKERS.items():
-        axes[1].scatter([], [], marker=marker, color="gray", label=f"{kind}-bound")
+        axes[1].scatter([], [], marker=marker, color="gray", label=kind if kind == "balanced" else f"{kind}-bound")
     axes[0].set(title="(a) Iteration time vs total devices", xlabel="total devices", ylabel="iteration time (s)")
     axes[1].set(title="(b) Iteration time vs generation devices", xlabel="generation devices")
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3, which="both")
         ax.legend(loc="upper right", fontsize="small")
+    axes[0].set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
     if title:
         fig.suptitle(title)
     return fig

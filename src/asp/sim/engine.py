@@ -14,7 +14,8 @@ run). What the simulator adds is what Ray and the engines do in a real run:
   decoding on C cores each runs at min(1, C / (A * threads)) of full speed;
 * a trainer step takes `TrainingTimeModel.step_seconds(tokens) + publish_seconds()`; its snapshot is
   announced to every GU when it ends.
-The GU's coalescing of millisecond minibatches and failures are not modelled (no failures happen).
+The GU's coalescing of millisecond minibatches and failures are not modelled (no failures happen). The
+inputs and the result (`Workload`, `Resources`, `SimResult`) live in `asp.sim.inputs`.
 
     from asp.sim.engine import Resources, Workload, simulate
     result = simulate(plan, workload, gen_model, train_model, RuntimeConfig(...), Resources(cores=2))
@@ -28,7 +29,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,81 +42,10 @@ from asp.runtime.metrics import Window, iteration_metrics, summary_metrics
 from asp.runtime.plan import WorkPlan
 from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch
+from asp.sim.inputs import Resources, SimResult, Workload
 
 if TYPE_CHECKING:
     from asp.sim.timemodel import GenerationTimeModel, TrainingTimeModel
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the policy generates for each scheduled prompt.
-
-    Attributes:
-        index: prompt id -> row of `lengths` / `prompt_tokens`.
-        lengths: (P, n) int response lengths of the n samples of each prompt (tokens).
-        prompt_tokens: (P,) int prompt lengths (tokens).
-        max_new_tokens: the response cap (samples at it count as truncated).
-    """
-
-    index: Mapping[Any, int]
-    lengths: np.ndarray
-    prompt_tokens: np.ndarray
-    max_new_tokens: int
-
-    @classmethod
-    def from_arrays(
-        cls, prompt_ids: Sequence[Any], lengths: np.ndarray, prompt_tokens: np.ndarray, max_new_tokens: int
-    ) -> Workload:
-        ids = list(prompt_ids)
-        if lengths.ndim != 2 or lengths.shape[0] != len(ids) or np.shape(prompt_tokens) != (len(ids),):
-            raise ValueError(
-                f"workload needs lengths (P, n) and prompt_tokens (P,) for {len(ids)} prompts, got "
-                f"{lengths.shape} and {np.shape(prompt_tokens)}"
-            )
-        if lengths.size and (lengths.min() < 0 or prompt_tokens.min() < 0):
-            raise ValueError("workload lengths and prompt tokens must be >= 0")
-        return cls(
-            {p: i for i, p in enumerate(ids)}, np.asarray(lengths, np.int32), np.asarray(prompt_tokens), max_new_tokens
-        )
-
-
-@dataclass(frozen=True)
-class Resources:
-    """Where the actors run.
-
-    Attributes:
-        cores: CPU cores the generation actors share (processor sharing); None = one device each (GPUs).
-        threads_per_actor: threads each actor decodes with (its demand on the shared cores).
-        report_latency_s: seconds from an actor finishing to the Control Unit ingesting the minibatch.
-    """
-
-    cores: float | None = None
-    threads_per_actor: int = 1
-    report_latency_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.cores is not None and not self.cores > 0:
-            raise ValueError(f"resources.cores must be > 0 or None, got {self.cores}")
-        if self.threads_per_actor < 1 or not self.report_latency_s >= 0:
-            raise ValueError("resources.threads_per_actor must be >= 1 and report_latency_s >= 0")
-
-
-@dataclass(slots=True)
-class SimResult:
-    """What `simulate` returns (metric names as a real run's, plus ``sim/...``).
-
-    Attributes:
-        metrics: ``runtime/summary/...`` (Table 4(b) columns), ``sim/...`` (lag, d_off, duty cycle,
-            utilizations, events).
-        iterations: per-step metric dicts with their ``step``.
-        minibatches: one record per ingested minibatch.
-        events: processed simulation events.
-    """
-
-    metrics: dict[str, float]
-    iterations: list[dict[str, float]]
-    minibatches: list[dict[str, Any]]
-    events: int
 
 
 @dataclass(slots=True)
@@ -125,7 +54,8 @@ class _Actor:
     gu: int
     version: int = 0
     busy: bool = False
-    busy_s: float = 0.0  # decoding seconds (wall, simulated)
+    busy_s: float = 0.0  # decoding seconds of finished minibatches (wall, simulated)
+    decoding_since: float | None = None  # start of the minibatch it decodes now
     reload_total_s: float = 0.0
 
 
@@ -191,23 +121,35 @@ class _Sim:
         self.train_busy = 0.0
         self.lags: list[np.ndarray] = []
         self.last_step_end = 0.0
+        self.last_tick = self.last_progress = 0.0
 
     # ---- event plumbing --------------------------------------------------------------------------------
     def push(self, at: float, kind: str, payload: Any) -> None:
         heapq.heappush(self.heap, (at, next(self.seq), kind, payload))
 
     def run(self) -> None:
+        """The Control Unit's loop: tick, then wait for the next event or `poll_timeout_s`, whichever comes first
+        (as `ray.wait(..., timeout=poll_timeout_s)` does); one poll event is kept pending and moved lazily."""
         self.cu_tick()
+        self.push(self.cfg.poll_timeout_s, "poll", None)
         while not self.finished():
-            if not self.heap:
-                raise RuntimeError(
-                    f"simulation stalled at {self.now:.3f} s: pending={len(self.db.pending)} issued="
-                    f"{self.db.n_issued} queue={self.tq.depth} paused={self.bp.paused}"
-                )
             self.now, _, kind, payload = heapq.heappop(self.heap)
-            self.events += 1
+            if kind == "poll" and self.now < self.last_tick + self.cfg.poll_timeout_s:
+                self.push(self.last_tick + self.cfg.poll_timeout_s, "poll", None)  # a tick happened since
+                continue
+            self.events += kind != "poll"
             getattr(self, f"on_{kind}")(payload)
             self.cu_tick()
+
+    def on_poll(self, _: None) -> None:
+        """The loop's timeout wake-up; the run fails like the runtime's stall check when nothing progresses."""
+        self.push(self.now + self.cfg.poll_timeout_s, "poll", None)
+        if self.now - self.last_progress > self.cfg.stall_timeout_s:
+            raise RuntimeError(
+                f"simulation stalled at {self.now:.3f} s: nothing generated or trained for "
+                f"{self.now - self.last_progress:.0f} s (runtime.stall_timeout_s); pending={len(self.db.pending)} "
+                f"issued={self.db.n_issued} queue={self.tq.depth} paused={self.bp.paused}"
+            )
 
     def finished(self) -> bool:
         if self.cfg.iterations is not None and self.step >= self.cfg.iterations:
@@ -216,6 +158,7 @@ class _Sim:
 
     def cu_tick(self) -> None:
         """What one pass of the Control Unit's loop does: send, then start a step if one can start."""
+        self.last_tick = self.now
         if self.finished():
             return
         self.dispatch()
@@ -265,7 +208,7 @@ class _Sim:
             total_tokens=int(job.lengths.sum()),
             prompt_tokens=int(job.prompt_tokens.sum()),
         )
-        job.decode_start = self.now
+        job.decode_start = job.actor.decoding_since = self.now
         if self.res.cores is None:
             self.push(self.now + seconds, "done", job)
             return
@@ -304,6 +247,7 @@ class _Sim:
         actor, g = job.actor, self.gus[job.actor.gu]
         actor.busy = False
         actor.busy_s += self.now - job.decode_start
+        actor.decoding_since = None
         out = _output(job, g.index, self.now, self.workload.max_new_tokens)
         if self.res.report_latency_s > 0:
             self.push(self.now + self.res.report_latency_s, "ingest", out)
@@ -317,6 +261,7 @@ class _Sim:
         g.outstanding -= 1
         if not self.db.complete(out.task_id):
             return
+        self.last_progress = self.now
         before = self.tq.put(out, self.now)
         depth = before / self.cfg.global_batch_prompts
         self.window.add(out, depth)
@@ -361,6 +306,7 @@ class _Sim:
             self.prompts_trained += count
         self.step += 1
         self.version = self.step
+        self.last_progress = self.now
         self.train_busy += duration
         self.lags.append(lags)
         for g in self.gus:
@@ -415,7 +361,8 @@ class _Sim:
         steps = [it["runtime/train_step_s"] for it in self.iterations]
         t_train = float(np.mean(steps)) if steps else float("nan")
         refresh = self.train.save_s + self.train.convert_s + self.train.load_s
-        gen_busy = sum(a.busy_s for a in actors)
+        ongoing = [wall - a.decoding_since for a in actors if a.decoding_since is not None]
+        gen_busy = sum(a.busy_s for a in actors) + sum(max(0.0, t) for t in ongoing)
         return {
             "sim/policy_lag_mean": lag_mean,
             "sim/policy_lag_max": lag_max,
@@ -464,6 +411,7 @@ def _record(out: MinibatchOutput, arrival: float, depth: float) -> dict[str, Any
     return {
         "task_id": out.task_id,
         "minibatch_id": out.minibatch_id,
+        "attempt": out.attempt,
         "gu": out.gu,
         "actor": out.actor,
         "policy_version": out.policy_version,

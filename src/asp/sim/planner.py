@@ -9,7 +9,7 @@ generation to training. Pure (no I/O; the figure is `asp.plots.planner.scaling_f
 * `b6_heuristic`: B.6 from measured `Rates` (one actor's prompts/s, the TU's step time), no simulation;
 * `search_layout`: the candidates of a `Grid` scored by ``evaluate(candidate) -> metrics``, best first;
   `scaling_curve` / `b6_curve`: the best (or B.6) layout per device count;
-* `make_evaluator`: an `Evaluator` that simulates candidates (`asp.sim.engine.simulate`) and is a `Rates`.
+* `asp.sim.evaluate.make_evaluator`: an `Evaluator` that simulates candidates and is a `Rates`.
 
     cluster = Cluster(devices=64, devices_per_actor=8, tu_min_devices=8, tu_serial_fraction=0.2)
     ev = make_evaluator(ids, predicted, workload, gen, train, RuntimeConfig(trainer="simulated"), cluster=cluster)
@@ -22,21 +22,15 @@ Tests: ``.venv/bin/python -m pytest tests/sim/test_planner.py -q``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from itertools import product
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from asp.runtime.plan import WorkPlan
-from asp.schedule.conditions import condition_schedule
-from asp.sim.engine import Resources, Workload, simulate
-
 if TYPE_CHECKING:
-    from asp.runtime.config import RuntimeConfig
-    from asp.schedule.schedule import Schedule
-    from asp.sim.timemodel import GenerationTimeModel, TrainingTimeModel
+    pass
 
 Evaluate = Callable[["Candidate"], Mapping[str, float]]
 ITER_TIME = "runtime/summary/mean_iteration_time_s_excl_first"
@@ -180,7 +174,11 @@ def balanced_actors(need: float, tolerance: float = 0.1) -> int:
 
 
 def pack_actors(actors: int, cluster: Cluster) -> tuple[int, int]:
-    """(generation_units, actors_per_unit) with exactly `actors` actors, each GU on one node, fewest GUs."""
+    """(generation_units, actors_per_unit) with exactly `actors` actors, each GU on one node, fewest GUs.
+
+    The runtime gives every GU the same number of actors, so a count with no fitting divisor (a prime above
+    one node's worth) becomes single-actor GUs: 9 actors, 8 per node -> 3 x 3; 23 actors, 4 per node -> 23 x 1.
+    """
     per_unit = cluster.max_actors_per_unit
     for units in range(-(-actors // per_unit), actors + 1):
         if actors % units == 0:
@@ -411,104 +409,3 @@ def b6_curve(
         c = b6_heuristic(replace(cluster, devices=devices), evaluator, **b6)
         rows.append((devices, c, dict(evaluator(c))))
     return rows
-
-
-@dataclass
-class Evaluator:
-    """Simulates candidates (call it) and measures B.6's `Rates`; build it with `make_evaluator`.
-
-    Schedules are built once per (b, k), results once per candidate. A candidate runs `base` with its GUs,
-    actors per GU and q_max, the training step time scaled by `Cluster.train_factor`(tu_devices) (publish and
-    reload times unchanged). The rates assume one device per actor (no shared cores) and omit reloads.
-    """
-
-    prompt_ids: np.ndarray
-    predicted: np.ndarray
-    workload: Workload
-    gen: GenerationTimeModel
-    train: TrainingTimeModel
-    base: RuntimeConfig
-    cluster: Cluster
-    resources: Resources | None = None
-    schedule_kwargs: dict[str, Any] = field(default_factory=dict)
-    _schedules: dict[tuple[int, int], tuple[Schedule, WorkPlan]] = field(default_factory=dict, repr=False)
-    _results: dict[Candidate, dict[str, float]] = field(default_factory=dict, repr=False)
-
-    @property
-    def global_batch_prompts(self) -> int:
-        return self.base.global_batch_prompts
-
-    def schedule(self, b: int, k: int) -> tuple[Schedule, WorkPlan]:
-        """(Schedule, WorkPlan) of the (b, k) schedule (cached)."""
-        if (b, k) not in self._schedules:
-            sched = condition_schedule(self.prompt_ids, self.predicted, b=b, k=k, **self.schedule_kwargs)
-            self._schedules[b, k] = (sched, WorkPlan.from_schedule(sched))
-        return self._schedules[b, k]
-
-    def config(self, c: Candidate) -> RuntimeConfig:
-        """`base` with the candidate's layout and q_max (its q_resume kept only where it stays valid)."""
-        data = self.base.model_dump()
-        resume = data.get("q_resume")
-        if resume is not None and not self.global_batch_prompts - 1 <= resume <= c.q_max:
-            resume = None
-        data.update(generation_units=c.generation_units, actors_per_unit=c.actors_per_unit, q_max=c.q_max)
-        return type(self.base)(**{**data, "q_resume": resume})
-
-    def __call__(self, c: Candidate) -> dict[str, float]:
-        if c not in self._results:
-            f = self.cluster.train_factor(c.tu_devices)
-            train = replace(
-                self.train, step_base_s=self.train.step_base_s * f, step_per_token_s=self.train.step_per_token_s * f
-            )
-            result = simulate(
-                self.schedule(c.b, c.k)[1], self.workload, self.gen, train, self.config(c), self.resources
-            )
-            self._results[c] = {**result.metrics, "planner/train_factor": f}
-        return dict(self._results[c])
-
-    def actor_prompts_per_s(self, b: int, k: int) -> float:
-        """Scheduled prompts / summed `gen.seconds` of every minibatch of the (b, k) schedule."""
-        sched, _ = self.schedule(b, k)
-        seconds = 0.0
-        for mb in sched.minibatches():
-            rows = [self.workload.index[p] for p in mb.tolist()]
-            lengths, prompt_tokens = self.workload.lengths[rows], int(self.workload.prompt_tokens[rows].sum())
-            max_length, tokens = int(lengths.max(initial=0)), int(lengths.sum())
-            seconds += self.gen.seconds(len(rows), lengths.shape[1], max_length, tokens, prompt_tokens)
-        return sched.n_prompts / seconds
-
-    def train_step_s(self) -> tuple[float, float]:
-        """(step seconds at the TU minimum for G prompts of mean response tokens, publish seconds)."""
-        rows = [self.workload.index[p] for p in self.prompt_ids.tolist()]
-        tokens = self.global_batch_prompts * float(self.workload.lengths[rows].sum(axis=1).mean())
-        return self.train.step_seconds(tokens), self.train.publish_seconds()
-
-
-def make_evaluator(
-    prompt_ids: Sequence[Any],
-    predicted: Sequence[float],
-    workload: Workload,
-    gen: GenerationTimeModel,
-    train: TrainingTimeModel,
-    base_config: RuntimeConfig,
-    *,
-    cluster: Cluster,
-    resources: Resources | None = None,
-    condition: str = "C4",
-    iterations: int = 20_000,
-    **schedule: Any,
-) -> Evaluator:
-    """An `Evaluator` over `condition_schedule(prompt_ids, predicted, condition, b=, k=, ...)` per (b, k).
-
-    Args:
-        prompt_ids, predicted: (P,) prompt ids and predicted lengths (tokens).
-        workload: realized lengths of every prompt (e.g. `asp.sim.lengths.sample_lengths` of the calibrated
-            expected lengths); gen, train: the time models, train at the TU's minimum size.
-        base_config: the runtime settings every candidate starts from (iterations, batch, lag bound, seed).
-        cluster: the TU's Amdahl scaling; resources: the simulator's `Resources` (default: one device per actor).
-        condition: C0..C4; iterations: C4's annealing iterations; **schedule: more `condition_schedule`
-            keywords (kappa, seed (default: base_config.seed), calibration, loads).
-    """
-    kwargs = {"condition": condition, "iterations": iterations, "seed": base_config.seed, **schedule}
-    ids, pred = np.asarray(prompt_ids), np.asarray(predicted, np.float64)
-    return Evaluator(ids, pred, workload, gen, train, base_config, cluster, resources, kwargs)

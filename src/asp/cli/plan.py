@@ -1,0 +1,183 @@
+"""`asp plan layout`: how many Generation Units, actors per unit, TU devices, `q_max`, `b` and `k` for a cluster,
+by paper appendix B.6 and by a search over simulated runs (`asp.sim.planner`).
+
+    asp plan layout                                        # the cluster of simulate.plan (8 devices in the demo)
+    asp plan layout --devices 32 --set simulate.plan.tu_min_devices=4 --out plan.yaml
+    asp plan layout --curve 4,8,16,32 --plot plots/plan_layout.png    # iteration time vs devices (Figure 2)
+
+It fits the `simulate` stage's models (profile timings, held-out lengths; training from ``simulate.training`` or
+the simulated trainer), samples the realized lengths of the predicted prompts, and scores every layout by
+simulating `runtime:` with it (one device per actor; the TU's step time scaled by Amdahl's law from its
+minimum size). Prints the B.6 choice and the search's best with their predicted iteration time and bottleneck;
+`--out` writes the best layout as a params overlay (`asp preset apply`-style YAML). Bad input exits 2.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from asp.errors import UserError
+
+app = typer.Typer(
+    help="Plan a cluster layout from simulated runs (paper appendix B.6).",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+
+def _ints(text: str | None, default: tuple[int, ...], name: str) -> tuple[int, ...]:
+    if not text:
+        return default
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        raise UserError(f"--{name} {text!r}: expected comma-separated integers, e.g. 16,32.") from None
+    if not values or min(values) < 1:
+        raise UserError(f"--{name} {text!r}: values must be >= 1.")
+    return values
+
+
+def _row(label: str, c: Any, m: dict[str, float]) -> str:
+    from asp.sim.planner import bottleneck, objective_s
+
+    return (
+        f"| {label} | {c.generation_units} x {c.actors_per_unit} | {c.tu_devices} | {c.q_max} | {c.b} | {c.k} | "
+        f"{objective_s(m):.3f} | {m['runtime/summary/depth_at_arrival_batches_mean']:.2f} | "
+        f"{m['sim/policy_lag_max']:.0f} | {bottleneck(m)} |"
+    )
+
+
+HEADER = (
+    "| layout | GUs x actors | TU devices | q_max | b | k | iteration (s) | depth at arrival | lag max "
+    "| bottleneck |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def build(params: Any) -> tuple[Any, Any]:
+    """(cluster, evaluator) for the params: fitted models, sampled lengths, the runtime as the base config."""
+    import pandas as pd
+
+    from asp.io import read_json
+    from asp.pipeline import simulate as stage
+    from asp.predictor.calibration import CalibrationMap
+    from asp.runtime.config import RuntimeConfig
+    from asp.sim.evaluate import make_evaluator
+    from asp.sim.planner import Cluster
+
+    plan = params.simulate.plan
+    try:
+        cluster = Cluster(
+            devices=plan.devices,
+            devices_per_actor=plan.devices_per_actor,
+            tu_min_devices=plan.tu_min_devices,
+            tu_serial_fraction=plan.tu_serial_fraction,
+            devices_per_node=plan.devices_per_node,
+        )
+    except ValueError as exc:
+        raise UserError(f"simulate.plan: {exc}") from None
+    paths = stage.Paths()
+    models = stage.fit_models(params, paths)
+    preds = pd.read_parquet(paths.predictions, columns=["prompt_id", "predicted_length"])
+    cal = CalibrationMap.from_dict(read_json(paths.calibration)) if paths.calibration.is_file() else None
+    load = stage.workload(params, models, preds, cal)
+    runtime = dict(params.runtime)
+    if params.simulate.iterations is not None:
+        runtime["iterations"] = params.simulate.iterations
+    base = RuntimeConfig(**runtime, seed=params.common.seed)
+    s = params.schedule
+    ev = make_evaluator(
+        preds["prompt_id"].to_numpy(),
+        preds["predicted_length"].to_numpy(),
+        load,
+        models.gen,
+        models.train,
+        base,
+        cluster=cluster,
+        iterations=s.iterations,
+        kappa=s.kappa,
+        calibration=cal,
+        loads=s.loads if cal is not None else "raw",
+        method=s.method,
+        shuffle=s.shuffle_groups,
+    )
+    return cluster, ev
+
+
+@app.command("layout")
+def layout(
+    params: Annotated[Path, typer.Option("--params", "-p", help="params file")] = Path("params.yaml"),
+    devices: Annotated[int | None, typer.Option(help="accelerators (default simulate.plan.devices)")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="SECTION.KEY=VALUE override (repeatable)")] = None,
+    q_max: Annotated[str | None, typer.Option("--q-max", help="q_max values to search (default G, 2G, 4G)")] = None,
+    b: Annotated[str | None, typer.Option("--b", help="minibatch sizes b to search (default schedule.b)")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="group sizes k to search (default k-2, k, k+2)")] = None,
+    out: Annotated[Path | None, typer.Option(help="write the best layout as a params overlay (YAML)")] = None,
+    curve: Annotated[str | None, typer.Option(help="device counts for an iteration-time curve, e.g. 4,8,16")] = None,
+    plot: Annotated[Path | None, typer.Option(help="PNG of the curve (with --curve)")] = None,
+) -> None:
+    """Choose a layout by B.6 and by simulated search; print both side by side."""
+    import yaml
+
+    from asp.cli.simulate import load_with_overrides
+    from asp.io import atomic_path
+    from asp.sim.planner import Grid, Limits, b6_curve, b6_heuristic, scaling_curve, search_layout
+
+    overrides = list(set_ or []) + ([f"simulate.plan.devices={devices}"] if devices is not None else [])
+    p = load_with_overrides(params, overrides, [])
+    cluster, ev = build(p)
+    g, s = p.runtime.global_batch_prompts, p.schedule
+    grid = Grid(
+        q_max=_ints(q_max, (g, 2 * g, 4 * g), "q-max"),
+        b=_ints(b, (s.b,), "b"),
+        k=_ints(k, tuple(v for v in (s.k - 2, s.k, s.k + 2) if v >= 1), "k"),
+    )
+    lag = p.runtime.max_policy_lag
+    limits = Limits(depth_batches=p.simulate.plan.max_depth_batches, policy_lag=None if lag is None else float(lag))
+    try:
+        b6 = b6_heuristic(cluster, ev, b=s.b, k=s.k, q_max=p.runtime.q_max)
+        ranked = search_layout(cluster, ev, grid, limits=limits)
+    except ValueError as exc:
+        raise UserError(f"cannot plan this cluster: {exc}") from None
+    best, metrics = ranked[0]
+    c0 = cluster
+    typer.echo(f"cluster: {c0.devices} devices, {c0.devices_per_actor} per actor, TU >= {c0.tu_min_devices} devices")
+    typer.echo(HEADER)
+    typer.echo(_row("B.6 heuristic", b6, ev(b6)))
+    for i, (c, m) in enumerate(ranked[:5]):
+        typer.echo(_row("search best" if i == 0 else f"search #{i + 1}", c, m))
+    typer.echo(f"{len(ranked)} layouts simulated; feasible: {sum(bool(m['planner/feasible']) for _, m in ranked)}")
+    if not metrics["planner/feasible"]:
+        typer.echo("warning: no layout met the queue-depth and lag bounds; the best infeasible one is shown", err=True)
+    if out is not None:
+        overlay = best.overlay()
+        overlay["plan"]["predicted_iteration_s"] = round(float(metrics["planner/objective_s"]), 4)
+        with atomic_path(out) as tmp:
+            head = f"# asp plan layout, {cluster.devices} devices\n"
+            tmp.write_text(head + yaml.safe_dump(overlay, sort_keys=False))
+        typer.echo(f"wrote {out}", err=True)
+    if curve:
+        counts = _ints(curve, (), "curve")
+        fixed = Grid(q_max=(best.q_max,), b=(best.b,), k=(best.k,))  # the layout varies; queue and schedule fixed
+        try:
+            rows = scaling_curve(cluster, ev, counts, fixed, limits=limits)
+        except ValueError as exc:
+            raise UserError(f"--curve {curve}: {exc}") from None
+        b6_rows = b6_curve(cluster, ev, counts, b=s.b, k=s.k, q_max=p.runtime.q_max)
+        typer.echo("| devices | search: layout | search: iteration (s) | B.6: layout | B.6: iteration (s) |")
+        typer.echo("|---|---|---|---|---|")
+        for (n, c, m), (_, c6, m6) in zip(rows, b6_rows, strict=True):
+            it6 = m6.get("runtime/summary/mean_iteration_time_s_excl_first", math.nan)
+            typer.echo(f"| {n} | {c.label()} | {m['planner/objective_s']:.3f} | {c6.label()} | {it6:.3f} |")
+        if plot is not None:
+            from asp.plots import save_figure
+            from asp.plots.planner import scaling_figure
+
+            save_figure(scaling_figure(rows, b6_rows, cluster=cluster), plot)
+            typer.echo(f"wrote {plot}", err=True)

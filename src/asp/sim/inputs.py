@@ -1,0 +1,84 @@
+"""Inputs and output of the simulator (`asp.sim.engine.simulate`): the realized lengths of the scheduled prompts
+(`Workload`), where the actors run (`Resources`) and what a simulation returns (`SimResult`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the policy generates for each scheduled prompt.
+
+    Attributes:
+        index: prompt id -> row of `lengths` / `prompt_tokens`.
+        lengths: (P, n) int response lengths of the n samples of each prompt (tokens).
+        prompt_tokens: (P,) int prompt lengths (tokens).
+        max_new_tokens: the response cap (samples at it count as truncated).
+    """
+
+    index: Mapping[Any, int]
+    lengths: np.ndarray
+    prompt_tokens: np.ndarray
+    max_new_tokens: int
+
+    @classmethod
+    def from_arrays(
+        cls, prompt_ids: Sequence[Any], lengths: np.ndarray, prompt_tokens: np.ndarray, max_new_tokens: int
+    ) -> Workload:
+        ids = list(prompt_ids)
+        lengths, prompt_tokens = np.asarray(lengths), np.asarray(prompt_tokens)
+        if lengths.ndim != 2 or lengths.shape[0] != len(ids) or np.shape(prompt_tokens) != (len(ids),):
+            raise ValueError(
+                f"workload needs lengths (P, n) and prompt_tokens (P,) for {len(ids)} prompts, got "
+                f"{lengths.shape} and {np.shape(prompt_tokens)}"
+            )
+        if lengths.size and (lengths.min() < 0 or prompt_tokens.min() < 0):
+            raise ValueError("workload lengths and prompt tokens must be >= 0")
+        return cls(
+            {p: i for i, p in enumerate(ids)}, np.asarray(lengths, np.int32), np.asarray(prompt_tokens), max_new_tokens
+        )
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Where the actors run.
+
+    Attributes:
+        cores: CPU cores the generation actors share (processor sharing); None = one device each (GPUs).
+        threads_per_actor: threads each actor decodes with (its demand on the shared cores).
+        report_latency_s: seconds from an actor finishing to the Control Unit ingesting the minibatch.
+    """
+
+    cores: float | None = None
+    threads_per_actor: int = 1
+    report_latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.cores is not None and not self.cores > 0:
+            raise ValueError(f"resources.cores must be > 0 or None, got {self.cores}")
+        if self.threads_per_actor < 1 or not self.report_latency_s >= 0:
+            raise ValueError("resources.threads_per_actor must be >= 1 and report_latency_s >= 0")
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What `simulate` returns (metric names as a real run's, plus ``sim/...``).
+
+    Attributes:
+        metrics: ``runtime/summary/...`` (Table 4(b) columns), ``sim/...`` (lag, d_off, duty cycle,
+            utilizations, events).
+        iterations: per-step metric dicts with their ``step``.
+        minibatches: one record per ingested minibatch.
+        events: processed simulation events.
+    """
+
+    metrics: dict[str, float]
+    iterations: list[dict[str, float]]
+    minibatches: list[dict[str, Any]]
+    events: int
