@@ -345,14 +345,13 @@ STAGE_TIMEOUTS_S = {
 class SimTrainingParams(_Params):
     """The Training Unit's times for the simulator when ``runtime.trainer: grpo`` (the simulated trainer's are
     ``runtime.trainer_step_s`` / ``refresh_delay_s``). `asp simulate fit-training` fits them from a launch's
-    ``outputs/launch/iterations.parquet``; the defaults are the demo launch's measured means (metrics/launch.json,
-    grpo/T_*_s)."""
+    ``outputs/launch/iterations.parquet``; the defaults are its fit of the demo's GRPO launch."""
 
-    step_base_s: Float = Field(1.64, ge=0, description="Seconds per trainer step, fixed part.")
-    step_per_token_s: Float = Field(0.0, ge=0, description="Seconds per generated token in the global batch.")
-    save_s: Float = Field(0.019, ge=0, description="T_save: snapshot export per step.")
+    step_base_s: Float = Field(0.604, ge=0, description="Seconds per trainer step, fixed part.")
+    step_per_token_s: Float = Field(8.4e-06, ge=0, description="Seconds per generated token in the global batch.")
+    save_s: Float = Field(0.0044, ge=0, description="T_save: snapshot export per step.")
     convert_s: Float = Field(0.0, ge=0, description="T_convert: snapshot conversion per step.")
-    load_s: Float = Field(0.011, ge=0, description="T_load: reload per actor, before its next minibatch.")
+    load_s: Float = Field(0.003, ge=0, description="T_load: reload per actor, before its next minibatch.")
 
 
 class PlanParams(_Params):

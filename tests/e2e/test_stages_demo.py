@@ -16,7 +16,7 @@ from scipy import stats
 
 from asp.config import validate_params
 from asp.errors import UserError
-from asp.pipeline import evaluate, launch, policy, predict, prepare, profile, schedule, train_predictor
+from asp.pipeline import evaluate, launch, policy, predict, prepare, profile, schedule, simulate, train_predictor
 from asp.pipeline.loaders import policy_model_path
 from asp.stage import run_stage
 from asp.tracking import NullTracker, open_tracker
@@ -87,6 +87,17 @@ def _paths(t: Path) -> dict[str, object]:
             plot=t / "p/sched.png",
             ablation_csv=t / "p/ablation.csv",
         ),
+        "simulate": simulate.Paths(
+            predictions=t / "predictions.parquet",
+            calibration=t / "cal.json",
+            samples=t / "profile/samples.parquet",
+            heldout=t / "prompts/heldout.parquet",
+            timings=t / "m/profile_timings.csv",
+            schedule=t / "schedule/schedule.parquet",
+            out_dir=t / "simulate",
+            metrics=t / "m/simulate.json",
+            plot=t / "p/simulate.png",
+        ),
         "launch": launch.Paths(
             policy=t / "policy",
             prompts=t / "prompts/train.parquet",
@@ -109,6 +120,7 @@ STAGES = {
     "evaluate": evaluate,
     "predict": predict,
     "schedule": schedule,
+    "simulate": simulate,
     "launch": launch,
 }
 
@@ -137,6 +149,8 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
     for f in ("p/profile.png", "p/curves.png", "p/sc.png", "p/sched.png", "pred/predictor.json"):
         assert (tmp_path / f).is_file(), f
     _check_launch(tmp_path, run_ids["launch"])
+    sim = json.loads((tmp_path / "m/simulate.json").read_text())  # the simulated launch of the same settings
+    assert sim["simulate/C4/mean_iteration_time_s"] > 0 and sim["simulate/gen_fit/minibatches"] == len(timings)
     assert MlflowClient().get_run(run_ids["profile"]).data.params["profile.n_samples"] == "2"
 
     # resume: a finished chunk is kept, a missing one is regenerated, a corrupt one is named

@@ -193,3 +193,22 @@ def test_cli_missing_inputs_exit_2(tmp_path: Path, project: Path) -> None:
     (tmp_path / "params.yaml").write_bytes((project / "params.yaml").read_bytes())
     res = _asp(["simulate"], tmp_path)
     assert res.returncode == 2 and "metrics/profile_timings.csv: missing" in res.stderr, res.stderr
+
+
+def test_plan_layout_prints_b6_and_search_and_writes_an_overlay(project: Path) -> None:
+    res = _asp(["plan", "layout", "--devices", "4", "--k", "3", "--out", "plan.yaml", "--curve", "2,4"], project)
+    assert res.returncode == 0, res.stderr
+    assert "| B.6 heuristic |" in res.stdout and "| search best |" in res.stdout
+    import yaml
+
+    overlay = yaml.safe_load((project / "plan.yaml").read_text())
+    runtime = overlay["runtime"]
+    assert runtime["generation_units"] * runtime["actors_per_unit"] + overlay["plan"]["tu_devices"] <= 4
+    assert overlay["schedule"] == {"b": 8, "k": 3}
+    applied = {k: overlay[k] for k in ("runtime", "schedule")}
+    assert validate_params(deep_merge(_params().model_dump(mode="json"), applied))
+
+
+def test_plan_layout_refuses_a_cluster_too_small(project: Path) -> None:
+    res = _asp(["plan", "layout", "--devices", "1"], project)
+    assert res.returncode == 2 and "simulate.plan.devices" in res.stderr and "Traceback" not in res.stderr

@@ -121,6 +121,7 @@ def layout(
     out: Annotated[Path | None, typer.Option(help="write the best layout as a params overlay (YAML)")] = None,
     curve: Annotated[str | None, typer.Option(help="device counts for an iteration-time curve, e.g. 4,8,16")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG of the curve (with --curve)")] = None,
+    max_candidates: Annotated[int, typer.Option(help="refuse larger grids (coarsen --q-max/--b/--k)")] = 2000,
 ) -> None:
     """Choose a layout by B.6 and by simulated search; print both side by side."""
     import yaml
@@ -142,7 +143,7 @@ def layout(
     limits = Limits(depth_batches=p.simulate.plan.max_depth_batches, policy_lag=None if lag is None else float(lag))
     try:
         b6 = b6_heuristic(cluster, ev, b=s.b, k=s.k, q_max=p.runtime.q_max)
-        ranked = search_layout(cluster, ev, grid, limits=limits)
+        ranked = search_layout(cluster, ev, grid, limits=limits, max_candidates=max_candidates)
     except ValueError as exc:
         raise UserError(f"cannot plan this cluster: {exc}") from None
     best, metrics = ranked[0]
@@ -166,7 +167,7 @@ def layout(
         counts = _ints(curve, (), "curve")
         fixed = Grid(q_max=(best.q_max,), b=(best.b,), k=(best.k,))  # the layout varies; queue and schedule fixed
         try:
-            rows = scaling_curve(cluster, ev, counts, fixed, limits=limits)
+            rows = scaling_curve(cluster, ev, counts, fixed, limits=limits, max_candidates=max_candidates)
         except ValueError as exc:
             raise UserError(f"--curve {curve}: {exc}") from None
         b6_rows = b6_curve(cluster, ev, counts, b=s.b, k=s.k, q_max=p.runtime.q_max)
