@@ -232,6 +232,32 @@ class GRPOParams(_Params):
     device: str = "cpu"
     autocast_dtype: Literal["bfloat16", "float16"] | None = Field(None, description="None (fp32) or autocast (GPU).")
     num_threads: Int | None = Field(1, ge=1, description="torch CPU threads in the Training Unit (None: default).")
+    world_size: Int = Field(
+        1, ge=1, description="Ranks of the Training Unit (one Ray actor each, one torch.distributed group, FSDP2)."
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: nccl on cuda, gloo on cpu.")
+    mixed_precision: Literal["none", "bfloat16"] = Field(
+        "none", description="FSDP2 policy: bfloat16 parameters in compute, fp32 master weights and gradient reduction."
+    )
+    activation_checkpointing: Bool = Field(False, description="Recompute each decoder layer's activations.")
+    cpu_offload: Bool = Field(
+        False, description="FSDP2 CPU offload: sharded parameters, gradients and AdamW state live in host memory."
+    )
+
+
+class TrainerMemoryParams(_Params):
+    """Fits-or-fails check of ``runtime`` before a run (``asp plan memory``, ``asp params check``)."""
+
+    check: Bool = Field(True, description="asp params check / launch refuse a layout whose estimate does not fit.")
+    device_gib: Float = Field(80.0, gt=0, description="Memory of one accelerator (GiB), e.g. 80 for an H100 80GB.")
+    reserve_gib: Float = Field(
+        3.0, ge=0, description="Per device, kept free: CUDA context, allocator fragmentation, NCCL buffers."
+    )
+    architecture: str | None = Field(
+        None,
+        description="null: the policy's own config.json (policy.path, or policy.demo when built); or a built-in "
+        "name (asp plan memory --list) for planning before the checkpoint is on disk.",
+    )
 
 
 class RuntimeParams(_Params):
@@ -242,6 +268,17 @@ class RuntimeParams(_Params):
     """
 
     condition: Literal["C0", "C1", "C2", "C3", "C4"] = Field("C4", description="Schedule condition (paper 5.3).")
+    mode: Literal["async", "sync"] = Field(
+        "async",
+        description="async: ASP (generation overlaps training, bounded lag); sync: generate one global batch with "
+        "all actors, train, reload every actor, repeat (the synchronous baseline, lag 0).",
+    )
+    placement: Literal["pack", "spread", "none"] = Field(
+        "pack",
+        description="Ray placement groups: one per Generation Unit (pack: its actors on one node when they fit) and "
+        "one for the Training Unit's ranks; none: plain resource requests.",
+    )
+    memory: TrainerMemoryParams = TrainerMemoryParams()
     trainer: Literal["simulated", "grpo"] = Field(
         "grpo", description="grpo: real GRPO updates; simulated: fixed step time (scheduling studies)."
     )

@@ -2,12 +2,13 @@
 
     asp repro [STAGE...] [--set K=V]   stages through DVC under one MLflow parent run (what `make run` calls)
     asp stage NAME              run one pipeline stage (what dvc.yaml calls; stages/NAME.py)
-    asp params check            validate params.yaml (optionally with a preset overlaid)
+    asp params check            validate params.yaml (optionally a preset, --set), check it fits in memory
     asp preset list|apply NAME  list presets in configs/ or write one over params.yaml
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline
     asp heldout-reward [--weights F]    demo reward of the policy (or trained weights) on new problems
     asp simulate [-c C4] [--set K=V]    the launch run predicted on a simulated clock (src/asp/cli/simulate.py)
     asp plan layout [--devices N]       GUs, actors, TU devices, q_max, b, k for a cluster (B.6 + simulated search)
+    asp plan memory [-c PRESET]         does it fit? GiB per trainer rank and per vLLM GPU (docs/memory.md)
     asp serve                   serve the Prefect flow (trigger stages from the Prefect UI)
     asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1, printing the URL to open (src/asp/cli/ui.py)
 
@@ -22,7 +23,7 @@ import os
 import runpy
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -33,6 +34,9 @@ from asp.cli.simulate import app as simulate_app
 from asp.cli.ui import app as ui_app
 from asp.env import set_offline_defaults, sigterm_as_interrupt
 from asp.errors import UserError
+
+if TYPE_CHECKING:
+    from asp.config import Params
 
 # Plain click help (no rich): rendering help through rich costs ~0.5 s of imports on every `asp --help`.
 PLAIN = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}
@@ -65,16 +69,43 @@ def stage(name: Annotated[str, typer.Argument(help="stage name in dvc.yaml, e.g.
 def params_check(
     params: ParamsOpt = Path("params.yaml"),
     preset: Annotated[str | None, typer.Option(help="preset name in configs/ to overlay")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="SECTION.KEY=VALUE override (repeatable)")] = None,
 ) -> None:
-    """Validate params (and a preset overlay); print the resolved sections."""
+    """Validate params (and a preset overlay); check the run fits in memory; print the resolved sections."""
     import yaml
 
-    from asp.config import load_params
+    from asp.cli.plan import load_params_with
 
+    resolved = load_params_with(params, preset, list(set_ or []))
+    memory = _memory_check(resolved)
     overlay = _preset_path(preset) if preset else None
-    resolved = load_params(params, overlay)
     typer.echo(f"{params}{' + ' + str(overlay) if overlay else ''}: OK")
     typer.echo(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False))
+    if memory:
+        typer.echo(memory)
+
+
+def _memory_check(params: Params) -> str:
+    """`runtime.memory.check` with the grpo trainer: `UserError` on a misfit, else a one-line summary (or why the
+    check was skipped, or that a CPU trainer is not checked)."""
+    from asp.pipeline.memory_check import enforce, skip_note
+    from asp.sim.memory import gib
+
+    rt = params.runtime
+    if not rt.memory.check or rt.trainer != "grpo":
+        return ""
+    report = enforce(params)
+    if report is None:
+        return skip_note(params)
+    parts = []
+    if report.trainer is not None:
+        t = report.trainer
+        parts.append(f"trainer rank {gib(t.device_total)} of {gib(t.capacity)} GiB")
+    if report.generation is not None:
+        g = report.generation
+        parts.append(f"vLLM {g.sequences} sequences of {g.max_seq_len} tokens per instance")
+    line = f"memory ({report.source}): " + ", ".join(parts) + " (asp plan memory prints the table)"
+    return "\n".join([line, *(f"note: {n}" for n in report.notes)])
 
 
 def _preset_path(name: str) -> Path:

@@ -10,6 +10,16 @@ the simulated trainer), samples the realized lengths of the predicted prompts, a
 simulating `runtime:` with it (one device per actor; the TU's step time scaled by Amdahl's law from its
 minimum size). Prints the B.6 choice and the search's best with their predicted iteration time and bottleneck;
 `--out` writes the best layout as a params overlay (`asp preset apply`-style YAML). Bad input exits 2.
+
+`asp plan memory`: does the run fit in memory? GiB per component on one trainer rank (FSDP2 shards, gathered
+layers, activations, logits, reference model, reserve; host bytes with CPU offload) and on one vLLM GPU (weights,
+allowance, KV cache, max-length sequences that fit); exits 2 with the numbers and what to change when it does not
+fit (formulas: src/asp/sim/memory.py, docs/memory.md).
+
+    asp plan memory                                        # params.yaml (the CPU demo: estimate only)
+    asp plan memory -c gpu-cluster                         # the preset overlaid on params.yaml
+    asp plan memory -c gpu-cluster --set runtime.grpo.world_size=1 --set runtime.grpo.mixed_precision=none
+    asp plan memory --list                                 # built-in architectures (runtime.memory.architecture)
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import typer
 from asp.errors import UserError
 
 app = typer.Typer(
-    help="Plan a cluster layout from simulated runs (paper appendix B.6).",
+    help="Plan a cluster layout from simulated runs (paper appendix B.6) and check that it fits in memory.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -66,17 +76,23 @@ def build(params: Any) -> tuple[Any, Any]:
 
     from asp.io import read_json
     from asp.pipeline import simulate as stage
+    from asp.pipeline.memory_check import min_trainer_devices
     from asp.predictor.calibration import CalibrationMap
     from asp.runtime.config import RuntimeConfig
     from asp.sim.evaluate import make_evaluator
     from asp.sim.planner import Cluster
 
     plan = params.simulate.plan
+    tu_min = plan.tu_min_devices
+    fitted = min_trainer_devices(params)
+    if fitted is not None and fitted[0] > tu_min:
+        tu_min = fitted[0]
+        typer.echo(f"TU minimum {tu_min} devices (simulate.plan.tu_min_devices {plan.tu_min_devices}): {fitted[1]}")
     try:
         cluster = Cluster(
             devices=plan.devices,
             devices_per_actor=plan.devices_per_actor,
-            tu_min_devices=plan.tu_min_devices,
+            tu_min_devices=tu_min,
             tu_serial_fraction=plan.tu_serial_fraction,
             devices_per_node=plan.devices_per_node,
         )
@@ -182,3 +198,56 @@ def layout(
 
             save_figure(scaling_figure(rows, b6_rows, cluster=cluster), plot)
             typer.echo(f"wrote {plot}", err=True)
+
+
+def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> Any:
+    """params.yaml with a preset in configs/ overlaid, then `--set` overrides, validated."""
+    from asp.config import deep_merge, read_yaml, validate_params
+    from asp.orchestration.request import parse_set_args, preset_path, set_dotted
+
+    raw, source = read_yaml(params), str(params)
+    if preset:
+        path = preset_path(preset)
+        raw, source = deep_merge(raw, read_yaml(path)), f"{source} + {path}"
+    values = parse_set_args(overrides)
+    if values:
+        raw = set_dotted(raw, values)
+        source += "".join(f" + {k}={v}" for k, v in values.items())
+    return validate_params(raw, source)
+
+
+def _list_architectures() -> None:
+    from asp.sim.memory import BUILTIN
+
+    typer.echo("| name | parameters | vocab | hidden | layers | heads / kv heads | intermediate | tied |")
+    typer.echo("|---|---|---|---|---|---|---|---|")
+    for name, a in BUILTIN.items():
+        typer.echo(
+            f"| {name} | {a.num_params / 1e9:.2f}B | {a.vocab_size} | {a.hidden_size} | {a.num_layers} | "
+            f"{a.num_heads} / {a.num_kv_heads} | {a.intermediate_size} | {a.tie_word_embeddings} |"
+        )
+
+
+@app.command("memory")
+def memory(
+    params: Annotated[Path, typer.Option("--params", "-p", help="params file")] = Path("params.yaml"),
+    preset: Annotated[str | None, typer.Option("--preset", "-c", help="preset name in configs/ to overlay")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="SECTION.KEY=VALUE override (repeatable)")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="list the built-in architectures and exit")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON (bytes)")] = False,
+) -> None:
+    """Estimate trainer and vLLM memory per device; exit 2 with what to change when the layout does not fit."""
+    import json
+
+    from asp.pipeline.memory_check import format_report, memory_report, report_dict, skip_note
+
+    if list_:
+        _list_architectures()
+        return
+    p = load_params_with(params, preset, list(set_ or []))
+    report = memory_report(p)
+    if report is None:
+        raise UserError(skip_note(p).replace("memory check skipped", "cannot estimate memory"))
+    typer.echo(json.dumps(report_dict(report), indent=2) if as_json else format_report(report))
+    if report.problems:
+        raise UserError("the layout does not fit in memory:\n" + "\n".join(report.problems))

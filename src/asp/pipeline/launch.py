@@ -419,6 +419,10 @@ def heldout_metrics(
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Run the asynchronous RL loop over the schedule; write the run summary, metrics and plot."""
+    if params.runtime.trainer == "grpo":  # fits-or-fails before any worker starts (runtime.memory, docs/memory.md)
+        from asp.pipeline.memory_check import enforce
+
+        enforce(params)
     runtime, seed = params.runtime, params.common.seed
     prompts, prompts_by_id = load_prompts(paths.prompts)
     point = resume_point(params, paths)
