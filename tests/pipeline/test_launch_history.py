@@ -30,9 +30,12 @@ def test_checkpoint_key_ignores_operational_grpo_settings() -> None:
     def key(**grpo: object) -> dict:
         return fingerprint_extra(make_params({"runtime": {"trainer": "grpo", "grpo": grpo}}).runtime)
 
-    assert key(micro_batch_tokens=1024, num_threads=2) == key()
-    assert key(lr=1e-3) != key()
-    assert fingerprint_extra(make_params({"runtime": {"trainer": "simulated"}}).runtime) == {"trainer": "simulated"}
+    assert key(micro_batch_tokens=1024, num_threads=2, world_size=2) == key()  # DCP reshards across world sizes
+    assert key(lr=1e-3) != key() and key(mixed_precision="bfloat16") != key()
+    simulated = fingerprint_extra(make_params({"runtime": {"trainer": "simulated"}}).runtime)
+    assert simulated == {"trainer": "simulated", "mode": "async"}
+    sync = fingerprint_extra(make_params({"runtime": {"trainer": "simulated", "mode": "sync"}}).runtime)
+    assert sync != simulated  # an async run is not resumed in sync mode
 
 
 def test_grpo_summary_first_last_fifth_lag_and_timings() -> None:

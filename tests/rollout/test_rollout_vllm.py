@@ -171,6 +171,8 @@ def test_llm_kwargs_builds_engine_arguments(tmp_path):
     assert kw["max_model_len"] == 4096 and kw["logprobs_mode"] == "processed_logprobs"
     assert kw["worker_extension_cls"] == WORKER_EXTENSION and kw["trust_remote_code"] is False
     assert (kw["seed"], kw["enforce_eager"]) == (0, False)
+    assert kw["distributed_executor_backend"] == "mp"  # tp ranks as local processes, also in a placement group
+    assert "distributed_executor_backend" not in llm_kwargs(tmp_path, VLLMOptions())
     assert "max_model_len" not in llm_kwargs(tmp_path, VLLMOptions())  # None: the model's own context length
     raw = llm_kwargs(tmp_path, VLLMOptions(seed=3, logprobs_mode="raw_logprobs", enforce_eager=True))
     assert (raw["seed"], raw["logprobs_mode"], raw["enforce_eager"]) == (3, "raw_logprobs", True)

@@ -59,6 +59,10 @@ GRPO_OPERATIONAL = (
     "keep_snapshots",
     "keep_checkpoints",
     "max_nan_steps",
+    "world_size",  # a sharded (DCP) checkpoint loads on another number of ranks
+    "backend",
+    "activation_checkpointing",
+    "cpu_offload",
 )
 
 
@@ -121,11 +125,11 @@ def load_plan(params: Params, paths: Paths) -> Any:
 
 
 def fingerprint_extra(runtime: RuntimeParams) -> dict[str, Any]:
-    """What a runtime checkpoint must match besides the plan: the trainer and its learning settings."""
+    """What a runtime checkpoint must match besides the plan: the mode, the trainer and its learning settings."""
     if runtime.trainer != "grpo":
-        return {"trainer": runtime.trainer}
+        return {"trainer": runtime.trainer, "mode": runtime.mode}
     grpo = {k: v for k, v in runtime.grpo.model_dump().items() if k not in GRPO_OPERATIONAL}
-    return {"trainer": "grpo", "grpo": grpo}
+    return {"trainer": "grpo", "mode": runtime.mode, "grpo": grpo}
 
 
 @dataclass(frozen=True)

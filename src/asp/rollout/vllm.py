@@ -152,6 +152,11 @@ def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:
     }
     if options.max_model_len is not None:
         kwargs["max_model_len"] = options.max_model_len
+    if options.tensor_parallel_size > 1:
+        # Inside a Ray placement group (runtime.placement) vLLM would pick its Ray executor and look for one GPU
+        # bundle per rank in the actor's group; the generation actor already holds its tensor_parallel_size GPUs
+        # in one bundle, so its ranks run as local processes on those GPUs, as without a placement group.
+        kwargs["distributed_executor_backend"] = "mp"
     return kwargs
 
 

@@ -12,6 +12,11 @@ directly) and the only place that logs:
 * **Training** hands one global batch at a time to the Training Unit actor; each finished step produces
   the iteration's metric dict, marks its prompts trained, and is checkpointed every interval.
 
+**Synchronous mode** (``runtime.mode: sync``, the baseline of the paper's Table 3): rounds of single minibatches
+(`asp.runtime.sender.plan_round`) up to one global batch, none while a step trains; once the whole round is back
+the trainer takes the whole queue (lag 0), and the snapshot reaches every GU before the next round. No
+backpressure. Details: docs/runtime.md.
+
 **Logging once per step.** A resumed run trains the steps after its last checkpoint again, so the iteration
 metrics are held back until the checkpoint that covers them is written (and at the end of a finished run) and
 only then go to the logger, in step order: steps a resume repeats were never logged, and every step reaches
@@ -21,6 +26,7 @@ the tracker exactly once. Without a checkpointer (nothing can resume) each step 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -34,10 +40,12 @@ from asp.rl.lag import policy_lags
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.database import Database
-from asp.runtime.messages import GUReport, MinibatchOutput, StepResult
-from asp.runtime.metrics import Window, iteration_metrics, summary_metrics
+from asp.runtime.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate, WorkItem
+from asp.runtime.metrics import Window, comparison_summary, iteration_metrics, minibatch_record, summary_metrics
 from asp.runtime.queue import Backpressure, TrainingQueue
-from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch
+from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
+
+log = logging.getLogger(__name__)
 
 
 class RuntimeFailure(RuntimeError):
@@ -65,8 +73,9 @@ class RunSummary:
         metrics: summary metrics (``runtime/summary/...``; Table 4(b) columns first).
         iterations: per-iteration metric dicts of this session, each with its ``step``.
         minibatches: one record per ingested minibatch (provenance, timing, padding, depth at arrival).
-        events: (seconds since start, "send" | "recv" | "fail" | "dup" | "pause" | "resume", gu, actor, task_id,
-            attempt); -1 where it does not apply.
+        events: (seconds since start, "send" | "recv" | "fail" | "dup" | "pause" | "resume" | "train" | "trained",
+            gu, actor, task_id, attempt); -1 where it does not apply; "train" (batch handed to the trainer) and
+            "trained" (step finished) carry the trainer step in place of the task id.
         trainer_step, policy_version: position at the end.
         resumed_from_step: trainer step the session started from (0 for a fresh run).
         resume_reason: why it resumed or started fresh.
@@ -127,6 +136,10 @@ class ControlUnit:
         self.reload_failures = 0  # minibatches whose actor could not load the offered snapshot
         self.last_step_end: float | None = None
         self.unlogged: list[tuple[int, dict[str, float]]] = []  # (step, metrics) awaiting the next checkpoint
+        self.sync = cfg.mode == "sync"
+        self.warned_unpublished = False
+        self.round_prompts = 0  # sync: new prompts issued in the current round
+        self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, float("nan")  # over every trained prompt
 
     # ---- loop ------------------------------------------------------------------------------------------
     def finished(self) -> bool:
@@ -170,17 +183,38 @@ class ControlUnit:
         return self.config.gu_queue_target + len(g.alive)
 
     def _dispatch(self) -> None:
+        if self.sync:
+            self._dispatch_round()
+            return
         if self.bp.paused:
             return
         live = [g for g in self.gus if not g.dead]
         loads = [GULoad(g.index, g.outstanding, self._target(g)) for g in live]
         batches = plan_dispatch(self.db, loads)
+        self._submit(live, loads, batches)
+
+    def _dispatch_round(self) -> None:
+        """Sync mode: fill the current round (and re-issue its failures), never while a step trains."""
+        if self.inflight is not None:
+            return
+        live = [g for g in self.gus if not g.dead]
+        loads = [GULoad(g.index, g.outstanding, len(g.alive)) for g in live]
+        batches, issued = plan_round(self.db, loads, self.config.global_batch_prompts - self.round_prompts)
+        self.round_prompts += issued
+        self._submit(live, loads, batches)
+
+    def _submit(self, live: list[GUState], loads: list[GULoad], batches: dict[int, list[WorkItem]]) -> None:
         for g, load in zip(live, loads, strict=True):
             g.outstanding = load.outstanding
         now = time.time() - self.t0
         for index, items in batches.items():
             self.gus[index].handle.submit.remote(items)
             self.events.extend((now, "send", index, -1, it.task_id, it.attempt) for it in items)
+
+    def _update_backpressure(self) -> None:
+        """Feed the queue depth to backpressure (async mode only; a sync round is bounded by itself)."""
+        if not self.sync and self.bp.update(self.tq.depth):
+            self._set_paused()
 
     def _set_paused(self) -> None:
         kind = "pause" if self.bp.paused else "resume"
@@ -229,9 +263,8 @@ class ControlUnit:
         self.tokens += out.total_tokens
         self.reload_failures += bool(out.reload_error)
         self.events.append((now - self.t0, "recv", out.gu, out.actor, out.task_id, out.attempt))
-        self.records.append(_record(out, now - self.t0, depth_batches, self.t0))
-        if self.bp.update(self.tq.depth):
-            self._set_paused()
+        self.records.append(minibatch_record(out, now - self.t0, depth_batches, self.t0))
+        self._update_backpressure()
 
     def _gu_lost(self, g: GUState, reason: str) -> None:
         g.dead = True
@@ -253,25 +286,34 @@ class ControlUnit:
         )
         self.stale_dropped += dropped
         self.stale_regenerated += regenerated
-        if self.bp.update(self.tq.depth):
-            self._set_paused()
+        self._update_backpressure()
 
     def _maybe_train(self) -> None:
         if self.inflight is not None or self.finished():
             return
         self._evict_stale()
-        if self.tq.ready():
-            limit = None
-        elif self.tq.depth and self.db.exhausted:
-            limit = self.tq.depth  # the last, short batch of a single pass
-        else:
+        take = self._round_take() if self.sync else self._async_take()
+        if take <= 0:
             return
-        batch, consumed = self.tq.take(self.step + 1, time.time(), limit)
-
+        now = time.time()
+        batch, consumed = self.tq.take(self.step + 1, now, take)
         lags = policy_lags(self.version, batch.versions)
         self.inflight = _Inflight(self.trainer.step.remote(batch), consumed, lags)
-        if self.bp.update(self.tq.depth):
-            self._set_paused()
+        self.events.append((now - self.t0, "train", -1, -1, self.step + 1, -1))
+        self._update_backpressure()
+
+    def _async_take(self) -> int:
+        """Prompts the next step takes: a global batch once queued, the short rest at the end of a pass, else 0."""
+        if self.tq.ready():
+            return self.config.global_batch_prompts
+        return self.tq.depth if self.db.exhausted else 0  # the last, short batch of a single pass
+
+    def _round_take(self) -> int:
+        """Sync mode: the whole queue once the round is complete (all of it from the current policy), else 0."""
+        if not round_complete(self.db, self.round_prompts, self.config.global_batch_prompts):
+            return 0
+        self.round_prompts = 0  # the next round is issued once this step has finished
+        return self.tq.depth
 
     def _step_result(self, ref: Any) -> StepResult:
         """The finished step, or `RuntimeFailure` naming the trainer's own error (e.g. NaN losses in a row)."""
@@ -288,12 +330,13 @@ class ControlUnit:
         for task_id, count in inflight.consumed:
             self.db.mark_consumed(task_id, count)
             self.prompts_trained += count
+        self._warn_unpublished(result)
         self.step, self.version, self.trainer_state = result.step, result.version, dict(result.state)
         if result.weights is not None:
-            for g in self.gus:
-                if not g.dead:
-                    g.handle.set_weights.remote(result.weights)
+            self._publish(result.weights)
         end = self.last_progress = self.last_step_end = time.time()
+        self.events.append((end - self.t0, "trained", -1, -1, self.step, -1))
+        self._count_lags(inflight.lags)
         metrics = iteration_metrics(
             self.window,
             end,
@@ -319,6 +362,31 @@ class ControlUnit:
             self.save_checkpoint()
         if self.on_iteration is not None:
             self.on_iteration(self, metrics)
+
+    def _publish(self, update: WeightUpdate) -> None:
+        """Announce a snapshot to every live GU; in sync mode wait until they hold it, so that the next round's
+        minibatches (issued right after) are decoded with it."""
+        refs = [g.handle.set_weights.remote(update) for g in self.gus if not g.dead]
+        if self.sync:
+            for ref in refs:
+                with contextlib.suppress(ray.exceptions.RayActorError):  # a dead GU is handled by its collect
+                    ray.get(ref)
+
+    def _warn_unpublished(self, result: StepResult) -> None:
+        """Sync mode expects a snapshot after every update (lag 0); say so once when the trainer skips one."""
+        if self.sync and result.weights is None and result.version != self.version and not self.warned_unpublished:
+            self.warned_unpublished = True
+            log.warning(
+                "runtime.mode sync: step %d changed the policy without publishing weights (snapshot_interval > 1?); "
+                "the next round is generated by an older policy, so its lag is not 0",
+                result.step,
+            )
+
+    def _count_lags(self, lags: np.ndarray) -> None:
+        if lags.size:
+            self.lag_sum += float(lags.sum())
+            self.lag_count += int(lags.size)
+            self.lag_max = float(np.nanmax([self.lag_max, float(lags.max())]))
 
     def save_checkpoint(self) -> None:
         """Write the position reached (only trained prompts count as done), then log the steps it covers."""
@@ -370,6 +438,14 @@ class ControlUnit:
                 "runtime/pauses": float(self.bp.pauses),
                 "runtime/dead_actors": float(self.dead_actors),
                 **self._lag_counters(),
+                **comparison_summary(
+                    self.records,
+                    [it["runtime/train_step_s"] for it in self.iterations],
+                    (self.lag_sum, self.lag_count, self.lag_max),
+                    actors=len(self.by_actor),
+                    wall_s=wall,
+                    sync=self.sync,
+                ),
             }
         )
         metrics = {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}
@@ -385,24 +461,3 @@ class ControlUnit:
             finished=self.finished(),
             checkpoint_path=str(self.checkpointer.path) if self.checkpointer else None,
         )
-
-
-def _record(out: MinibatchOutput, arrival: float, depth_batches: float, t0: float) -> dict[str, Any]:
-    return {
-        "task_id": out.task_id,
-        "minibatch_id": out.minibatch_id,
-        "attempt": out.attempt,
-        "gu": out.gu,
-        "actor": out.actor,
-        "policy_version": out.policy_version,
-        "prompts": out.num_prompts,
-        "tokens": out.total_tokens,
-        "max_length": int(out.lengths.max(initial=0)),
-        "padding_rate": out.padding_rate,
-        "gen_start_s": out.gen_start - t0,
-        "gen_s": out.gen_s,
-        "reload_s": out.reload_s,
-        "reload_error": out.reload_error,
-        "arrival_s": arrival,
-        "depth_at_arrival_batches": depth_batches,
-    }

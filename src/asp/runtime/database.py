@@ -9,9 +9,10 @@ Each unit of work is a *task*: one scheduled minibatch in one pass (epoch) over 
                                       `--(max_attempts used)--> given up: the run stops with the last error
 
 `next_unit` hands out dispatch units: a failed task alone (retries first), else the rest of the head
-batch group. Trained prompts are counted per task (`mark_consumed`); the checkpoint `state()` keeps only
-those counts, so on `restore` every task that was not fully trained is pending again with its trained
-prompts cut off: nothing is trained twice or lost across a restart. Pure Python, no Ray.
+batch group; the synchronous mode takes retries (`next_retry`) and single tasks (`next_task`) instead.
+Trained prompts are counted per task (`mark_consumed`); the checkpoint `state()` keeps only those counts, so
+on `restore` every task that was not fully trained is pending again with its trained prompts cut off: nothing
+is trained twice or lost across a restart. Pure Python, no Ray.
 """
 
 from __future__ import annotations
@@ -119,10 +120,9 @@ class Database:
 
         A failed task is re-issued alone (attempt + 1); otherwise the pending tasks of the head batch group.
         """
-        if self.retry:
-            task = self.tasks[self.retry.popleft()]
-            task.attempt += 1
-            return [self._issue(task, gu)]
+        retry = self.next_retry(gu)
+        if retry is not None:
+            return [retry]
         if not self.pending and not self._add_epoch():
             return []
         key = self._group_key(self.pending[0])
@@ -130,6 +130,21 @@ class Database:
         while self.pending and self._group_key(self.pending[0]) == key:
             unit.append(self._issue(self.tasks[self.pending.popleft()], gu))
         return unit
+
+    def next_retry(self, gu: int) -> WorkItem | None:
+        """Re-issue the oldest failed task to generation unit `gu` (attempt + 1); None when none is waiting."""
+        if not self.retry:
+            return None
+        task = self.tasks[self.retry.popleft()]
+        task.attempt += 1
+        return self._issue(task, gu)
+
+    def next_task(self, gu: int) -> WorkItem | None:
+        """Issue the next pending task alone, in dispatch order (no retries; the synchronous mode's per-minibatch
+        path, which must not overshoot a round by a whole batch group). None when no new task is left."""
+        if not self.pending and not self._add_epoch():
+            return None
+        return self._issue(self.tasks[self.pending.popleft()], gu)
 
     def _issue(self, task: Task, gu: int) -> WorkItem:
         task.state, task.gu = TaskState.ISSUED, gu
@@ -193,6 +208,11 @@ class Database:
     def has_work(self) -> bool:
         """True while some task is pending, failed (awaiting retry) or could still be created."""
         return bool(self.pending or self.retry) or self.epochs is None or self.epochs_created < self.epochs
+
+    @property
+    def has_new_work(self) -> bool:
+        """True while a task was never issued: pending, or in an epoch not created yet."""
+        return bool(self.pending) or self.epochs is None or self.epochs_created < self.epochs
 
     @property
     def exhausted(self) -> bool:

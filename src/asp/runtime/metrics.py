@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,17 @@ def busy_fraction(intervals: Sequence[tuple[float, float]], t0: float, t1: float
         return 0.0
     covered = sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in intervals)
     return min(1.0, covered / (t1 - t0))
+
+
+def generation_utilization(gen_times: Sequence[float], actors: int, wall_s: float) -> float:
+    """Fraction of the wall time the generation actors spent decoding: sum of gen_s / (actors * wall_s), in [0, 1].
+
+    Reloads and waiting for work (or for the trainer) count as idle. Example: 2 actors over a 10 s run that
+    decoded minibatches of 3, 4 and 5 s -> 12 / 20 = 0.6. NaN without actors or time.
+    """
+    if actors <= 0 or wall_s <= 0:
+        return float("nan")
+    return min(1.0, float(np.sum(gen_times)) / (actors * wall_s))
 
 
 def time_weighted_stats(trace: Sequence[tuple[float, float]], end: float) -> tuple[float, float]:
@@ -191,6 +203,65 @@ def summary_metrics(
         "runtime/tokens_per_s": tokens / wall_s if wall_s > 0 else nan,
         "runtime/iterations": float(times.size),
         "runtime/wall_s": wall_s,
+    }
+
+
+def comparison_summary(
+    records: Sequence[dict[str, Any]],
+    step_times: Sequence[float],
+    lags: tuple[float, int, float],
+    *,
+    actors: int,
+    wall_s: float,
+    sync: bool,
+) -> dict[str, float]:
+    """What a sync-vs-async comparison needs besides Table 4(b).
+
+    Args:
+        records: the run's minibatch records (`minibatch_record`: ``gen_s``, ``reload_s``).
+        step_times: trainer step durations (s).
+        lags: (sum, count, max) of the policy lag over every trained prompt.
+        actors: generation actors of the run.
+        wall_s: seconds from the run start to the last step.
+        sync: whether the run was synchronous (``runtime.mode: sync``).
+
+    Returns:
+        ``runtime/generation_utilization`` (see `generation_utilization`), ``policy_lag_mean|max``,
+        ``train_step_mean_s``, ``reload_time_mean_s`` (over the minibatches that reloaded first), ``reloads``,
+        ``mode_sync`` (0 / 1).
+    """
+    reloads = [r["reload_s"] for r in records if r["reload_s"] > 0]
+    total, count, most = lags
+    return {
+        "runtime/generation_utilization": generation_utilization([r["gen_s"] for r in records], actors, wall_s),
+        "runtime/policy_lag_mean": total / count if count else float("nan"),
+        "runtime/policy_lag_max": most,
+        "runtime/train_step_mean_s": _mean(step_times),
+        "runtime/reload_time_mean_s": _mean(reloads),
+        "runtime/reloads": float(len(reloads)),
+        "runtime/mode_sync": float(sync),
+    }
+
+
+def minibatch_record(out: MinibatchOutput, arrival: float, depth_batches: float, t0: float) -> dict[str, Any]:
+    """One ingested minibatch as a flat dict (`RunSummary.minibatches`); times in seconds since `t0`."""
+    return {
+        "task_id": out.task_id,
+        "minibatch_id": out.minibatch_id,
+        "attempt": out.attempt,
+        "gu": out.gu,
+        "actor": out.actor,
+        "policy_version": out.policy_version,
+        "prompts": out.num_prompts,
+        "tokens": out.total_tokens,
+        "max_length": int(out.lengths.max(initial=0)),
+        "padding_rate": out.padding_rate,
+        "gen_start_s": out.gen_start - t0,
+        "gen_s": out.gen_s,
+        "reload_s": out.reload_s,
+        "reload_error": out.reload_error,
+        "arrival_s": arrival,
+        "depth_at_arrival_batches": depth_batches,
     }
 
 

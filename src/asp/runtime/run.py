@@ -2,7 +2,8 @@
 
 Everything that can be checked is checked before any actor starts (`UserError`): the schedule against the
 prompt set, the config (q_max >= one global batch, ...), the engine's model directory, the Ray resources
-the actors need, and finally that every engine actually loaded (its error is reported verbatim).
+the actors need, that the units' placement groups (`asp.runtime.placement`, ``runtime.placement``) can be
+placed, and finally that every engine actually loaded (its error is reported verbatim).
 `ray_session` owns `ray.init` / `ray.shutdown` only when it started Ray (dashboard off, every server on
 127.0.0.1), so tests and callers can share a cluster; actors are always killed on exit, Ctrl-C or SIGTERM.
 A resumed run continues from the newest runtime position whose trainer checkpoint is intact
@@ -28,8 +29,9 @@ from asp.runtime.database import Database
 from asp.runtime.engines import EngineSpec
 from asp.runtime.generation import GenerationActor, GenerationUnit
 from asp.runtime.messages import SamplingParams
+from asp.runtime.placement import Placement, create_placement, trainer_ranks
 from asp.runtime.plan import as_plan, check_prompts
-from asp.runtime.trainer import TrainingUnit
+from asp.runtime.trainer import build_training_unit, rank_handles
 
 log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
@@ -120,6 +122,7 @@ def check_resources(config: RuntimeConfig) -> None:
         ("CPU", config.actor_num_cpus, config.trainer_num_cpus, "ray_num_cpus"),
         ("GPU", config.actor_num_gpus, config.trainer_num_gpus, "ray_num_gpus"),
     ):
+        trainer = trainer * trainer_ranks(config)
         need = config.total_actors * per_actor + trainer
         have = available.get(kind, 0.0)
         if need > have + 1e-9:
@@ -133,19 +136,24 @@ def check_resources(config: RuntimeConfig) -> None:
 
 def build_runtime(
     config: RuntimeConfig, engine_factory: Callable[[], Any], trainer_factory: Callable[[], Any]
-) -> tuple[list[GUState], dict[int, Any], Any]:
-    """Start the generation actors, Generation Units and Training Unit; wait until every engine loaded.
+) -> tuple[list[GUState], dict[int, Any], Any, Placement]:
+    """Place the units (`asp.runtime.placement`), start the generation actors, Generation Units and Training
+    Unit; wait until every engine loaded.
 
     Returns:
-        (GU states, actor index -> handle, Training Unit handle). On any error all are killed.
+        (GU states, actor index -> handle, Training Unit handle, the `Placement`; pass it to `teardown`).
+        On any error all actors are killed and the placement groups removed.
 
     Raises:
-        UserError: an engine or the trainer failed to build (message includes its error).
+        UserError: a placement group could not be placed, or an engine or the trainer failed to build (message
+            includes its error).
     """
     import ray
 
     sampling = SamplingParams(config.n_samples, config.max_new_tokens, config.temperature, config.top_p)
-    actor_cls = ray.remote(GenerationActor).options(
+    placement = create_placement(config, trainer_ranks(config, trainer_factory))
+    actor_cls = ray.remote(GenerationActor)
+    actor_options = dict(
         num_cpus=config.actor_num_cpus,
         num_gpus=config.actor_num_gpus,
         max_restarts=config.actor_max_restarts,
@@ -156,12 +164,9 @@ def build_runtime(
     for g in range(config.generation_units):
         for i in range(config.actors_per_unit):
             a = g * config.actors_per_unit + i
-            handles[a], owner[a] = actor_cls.remote(g, a, engine_factory, sampling), g
-    trainer = (
-        ray.remote(TrainingUnit)
-        .options(num_cpus=config.trainer_num_cpus, num_gpus=config.trainer_num_gpus)
-        .remote(trainer_factory)
-    )
+            options = actor_options | placement.actor_options(g, i)
+            handles[a], owner[a] = actor_cls.options(**options).remote(g, a, engine_factory, sampling), g
+    trainer, _ = build_training_unit(config, trainer_factory, placement)  # rank 0 leads; all ranks: rank_handles
     units: list[Any] = []
     try:
         _wait_ready(handles, owner, trainer, config.stall_timeout_s)
@@ -169,18 +174,18 @@ def build_runtime(
             ids = [a for a in handles if owner[a] == g]
             units.append(
                 ray.remote(GenerationUnit)
-                .options(num_cpus=0)
+                .options(num_cpus=0, **placement.unit_options(g))
                 .remote(g, [handles[a] for a in ids], ids, config.coalesce_below_s, config.max_chunk)
             )
         ray.get([u.start.remote() for u in units])
     except BaseException:
-        teardown(units, handles, trainer)
+        teardown(units, handles, trainer, placement)
         raise
     gus = [
         GUState(g, u, [a for a in handles if owner[a] == g], {a for a in handles if owner[a] == g})
         for g, u in enumerate(units)
     ]
-    return gus, handles, trainer
+    return gus, handles, trainer, placement
 
 
 def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, timeout_s: float) -> None:
@@ -207,13 +212,15 @@ def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, ti
             raise UserError(f"{what}: {error}. Check the engine / trainer kind, model path and options.")
 
 
-def teardown(units: list[Any], handles: Mapping[int, Any], trainer: Any) -> None:
-    """Kill the runtime's actors (no restarts)."""
+def teardown(units: list[Any], handles: Mapping[int, Any], trainer: Any, placement: Placement | None = None) -> None:
+    """Kill the runtime's actors (no restarts), then remove its placement groups (when given)."""
     import ray
 
-    for handle in [*units, *handles.values(), trainer]:
+    for handle in [*units, *handles.values(), *rank_handles(trainer)]:
         with contextlib.suppress(Exception):
             ray.kill(handle, no_restart=True)
+    if placement is not None:
+        placement.remove()
 
 
 def make_checkpointer(
@@ -287,14 +294,14 @@ def run_async(
                 log.warning("not resuming from %s: %s; starting fresh", checkpointer.path, reason)
     with ray_session(config), _sigterm_as_interrupt():  # after ray.init, which installs its own handler
         check_resources(config)
-        gus, handles, trainer = build_runtime(config, engine_factory, trainer_factory)
+        gus, handles, trainer, placement = build_runtime(config, engine_factory, trainer_factory)
         try:
             cu = ControlUnit(config, db, gus, trainer, logger, checkpointer, on_iteration, actor_handles=handles)
             if state is not None:
                 _restore(cu, trainer, state)
             summary = cu.run()
         finally:
-            teardown([g.handle for g in gus], handles, trainer)
+            teardown([g.handle for g in gus], handles, trainer, placement)
     summary.resume_reason = reason
     if logger is not None:
         logger.log_metrics(summary.metrics, step=summary.trainer_step)

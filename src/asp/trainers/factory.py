@@ -59,12 +59,19 @@ def make_trainer_factory(
         total_steps: steps of the run when `config.iterations` is None (one pass), for LR decay.
 
     Raises:
-        UserError: unknown kind, bad grpo params, missing policy / prompts / answers, unknown reward.
+        UserError: unknown kind, bad grpo params, missing policy / prompts / answers, unknown reward, several
+            ranks (``grpo.world_size`` > 1) with the simulated trainer.
     """
 
     from asp.errors import UserError
 
     if kind == "simulated":
+        ranks = max(getattr(g, "world_size", 1) for g in (grpo, getattr(config, "grpo", None)))
+        if ranks > 1:
+            raise UserError(
+                f"runtime.grpo.world_size = {ranks} but runtime.trainer = 'simulated' runs on one rank; set "
+                "runtime.grpo.world_size: 1 or use runtime.trainer: grpo."
+            )
         return functools.partial(SimulatedTrainer, config.trainer_step_s, config.refresh_delay_s)
     if kind != "grpo":
         raise UserError(f"runtime.trainer = {kind!r} is unknown; choose one of {', '.join(TRAINER_KINDS)}.")
@@ -90,6 +97,7 @@ def make_trainer_factory(
             f"{len(missing)} prompts have no reference answer (e.g. {missing[:3]}); the grpo reward needs one per "
             "prompt: check prepare.answer_field."
         )
+    _check_ranks(grpo_params)
     steps = grpo_params.total_steps or config.iterations or total_steps
     if grpo_params.lr_schedule != "constant" and steps is None:
         raise UserError(
@@ -114,3 +122,21 @@ def make_trainer_factory(
         total_steps=steps,
         state_dir=str(state_dir) if state_dir is not None else None,
     )
+
+
+def _check_ranks(grpo: Any) -> None:
+    """Raise `UserError` for rank settings that cannot work (CPU offload or nccl without a CUDA device)."""
+    from asp.errors import UserError
+    from asp.trainers.distributed import resolve_backend
+
+    on_cuda = grpo.device.startswith("cuda")
+    if grpo.cpu_offload and not on_cuda:
+        raise UserError(
+            f"runtime.grpo.cpu_offload needs a CUDA device (runtime.grpo.device is {grpo.device!r}; on the CPU the "
+            "model already lives in host memory): set cpu_offload: false."
+        )
+    if resolve_backend(grpo.backend, grpo.device) == "nccl" and not on_cuda:
+        raise UserError(
+            f"runtime.grpo.backend = 'nccl' needs a CUDA device (runtime.grpo.device is {grpo.device!r}); use gloo "
+            "or auto."
+        )

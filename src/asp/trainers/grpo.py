@@ -16,6 +16,11 @@ Per step (`GRPOTrainer.step`, one `GlobalBatch` of B prompts x n responses):
 Metrics (``train/...``) include reward, loss, ratio / clipping, grad norm, learning rate, the measured
 policy lag of the batch, the d_off estimate, T_save / T_convert / T_load / T_gen / T_train and the duty cycle
 (`LagMonitor`). `make_trainer_factory` builds the picklable factory `run_async(..., trainer_factory=...)` needs.
+
+Several ranks (``runtime.grpo.world_size``): the same trainer in every rank of a torch.distributed group started
+by the `TrainingUnit` actors, the policy sharded with FSDP2 and the micro-batches split over the ranks
+(`asp.trainers.distributed`); checkpoints are sharded (DCP, `asp.trainers.weights`). One rank: no process group,
+a plain module.
 """
 
 from __future__ import annotations
@@ -24,9 +29,8 @@ import contextlib
 import copy
 import logging
 import time
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +41,10 @@ from asp.config import GRPOParams
 from asp.rl import compute_rewards, get_reward, group_advantages, grpo_loss, loss_denominator, token_logprobs
 from asp.rl.advantages import zero_signal_groups
 from asp.rl.batching import pack_rows, plan_micro_batches
-from asp.rl.lag import d_off_estimate, duty_cycle, measured_lag
 from asp.rl.lr import lr_factor
 from asp.runtime.messages import GlobalBatch, StepResult, WeightUpdate
+from asp.trainers import distributed as dist
+from asp.trainers.lag import LagMonitor
 from asp.trainers.weights import SnapshotPublisher, convert, cpu_snapshot, load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -47,65 +52,6 @@ log = logging.getLogger(__name__)
 
 class NonFiniteLossError(RuntimeError):
     """Raised when `max_nan_steps` consecutive steps had a non-finite loss or gradient norm."""
-
-
-@dataclass(slots=True)
-class LagMonitor:
-    """Running timings for the lag estimate and duty cycle (each minibatch counted once, even when split).
-
-    Attributes:
-        t_load: recent actor reload times (s), one per reload event reported with a minibatch.
-        t_train, t_save, t_convert: recent trainer step / snapshot export / conversion times (s).
-        gen_total, load_total: generation and reload seconds summed over all minibatches seen.
-    """
-
-    t_load: deque[float] = field(default_factory=lambda: deque(maxlen=50))
-    t_train: deque[float] = field(default_factory=lambda: deque(maxlen=10))
-    t_save: deque[float] = field(default_factory=lambda: deque(maxlen=10))
-    t_convert: deque[float] = field(default_factory=lambda: deque(maxlen=10))
-    seen: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
-    gen_total: float = 0.0
-    load_total: float = 0.0
-
-    def observe(self, batch: GlobalBatch) -> None:
-        """Record the reload and generation time of every minibatch in `batch` not seen before."""
-        if batch.gen_s.size != batch.num_prompts:
-            return
-        for task, gen, reload in zip(
-            batch.task_ids.tolist(), batch.gen_s.tolist(), batch.reload_s.tolist(), strict=True
-        ):
-            key = (task, gen)
-            if key in self.seen:
-                continue
-            self.seen.append(key)
-            self.gen_total += gen
-            self.load_total += reload
-            if reload > 0:
-                self.t_load.append(reload)
-
-    def metrics(self, trainer_version: int, batch: GlobalBatch) -> dict[str, float]:
-        """Measured lag, the d_off estimate (mean / max over the batch's prompts), T_* and the duty cycle."""
-        lag_mean, lag_max = measured_lag(trainer_version, batch.versions)
-        recent = {"load": self.t_load, "train": self.t_train, "save": self.t_save, "convert": self.t_convert}
-        t = {name: float(np.mean(v)) if v else 0.0 for name, v in recent.items()}
-        t_gen = float(np.mean(batch.gen_s)) if batch.gen_s.size else float("nan")
-        out = {"train/lag_mean": lag_mean, "train/lag_max": lag_max, "train/t_gen_s": t_gen}
-        out.update({f"train/t_{k}_s": v for k, v in t.items()})
-        if batch.gen_s.size == batch.num_prompts and batch.num_prompts:
-            est = d_off_estimate(
-                batch.depth_at_arrival,
-                batch.gen_s,
-                t_save=t["save"],
-                t_convert=t["convert"],
-                t_load=t["load"],
-                t_train=t["train"],
-            )
-            out["train/d_off_estimate_mean"] = float(np.mean(est))
-            out["train/d_off_estimate_max"] = float(np.max(est))
-            out["train/q_arrival_batches_mean"] = float(np.mean(batch.depth_at_arrival))
-        out["train/duty_cycle"] = duty_cycle(t_gen, t["load"]) if np.isfinite(t_gen) else float("nan")
-        out["train/duty_cycle_measured"] = duty_cycle(self.gen_total, self.load_total)
-        return out
 
 
 @dataclass(frozen=True)
@@ -139,6 +85,22 @@ class GRPOSpec:
     def __call__(self) -> GRPOTrainer:
         return GRPOTrainer(self)
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the Training Unit (``runtime.grpo.world_size``); `build_training_unit` starts one actor each."""
+        return self.config.world_size
+
+    @property
+    def needs_process_group(self) -> bool:
+        """Whether the ranks need a torch.distributed group: several ranks, or an FSDP2-only knob on one rank."""
+        cfg = self.config
+        return cfg.world_size > 1 or cfg.mixed_precision != "none" or cfg.cpu_offload
+
+    @property
+    def backend(self) -> str:
+        """The torch.distributed backend (``auto``: nccl on cuda, gloo on cpu)."""
+        return dist.resolve_backend(self.config.backend, self.config.device)
+
 
 class GRPOTrainer:
     """GRPO `Trainer` (see the module docstring). Build it from a `GRPOSpec`."""
@@ -155,11 +117,20 @@ class GRPOTrainer:
         torch.manual_seed(spec.seed)
         path = check_model_dir(spec.policy_path)
         self.device = torch.device(cfg.device)
+        self.rank, self.world = dist.rank_and_world()
+        self.sharded = dist.is_distributed()  # the TrainingUnit started a process group: FSDP2
         model = AutoModelForCausalLM.from_pretrained(
             str(path), local_files_only=True, use_safetensors=True, dtype=torch.float32
-        )
-        self.model = model.to(self.device).eval()  # eval: no dropout, so scores match the engines'
-        self.ref = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef > 0 else None
+        ).eval()  # eval: no dropout, so scores match the engines'
+        self.tied = dist.tied_duplicates(model)
+        self.ref = copy.deepcopy(model).to(self.device).requires_grad_(False) if cfg.kl_coef > 0 else None
+        if cfg.activation_checkpointing:
+            dist.checkpoint_layers(model)
+        if not (self.sharded and cfg.cpu_offload):  # CPU offload: FSDP2 keeps the shards in host memory
+            model.to(self.device)
+        if self.sharded:
+            dist.shard_model(model, cfg, self.device)
+        self.model = model
         self.tokenizer = load_tokenizer(path)
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.reward_fn = get_reward(spec.reward)
@@ -176,6 +147,7 @@ class GRPOTrainer:
         self.checkpoint_step = 0
         self.lag = LagMonitor()
         self._prompt_ids: dict[Any, list[int]] = {}
+        self._weights: tuple[int, dict[str, torch.Tensor] | None] | None = None
 
     # ---- Trainer protocol ------------------------------------------------------------------------------
     def step(self, batch: GlobalBatch) -> StepResult:
@@ -187,10 +159,11 @@ class GRPOTrainer:
         stats = self._update(batch, adv)
         t_train = time.perf_counter() - start
         self.lag.t_train.append(t_train)
-        weights = None
-        if stats["applied"] and self.version % self.cfg.snapshot_interval == 0:
+        weights, exported = None, stats["applied"] and self.version % self.cfg.snapshot_interval == 0
+        if exported:
             weights = self._export()
         self._maybe_checkpoint(batch.step)
+        self._weights = None
         metrics = {
             "train/reward_mean": float(rewards.mean()) if rewards.size else float("nan"),
             "train/reward_std": float(rewards.std()) if rewards.size else float("nan"),
@@ -201,7 +174,7 @@ class GRPOTrainer:
             "train/mean_response_length": float(batch.lengths.mean()) if batch.lengths.size else 0.0,
             "train/nan_skipped_steps": float(self.counters["nan_skipped"]),
             "train/reward_errors_total": float(self.counters["reward_errors"]),
-            "train/snapshot": float(weights is not None),
+            "train/snapshot": float(exported),
             **{k: v for k, v in stats.items() if k != "applied"},
             **self.lag.metrics(lag_metrics_version, batch),
         }
@@ -242,7 +215,9 @@ class GRPOTrainer:
                 f"it is at step {state.get('step')}: resuming would mix a runtime position with weights of another "
                 "step. Delete the runtime state directory to start afresh."
             )
-        return self._export()
+        update = self._export()
+        self._weights = None
+        return update
 
     # ---- pieces ----------------------------------------------------------------------------------------
     def _rewards(self, batch: GlobalBatch) -> tuple[np.ndarray, int]:
@@ -275,7 +250,12 @@ class GRPOTrainer:
         return rows, responses, behaviour
 
     def _update(self, batch: GlobalBatch, adv: np.ndarray) -> dict[str, float]:
-        """Accumulate gradients over micro-batches and apply one AdamW update unless something is non-finite."""
+        """Accumulate gradients over micro-batches and apply one AdamW update unless something is non-finite.
+
+        With several ranks each runs its share of the micro-batches (`_accumulate`); FSDP2 reduces the gradients
+        and the statistics are summed over ranks, so every rank applies the update of the whole global batch and
+        rank 0 reports its metrics.
+        """
         cfg = self.cfg
         prompts, responses, behaviour = self._rows(batch)
         denom = loss_denominator(batch.lengths, cfg.loss_aggregation)
@@ -286,33 +266,12 @@ class GRPOTrainer:
         for group in self.opt.param_groups:
             group["lr"] = cfg.lr * factor
         self.opt.zero_grad(set_to_none=True)
-        sums = dict.fromkeys(("loss", "pg", "kl", "ratio", "clipped", "abs_logratio", "tokens"), 0.0)
-        ratio_max, finite, micro = 0.0, True, 0
-        lengths = np.array([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)])
-        for idx in plan_micro_batches(lengths, cfg.micro_batch_tokens):
-            if not any(len(responses[i]) for i in idx):
-                continue
-            beh = None if behaviour is None else [behaviour[i] for i in idx]
-            parts = self._micro_step([prompts[i] for i in idx], [responses[i] for i in idx], beh, adv[idx], denom)
-            micro += 1
-            if not torch.isfinite(parts.loss):
-                finite = False
-                break
-            parts.loss.backward()
-            values = (
-                float(parts.loss.detach()),
-                parts.pg_sum,
-                parts.kl_sum,
-                parts.ratio_sum,
-                parts.clipped_sum,
-                parts.abs_logratio_sum,
-                parts.tokens,
-            )
-            for key, value in zip(sums, values, strict=True):
-                sums[key] += value
-            ratio_max = max(ratio_max, parts.ratio_max)
+        sums, ratio_max = self._accumulate(prompts, responses, behaviour, adv, denom)
+        finite, micro = sums["bad"] == 0, int(sums["micro"] + sums["bad"])
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)) if finite else np.nan
+        grad_norm = np.nan
+        if finite:
+            grad_norm = dist.grad_norm_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         applied = finite and bool(np.isfinite(grad_norm))
         self._apply_or_skip(applied)
         tokens = max(sums["tokens"], 1.0)
@@ -333,19 +292,54 @@ class GRPOTrainer:
             "train/prompt_token_mismatch": float(self.counters["prompt_token_mismatch"]),
         }
 
+    def _accumulate(
+        self, prompts, responses, behaviour, adv: np.ndarray, denom: float
+    ) -> tuple[dict[str, float], float]:
+        """Forward / backward over this rank's micro-batches; the statistics summed (ratio: max) over all ranks.
+
+        Returns:
+            (sums of loss, pg, kl, ratio, clipped, abs_logratio, tokens, real micro-batches ``micro`` and
+            non-finite ones ``bad``; the largest ratio).
+        """
+        sums = dict.fromkeys(("loss", "pg", "kl", "ratio", "clipped", "abs_logratio", "tokens", "micro", "bad"), 0.0)
+        ratio_max = 0.0
+        lengths = np.array([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)])
+        budget = self.cfg.micro_batch_tokens
+        plans = [i for i in plan_micro_batches(lengths, budget) if any(len(responses[j]) for j in i)]
+        for idx in dist.split_micro_batches(plans, self.rank, self.world):
+            if idx is None:
+                self._dummy_pass()
+                continue
+            beh = None if behaviour is None else [behaviour[i] for i in idx]
+            parts = self._micro_step([prompts[i] for i in idx], [responses[i] for i in idx], beh, adv[idx], denom)
+            (parts.loss * self.world).backward()  # FSDP averages over ranks; every rank runs all its passes
+            if not torch.isfinite(parts.loss):
+                sums["bad"] += 1.0
+                continue
+            values = (float(parts.loss.detach()), parts.pg_sum, parts.kl_sum, parts.ratio_sum, parts.clipped_sum)
+            for key, value in zip(("loss", "pg", "kl", "ratio", "clipped"), values, strict=True):
+                sums[key] += value
+            sums["abs_logratio"] += parts.abs_logratio_sum
+            sums["tokens"] += parts.tokens
+            sums["micro"] += 1.0
+            ratio_max = max(ratio_max, parts.ratio_max)
+        sums = dict(zip(sums, dist.all_reduce(list(sums.values()), self.device), strict=True))
+        ratio_max = dist.all_reduce([ratio_max], self.device, op="max")[0]
+        return sums, ratio_max
+
     def _micro_step(self, prompts, responses, behaviour, adv: np.ndarray, denom: float):
         zeros = [np.zeros(len(r), np.float32) for r in responses]
         rows = pack_rows(prompts, responses, behaviour if behaviour is not None else zeros, adv, self.pad_id)
         dev = self.device
         ids, attn, targets, mask = (t.to(dev) for t in (rows.input_ids, rows.attention_mask, rows.targets, rows.mask))
         with self._autocast():
-            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
         logp = token_logprobs(logits, targets, self.spec.temperature)
         beh = rows.behaviour.to(dev) if behaviour is not None else logp.detach()
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad(), self._autocast():
-                ref_logits = self.ref(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                ref_logits = self.ref(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
             ref_logp = token_logprobs(ref_logits, targets, self.spec.temperature)
         cfg = self.cfg
         return grpo_loss(
@@ -360,6 +354,12 @@ class GRPOTrainer:
             kl_coef=cfg.kl_coef,
             ref_logp=ref_logp,
         )
+
+    def _dummy_pass(self) -> None:
+        """A zero-loss forward / backward: a rank with fewer micro-batches joins FSDP's collectives all the same."""
+        pad = [self.pad_id]
+        parts = self._micro_step([pad], [pad], None, np.zeros(1, np.float32), 1.0)
+        (parts.loss * 0.0).backward()
 
     def _autocast(self) -> Any:
         if self.cfg.autocast_dtype is None:
@@ -383,10 +383,27 @@ class GRPOTrainer:
                 "rewards, or raise max_nan_steps. The run stops; it resumes from the last checkpoint."
             )
 
-    def _export(self) -> WeightUpdate:
-        """Snapshot (T_save: CPU copy + publish), conversion hook (T_convert); the actors' payload."""
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights on the CPU, tied weights once (fp32 master weights).
+
+        With several ranks every rank must call it (the shards are gathered); rank 0 gets the tensors, the others
+        None. The result is kept until the end of the step, so a checkpoint at the step of a snapshot reuses it.
+        """
+        if self._weights is not None and self._weights[0] == self.version:
+            return self._weights[1]
+        state = dist.full_state(self.model, self.tied) if self.sharded else cpu_snapshot(self.model)
+        self._weights = (self.version, state)
+        return state
+
+    def _export(self) -> WeightUpdate | None:
+        """Snapshot (T_save: gather / CPU copy + publish), conversion hook (T_convert); the actors' payload.
+
+        Rank 0 publishes; the other ranks take part in gathering the weights and return None.
+        """
         t0 = time.perf_counter()
-        state = cpu_snapshot(self.model)
+        state = self.full_weights()
+        if state is None:
+            return None
         t1 = time.perf_counter()
         state = convert(self.cfg.convert, state)
         t2 = time.perf_counter()
@@ -403,5 +420,7 @@ class GRPOTrainer:
         if step % self.spec.checkpoint_interval and not last:
             return
         meta = {"version": self.version, "counters": dict(self.counters), "reward": self.spec.reward}
-        path = save_checkpoint(self.ckpt_root, step, self.model, self.opt, meta, self.cfg.keep_checkpoints)
+        path = save_checkpoint(
+            self.ckpt_root, step, self.model, self.opt, meta, self.cfg.keep_checkpoints, self.full_weights()
+        )
         self.checkpoint, self.checkpoint_step = str(path), step

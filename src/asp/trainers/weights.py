@@ -1,4 +1,4 @@
-"""Weight flow and trainer checkpoints of the GRPO Training Unit (paper appendix C), all as safetensors.
+"""Weight flow and trainer checkpoints of the GRPO Training Unit (paper appendix C): safetensors weights, DCP state.
 
 Snapshot path (every Δ applied updates): `cpu_snapshot` copies the model's unique tensors to CPU (tied
 weights once) -- T_save, together with publishing; `convert` applies the conversion hook (``identity``,
@@ -14,24 +14,29 @@ weights once) -- T_save, together with publishing; `convert` applies the convers
 Generation actors turn a payload back into tensors with `asp.runtime.generation.resolve_weights` and load
 it in place after their current minibatch -- T_load, reported by the actors.
 
-Trainer checkpoint (`save_checkpoint` / `load_checkpoint`): a directory ``step-<step>/`` with
-``model.safetensors`` (weights), ``optimizer.safetensors`` (AdamW moments and step per parameter),
-``rng.safetensors`` (torch CPU / CUDA RNG states), ``trainer.json`` (step, version, counters, optimizer
+Trainer checkpoint (`save_checkpoint` / `load_checkpoint`): a directory ``step-<step>/`` with the resumable
+state as a `torch.distributed.checkpoint` (DCP) checkpoint -- ``.metadata`` and one ``__<rank>_0.distcp`` file per
+rank holding that rank's shards of the weights and of the AdamW moments and steps (`get_state_dict`; tensors only),
+``model.safetensors`` (the whole model's weights, tied weights once: what `asp heldout-reward` and other tools
+read), ``rng.safetensors`` (torch CPU / CUDA RNG states), ``trainer.json`` (step, version, counters, optimizer
 hyper-parameters) and ``manifest.json`` (every file's size, `asp.runtime.checkpoint.write_manifest`); written to
-a temporary name and renamed, never pickled. `load_checkpoint` checks the directory before touching the model
+``.step-<step>.tmp`` by every rank and renamed by rank 0. DCP reshards on load, so a run may resume with another
+number of ranks. `load_checkpoint` checks the directory before touching the model
 (`asp.runtime.checkpoint.checkpoint_problem`: a truncated or missing file is named, not a raw safetensors error);
 `latest_checkpoint` is the newest intact one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
+import warnings
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -136,29 +141,69 @@ class SnapshotPublisher:
 
 # ---- trainer checkpoints -----------------------------------------------------------------------------
 def save_checkpoint(
-    root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], keep: int
+    root: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    meta: dict[str, Any],
+    keep: int,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``root/step-<step>/`` atomically (see the module docstring) and delete all but the last `keep`.
+
+    With a process group every rank calls it (each writes its shards; `root` must be on a path all ranks share);
+    rank 0 writes the rest and renames the directory after the shards are complete.
+
+    Args:
+        weights: the whole model's weights (`GRPOTrainer.full_weights`) on rank 0, written as
+            ``model.safetensors``; ignored on the other ranks. None: `cpu_snapshot(model)` (an unsharded model).
 
     Returns:
         The checkpoint directory.
     """
-    from safetensors.torch import save_file, save_model
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from asp.io import atomic_path
+    root = Path(root)
+    final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
+    leader = _rank() == 0
+    if leader:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    try:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state["state"]}
+        with _single_process_quiet():
+            dcp.save(state, checkpoint_id=str(tmp), no_dist=not _distributed())
+        if leader:
+            weights = weights if weights is not None else cpu_snapshot(model)
+            _finish_checkpoint(tmp, final, weights, {**meta, "step": step}, optim_state["param_groups"])
+            _prune_checkpoints(root, step, keep)
+    except BaseException:
+        if leader:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _barrier()
+    return final
+
+
+def _finish_checkpoint(
+    tmp: Path, final: Path, weights: Mapping[str, torch.Tensor], meta: dict[str, Any], groups: list[Any]
+) -> None:
+    """Rank 0: consolidated weights, RNG, ``trainer.json`` and the manifest into `tmp`, then rename it to `final`."""
+    from safetensors.torch import save_file
+
     from asp.runtime.checkpoint import write_manifest
 
-    final = Path(root) / f"step-{step:08d}"
-    with atomic_path(final) as tmp:
-        tmp.mkdir(parents=True)
-        save_model(model, str(tmp / "model.safetensors"))
-        state, groups = _flatten_optimizer(optimizer)
-        save_file(state, str(tmp / "optimizer.safetensors"))
-        save_file(_rng_state(), str(tmp / "rng.safetensors"))
-        (tmp / "trainer.json").write_text(json.dumps({**meta, "step": step, "param_groups": groups}, indent=1))
-        write_manifest(tmp)
-    _prune_checkpoints(Path(root), step, keep)
-    return final
+    save_file(dict(weights), str(tmp / "model.safetensors"))
+    save_file(_rng_state(), str(tmp / "rng.safetensors"))
+    plain = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in groups]
+    (tmp / "trainer.json").write_text(json.dumps({**meta, "param_groups": plain}, indent=1))
+    write_manifest(tmp)
+    if final.is_dir():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
 
 
 def _prune_checkpoints(root: Path, step: int, keep: int) -> None:
@@ -173,11 +218,16 @@ def _prune_checkpoints(root: Path, step: int, keep: int) -> None:
 def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Load weights, optimizer state and RNG from a `save_checkpoint` directory; return its ``trainer.json``.
 
+    With a process group every rank calls it. The sharded state is resharded to this run's ranks, so a
+    checkpoint written by another number of ranks loads too.
+
     Raises:
         ValueError: the checkpoint is missing or damaged (`checkpoint_problem`; nothing was loaded).
         FileNotFoundError: a file of a checkpoint without manifest is missing.
     """
-    from safetensors.torch import load_file, load_model
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     from asp.runtime.checkpoint import checkpoint_problem
 
@@ -186,14 +236,12 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
     if problem:
         raise ValueError(f"damaged trainer checkpoint: {problem}")
     meta = json.loads((directory / "trainer.json").read_text())
-    device = next(model.parameters()).device
-    load_model(model, str(directory / "model.safetensors"), device=str(device))
-    flat = load_file(str(directory / "optimizer.safetensors"), device=str(device))
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in flat.items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value.cpu() if name == "step" else value
-    optimizer.load_state_dict({"state": state, "param_groups": meta.pop("param_groups")})
+    meta.pop("param_groups", None)  # the optimizer's own (same hyper-parameters: the run fingerprint checks them)
+    model_state, optim_state = get_state_dict(model, optimizer)  # templates: this run's shards (optimizer: zeros)
+    state = {"model": model_state, "optim": optim_state["state"]}
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=str(directory), no_dist=not _distributed())
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     rng = load_file(str(directory / "rng.safetensors"))
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():
@@ -215,15 +263,28 @@ def latest_checkpoint(root: Path) -> Path | None:
     return None
 
 
-def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
-    sd = optimizer.state_dict()
-    flat = {
-        f"{index}.{name}": (value if torch.is_tensor(value) else torch.tensor(value)).detach().cpu().contiguous()
-        for index, entries in sd["state"].items()
-        for name, value in entries.items()
-    }
-    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in sd["param_groups"]]
-    return flat, groups
+def _distributed() -> bool:
+    """True inside a rank of a started torch.distributed process group."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """Silence DCP's warning that it saves / loads in a single process (the 1-rank trainer's normal case)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def _rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return torch.distributed.get_rank() if _distributed() else 0
+
+
+def _barrier() -> None:
+    """Wait for every rank (nothing without a process group)."""
+    if _distributed():
+        torch.distributed.barrier()
 
 
 def _rng_state() -> dict[str, torch.Tensor]:

@@ -1,0 +1,113 @@
+"""ASP against the synchronous hybrid-style baseline (paper Table 3 / Figure 2) on this machine: three real
+`launch` runs with the GRPO trainer and the demo policy's hf engines, same seeds, side by side.
+
+* ``sync`` + C0: generate one round (>= one global batch) with all actors, train on it, reload every actor,
+  repeat (`runtime.mode: sync`, lag 0; the original prompt order in fixed minibatches);
+* ``async`` + C0: the asynchronous runtime on the same minibatches (generation overlaps training);
+* ``async`` + C4: ASP, the asynchronous runtime on the `schedule` stage's length-aware schedule.
+
+Setting (the same for all three, otherwise params.yaml's `runtime:` section): 2 generation actors (1 GU),
+``global_batch_prompts`` = 32 = actors x b (b = 16 prompts per demo minibatch, so a sync round is one
+minibatch per actor), ``q_max`` 64, 30 iterations (GRPO updates), 8 samples per prompt, 160 new tokens,
+``max_policy_lag`` 4 (async), held-out reward evaluation off. 7.5 minutes on 2 shared cores with other jobs
+running (1-min load 2-6; the table prints it), about 1.5 of which are start-up (Ray, actors, trainer).
+
+Needs the pipeline outputs up to `schedule` (`make run` or `asp repro schedule` first). Writes nothing under
+outputs/ (temporary directories) and logs nothing (NullTracker).
+
+    .venv/bin/python benchmarks/sync_vs_async.py
+    .venv/bin/python benchmarks/sync_vs_async.py --iterations 10     # a quicker look
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from asp.config import Params, load_params
+from asp.env import set_offline_defaults
+from asp.pipeline import launch
+from asp.tracking import NullTracker
+
+RUNS = (("sync", "C0"), ("async", "C0"), ("async", "C4"))
+SETTING = {
+    "trainer": "grpo",
+    "generation_units": 1,
+    "actors_per_unit": 2,
+    "global_batch_prompts": 32,
+    "q_max": 64,
+    "iterations": 30,
+    "heldout_problems": 0,
+}
+ROWS = {  # metric key -> (label, format)
+    "runtime/summary/mean_iteration_time_s": ("mean iteration time (s)", ".3f"),
+    "runtime/summary/tokens_per_s": ("generated tokens/s", ",.0f"),
+    "runtime/summary/generation_utilization": ("generation utilization (actor duty cycle)", ".3f"),
+    "runtime/summary/policy_lag_mean": ("policy lag mean (steps)", ".2f"),
+    "runtime/summary/policy_lag_max": ("policy lag max (steps)", ".0f"),
+    "grpo/reward_first_20pct": ("reward, first 20 % of steps", ".3f"),
+    "grpo/reward_last_20pct": ("reward, last 20 % of steps", ".3f"),
+    "runtime/summary/wall_s": ("run wall time (s, first dispatch to last step)", ".1f"),
+    "bench/total_s": ("launch wall time incl. start-up (s)", ".1f"),
+    "bench/load_start": ("1-min load average at start (other jobs)", ".1f"),
+    "bench/load_end": ("1-min load average at end", ".1f"),
+    "grpo/T_gen_s": ("T_gen: generation per minibatch (s)", ".3f"),
+    "grpo/T_train_s": ("T_train: trainer step (s)", ".3f"),
+    "runtime/summary/reload_time_mean_s": ("reload per actor and snapshot (s)", ".4f"),
+    "runtime/summary/padding_rate_mean": ("padding rate", ".3f"),
+    "grpo/duty_cycle_measured": ("T_gen / (T_gen + T_load) (trainer's duty cycle)", ".3f"),
+}
+
+
+def bench_params(params: Params, mode: str, condition: str, iterations: int) -> Params:
+    """params with the benchmark setting above, `runtime.mode` and `runtime.condition` set."""
+    update = {**SETTING, "iterations": iterations, "mode": mode, "condition": condition}
+    return params.model_copy(update={"runtime": params.runtime.model_copy(update=update)})
+
+
+def measure(params: Params) -> dict[str, float]:
+    """One real launch in a temporary directory; its metrics plus ``bench/total_s`` (wall time incl. start-up) and
+    the machine's 1-min load average before and after (``bench/load_start|end``: other jobs slow every timing)."""
+    load_start, start = os.getloadavg()[0], time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        paths = replace(
+            launch.Paths(), out_dir=t / "launch", state_dir=t / "state", metrics=t / "m.json", plot=t / "p.png"
+        )
+        metrics = launch.run(params, paths, NullTracker())
+    total = time.perf_counter() - start
+    return {**metrics, "bench/total_s": total, "bench/load_start": load_start, "bench/load_end": os.getloadavg()[0]}
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    """The markdown table: one row per metric, one column per run."""
+    names = list(results)
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key, (label, fmt) in ROWS.items():
+        cells = [format(float(results[n].get(key, float("nan"))), fmt) for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=SETTING["iterations"], help="GRPO updates per run")
+    parser.add_argument("--params", default="params.yaml")
+    args = parser.parse_args(argv)
+    set_offline_defaults()
+    params = load_params(args.params)
+    results = {}
+    for mode, condition in RUNS:
+        name = f"{mode} {condition}"
+        results[name] = measure(bench_params(params, mode, condition, args.iterations))
+        print(f"{name} done in {results[name]['bench/total_s']:.0f} s", file=sys.stderr)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
