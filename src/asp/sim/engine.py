@@ -38,7 +38,7 @@ from asp.rl.lag import duty_cycle, lag_stats, policy_lags
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.database import Database
 from asp.runtime.messages import MinibatchOutput, WorkItem
-from asp.runtime.metrics import Window, iteration_metrics, summary_metrics
+from asp.runtime.metrics import Window, iteration_metrics, minibatch_record, summary_metrics
 from asp.runtime.plan import WorkPlan
 from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch
@@ -268,7 +268,7 @@ class _Sim:
         self.by_gu[out.gu] = self.by_gu.get(out.gu, 0) + out.num_prompts
         self.by_actor[out.actor] += out.num_prompts
         self.tokens += out.total_tokens
-        self.records.append(_record(out, self.now, depth))
+        self.records.append(minibatch_record(out, self.now, depth, t0=0.0))
         self.update_pause()
 
     def update_pause(self) -> None:
@@ -405,26 +405,6 @@ def _output(job: _Job, gu: int, now: float, cap: int) -> MinibatchOutput:
         gen_end=now,
         reload_s=job.reload_s,
     )
-
-
-def _record(out: MinibatchOutput, arrival: float, depth: float) -> dict[str, Any]:
-    return {
-        "task_id": out.task_id,
-        "minibatch_id": out.minibatch_id,
-        "attempt": out.attempt,
-        "gu": out.gu,
-        "actor": out.actor,
-        "policy_version": out.policy_version,
-        "prompts": out.num_prompts,
-        "tokens": out.total_tokens,
-        "max_length": int(out.lengths.max(initial=0)),
-        "padding_rate": out.padding_rate,
-        "gen_start_s": out.gen_start,
-        "gen_s": out.gen_s,
-        "reload_s": out.reload_s,
-        "arrival_s": arrival,
-        "depth_at_arrival_batches": depth,
-    }
 
 
 def simulate(
