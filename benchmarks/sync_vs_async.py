@@ -9,8 +9,8 @@
 Setting (the same for all three, otherwise params.yaml's `runtime:` section): 2 generation actors (1 GU),
 ``global_batch_prompts`` = 32 = actors x b (b = 16 prompts per demo minibatch, so a sync round is one
 minibatch per actor), ``q_max`` 64, 30 iterations (GRPO updates), 8 samples per prompt, 160 new tokens,
-``max_policy_lag`` 4 (async), held-out reward evaluation off. 7.5 minutes on 2 shared cores with other jobs
-running (1-min load 2-6; the table prints it), about 1.5 of which are start-up (Ray, actors, trainer).
+``max_policy_lag`` 4 (async), held-out reward evaluation off. About 4 minutes on the idle 2-core machine, 7.5
+with other jobs running (the table prints the 1-min load), about 1.5 of which are start-up (Ray, actors, trainer).
 
 Needs the pipeline outputs up to `schedule` (`make run` or `asp repro schedule` first). Writes nothing under
 outputs/ (temporary directories) and logs nothing (NullTracker).
