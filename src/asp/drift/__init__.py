@@ -1,0 +1,22 @@
+"""Length drift during the launch run (issue 12): a pure monitor and detector, not yet wired into `launch`.
+
+* ``monitor``  - ``MinibatchObservation``, ``window_stats``, ``length_trend``, ``DriftMonitor`` (metric dicts
+  ``drift/...`` every ``window`` ingested minibatches)
+* ``detector`` - ``DriftDetector`` (tau drop, calibration bias, length trend; patience, cooldown) -> ``DriftEvent``
+
+numpy/scipy only (import-linter's pure-core contract). docs/drift.md describes the rules and measured rates.
+Run the tests: ``.venv/bin/python -m pytest tests/drift -q``.
+"""
+
+from asp.drift.detector import DEFAULTS, DriftDetector, DriftEvent
+from asp.drift.monitor import DriftMonitor, MinibatchObservation, length_trend, window_stats
+
+__all__ = [
+    "DEFAULTS",
+    "DriftDetector",
+    "DriftEvent",
+    "DriftMonitor",
+    "MinibatchObservation",
+    "length_trend",
+    "window_stats",
+]

@@ -1,0 +1,107 @@
+"""The drift detector: each rule on hand-made window metrics (tau floor, bias band, trend with R^2,
+min_prompts, patience, cooldown), its defaults equal to `drift:` in the params, and on synthetic streams
+(tests/drift/synthetic.py, fixed seeds): no more than one firing in 1,000 stationary windows, a 20 % length
+shift confirmed within K_SHIFT windows and a tau drop of 0.15 within K_TAU windows. `drift:` values that cannot
+hold make `asp params check` exit 2 naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asp.drift import DEFAULTS, DriftDetector
+from tests.drift import synthetic
+
+ROOT = Path(__file__).resolve().parents[2]
+K_SHIFT = 6  # windows after a 20 % length shift until the detector fires (measured: 3-6 over 20 seeds)
+K_TAU = 4  # windows after a tau drop of 0.15 (measured: 3 over 20 seeds; patience 3 is the minimum)
+
+
+def _m(tau: float = 0.8, bias: float = 1.0, change: float = 0.0, r2: float = 0.0, prompts: float = 128) -> dict:
+    return {
+        "drift/tau_window": tau,
+        "drift/bias_window": bias,
+        "drift/length_trend_change": change,
+        "drift/length_trend_r2": r2,
+        "drift/prompts_window": prompts,
+    }
+
+
+def test_each_rule_on_hand_made_windows() -> None:
+    d = DriftDetector(0.8)  # floor 0.8 - 0.08 = 0.72; bias band [1/1.12, 1.12]
+    assert d.offending(_m())[0] == {}
+    assert d.offending(_m(tau=0.71))[0] == {"tau": 0.71} and d.offending(_m(tau=0.73))[0] == {}
+    assert d.offending(_m(bias=1.13))[0] == {"bias": 1.13} and d.offending(_m(bias=1.11))[0] == {}
+    assert "bias" in d.offending(_m(bias=0.89))[0] and d.offending(_m(bias=0.9))[0] == {}  # 1 / 1.12 = 0.893
+    assert d.offending(_m(change=0.2, r2=0.6))[0] == {"trend": 0.2}
+    assert d.offending(_m(change=-0.2, r2=0.6))[0] == {"trend": -0.2}  # shrinking lengths count too
+    assert d.offending(_m(change=0.2, r2=0.4))[0] == {}  # a change the line does not explain
+    assert d.offending(_m(tau=float("nan"), change=float("nan"), r2=float("nan")))[0] == {}
+    assert DriftDetector(None).offending(_m(tau=-1.0))[0] == {}  # no reference: no tau rule
+    assert DriftDetector(0.8, reference_bias=0.9).offending(_m(bias=0.9))[0] == {}
+
+
+def test_patience_min_prompts_and_cooldown() -> None:
+    d = DriftDetector(0.8, patience=3, cooldown=2)
+    bad, good = _m(tau=0.5), _m()
+    assert [d.update(m) for m in (bad, bad, good, bad, bad)] == [None] * 5  # a clean window resets the streak
+    assert d.update(_m(tau=0.5, prompts=10)) is None and d.streak == 2  # too small: ignored, streak kept
+    event = d.update(_m(tau=0.5, bias=1.5))
+    assert event is not None and event.signals == ("tau", "bias") and event.streak == 3
+    assert event.window_index == 6 and event.thresholds["tau"] == pytest.approx(0.72)
+    assert "Kendall tau 0.500 < floor 0.720" in event.message and "Action: warn." in event.message
+    assert [d.update(bad) for _ in range(2)] == [None, None]  # cooldown: two windows ignored
+    assert [d.update(bad) is None for _ in range(3)] == [True, True, False]  # then patience again
+
+
+def test_defaults_match_the_params_section() -> None:
+    from asp.config import DriftParams
+
+    params = DriftParams()
+    assert {k: getattr(params, k) for k in DEFAULTS} == DEFAULTS
+    with pytest.raises(ValueError):
+        DriftDetector(0.8, trend_min_r2=1.5)
+
+
+def test_stationary_stream_fires_at_most_once_in_1000_windows() -> None:
+    metrics = list(synthetic.stream(seed=0, windows=1000))
+    taus = np.array([m["drift/tau_window"] for m in metrics])
+    assert abs(taus.mean() - synthetic.REFERENCE_TAU) < 0.01  # the reference is the stream's own tau
+    fired = synthetic.fired_windows(iter(metrics))
+    assert len(fired) <= 1, fired  # measured: 0 (seeds 0-2, python -m tests.drift.synthetic)
+
+
+@pytest.mark.parametrize(
+    ("after", "limit"), [({"scale": 1.2}, K_SHIFT), ({"pred_sigma": synthetic.PRED_SIGMA_DROPPED}, K_TAU)]
+)
+def test_shift_and_tau_drop_fire_within_k_windows(after: dict, limit: int) -> None:
+    delays = synthetic.delays(after, range(4), change_at=8, windows=8 + limit)
+    assert max(delays) <= limit and min(delays) >= 1, delays  # fired after the change, never before it
+
+
+def test_tau_drop_stream_drops_tau_by_015() -> None:
+    metrics = list(synthetic.stream(seed=1, windows=60, change_at=30, pred_sigma=synthetic.PRED_SIGMA_DROPPED))
+    before = np.mean([m["drift/tau_window"] for m in metrics[:30]])
+    after = np.mean([m["drift/tau_window"] for m in metrics[30:]])
+    assert before - after == pytest.approx(0.15, abs=0.03)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("drift.tau_drop=-1", "'drift.tau_drop' = -1"),
+        ("drift.trend_min_r2=1.5", "'drift.trend_min_r2' = 1.5"),
+        ("drift.patience=0", "'drift.patience' = 0"),
+        ("drift.window=0", "'drift.window' = 0"),
+        ("drift.action=retrain", "'drift.action' = 'retrain'"),
+    ],
+)
+def test_impossible_drift_values_exit_2(setting: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from asp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["params", "check", "--params", str(ROOT / "params.yaml"), "--set", setting])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err, err
