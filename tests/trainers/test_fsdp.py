@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -22,18 +21,13 @@ from asp.errors import UserError
 from asp.rollout.hf import HFEngine
 from asp.runtime import RuntimeConfig
 from asp.runtime.generation import resolve_weights
+from asp.runtime.trainer import free_port
 from asp.trainers import make_trainer_factory
 from asp.trainers.distributed import split_micro_batches
 from asp.trainers.grpo import GRPOSpec
 from tests.trainers.test_grpo import batch_from, spec
 
 ATOL = 1e-6
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def two_rank_spec(base: GRPOSpec, **grpo) -> GRPOSpec:

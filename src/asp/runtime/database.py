@@ -207,7 +207,7 @@ class Database:
     @property
     def has_work(self) -> bool:
         """True while some task is pending, failed (awaiting retry) or could still be created."""
-        return bool(self.pending or self.retry) or self.epochs is None or self.epochs_created < self.epochs
+        return bool(self.retry) or self.has_new_work
 
     @property
     def has_new_work(self) -> bool:

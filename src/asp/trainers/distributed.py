@@ -52,7 +52,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def tied_duplicates(model: torch.nn.Module) -> set[str]:
     """State-dict names whose storage an earlier name already holds (tied weights; e.g. ``lm_head.weight``).
 
-    Call it before sharding: `cpu_snapshot` drops the same names, so both exports carry tied weights once.
+    Call it before sharding (a sharded model's storages differ); `cpu_snapshot` drops the same names, so both
+    exports carry tied weights once.
     """
     seen: set[int] = set()
     out: set[str] = set()

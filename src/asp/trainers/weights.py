@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from asp.trainers.distributed import is_distributed, rank_and_world, tied_duplicates
+
 log = logging.getLogger(__name__)
 SNAPSHOT_RE = re.compile(r"snapshot-(\d+)\.safetensors$")
 CHECKPOINT_RE = re.compile(r"step-(\d+)$")
@@ -52,17 +54,14 @@ def cpu_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     Returns:
         name -> tensor, in `state_dict` order (e.g. ``model.embed_tokens.weight`` kept, tied
-        ``lm_head.weight`` dropped: loading the first also sets the second).
+        ``lm_head.weight`` dropped (`tied_duplicates`): loading the first also sets the second).
     """
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        ptr = tensor.untyped_storage().data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        out[name] = tensor.detach().to("cpu", copy=True).contiguous()
-    return out
+    drop = tied_duplicates(model)
+    return {
+        name: tensor.detach().to("cpu", copy=True).contiguous()
+        for name, tensor in model.state_dict().items()
+        if name not in drop
+    }
 
 
 def _cast(dtype: torch.dtype) -> Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
@@ -166,7 +165,7 @@ def save_checkpoint(
 
     root = Path(root)
     final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
-    leader = _rank() == 0
+    leader = rank_and_world()[0] == 0
     if leader:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -175,7 +174,7 @@ def save_checkpoint(
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state["state"]}
         with _single_process_quiet():
-            dcp.save(state, checkpoint_id=str(tmp), no_dist=not _distributed())
+            dcp.save(state, checkpoint_id=str(tmp), no_dist=not is_distributed())
         if leader:
             weights = weights if weights is not None else cpu_snapshot(model)
             _finish_checkpoint(tmp, final, weights, {**meta, "step": step}, optim_state["param_groups"])
@@ -240,7 +239,7 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
     model_state, optim_state = get_state_dict(model, optimizer)  # templates: this run's shards (optimizer: zeros)
     state = {"model": model_state, "optim": optim_state["state"]}
     with _single_process_quiet():
-        dcp.load(state, checkpoint_id=str(directory), no_dist=not _distributed())
+        dcp.load(state, checkpoint_id=str(directory), no_dist=not is_distributed())
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     rng = load_file(str(directory / "rng.safetensors"))
     torch.set_rng_state(rng["cpu"])
@@ -263,11 +262,6 @@ def latest_checkpoint(root: Path) -> Path | None:
     return None
 
 
-def _distributed() -> bool:
-    """True inside a rank of a started torch.distributed process group."""
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
 @contextlib.contextmanager
 def _single_process_quiet() -> Iterator[None]:
     """Silence DCP's warning that it saves / loads in a single process (the 1-rank trainer's normal case)."""
@@ -276,14 +270,9 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
-def _rank() -> int:
-    """This process's rank (0 without a process group)."""
-    return torch.distributed.get_rank() if _distributed() else 0
-
-
 def _barrier() -> None:
     """Wait for every rank (nothing without a process group)."""
-    if _distributed():
+    if is_distributed():
         torch.distributed.barrier()
 
 
