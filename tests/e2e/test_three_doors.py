@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -189,8 +190,15 @@ def _api(env: dict[str, str], path: str, body: dict[str, Any] | None = None) -> 
     req = urllib.request.Request(
         env["PREFECT_API_URL"] + path, data=data, headers={"content-type": "application/json"}
     )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.load(resp)
+    for attempt in range(6):  # Prefect answers 503 for retryable errors (SQLite busy); its own client retries them
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as err:
+            if err.code != 503 or attempt == 5:
+                raise
+            time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _trigger(env: dict[str, str], parameters: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
