@@ -451,17 +451,20 @@ class OrchestrationParams(_Params):
 
 
 class DriftParams(_Params):
-    """Length-drift monitor and detector (issue 12; asp.drift, docs/drift.md). Not wired into `launch` yet:
-    nothing reads this section in this release, so no stage lists it and changing it reruns nothing.
+    """Length drift during `launch` (asp.drift, docs/drift.md): monitor, detector and the action it fires.
 
     Every `window` ingested minibatches the monitor measures Kendall tau (calibrated prediction vs realized mean
     length), the calibration bias (median realized / predicted) and the mean-length trend over policy versions;
     the detector fires after `patience` offending windows in a row, then waits `cooldown` windows. The defaults
     fired 0 times in 3 x 1,000 stationary synthetic windows and confirmed a 20 % length shift within 6 windows
-    and a tau drop of 0.15 within 3 (tests/drift/test_detector.py).
+    and a tau drop of 0.15 within 3 (tests/drift/test_detector.py). `action` is what a firing does: `warn`
+    (MLflow tag + Prefect event), `recalibrate` (refit the calibration from the run's realized lengths and
+    re-balance the batch groups not dispatched yet) or `reprofile` (checkpoint, profile the current policy on
+    fresh untrained prompts, fine-tune the predictor from the current adapter, gate it on tau, re-schedule the
+    remaining prompts, resume).
     """
 
-    enabled: Bool = Field(False, description="Not wired into launch yet (issue 12): true changes nothing today.")
+    enabled: Bool = Field(False, description="Monitor lengths during launch and act on drift.")
     window: Int = Field(8, ge=1, description="Ingested minibatches per monitoring window.")
     min_prompts: Int = Field(64, ge=1, description="Windows with fewer prompts are ignored by the detector.")
     tau_drop: Float = Field(
@@ -477,7 +480,23 @@ class DriftParams(_Params):
     patience: Int = Field(3, ge=1, description="Offending windows in a row before the detector fires.")
     cooldown: Int = Field(10, ge=0, description="Windows ignored after a firing.")
     action: Literal["warn", "recalibrate", "reprofile"] = Field(
-        "warn", description="What a firing asks for; not wired into launch yet (issue 12)."
+        "reprofile", description="What a firing does: warn | recalibrate | reprofile."
+    )
+    max_actions: Int = Field(
+        2, ge=0, description="Recalibrations / re-profiles per run at most; later firings only warn."
+    )
+    recalibrate_min_prompts: Int = Field(
+        128, ge=8, description="recalibrate: realized prompts (since the last switch) needed to refit the map."
+    )
+    reprofile_prompts: Int = Field(
+        192, ge=16, description="reprofile: fresh untrained prompts profiled with the current policy."
+    )
+    reprofile_eval_fraction: Float = Field(
+        0.33, gt=0, lt=1, description="reprofile: share of them held out for the tau gate and the calibration."
+    )
+    reprofile_epochs: Int = Field(2, ge=1, description="reprofile: predictor fine-tuning epochs (warm start).")
+    registry_model: str = Field(
+        "asp-length-predictor", min_length=1, description="MLflow Model Registry name of the length predictor."
     )
 
 
