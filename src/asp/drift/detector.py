@@ -36,7 +36,7 @@ DEFAULTS: dict[str, float | int | str] = {
     "trend_min_r2": 0.5,
     "patience": 3,
     "cooldown": 10,
-    "action": "warn",
+    "action": "reprofile",
 }
 
 
@@ -102,7 +102,7 @@ class DriftDetector:
         trend_min_r2: float = float(DEFAULTS["trend_min_r2"]),
         patience: int = int(DEFAULTS["patience"]),
         cooldown: int = int(DEFAULTS["cooldown"]),
-        action: Action = "warn",
+        action: Action = "reprofile",
     ) -> None:
         _check(reference_bias > 0 and tau_drop > 0 and bias_tolerance > 0 and trend > 0, "thresholds must be > 0")
         _check(0 <= trend_min_r2 <= 1 and patience >= 1 and cooldown >= 0 and min_prompts >= 0, "bad counts")
