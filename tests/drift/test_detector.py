@@ -51,7 +51,7 @@ def test_patience_min_prompts_and_cooldown() -> None:
     event = d.update(_m(tau=0.5, bias=1.5))
     assert event is not None and event.signals == ("tau", "bias") and event.streak == 3
     assert event.window_index == 6 and event.thresholds["tau"] == pytest.approx(0.72)
-    assert "Kendall tau 0.500 < floor 0.720" in event.message and "Action: warn." in event.message
+    assert "Kendall tau 0.500 < floor 0.720" in event.message and "Action: reprofile." in event.message
     assert [d.update(bad) for _ in range(2)] == [None, None]  # cooldown: two windows ignored
     assert [d.update(bad) is None for _ in range(3)] == [True, True, False]  # then patience again
 
