@@ -17,6 +17,11 @@ directly) and the only place that logs:
 the trainer takes the whole queue (lag 0), and the snapshot reaches every GU before the next round. No
 backpressure. Details: docs/runtime.md.
 
+**Watching and steering** (drift): an `observer` sees every first completion; it may `replan` the pending work
+(`Database.replan`, no pause needed: only never-issued tasks change) or `request_stop`, after which nothing new
+is dispatched or trained, the loop ends once the step in flight finished and an unfinished checkpoint is
+written (the queued, untrained minibatches are pending again on resume, as after a crash).
+
 **Logging once per step.** A resumed run trains the steps after its last checkpoint again, so the iteration
 metrics are held back until the checkpoint that covers them is written (and at the end of a finished run) and
 only then go to the logger, in step order: steps a resume repeats were never logged, and every step reaches
@@ -41,7 +46,15 @@ from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.database import Database
 from asp.runtime.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate, WorkItem
-from asp.runtime.metrics import Window, comparison_summary, iteration_metrics, minibatch_record, summary_metrics
+from asp.runtime.metrics import (
+    RunSummary,
+    Window,
+    comparison_summary,
+    iteration_metrics,
+    minibatch_record,
+    summary_metrics,
+)
+from asp.runtime.plan import WorkPlan
 from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
 
@@ -66,35 +79,6 @@ class GUState:
 
 
 @dataclass(slots=True)
-class RunSummary:
-    """What `run_async` returns.
-
-    Attributes:
-        metrics: summary metrics (``runtime/summary/...``; Table 4(b) columns first).
-        iterations: per-iteration metric dicts of this session, each with its ``step``.
-        minibatches: one record per ingested minibatch (provenance, timing, padding, depth at arrival).
-        events: (seconds since start, "send" | "recv" | "fail" | "dup" | "pause" | "resume" | "train" | "trained",
-            gu, actor, task_id, attempt); -1 where it does not apply; "train" (batch handed to the trainer) and
-            "trained" (step finished) carry the trainer step in place of the task id.
-        trainer_step, policy_version: position at the end.
-        resumed_from_step: trainer step the session started from (0 for a fresh run).
-        resume_reason: why it resumed or started fresh.
-        finished: True when the run reached its iterations (or trained the whole schedule).
-    """
-
-    metrics: dict[str, float]
-    iterations: list[dict[str, float]]
-    minibatches: list[dict[str, Any]]
-    events: list[tuple[float, str, int, int, int, int]]
-    trainer_step: int
-    policy_version: int
-    resumed_from_step: int
-    resume_reason: str
-    finished: bool
-    checkpoint_path: str | None = None
-
-
-@dataclass(slots=True)
 class _Inflight:
     ref: Any
     consumed: list[tuple[int, int]]
@@ -116,6 +100,7 @@ class ControlUnit:
     version: int = 0
     trainer_state: dict[str, Any] = field(default_factory=dict)
     actor_handles: dict[int, Any] = field(default_factory=dict)
+    observer: Callable[[ControlUnit, MinibatchOutput], None] | None = None  # sees every first completion
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -140,6 +125,8 @@ class ControlUnit:
         self.warned_unpublished = False
         self.round_prompts = 0  # sync: new prompts issued in the current round
         self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, float("nan")  # over every trained prompt
+        self.stop_reason = ""
+        self.t0 = time.time()  # reset by run(); replans before it (on_start) are stamped from here
 
     # ---- loop ------------------------------------------------------------------------------------------
     def finished(self) -> bool:
@@ -154,7 +141,7 @@ class ControlUnit:
         self.iter_times: list[float] = []
         for g in self.gus:
             g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
-        while not self.finished():
+        while not self.finished() and not (self.stop_reason and self.inflight is None):
             self._dispatch()
             self._maybe_train()
             refs = [g.collect_ref for g in self.gus if not g.dead]
@@ -166,8 +153,25 @@ class ControlUnit:
                 else:
                     self._on_report(next(g for g in self.gus if g.collect_ref == ref))
             self._check_stall()
+        if self.stop_reason and not self.finished():
+            self.save_checkpoint()  # unfinished: the run resumes from here
         self.flush_metrics()  # the final checkpoint already did, unless there is none
         return self._summary()
+
+    def request_stop(self, reason: str) -> None:
+        """End the session early: nothing new is dispatched or trained; once the step in flight (if any) finished
+        the loop ends with an unfinished checkpoint. The first reason is kept (`RunSummary.stopped`)."""
+        if not self.stop_reason:
+            self.stop_reason = reason or "stop requested"
+            self.events.append((time.time() - self.t0, "stop", -1, -1, self.step, -1))
+            log.warning("runtime: stopping after the step in flight: %s", self.stop_reason)
+
+    def replan(self, rest: WorkPlan | None, full: WorkPlan | None = None) -> int:
+        """Swap the pending work for `rest` (later passes use `full`); see `Database.replan`. Returns the new
+        plan version."""
+        version = self.db.replan(rest, full)
+        self.events.append((time.time() - self.t0, "replan", -1, -1, version, -1))
+        return version
 
     def _check_stall(self) -> None:
         idle = time.time() - self.last_progress
@@ -183,6 +187,8 @@ class ControlUnit:
         return self.config.gu_queue_target + len(g.alive)
 
     def _dispatch(self) -> None:
+        if self.stop_reason:
+            return
         if self.sync:
             self._dispatch_round()
             return
@@ -263,8 +269,11 @@ class ControlUnit:
         self.tokens += out.total_tokens
         self.reload_failures += bool(out.reload_error)
         self.events.append((now - self.t0, "recv", out.gu, out.actor, out.task_id, out.attempt))
-        self.records.append(minibatch_record(out, now - self.t0, depth_batches, self.t0))
+        version = self.db.plan_version(out.task_id)
+        self.records.append(minibatch_record(out, now - self.t0, depth_batches, self.t0, version))
         self._update_backpressure()
+        if self.observer is not None:
+            self.observer(self, out)
 
     def _gu_lost(self, g: GUState, reason: str) -> None:
         g.dead = True
@@ -289,7 +298,7 @@ class ControlUnit:
         self._update_backpressure()
 
     def _maybe_train(self) -> None:
-        if self.inflight is not None or self.finished():
+        if self.inflight is not None or self.stop_reason or self.finished():
             return
         self._evict_stale()
         take = self._round_take() if self.sync else self._async_take()
@@ -460,4 +469,5 @@ class ControlUnit:
             resume_reason="",
             finished=self.finished(),
             checkpoint_path=str(self.checkpointer.path) if self.checkpointer else None,
+            stopped=self.stop_reason,
         )

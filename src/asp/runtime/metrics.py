@@ -1,4 +1,5 @@
-"""Runtime metrics: per-iteration dicts and the run summary (the paper's Table 4(b) columns). Pure functions.
+"""Runtime metrics: per-iteration dicts, the run summary (the paper's Table 4(b) columns) and `RunSummary`, what a
+run returns. Pure functions.
 
 Names are namespaced ``runtime/...``. An *iteration* is one trainer step; its time runs from the end of
 the previous step (the run start for the first) to the end of this one. Queue statistics are over the
@@ -18,6 +19,38 @@ import numpy as np
 
 from asp.rl.lag import lag_stats
 from asp.runtime.messages import MinibatchOutput
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """What `run_async` returns.
+
+    Attributes:
+        metrics: summary metrics (``runtime/summary/...``; Table 4(b) columns first).
+        iterations: per-iteration metric dicts of this session, each with its ``step``.
+        minibatches: one record per ingested minibatch (provenance, timing, padding, depth at arrival).
+        events: (seconds since start, "send" | "recv" | "fail" | "dup" | "pause" | "resume" | "train" | "trained"
+            | "replan" | "stop", gu, actor, task_id, attempt); -1 where it does not apply; "train" (batch handed to
+            the trainer), "trained" (step finished) and "stop" carry the trainer step in place of the task id,
+            "replan" the new plan version.
+        trainer_step, policy_version: position at the end.
+        resumed_from_step: trainer step the session started from (0 for a fresh run).
+        resume_reason: why it resumed or started fresh.
+        finished: True when the run reached its iterations (or trained the whole schedule).
+        stopped: why `ControlUnit.request_stop` ended the session early ("" when it was not stopped).
+    """
+
+    metrics: dict[str, float]
+    iterations: list[dict[str, float]]
+    minibatches: list[dict[str, Any]]
+    events: list[tuple[float, str, int, int, int, int]]
+    trainer_step: int
+    policy_version: int
+    resumed_from_step: int
+    resume_reason: str
+    finished: bool
+    checkpoint_path: str | None = None
+    stopped: str = ""
 
 
 def busy_fraction(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> float:
@@ -243,11 +276,15 @@ def comparison_summary(
     }
 
 
-def minibatch_record(out: MinibatchOutput, arrival: float, depth_batches: float, t0: float) -> dict[str, Any]:
-    """One ingested minibatch as a flat dict (`RunSummary.minibatches`); times in seconds since `t0`."""
+def minibatch_record(
+    out: MinibatchOutput, arrival: float, depth_batches: float, t0: float, plan_version: int = 1
+) -> dict[str, Any]:
+    """One ingested minibatch as a flat dict (`RunSummary.minibatches`); times in seconds since `t0`;
+    `plan_version`: the schedule version that scheduled it (1 = the run's original plan)."""
     return {
         "task_id": out.task_id,
         "minibatch_id": out.minibatch_id,
+        "plan_version": plan_version,
         "attempt": out.attempt,
         "gu": out.gu,
         "actor": out.actor,

@@ -7,7 +7,8 @@ placed, and finally that every engine actually loaded (its error is reported ver
 `ray_session` owns `ray.init` / `ray.shutdown` only when it started Ray (dashboard off, every server on
 127.0.0.1), so tests and callers can share a cluster; actors are always killed on exit, Ctrl-C or SIGTERM.
 A resumed run continues from the newest runtime position whose trainer checkpoint is intact
-(`asp.runtime.checkpoint`); a trainer that cannot restore it stops the run with its `UserError`.
+(`asp.runtime.checkpoint`; replans recorded in it are replayed); a trainer that cannot restore it stops the run
+with its `UserError`. `observer` and `on_start` let a caller (the drift watch, launch) replan or stop the run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from asp.runtime.control import ControlUnit, GUState, RunSummary
 from asp.runtime.database import Database
 from asp.runtime.engines import EngineSpec
 from asp.runtime.generation import GenerationActor, GenerationUnit
-from asp.runtime.messages import SamplingParams
+from asp.runtime.messages import MinibatchOutput, SamplingParams
 from asp.runtime.placement import Placement, create_placement, trainer_ranks
 from asp.runtime.plan import as_plan, check_prompts
 from asp.runtime.trainer import build_training_unit, rank_handles
@@ -247,6 +248,8 @@ def run_async(
     resume: bool = True,
     on_iteration: Callable[[ControlUnit, dict[str, float]], None] | None = None,
     fingerprint_extra: Mapping[str, Any] | None = None,
+    observer: Callable[[ControlUnit, MinibatchOutput], None] | None = None,
+    on_start: Callable[[ControlUnit], None] | None = None,
 ) -> RunSummary:
     """Run the asynchronous generation -> Training Queue -> trainer loop over a schedule.
 
@@ -265,9 +268,13 @@ def run_async(
         on_iteration: called in the driver after every step with (control unit, metrics) (tests, progress).
         fingerprint_extra: settings a checkpoint must match to be resumed besides the plan, the global batch
             and n (e.g. the trainer kind and its hyper-parameters); see `make_checkpointer`.
+        observer: called in the driver with (control unit, output) for every minibatch ingested the first time;
+            it may call `ControlUnit.replan` or `ControlUnit.request_stop` (the drift watch).
+        on_start: called with the control unit after the resume (if any) and before the first dispatch (e.g. to
+            apply an accepted re-profile's plans with `ControlUnit.replan`).
 
     Returns:
-        The `RunSummary`.
+        The `RunSummary` (``stopped`` says why when `request_stop` ended it early; the checkpoint then resumes).
 
     Raises:
         UserError: bad schedule / prompts / config / resources, or an engine that fails to load.
@@ -296,9 +303,13 @@ def run_async(
         check_resources(config)
         gus, handles, trainer, placement = build_runtime(config, engine_factory, trainer_factory)
         try:
-            cu = ControlUnit(config, db, gus, trainer, logger, checkpointer, on_iteration, actor_handles=handles)
+            cu = ControlUnit(
+                config, db, gus, trainer, logger, checkpointer, on_iteration, actor_handles=handles, observer=observer
+            )
             if state is not None:
                 _restore(cu, trainer, state)
+            if on_start is not None:
+                on_start(cu)
             summary = cu.run()
         finally:
             teardown([g.handle for g in gus], handles, trainer, placement)
