@@ -1,6 +1,7 @@
 """Tracker: nested stage runs under a parent run, logged to a temporary SQLite store and read back; how a run
 ends (FINISHED / FAILED / KILLED, a status set inside the block kept); owner tags and the sweep that marks runs
-of dead processes KILLED without touching live, unknown or resumed ones."""
+of dead processes KILLED without touching live, unknown or resumed ones; predictor versions in the Model Registry
+(logged, registered with their tags, listed) and a run attached to without changing its status."""
 
 from __future__ import annotations
 
@@ -29,12 +30,16 @@ from asp.tracking import (  # noqa: E402
     PARENT_ENV,
     PID_TAG,
     START_TAG,
+    NullTracker,
     Tracker,
+    attach_run,
     end_run,
     flatten,
     log_text,
     nested_statuses,
     open_tracker,
+    predictor_versions,
+    register_predictor,
     start_run,
     status_of,
 )
@@ -260,3 +265,42 @@ def test_resumed_run_left_running_by_a_dead_owner_is_continued_not_killed(exp: s
     run = client.get_run(interrupted)
     assert run.info.status == "FINISHED" and run.data.tags["asp.resumed"] == "true"
     assert "asp.killed_reason" not in run.data.tags
+
+
+def test_register_predictor_adds_versions_with_tags_and_attach_keeps_the_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exp: str, _mlflow_store: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # artifacts go to ./mlartifacts of the working directory
+    pred = tmp_path / "predictor"
+    (pred / "adapter").mkdir(parents=True)
+    (pred / "predictor.json").write_text("{}")
+    (pred / "adapter" / "adapter_config.json").write_text("{}")
+    name = f"predictor-{exp}"
+    assert register_predictor(NullTracker(), name, pred, {"kendall_tau": 0.5}) is None  # tracking off: nothing
+    with open_tracker("evaluate", experiment=exp) as first:
+        assert register_predictor(first, name, pred, {"kendall_tau": 0.5, "predictor_version": 1}) == 1
+    with open_tracker("launch", experiment=exp) as second:
+        tags = {"kendall_tau": 0.61, "policy_step": 40, "predictor_version": 2}
+        assert register_predictor(second, name, pred, tags, artifact_path="predictors/v2/predictor") == 2
+
+    v1, v2 = predictor_versions(name)
+    assert (v1["version"], v2["version"]) == (1, 2) and (v1["run_id"], v2["run_id"]) == (first.run_id, second.run_id)
+    assert v1["tags"] == {"kendall_tau": "0.5", "predictor_version": "1", "run_id": first.run_id}
+    assert v2["tags"] == {
+        "kendall_tau": "0.61",
+        "policy_step": "40",
+        "predictor_version": "2",
+        "run_id": second.run_id,
+    }
+    assert v2["source"].endswith(f"{second.run_id}/artifacts/predictors/v2/predictor")
+    client = MlflowClient(_mlflow_store)
+    logged = {f.path for f in client.list_artifacts(second.run_id, "predictors/v2/predictor")}
+    assert logged == {"predictors/v2/predictor/adapter", "predictors/v2/predictor/predictor.json"}
+    assert predictor_versions(f"absent-{exp}") == []
+
+    attached = attach_run(first.run_id)
+    assert attached is not None and attached.run_id == first.run_id
+    attached.log_metrics({"reprofile/accepted": 1.0}, step=3)
+    run = client.get_run(first.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["reprofile/accepted"] == 1.0
+    assert attach_run("0" * 32) is None

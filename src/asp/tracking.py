@@ -7,6 +7,8 @@ This is the only module that imports mlflow. Conventions (see shared/DESIGN.md):
 * one parent run per pipeline execution (`asp repro` creates it and hands its id to the stage processes
   through the `ASP_PARENT_RUN_ID` environment variable) and one nested run per stage;
 * metric names are namespaced: `prepare/prompts`, `schedule/group_load_cv`, `runtime/queue_depth`, ...
+* length predictors are registered in the MLflow Model Registry (`register_predictor`): the evaluate stage's is
+  version 1 of `drift.registry_model`, every accepted re-profile (`asp.pipeline.reprofile`) adds one;
 * a run ends FINISHED, FAILED (an exception) or KILLED (Ctrl-C, SIGTERM, a Prefect cancellation); a status set
   with `end_run` inside the `open_tracker` block stays. Every run records its owner process (`asp.pid`,
   `asp.host`, `asp.pid_start`); when a run opens, earlier RUNNING runs of the same name whose owner process on
@@ -488,3 +490,72 @@ def record_in_parent(parent: Tracker, params: Any, params_path: str | Path, metr
     parent.log_metrics(
         {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     )
+
+
+def attach_run(run_id: str, tracking_uri: str | None = None) -> MlflowTracker | None:
+    """A tracker bound to an existing run, leaving its status as it is (e.g. `asp reprofile --run-id` logging into
+    the launch's run); None when the store has no such run or tracking is off (`ASP_TRACKING=0`)."""
+    if os.environ.get("ASP_TRACKING", "1") == "0":
+        return None
+    client = _client(resolve_tracking_uri(tracking_uri))
+    try:
+        client.get_run(run_id)
+    except Exception as exc:  # MlflowException: not in this store
+        log.warning("MLflow run %s not found (%s)", run_id, exc)
+        return None
+    return MlflowTracker(client, run_id, resumed=True)
+
+
+def register_predictor(
+    tracker: Tracker,
+    name: str,
+    directory: str | Path,
+    tags: Mapping[str, Any],
+    *,
+    artifact_path: str = "predictor",
+) -> int | None:
+    """Log a saved length predictor (`directory`: adapter, head, tokenizer, predictor.json) as artifacts of
+    `tracker`'s run under `artifact_path` and register them as a new version of the registered model `name`
+    (created when absent), with `tags` (values as text) and the run id as tag ``run_id``.
+
+    Returns:
+        The new registry version number; None with the no-op tracker, or when the store refused (a warning says
+        why: registry bookkeeping never fails the caller).
+    """
+    if not isinstance(tracker, MlflowTracker):
+        return None
+    client = tracker.client
+    try:
+        tracker.log_artifact(directory, artifact_path)
+        source = f"{client.get_run(tracker.run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
+        _ensure_registered_model(client, name)
+        all_tags = {**{k: str(v) for k, v in tags.items()}, "run_id": tracker.run_id}
+        version = client.create_model_version(name, source, run_id=tracker.run_id, tags=all_tags)
+    except Exception as exc:  # a store without a registry, a refused name, ...
+        log.warning("could not register %s in the MLflow Model Registry as %r: %s", directory, name, exc)
+        return None
+    return int(version.version)
+
+
+def _ensure_registered_model(client: Any, name: str) -> None:
+    """Create the registered model `name` unless it exists (another process may create it meanwhile)."""
+    try:
+        client.get_registered_model(name)
+        return
+    except Exception:  # RESOURCE_DOES_NOT_EXIST
+        pass
+    try:
+        client.create_registered_model(name, description="asp length predictor (LoRA adapter + head + tokenizer)")
+    except Exception:
+        client.get_registered_model(name)  # created by someone else meanwhile; raises if it really failed
+
+
+def predictor_versions(name: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
+    """The registered versions of `name`, oldest first: ``version``, ``run_id``, ``source`` and ``tags``; [] when
+    there are none or tracking is off."""
+    if os.environ.get("ASP_TRACKING", "1") == "0":
+        return []
+    client = _client(resolve_tracking_uri(tracking_uri))
+    found = client.search_model_versions(f"name = '{name}'")
+    rows = [{"version": int(v.version), "run_id": v.run_id, "source": v.source, "tags": dict(v.tags)} for v in found]
+    return sorted(rows, key=lambda r: r["version"])

@@ -6,6 +6,7 @@
     asp preset list|apply NAME  list presets in configs/ or write one over params.yaml
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline
     asp heldout-reward [--weights F]    demo reward of the policy (or trained weights) on new problems
+    asp reprofile [--state-dir D]       re-profile a stopped launch run and re-schedule its remaining prompts
     asp simulate [-c C4] [--set K=V]    the launch run predicted on a simulated clock (src/asp/cli/simulate.py)
     asp plan layout [--devices N]       GUs, actors, TU devices, q_max, b, k for a cluster (B.6 + simulated search)
     asp plan memory [-c PRESET]         does it fit? GiB per trainer rank and per vLLM GPU (docs/memory.md)
@@ -29,6 +30,7 @@ import typer
 
 from asp.cli.heldout import heldout_reward
 from asp.cli.plan import app as plan_app
+from asp.cli.reprofile import reprofile
 from asp.cli.schedule import app as schedule_app
 from asp.cli.simulate import app as simulate_app
 from asp.cli.ui import app as ui_app
@@ -50,6 +52,7 @@ app.add_typer(schedule_app, name="schedule", help="Build schedules, ablations an
 app.add_typer(simulate_app, name="simulate")
 app.add_typer(plan_app, name="plan")
 app.command("heldout-reward")(heldout_reward)
+app.command("reprofile")(reprofile)
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params file")]
 

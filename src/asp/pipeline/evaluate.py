@@ -7,6 +7,9 @@ balance expected loads (outputs/calibration.json). `predictor/mae_calibrated_tok
 cross-fitted over the held-out prompts (`asp.predictor.calibration.cross_fit_calibration`), each prompt
 calibrated by a map fitted on the other folds; `predictor/calibration_folds` says K.
 `evaluate.min_tau` gates the pipeline: below it the stage fails (or warns, `evaluate.on_fail: warn`).
+A predictor that passes (or is let through with a warning) is logged to the stage's MLflow run and registered in
+the MLflow Model Registry as a version of `drift.registry_model` with tags kendall_tau, policy_step 0,
+predictor_version 1 and run_id (later versions come from re-profiling during launch, `asp.pipeline.reprofile`).
 
 Run: `asp stage evaluate` (what `dvc repro evaluate` calls).
 """
@@ -25,7 +28,7 @@ from asp.errors import UserError
 from asp.io import write_json
 from asp.pipeline.loaders import load_trained_predictor, profiled_texts
 from asp.plots import save_figure
-from asp.tracking import Tracker
+from asp.tracking import Tracker, register_predictor
 
 
 @dataclass(frozen=True)
@@ -118,4 +121,16 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     write_json({**metrics, "buckets": buckets}, paths.metrics)
     save_figure(scatter_figure(pred, true, out_of_fold, tau), paths.plot, tracker)
     tracker.log_artifact(paths.calibration)
+    register_predictor(
+        tracker,
+        params.drift.registry_model,
+        paths.predictor,
+        {
+            "kendall_tau": tau,
+            "policy_step": 0,
+            "predictor_version": 1,
+            "gate": "passed" if tau >= evaluation.min_tau else "warned",
+        },
+        artifact_path="predictor",
+    )
     return metrics

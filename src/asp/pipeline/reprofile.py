@@ -1,0 +1,541 @@
+"""Re-profile a running launch (drift action `reprofile`, docs/drift.md): a new predictor version for the current
+policy, and a schedule of the prompts the run has not trained yet.
+
+From the run's runtime checkpoint in `state_dir` (``outputs/launch_state/<condition>``) the Database is rebuilt and
+restored; its pending work is the *remaining* prompts. `drift.reprofile_prompts` of them (seeded) are profiled with
+the current policy (the checkpoint's trainer weights over outputs/policy; `profile.n_samples` samples capped at
+`profile.max_new_tokens`, the `profile.engine`). A seeded `drift.reprofile_eval_fraction` is held out; the rest
+fine-tunes the current predictor (the newest accepted version, else outputs/predictor = v1), warm-started, for
+`drift.reprofile_epochs` (early stopping on a validation slice of the fit part). Kendall tau on the held-out part
+(out of sample) is gated on `evaluate.min_tau`, and the calibration map is fitted there, as the evaluate stage
+does.
+
+Accepted: ``<state_dir>/predictors/v<k>/`` is written as a whole (profile.parquet, predictor/, calibration.json,
+predictions.parquet of every training prompt, rest.parquet = the C4 schedule of the remaining prompts,
+full.parquet = the C4 schedule of all training prompts, both in the schedule stage's Parquet layout, report.json)
+and the predictor is registered in the MLflow Model Registry (`drift.registry_model`; tags kendall_tau,
+policy_step, predictor_version, run_id). Rejected: v<k> holds profile.parquet and report.json with accepted false,
+no plans; the run keeps its schedule. Every attempt gets the next number (v1 is the pipeline's predictor, so the
+first re-profile is v2, accepted or not); `latest_accepted` reads back the newest accepted one. report.json holds
+the `ReprofileResult` fields (accepted, version, tau, min_tau, policy_step, prompts, seconds, directory, message)
+and more (kendall_tau, previous_kendall_tau, base_version, remaining / fit / eval prompts, mean_length,
+truncation_rate, the fine-tuning history, timings_s, registry).
+
+Run: `asp reprofile` (src/asp/cli/reprofile.py) on a stopped run, or in-process from the launch stage.
+Tests: `.venv/bin/python -m pytest tests/pipeline/test_reprofile.py -q`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from asp.config import Params
+from asp.errors import UserError
+from asp.io import atomic_path, read_json, write_json, write_parquet
+from asp.pipeline.loaders import load_trained_predictor, policy_model_path, schedule_spec
+from asp.progress import progress_bar
+from asp.tracking import Tracker, register_predictor
+
+VERSIONS_DIR = "predictors"
+REPORT = "report.json"
+VERSION_RE = re.compile(r"v(\d+)")
+WEIGHT_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth)(\.index\.json)?$")
+# report keys logged as reprofile/<key> (with reprofile/accepted and reprofile/<timing>_s)
+REPORT_METRICS = ("version", "kendall_tau", "previous_kendall_tau", "min_tau", "policy_step", "remaining_prompts")
+REPORT_METRICS += ("prompts", "fit_prompts", "eval_prompts", "mean_length", "truncation_rate")
+MIN_EVAL, MIN_FIT = 3, 4  # held-out prompts for a tau; fit prompts for a train + validation split
+
+
+@dataclass(frozen=True)
+class Paths:
+    policy: Path = Path("outputs/policy")
+    prompts: Path = Path("outputs/prompts/train.parquet")
+    predictor: Path = Path("outputs/predictor")
+    calibration: Path = Path("outputs/calibration.json")
+    schedule: Path = Path("outputs/schedule/schedule.parquet")
+    predictions: Path = Path("outputs/predictions.parquet")
+
+
+@dataclass(frozen=True)
+class ReprofileResult:
+    """What a re-profile did: `version` k (written to `directory`), its held-out `tau` against `min_tau`, the trainer
+    step of the policy profiled, the prompts profiled, the seconds it took and a one-line `message`."""
+
+    accepted: bool
+    version: int
+    tau: float
+    min_tau: float
+    policy_step: int
+    prompts: int
+    seconds: float
+    directory: Path
+    message: str
+
+
+class Accepted(NamedTuple):
+    """The newest accepted version: the plan of the remaining prompts, the plan for later passes, the predictions
+    (prompt_id, predicted_length, calibrated_length) and the calibration map."""
+
+    version: int
+    rest: Any
+    full: Any
+    predictions: pd.DataFrame
+    calibration: Any
+
+
+@dataclass(frozen=True)
+class Position:
+    """The checkpointed run: remaining prompt ids in dispatch order, the trainer step and its weights (None: the
+    initial policy)."""
+
+    pending: list[Any]
+    step: int
+    weights: Path | None
+
+
+# ---- versions ---------------------------------------------------------------------------------------------------
+def version_dir(state_dir: Path, version: int) -> Path:
+    return Path(state_dir) / VERSIONS_DIR / f"v{version}"
+
+
+def versions(state_dir: Path) -> dict[int, dict[str, Any]]:
+    """Version number -> report of every ``predictors/v<k>`` under `state_dir` (accepted or not)."""
+    root = Path(state_dir) / VERSIONS_DIR
+    found = {}
+    for d in root.iterdir() if root.is_dir() else []:
+        m = VERSION_RE.fullmatch(d.name)
+        if m and (d / REPORT).is_file():
+            found[int(m.group(1))] = read_json(d / REPORT)
+    return found
+
+
+def newest_accepted_version(state_dir: Path) -> int:
+    """The newest accepted version (1: only the pipeline's predictor)."""
+    return max([k for k, r in versions(state_dir).items() if r.get("accepted")], default=1)
+
+
+def latest_accepted(state_dir: Path) -> Accepted | None:
+    """The newest accepted re-profile under `state_dir`, read back; None when there is none."""
+    from asp.predictor.calibration import CalibrationMap
+    from asp.runtime import WorkPlan
+
+    version = newest_accepted_version(state_dir)
+    if version == 1:
+        return None
+    d = version_dir(state_dir, version)
+    rest = WorkPlan.from_frame(pd.read_parquet(d / "rest.parquet")) if (d / "rest.parquet").is_file() else None
+    return Accepted(
+        version,
+        rest,
+        WorkPlan.from_frame(pd.read_parquet(d / "full.parquet")),
+        pd.read_parquet(d / "predictions.parquet"),
+        CalibrationMap.from_dict(read_json(d / "calibration.json")),
+    )
+
+
+def rest_plan_for(params: Params, accepted: Accepted, pending: list[Any]) -> Any:
+    """The plan to replan `pending` with: the accepted `rest` when it covers exactly these prompts, else (the run
+    trained on after the re-profile) a C4 schedule of `pending` from the accepted predictions and calibration."""
+    from asp.runtime import WorkPlan
+
+    if accepted.rest is not None and set(accepted.rest.prompt_ids()) == set(pending):
+        return accepted.rest
+    preds = accepted.predictions.set_index("prompt_id").loc[list(pending)].reset_index()
+    return WorkPlan.from_frame(schedule_frame(params, preds, accepted.calibration))
+
+
+# ---- the run's position and policy ------------------------------------------------------------------------------
+def pending_prompts(db: Any) -> list[Any]:
+    """The Database's remaining prompts in dispatch order (`Database.pending_prompts`)."""
+    if hasattr(db, "pending_prompts"):
+        return list(db.pending_prompts())
+    return [pid for t in db.pending for pid in db.plan.minibatches[db.tasks[t].rank][db.tasks[t].start :]]
+
+
+def check_checkpoint(state_dir: Path) -> None:
+    """`UserError` naming `state_dir` when it holds no runtime checkpoint."""
+    if not (state_dir / "runtime_state.json").is_file():
+        raise UserError(
+            f"{state_dir}: no runtime checkpoint (runtime_state.json). Re-profiling needs a stopped launch run; "
+            "run the launch stage first or pass --state-dir outputs/launch_state/<condition>."
+        )
+
+
+def read_position(params: Params, paths: Paths, state_dir: Path, prompts_by_id: dict[Any, str]) -> Position:
+    """Restore the run's Database from the runtime checkpoint in `state_dir`.
+
+    Raises:
+        UserError: no checkpoint, a checkpoint of other params, or a finished run (nothing left to re-schedule).
+    """
+    from asp.pipeline import launch
+    from asp.runtime import RuntimeConfig, make_checkpointer
+    from asp.runtime.database import Database
+
+    check_checkpoint(state_dir)
+    plan = launch.load_plan(
+        params, launch.Paths(schedule=paths.schedule, predictions=paths.predictions, calibration=paths.calibration)
+    )
+    config = RuntimeConfig.from_params(params)
+    state, reason = make_checkpointer(plan, config, state_dir, launch.fingerprint_extra(params.runtime)).load()
+    if state is None:
+        what = "the run finished: nothing left to re-schedule" if "finished" in reason else reason
+        raise UserError(f"{state_dir / 'runtime_state.json'}: {what}; re-profiling applies to a stopped run.")
+    db = Database(plan, prompts_by_id, epochs=None if config.iterations else 1, seed=config.seed)
+    db.restore(state["database"])
+    ckpt = (state.get("trainer_state") or {}).get("checkpoint")
+    weights = Path(ckpt) / "model.safetensors" if ckpt else None
+    if weights is None or not weights.is_file():
+        from asp.trainers.heldout import final_weights
+
+        final = final_weights(state_dir)
+        weights = final[0] if final is not None and final[1] <= int(state["trainer_step"]) else None
+    return Position(pending_prompts(db), int(state["trainer_step"]), weights)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+@contextlib.contextmanager
+def current_policy(policy_dir: Path, weights: Path | None, work: Path) -> Iterator[Path]:
+    """A Hugging Face model directory of the current policy: the policy checkpoint itself, or (trainer weights
+    given) a temporary directory under `work` with its config and tokenizer files and `weights` as
+    model.safetensors (hard links where possible), removed afterwards."""
+    base = policy_model_path(policy_dir)
+    if weights is None:
+        yield base
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".policy-", dir=work) as tmp:
+        for f in base.iterdir():
+            if f.is_file() and not WEIGHT_FILE_RE.fullmatch(f.name):
+                _link_or_copy(f, Path(tmp) / f.name)
+        _link_or_copy(weights, Path(tmp) / "model.safetensors")
+        yield Path(tmp)
+
+
+# ---- profile, fine-tune, score ------------------------------------------------------------------------------------
+def profile_lengths(params: Params, model_dir: Path, ids: list[Any], texts: list[str], seed: int) -> pd.DataFrame:
+    """Sample `profile.n_samples` responses per prompt; per-prompt mean / max length and truncated fraction."""
+    from asp.rollout import make_engine
+    from asp.rollout.base import SamplingParams, timed_generate
+
+    prof = params.profile
+    if prof.engine == "vllm":
+        opts = {
+            "tensor_parallel_size": prof.vllm.tensor_parallel_size,
+            "dtype": prof.dtype,
+            "seed": seed,
+            "gpu_memory_utilization": prof.vllm.gpu_memory_utilization,
+            "max_model_len": prof.vllm.max_model_len,
+        }
+    else:
+        opts = {"device": prof.device, "dtype": prof.dtype, "num_threads": prof.num_threads}
+    engine = make_engine(prof.engine, str(model_dir), **opts)
+    sampling = SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
+    rows, mb = [], prof.minibatch_prompts
+    try:
+        with progress_bar(total=len(ids), desc="re-profile", unit="prompt") as bar:
+            for m, start in enumerate(range(0, len(ids), mb)):
+                done = timed_generate(engine, texts[start : start + mb], sampling.with_seed(seed + m))
+                for pid, res in zip(ids[start : start + mb], done.results, strict=True):
+                    lengths = [int(s.length) for s in res.samples]
+                    cut = [s.finish_reason == "length" for s in res.samples]
+                    rows.append((pid, float(np.mean(lengths)), max(lengths), float(np.mean(cut)), len(lengths)))
+                bar.update(len(done.results))
+    finally:
+        getattr(engine, "close", lambda: None)()
+    return pd.DataFrame(rows, columns=["prompt_id", "mean_length", "max_length", "truncated_frac", "samples"])
+
+
+def split_roles(n: int, eval_fraction: float, val_fraction: float, seed: int) -> np.ndarray:
+    """Role of each of `n` profiled prompts: 'eval' (held out), 'val' (early stopping) or 'train' (seeded)."""
+    n_eval = max(MIN_EVAL, int(round(eval_fraction * n)))
+    n_val = max(2, int(round(val_fraction * (n - n_eval))))
+    roles = np.full(n, "train", dtype=object)
+    order = np.random.default_rng(seed).permutation(n)
+    roles[order[:n_eval]], roles[order[n_eval : n_eval + n_val]] = "eval", "val"
+    return roles
+
+
+def fine_tune(
+    model: Any, tokenizer: Any, texts: list[str], lengths: np.ndarray, roles: np.ndarray, params: Params, seed: int
+) -> Any:
+    """Continue training the loaded predictor (its LoRA adapters made trainable again) on the 'train' prompts,
+    early stopping on the 'val' ones; `drift.reprofile_epochs` epochs at most."""
+    from asp.predictor.train import train_predictor
+
+    for name, p in model.backbone.named_parameters():
+        if "lora_" in name:
+            p.requires_grad_(True)
+    pick = [np.flatnonzero(roles == r) for r in ("train", "val")]
+    pred = params.predictor
+    return train_predictor(
+        model,
+        tokenizer,
+        [texts[i] for i in pick[0]],
+        lengths[pick[0]],
+        [texts[i] for i in pick[1]],
+        lengths[pick[1]],
+        epochs=params.drift.reprofile_epochs,
+        batch_size=pred.batch_size,
+        lr=pred.lr,
+        weight_decay=pred.weight_decay,
+        loss=pred.loss,
+        rank_weight=pred.rank_weight,
+        patience=pred.patience,
+        seed=seed,
+    )
+
+
+def schedule_frame(params: Params, preds: pd.DataFrame, calibration: Any) -> pd.DataFrame:
+    """The C4 schedule (`schedule:` params, calibrated loads) of `preds`' prompts in the schedule Parquet layout."""
+    from asp.schedule import build_schedule, schedule_to_frame
+
+    sched = build_schedule(
+        preds["prompt_id"].to_numpy(),
+        preds["predicted_length"].to_numpy(np.float64),
+        **schedule_spec(params.schedule).kwargs(),
+        seed=params.common.seed,
+        calibration=calibration,
+        loads=params.schedule.loads,
+        shuffle=params.schedule.shuffle_groups,
+    )
+    return schedule_to_frame(sched)
+
+
+# ---- the re-profile ---------------------------------------------------------------------------------------------
+@dataclass
+class Attempt:
+    """What one re-profile measured (the report's content besides the plans)."""
+
+    state_dir: Path
+    version: int
+    base_version: int
+    reason: str
+    position: Position
+    profiled: pd.DataFrame | None = None
+    tau: float = float("nan")
+    old_tau: float = float("nan")
+    history: list[dict[str, Any]] | None = None
+    seconds: dict[str, float] | None = None
+
+    def report(self, result: ReprofileResult, extra: dict[str, Any]) -> dict[str, Any]:
+        prof = self.profiled
+        roles = prof["role"].value_counts().to_dict() if prof is not None else {}
+        return {
+            **asdict(result),
+            "directory": str(result.directory),
+            "tau": _num(result.tau),
+            "kendall_tau": _num(result.tau),
+            "previous_kendall_tau": _num(self.old_tau),
+            "reason": self.reason,
+            "base_version": self.base_version,
+            "remaining_prompts": len(self.position.pending),
+            "fit_prompts": int(roles.get("train", 0) + roles.get("val", 0)),
+            "eval_prompts": int(roles.get("eval", 0)),
+            "mean_length": None if prof is None else float(prof["mean_length"].mean()),
+            "truncation_rate": None if prof is None else float(prof["truncated_frac"].mean()),
+            "history": self.history or [],
+            "timings_s": self.seconds or {},
+            **extra,
+        }
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def reprofile(
+    params: Params, state_dir: Path, tracker: Tracker, *, reason: str = "manual", paths: Paths = Paths()
+) -> ReprofileResult:
+    """Re-profile the stopped run in `state_dir` (see the module docstring); returns what was done.
+
+    Raises:
+        UserError: no runtime checkpoint, a finished run, missing pipeline outputs.
+    """
+    t0, state_dir = time.perf_counter(), Path(state_dir)
+    check_checkpoint(state_dir)  # before any other file is read
+    prompts = load_train_prompts(paths.prompts)
+    position = read_position(params, paths, state_dir, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)))
+    base = newest_accepted_version(state_dir)
+    attempt = Attempt(state_dir, max(versions(state_dir), default=1) + 1, base, reason, position)
+    candidates = position.pending or prompts["prompt_id"].tolist()  # none pending: the next pass (iterations)
+    if min(params.drift.reprofile_prompts, len(candidates)) < MIN_EVAL + MIN_FIT:
+        msg = f"only {len(candidates)} prompts remain, too few to re-profile; the run keeps its schedule"
+        return finish(params, attempt, tracker, t0, accepted=False, message=msg)
+    model, tokenizer, meta = load_trained_predictor(current_predictor_dir(state_dir, paths, base), params.predictor)
+    field = meta.get("text_field", params.predictor.text_field)
+    new_pred, true = measure(
+        params, paths, attempt, prompts.set_index("prompt_id"), candidates, field, model, tokenizer
+    )
+    min_tau = params.evaluate.min_tau
+    if not (math.isfinite(attempt.tau) and attempt.tau >= min_tau):
+        msg = (
+            f"v{attempt.version} rejected: held-out Kendall tau {attempt.tau:.3f} is below evaluate.min_tau = "
+            f"{min_tau} (v{base}: {attempt.old_tau:.3f}); the run keeps the schedule of v{base}. Profile more "
+            "prompts (drift.reprofile_prompts), train longer (drift.reprofile_epochs) or lower evaluate.min_tau."
+        )
+        return finish(params, attempt, tracker, t0, accepted=False, message=msg)
+    from asp.predictor.calibration import fit_calibration
+
+    calibration = fit_calibration(new_pred, true)
+    preds, plans = new_plans(params, model, tokenizer, prompts, field, calibration, position.pending)
+    msg = (
+        f"v{attempt.version} accepted: held-out Kendall tau {attempt.tau:.3f} >= evaluate.min_tau {min_tau} "
+        f"(v{base}: {attempt.old_tau:.3f}); re-scheduled the {len(position.pending)} remaining prompts"
+    )
+    saved = {"model": model, "tokenizer": tokenizer, "calibration": calibration, "predictions": preds, "plans": plans}
+    saved["meta"] = {**meta, "reprofile": {"version": attempt.version, "history": attempt.history}}
+    return finish(params, attempt, tracker, t0, accepted=True, message=msg, saved=saved)
+
+
+def measure(
+    params: Params,
+    paths: Paths,
+    attempt: Attempt,
+    prompts: pd.DataFrame,
+    candidates: list[Any],
+    field: str,
+    model: Any,
+    tokenizer: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Profile a seeded sample of `candidates` with the current policy, score the old predictor on its held-out
+    part, fine-tune on the rest and score again (into `attempt`). Returns the new predictions and the profiled
+    mean lengths [n_eval] of the held-out part."""
+    from asp.predictor.metrics import kendall_tau
+    from asp.predictor.train import predict_lengths
+
+    drift, seed, bs = params.drift, params.common.seed + 7919 * attempt.version, params.predict.batch_size
+    n = min(drift.reprofile_prompts, len(candidates))
+    chosen = [candidates[i] for i in np.random.default_rng(seed).choice(len(candidates), n, replace=False)]
+    t1 = time.perf_counter()
+    with current_policy(paths.policy, attempt.position.weights, attempt.state_dir / VERSIONS_DIR) as model_dir:
+        prof = profile_lengths(params, model_dir, chosen, prompts.loc[chosen, "prompt"].tolist(), seed)
+    prof["role"] = split_roles(n, drift.reprofile_eval_fraction, params.predictor.val_fraction, seed + 1)
+    texts, lengths = prompts.loc[chosen, field].tolist(), prof["mean_length"].to_numpy(np.float64)
+    held = np.flatnonzero(prof["role"].to_numpy() == "eval")
+    held_texts = [texts[i] for i in held]
+    attempt.old_tau = kendall_tau(predict_lengths(model, tokenizer, held_texts, batch_size=bs), lengths[held])
+    t2 = time.perf_counter()
+    result = fine_tune(model, tokenizer, texts, lengths, prof["role"].to_numpy(), params, seed)
+    new_pred = predict_lengths(model, tokenizer, held_texts, batch_size=bs)
+    attempt.tau, attempt.profiled = kendall_tau(new_pred, lengths[held]), prof
+    attempt.history = [{k: v for k, v in asdict(h).items() if k != "seconds"} for h in result.history]
+    attempt.seconds = {"profile": t2 - t1, "train": time.perf_counter() - t2}
+    return new_pred, lengths[held]
+
+
+def new_plans(
+    params: Params,
+    model: Any,
+    tokenizer: Any,
+    prompts: pd.DataFrame,
+    field: str,
+    calibration: Any,
+    pending: list[Any],
+) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """Predictions of every training prompt with the new predictor, and the schedules ``full`` (all of them) and
+    ``rest`` (the `pending` ones; absent when none is pending)."""
+    from asp.predictor.train import predict_lengths
+
+    predicted = predict_lengths(model, tokenizer, prompts[field].tolist(), batch_size=params.predict.batch_size)
+    preds = pd.DataFrame(
+        {"prompt_id": prompts["prompt_id"], "predicted_length": predicted, "calibrated_length": calibration(predicted)}
+    )
+    plans = {"full": schedule_frame(params, preds, calibration)}
+    if pending:
+        plans["rest"] = schedule_frame(params, preds.set_index("prompt_id").loc[pending].reset_index(), calibration)
+    return preds, plans
+
+
+def load_train_prompts(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise UserError(f"{path}: missing. Run the prepare stage first (`dvc repro prepare`).")
+    return pd.read_parquet(path)
+
+
+def current_predictor_dir(state_dir: Path, paths: Paths, version: int) -> Path:
+    """The predictor of `version` (1: the pipeline's outputs/predictor)."""
+    return paths.predictor if version == 1 else version_dir(state_dir, version) / "predictor"
+
+
+def finish(
+    params: Params,
+    attempt: Attempt,
+    tracker: Tracker,
+    t0: float,
+    *,
+    accepted: bool,
+    message: str,
+    saved: dict[str, Any] | None = None,
+) -> ReprofileResult:
+    """Write ``v<k>`` as a whole (plans and predictor only when accepted), register an accepted predictor, log to
+    `tracker` at the policy step, say what happened."""
+    k, out = attempt.version, version_dir(attempt.state_dir, attempt.version)
+    registry: dict[str, Any] = {"name": params.drift.registry_model, "version": None}
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        if attempt.profiled is not None:
+            write_parquet(attempt.profiled, tmp / "profile.parquet")
+        if saved is not None:
+            save_accepted(params, saved, tmp)
+            tags = {"kendall_tau": attempt.tau, "policy_step": attempt.position.step, "predictor_version": k}
+            registry["version"] = register_predictor(
+                tracker,
+                params.drift.registry_model,
+                tmp / "predictor",
+                tags,
+                artifact_path=f"predictors/v{k}/predictor",
+            )
+        seconds = time.perf_counter() - t0
+        attempt.seconds = {**(attempt.seconds or {}), "total": seconds}
+        prompts = 0 if attempt.profiled is None else len(attempt.profiled)
+        result = ReprofileResult(
+            accepted, k, attempt.tau, params.evaluate.min_tau, attempt.position.step, prompts, seconds, out, message
+        )
+        report = attempt.report(result, {"registry": registry})
+        write_json(report, tmp / REPORT)
+    log_attempt(tracker, attempt, report)
+    print(f"[reprofile] {message}", file=sys.stderr)
+    return result
+
+
+def save_accepted(params: Params, saved: dict[str, Any], out: Path) -> None:
+    """predictor/, calibration.json, predictions.parquet, full.parquet and (when prompts remain) rest.parquet."""
+    from asp.predictor.checkpoint import save_predictor
+
+    save_predictor(
+        saved["model"], saved["tokenizer"], out / "predictor", saved["meta"], backbone_ref=params.predictor.backbone
+    )
+    write_json(saved["calibration"].to_dict(), out / "calibration.json")
+    write_parquet(saved["predictions"], out / "predictions.parquet")
+    for name, frame in saved["plans"].items():
+        write_parquet(frame, out / f"{name}.parquet")
+
+
+def log_attempt(tracker: Tracker, attempt: Attempt, report: dict[str, Any]) -> None:
+    """``reprofile/*`` metrics at the policy step, the report as an artifact and a tag with the outcome."""
+    metrics = {f"reprofile/{key}": report[key] for key in REPORT_METRICS if report[key] is not None}
+    metrics["reprofile/accepted"] = int(report["accepted"])
+    metrics.update({f"reprofile/{key}_s": v for key, v in report["timings_s"].items()})
+    tracker.log_metrics(metrics, step=attempt.position.step)
+    tracker.log_dict(report, f"predictors/v{attempt.version}/{REPORT}")
+    tracker.set_tags({f"asp.reprofile.v{attempt.version}": report["message"][:5000]})

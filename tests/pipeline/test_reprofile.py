@@ -1,0 +1,263 @@
+"""Re-profiling a stopped launch run (`asp.pipeline.reprofile`, `asp reprofile`) on the tiny demo policy and the
+one-epoch MiniLM predictor: 48 training prompts in a 24-minibatch schedule (b 2, k 2), a runtime checkpoint that
+trained the first 5 minibatches and half of the 6th (37 prompts remain) and a trainer checkpoint at step 3.
+
+An accepted re-profile (gate open) writes v2 whose rest plan covers exactly the remaining prompts and whose full
+plan covers every training prompt, reads back with `latest_accepted`, and registers the predictor as version 2 next
+to the evaluate stage's version 1 (with their tags). A closed gate (`asp reprofile --set evaluate.min_tau=1.0
+--strict`) exits 1 and writes an accepted=false report and no plans; a finished run has nothing left to
+re-schedule; no checkpoint exits 2 naming the directory. After v2 is applied (`Database.replan`) and the run trains
+on, a second re-profile warm-starts from v2 and makes v3 whose rest plan covers the prompts then remaining.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from safetensors.torch import load_file, save_file
+
+from asp.demo.task import generate_problems, intended_length
+from asp.errors import UserError
+from asp.io import read_json
+from asp.pipeline import evaluate, launch, rebase, reprofile
+from asp.pipeline.loaders import load_policy_tokenizer, policy_model_path
+from asp.runtime import RuntimeConfig, WorkPlan, make_checkpointer
+from asp.runtime.database import Database
+from asp.schedule import build_schedule, schedule_to_frame
+from asp.tracking import MlflowTracker, NullTracker, end_run, predictor_versions
+
+from .conftest import TINY_PREDICTOR, Built, make_params
+
+N_TRAIN, DONE_MINIBATCHES = 48, 5
+OVERLAY = {
+    "predictor": TINY_PREDICTOR,
+    "profile": {"n_samples": 2, "max_new_tokens": 24, "minibatch_prompts": 12},
+    "schedule": {"b": 2, "kappa": 0, "k": 2, "iterations": 200},
+    "drift": {"reprofile_prompts": 24, "reprofile_epochs": 1},
+    "evaluate": {"min_tau": -1.0},
+}
+
+
+@pytest.fixture(scope="module")
+def pipeline(
+    tmp_path_factory: pytest.TempPathFactory,
+    demo_policy: Built,
+    trained_predictor: Built,
+    new_tracker: Callable[[str], MlflowTracker],
+) -> dict[str, Any]:
+    """Pipeline outputs under `root` (repository layout), the evaluate stage's registry version 1 and a pristine
+    state directory with the runtime and trainer checkpoints."""
+    root = tmp_path_factory.mktemp("reprofile")
+    name = f"reprofile-test-{uuid.uuid4().hex[:8]}"
+    params = make_params({**OVERLAY, "drift": {**OVERLAY["drift"], "registry_model": name}})
+    paths = rebase(reprofile.Paths(), root)
+    (root / "outputs").mkdir()
+    (root / "outputs/policy").symlink_to(demo_policy.paths.out_dir.resolve())
+    (root / "outputs/predictor").symlink_to(trained_predictor.paths.out_dir.resolve())
+    tok = load_policy_tokenizer(paths.policy)
+    records = generate_problems(N_TRAIN, seed=11)
+    prompts = pd.DataFrame(
+        {
+            "prompt_id": [f"t{i:03d}" for i in range(N_TRAIN)],
+            "prompt": [
+                tok.apply_chat_template(
+                    [{"role": "user", "content": r["problem"]}], tokenize=False, add_generation_prompt=True
+                )
+                for r in records
+            ],
+            "problem": [r["problem"] for r in records],
+            "answer": [r["answer"] for r in records],
+        }
+    )
+    paths.prompts.parent.mkdir(parents=True)
+    prompts.to_parquet(paths.prompts, index=False)
+    sched = build_schedule(prompts["prompt_id"].to_numpy(), [intended_length(r) for r in records], b=2, kappa=0, k=2)
+    paths.schedule.parent.mkdir(parents=True)
+    schedule_to_frame(sched).to_parquet(paths.schedule, index=False)
+
+    inputs = trained_predictor.extra["root"]
+    eval_paths = rebase(
+        evaluate.Paths(prompts=inputs / "prompts", profile=inputs / "profile", predictor=paths.predictor), root
+    )
+    tracker = new_tracker("evaluate")
+    evaluate.run(params, eval_paths, tracker)
+    end_run(tracker)
+
+    plan = WorkPlan.from_frame(pd.read_parquet(paths.schedule))
+    template = root / "state_template"
+    consumed = {str(t): len(plan.minibatches[t]) for t in range(DONE_MINIBATCHES)} | {str(DONE_MINIBATCHES): 1}
+    ckpt = make_checkpointer(
+        plan, RuntimeConfig.from_params(params), template, launch.fingerprint_extra(params.runtime)
+    )
+    ckpt.save(
+        database={"epochs_created": 1, "consumed": consumed},
+        trainer_step=3,
+        policy_version=3,
+        trainer_state={},
+        finished=False,
+    )
+    weights = load_file(str(policy_model_path(paths.policy) / "model.safetensors"))
+    (template / "trainer/step-00000003").mkdir(parents=True)
+    save_file(weights, str(template / "trainer/step-00000003/model.safetensors"))
+    trained = {pid for t in range(DONE_MINIBATCHES) for pid in plan.minibatches[t]}
+    trained.add(plan.minibatches[DONE_MINIBATCHES][0])
+    remaining = [pid for pid in plan.prompt_ids() if pid not in trained]
+    return {"root": root, "params": params, "paths": paths, "template": template, "remaining": remaining, "name": name}
+
+
+def _state_dir(pipeline: dict[str, Any], tmp_path: Path) -> Path:
+    state = tmp_path / "launch_state" / "C4"
+    shutil.copytree(pipeline["template"], state)
+    return state
+
+
+def test_accepted_reprofile_schedules_exactly_the_remaining_prompts_and_registers_v2(
+    pipeline: dict[str, Any], tmp_path: Path, new_tracker: Callable[[str], MlflowTracker]
+) -> None:
+    state = _state_dir(pipeline, tmp_path)
+    tracker = new_tracker("launch")
+    result = reprofile.reprofile(pipeline["params"], state, tracker, reason="drift", paths=pipeline["paths"])
+    end_run(tracker)
+
+    assert result.accepted and result.version == 2 and result.policy_step == 3 and result.prompts == 24
+    assert result.directory == state / "predictors" / "v2" and np.isfinite(result.tau)
+    files = {p.name for p in result.directory.iterdir()}
+    assert {
+        "profile.parquet",
+        "predictor",
+        "calibration.json",
+        "predictions.parquet",
+        "rest.parquet",
+        "full.parquet",
+        "report.json",
+    } == files
+    rest = WorkPlan.from_frame(pd.read_parquet(result.directory / "rest.parquet"))
+    full = WorkPlan.from_frame(pd.read_parquet(result.directory / "full.parquet"))
+    remaining = pipeline["remaining"]
+    assert len(remaining) == 37 and sorted(rest.prompt_ids()) == sorted(remaining)
+    assert sorted(full.prompt_ids()) == [f"t{i:03d}" for i in range(N_TRAIN)]
+    profiled = pd.read_parquet(result.directory / "profile.parquet")
+    assert set(profiled["prompt_id"]) <= set(remaining) and profiled["prompt_id"].is_unique
+    assert profiled["role"].value_counts().to_dict() == {"eval": 8, "train": 14, "val": 2}
+    report = read_json(result.directory / "report.json")
+    assert report["accepted"] and report["reason"] == "drift" and report["base_version"] == 1
+    assert report["remaining_prompts"] == 37 and report["registry"] == {"name": pipeline["name"], "version": 2}
+    assert report["tau"] == report["kendall_tau"] == pytest.approx(result.tau) and report["seconds"] > 0
+
+    accepted = reprofile.latest_accepted(state)
+    assert accepted is not None and accepted.version == 2 and accepted.rest == rest and accepted.full == full
+    assert len(accepted.predictions) == N_TRAIN
+    assert reprofile.rest_plan_for(pipeline["params"], accepted, remaining) is accepted.rest
+    fewer = reprofile.rest_plan_for(pipeline["params"], accepted, remaining[3:])
+    assert sorted(fewer.prompt_ids()) == sorted(remaining[3:])
+
+    found = predictor_versions(pipeline["name"])
+    assert [v["version"] for v in found] == [1, 2]
+    v1, v2 = (v["tags"] for v in found)
+    assert v1["predictor_version"] == "1" and v1["policy_step"] == "0" and float(v1["kendall_tau"]) > -1
+    assert v2["predictor_version"] == "2" and v2["policy_step"] == "3" and v2["run_id"] == tracker.run_id
+    assert float(v2["kendall_tau"]) == pytest.approx(result.tau)
+    assert found[1]["source"].endswith("predictors/v2/predictor")
+    metrics = tracker.client.get_run(tracker.run_id).data.metrics
+    assert metrics["reprofile/accepted"] == 1 and metrics["reprofile/version"] == 2
+
+    pending = _apply_and_train(pipeline, state, accepted)  # the run goes on with v2's plan, then stops again
+    again = reprofile.reprofile(pipeline["params"], state, tracker, paths=pipeline["paths"])  # warm start from v2
+    assert again.accepted and again.version == 3 and read_json(again.directory / "report.json")["base_version"] == 2
+    rest3 = WorkPlan.from_frame(pd.read_parquet(again.directory / "rest.parquet"))
+    assert len(pending) < 37 and sorted(rest3.prompt_ids()) == sorted(pending)
+    assert [v["version"] for v in predictor_versions(pipeline["name"])] == [1, 2, 3]
+    assert reprofile.latest_accepted(state).version == 3
+
+
+def _apply_and_train(pipeline: dict[str, Any], state: Path, accepted: reprofile.Accepted) -> list[Any]:
+    """Restore the run's Database, replan it with `accepted` (as launch's on_start does), train the next dispatch
+    unit and checkpoint at step 5; returns the prompts then remaining."""
+    params = pipeline["params"]
+    plan = WorkPlan.from_frame(pd.read_parquet(pipeline["paths"].schedule))
+    prompts = pd.read_parquet(pipeline["paths"].prompts)
+    db = Database(plan, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)), epochs=1)
+    db.restore(read_json(state / "runtime_state.json")["database"])
+    assert db.replan(accepted.rest, accepted.full) == 2
+    for item in db.next_unit(0):
+        db.complete(item.task_id)
+        db.mark_consumed(item.task_id, len(item.prompt_ids))
+    ckpt = make_checkpointer(plan, RuntimeConfig.from_params(params), state, launch.fingerprint_extra(params.runtime))
+    ckpt.save(database=db.state(), trainer_step=5, policy_version=5, trainer_state={}, finished=False)
+    return db.pending_prompts()
+
+
+def _cli(*args: str) -> int:
+    from asp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code
+
+
+def test_closed_gate_writes_a_rejected_report_and_no_plans(
+    pipeline: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    state = _state_dir(pipeline, tmp_path)
+    params = pipeline["root"] / "params.yaml"
+    params.write_text(yaml.safe_dump(pipeline["params"].model_dump(mode="json")))
+    monkeypatch.chdir(pipeline["root"])
+    experiment = f"reprofile-cli-{uuid.uuid4().hex[:8]}"
+    code = _cli(
+        "reprofile",
+        "--params",
+        str(params),
+        "--state-dir",
+        str(state),
+        "--strict",
+        "--set",
+        "evaluate.min_tau=1.0",
+        "--set",
+        f"common.experiment={experiment}",
+    )
+    out = capsys.readouterr().out
+    assert code == 1, out
+    version = state / "predictors" / "v2"
+    assert {p.name for p in version.iterdir()} == {"profile.parquet", "report.json"}
+    report = read_json(version / "report.json")
+    assert report["accepted"] is False and report["min_tau"] == 1.0 and "below evaluate.min_tau" in report["message"]
+    assert "| accepted | false |" in out and "rejected" in out
+    assert reprofile.latest_accepted(state) is None
+
+
+def test_a_finished_run_has_nothing_left_to_reschedule(pipeline: dict[str, Any], tmp_path: Path) -> None:
+    state = _state_dir(pipeline, tmp_path)
+    plan = WorkPlan.from_frame(pd.read_parquet(pipeline["paths"].schedule))
+    params = pipeline["params"]
+    ckpt = make_checkpointer(plan, RuntimeConfig.from_params(params), state, launch.fingerprint_extra(params.runtime))
+    everything = {str(t): len(mb) for t, mb in enumerate(plan.minibatches)}
+    ckpt.save(
+        database={"epochs_created": 1, "consumed": everything},
+        trainer_step=12,
+        policy_version=12,
+        trainer_state={},
+        finished=True,
+    )
+    with pytest.raises(UserError, match="the run finished: nothing left to re-schedule"):
+        reprofile.reprofile(params, state, NullTracker(), paths=pipeline["paths"])
+    assert not (state / "predictors").exists()
+
+
+def test_no_checkpoint_exits_2_naming_the_directory(
+    pipeline: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(pipeline["params"].model_dump(mode="json")))
+    monkeypatch.chdir(pipeline["root"])
+    empty = tmp_path / "nothing"
+    assert _cli("reprofile", "--params", str(params), "--state-dir", str(empty)) == 2
+    err = capsys.readouterr().err
+    assert f"error: {empty}: no runtime checkpoint" in err and "Traceback" not in err
