@@ -22,6 +22,12 @@ says why.
 Writes outputs/launch/ (summary.json, iterations.parquet, minibatches.parquet), metrics/launch.json and
 plots/launch_timeline.png; logs every iteration to MLflow.
 
+With ``drift.enabled`` a `DriftWatch` observes every ingested minibatch (``drift/...`` metrics per window, warn /
+recalibrate / reprofile on confirmed drift); a session stopped for a re-profile is re-profiled and resumed here,
+or handed off to the Prefect drift loop (``ASP_DRIFT_HANDOFF=1``). `asp.pipeline.launch_drift` holds that part;
+metrics/launch.json then gets ``drift/summary/...`` and plots/launch_drift.png is drawn. Without it the stage
+does exactly what it did before.
+
 Run: `asp stage launch` (what `dvc repro launch` calls).
 """
 
@@ -40,6 +46,7 @@ import pandas as pd
 from asp.config import DEMO_DATASET, Params, RuntimeParams
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
+from asp.pipeline import launch_drift
 from asp.pipeline.loaders import policy_model_path, schedule_spec
 from asp.plots import save_figure
 from asp.tracking import Tracker
@@ -77,6 +84,8 @@ class Paths:
     state_dir: Path = Path("outputs/launch_state")
     metrics: Path = Path("metrics/launch.json")
     plot: Path = Path("plots/launch_timeline.png")
+    predictor_metrics: Path = Path("metrics/predictor.json")  # drift: the reference Kendall tau
+    drift_plot: Path = Path("plots/launch_drift.png")
 
 
 def engine_spec(runtime: RuntimeParams, model_path: Path) -> Any:
@@ -309,10 +318,13 @@ def run_session(
     factory: Any,
     runtime: RuntimeParams,
     tracker: Tracker,
+    watch: Any = None,
 ) -> Any:
-    """`asp.runtime.run_async` from `point`, every iteration logged to `tracker` and appended to the history."""
+    """`asp.runtime.run_async` from `point`, every iteration logged to `tracker` and appended to the history
+    (and every ingested minibatch shown to the drift `watch`, when there is one)."""
     from asp.runtime import run_async
 
+    hooks = {} if watch is None else {"observer": watch, "on_start": watch.on_start}
     return run_async(
         point.plan,
         prompts_by_id,
@@ -324,6 +336,7 @@ def run_session(
         resume=point.state is not None,
         fingerprint_extra=point.extra,
         on_iteration=Recorder(point.directory / HISTORY_FILE, runtime.iterations),
+        **hooks,
     )
 
 
@@ -421,6 +434,18 @@ def heldout_metrics(
     }
 
 
+def drift_watch(params: Params, paths: Paths, point: ResumePoint, tracker: Tracker) -> Any:
+    """The `DriftWatch` of this run (None when ``drift.enabled`` is false); a fresh run forgets old drift state,
+    a resumed one consumes a pending hand-off."""
+    if not params.drift.enabled:
+        return None
+    if point.state is None:
+        launch_drift.reset_fresh(point.directory)
+    else:
+        launch_drift.consume_pending(point.directory)
+    return launch_drift.build_watch(params, paths, point.plan, point.directory, tracker)
+
+
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Run the asynchronous RL loop over the schedule; write the run summary, metrics and plot."""
     if params.runtime.trainer == "grpo":  # fits-or-fails before any worker starts (runtime.memory, docs/memory.md)
@@ -431,14 +456,28 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     prompts, prompts_by_id = load_prompts(paths.prompts)
     point = resume_point(params, paths)
     factory = trainer_factory(params, paths, point, prompts, prompts_by_id)
+    watch = drift_watch(params, paths, point, tracker)
     earlier = start_session(point, runtime, tracker)
     tracker.log_params({"runtime": runtime.model_dump(), "common.seed": seed})
     engine = engine_spec(runtime, policy_model_path(paths.policy))
-    summary = run_session(point, prompts_by_id, engine, factory, runtime, tracker)
+    summary = run_session(point, prompts_by_id, engine, factory, runtime, tracker, watch)
+    if watch is not None:  # re-profile and resume in-process while the watch stops the run (not in hand-off mode)
+
+        def resume() -> Any:
+            nonlocal point, earlier
+            point = resume_point(params, paths)
+            earlier = start_session(point, runtime, tracker)
+            return run_session(point, prompts_by_id, engine, factory, runtime, tracker, watch)
+
+        summary = launch_drift.resume_after_drift(params, watch, summary, tracker, resume)
     history = earlier + summary.iterations  # the whole run: earlier sessions up to the resume step, then this one
     metrics = run_metrics(summary, history, runtime.trainer)
-    if runtime.trainer == "grpo":
+    if watch is not None:
+        metrics.update(launch_drift.finish(watch, summary, point.directory, paths.drift_plot, tracker))
+    if runtime.trainer == "grpo" and not summary.stopped:
         metrics.update(heldout_metrics(params, paths, point, prompts, summary.trainer_step))
+    elif runtime.trainer == "grpo":
+        metrics.update({"grpo/heldout_measured": 0, "grpo/heldout_note": "not measured: the run stopped for drift"})
     save_outputs(paths.out_dir, runtime, summary, history, metrics, tracker.run_id)
     write_json(metrics, paths.metrics)
     save_figure(timeline_figure(history), paths.plot, tracker)

@@ -1,0 +1,410 @@
+"""`DriftWatch`: the launch run's length-drift watch (issue 12), the Control Unit's `observer`.
+
+For every minibatch the Control Unit ingests the first time, the watch builds a `MinibatchObservation` (the
+prompts' calibrated predicted lengths, the realized lengths of all n responses, the generating policy version,
+the batch group of the task that scheduled it) and feeds `asp.drift.DriftMonitor`. Every `drift.window`
+minibatches it logs the window's ``drift/...`` metrics to the stage's tracker at step = the trainer step when the
+window closed, appends the window to ``<state_dir>/drift_history.jsonl`` and asks `asp.drift.DriftDetector`
+(reference tau: the evaluate stage's ``predictor/kendall_tau``) whether drift is confirmed. On a `DriftEvent`:
+
+* every event warns: an MLflow tag ``drift.event.<i>`` (the event's message), a Prefect event
+  ``asp.drift.detected`` (only when ``PREFECT_API_URL`` is set; never fails the run) and a stderr line;
+* the first `drift.max_actions` events also act (later ones only warn):
+  ``recalibrate`` refits the calibration map on the prompts realized since the offending streak began (the
+  event's `patience` windows and what came after; what came before is stale), waiting, with a warning, until
+  `drift.recalibrate_min_prompts` are in; it re-balances the pending minibatches (and the plan of later
+  passes) on the new loads with `asp.drift.rebalance` and swaps them in with `ControlUnit.replan`;
+  ``reprofile`` calls `ControlUnit.request_stop`: the session ends with a resumable checkpoint and launch
+  re-profiles (`asp.pipeline.launch_drift`).
+
+`on_start(cu)` (passed to `run_async`) runs after the checkpoint is restored: it keeps the history up to the
+resume point (windows up to its step, switches whose plan version the checkpoint holds), rebuilds the watch's
+state from it and applies an accepted re-profile newer than the one in use (`asp.pipeline.reprofile.
+latest_accepted`) with `ControlUnit.replan`. Window metrics go to MLflow as they come (they are not held back
+like the iteration metrics): a run resumed after a crash logs again the windows of the steps it repeats, at
+the same steps. The detector's streak and cooldown start afresh in every session.
+
+`asp.pipeline.launch_drift.drift_summary` turns the history into the ``drift/summary/...`` metrics of
+metrics/launch.json; `asp.plots.drift.drift_figure` draws it.
+
+Run the tests: `.venv/bin/python -m pytest tests/pipeline/test_drift_watch.py -q`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from asp.config import DriftParams
+from asp.drift import DriftDetector, DriftEvent, DriftMonitor, MinibatchObservation
+from asp.drift.rebalance import rebalance
+from asp.io import atomic_path, read_json
+from asp.predictor.calibration import CalibrationMap, fit_calibration
+from asp.tracking import Tracker
+
+HISTORY_FILE = "drift_history.jsonl"
+PREDICTORS_DIR = "predictors"  # <state_dir>/predictors/v<k>/ (asp.pipeline.reprofile)
+MIN_LOAD = 1.0  # tokens: a calibrated length is at least this (the monitor needs predictions > 0)
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Per-prompt raw and calibrated predicted lengths (tokens) of one predictor version."""
+
+    raw: dict[Hashable, float]
+    calibrated: dict[Hashable, float]
+    version: int = 1
+
+    @classmethod
+    def from_frame(
+        cls, frame: pd.DataFrame, version: int = 1, calibration: CalibrationMap | None = None
+    ) -> Predictions:
+        """From a predictions table (prompt_id, predicted_length[, calibrated_length]); `calibration`, when
+        given, recomputes the calibrated lengths; without either the raw ones are used."""
+        ids = frame["prompt_id"].tolist()
+        raw = frame["predicted_length"].to_numpy(np.float64)
+        if calibration is not None:
+            cal = calibration(raw)
+        elif "calibrated_length" in frame.columns:
+            cal = frame["calibrated_length"].to_numpy(np.float64)
+        else:
+            cal = raw
+        cal = np.maximum(cal, MIN_LOAD)
+        return cls(dict(zip(ids, raw.tolist(), strict=True)), dict(zip(ids, cal.tolist(), strict=True)), version)
+
+    def recalibrated(self, calibration: CalibrationMap) -> Predictions:
+        """The same raw predictions through a new calibration map."""
+        ids = list(self.raw)
+        cal = np.maximum(calibration(np.array([self.raw[p] for p in ids], dtype=np.float64)), MIN_LOAD)
+        return Predictions(self.raw, dict(zip(ids, cal.tolist(), strict=True)), self.version)
+
+
+def group_key(db: Any, task_id: int) -> tuple | None:
+    """A key unique to the batch group (of its pass and plan version) that scheduled task `task_id`."""
+    task = db.tasks.get(task_id)
+    if task is None:
+        return None
+    rest, full = db.plans[task.version]
+    plan = rest if task.rest else full
+    return task.epoch, task.version, task.rest, plan.group_ids[task.rank]
+
+
+class DriftWatch:
+    """The Control Unit's observer that monitors length drift and acts on it (see the module docstring).
+
+    Args:
+        drift: the ``drift:`` params.
+        predictions: the predictions the schedule was built on (predictor version 1).
+        reference_tau: the evaluate stage's held-out Kendall tau (None disables the tau signal).
+        k: minibatches per batch group (``schedule.k``).
+        tracker: the stage's tracker.
+        balance: keyword arguments of `rebalance` (method, seed, shuffle, iterations) for ``recalibrate``; None
+            keeps the order of a condition that is not balanced (C0-C3): the calibration is refitted only.
+        state_dir: the run's state directory (history file, re-profiled predictors); None keeps nothing on disk.
+        prompt_ids: the run's prompts (the exactly-once ledger); None skips the ledger.
+    """
+
+    def __init__(
+        self,
+        drift: DriftParams,
+        predictions: Predictions,
+        *,
+        reference_tau: float | None,
+        k: int,
+        tracker: Tracker,
+        balance: Mapping[str, Any] | None = None,
+        state_dir: Path | None = None,
+        prompt_ids: list[Hashable] | None = None,
+    ) -> None:
+        self.params, self.initial, self.k, self.tracker = drift, predictions, k, tracker
+        self.initial_tau = reference_tau
+        self.balance = dict(balance) if balance is not None else None
+        self.state_dir, self.prompt_ids = state_dir, prompt_ids
+        self.monitor = DriftMonitor(drift.window, group_size=k)
+        self.cu: Any = None
+        self.rows: list[dict[str, Any]] = []
+        self._reset_session([])
+
+    # ---- state ---------------------------------------------------------------------------------------------------
+    def _reset_session(self, rows: list[dict[str, Any]]) -> None:
+        """Rebuild the watch's state from history rows (the ones a resumed checkpoint covers)."""
+        self.rows = rows
+        self.predictions, self.reference_tau = self.initial, self.initial_tau
+        for row in (r for r in rows if r["kind"] == "switch"):
+            self._apply_switch_row(row)
+        p = self.params
+        self.detector = DriftDetector(
+            self.reference_tau,
+            min_prompts=p.min_prompts,
+            tau_drop=p.tau_drop,
+            bias_tolerance=p.bias_tolerance,
+            trend=p.trend,
+            trend_min_r2=p.trend_min_r2,
+            patience=p.patience,
+            cooldown=p.cooldown,
+            action=p.action,
+        )
+        self.monitor.reset()
+        self.monitor.windows_emitted = sum(r["kind"] == "window" for r in rows)
+        windows = [r for r in rows if r["kind"] == "window"]
+        self.events = sum(bool(r.get("event")) for r in windows)
+        self.actions = sum(r.get("action") in ("recalibrate", "reprofile") for r in windows)
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []  # (raw, realized mean) since the last switch
+        self.window_ends: list[int] = []  # len(self.seen) when each window since the last switch closed
+        self.refit_from = 0  # self.seen[refit_from:] are the prompts a recalibration fits on
+        self.waiting: DriftEvent | None = None  # a recalibration waiting for enough realized prompts
+        self.stop_event: DriftEvent | None = None
+        self.groups: dict[tuple, int] = {}
+
+    def _apply_switch_row(self, row: Mapping[str, Any]) -> None:
+        if row["action"] == "reprofile":
+            directory = self.state_dir / PREDICTORS_DIR / f"v{int(row['predictor_version'])}"
+            cal = read_json(directory / "calibration.json")
+            frame = pd.read_parquet(directory / "predictions.parquet")
+            self.predictions = Predictions.from_frame(
+                frame, int(row["predictor_version"]), CalibrationMap.from_dict(cal)
+            )
+            tau = row.get("reference_tau")
+            self.reference_tau = self.reference_tau if tau is None else float(tau)
+        else:
+            self.predictions = self.predictions.recalibrated(CalibrationMap.from_dict(row["calibration"]))
+
+    def _append(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if self.state_dir is not None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with (self.state_dir / HISTORY_FILE).open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+    def _read_history(self) -> list[dict[str, Any]]:
+        path = self.state_dir / HISTORY_FILE if self.state_dir is not None else None
+        if path is None or not path.is_file():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if isinstance(row, dict) and "kind" in row:
+                rows.append(row)
+        return rows
+
+    # ---- hooks of the Control Unit ------------------------------------------------------------------------------
+    def on_start(self, cu: Any) -> None:
+        """`run_async`'s on_start: keep the history the restored checkpoint covers, rebuild the state from it and
+        apply an accepted re-profile newer than the predictor in use."""
+        self.cu = cu
+        version = cu.db.plan_version()
+        kept = [
+            r
+            for r in self._read_history()
+            if (r["kind"] == "switch" and int(r["plan_version"]) <= version)
+            or (r["kind"] != "switch" and int(r["step"]) <= cu.step)
+        ]
+        if self.state_dir is not None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with atomic_path(self.state_dir / HISTORY_FILE) as tmp:
+                tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self._reset_session(kept)
+        self._apply_accepted(cu)
+
+    def _apply_accepted(self, cu: Any) -> None:
+        if self.state_dir is None:
+            return
+        from asp.pipeline.reprofile import latest_accepted
+
+        found = latest_accepted(self.state_dir)
+        if found is None or int(found[0]) <= self.predictions.version:
+            return
+        version, rest, full, frame, calibration = found
+        try:
+            plan_version = cu.replan(rest, full)
+        except ValueError as exc:  # the remaining prompts moved on since the re-profile: re-balance them instead
+            self._say(f"re-profile v{version}: its plan does not fit the remaining prompts ({exc}); re-balancing")
+            loads = Predictions.from_frame(frame, int(version), calibration).calibrated
+            plan_version = self._replan(cu, loads, full)
+        row = {
+            "kind": "switch",
+            "action": "reprofile",
+            "step": cu.step,
+            "plan_version": plan_version,
+            "predictor_version": int(version),
+            "reference_tau": self._reprofile_tau(int(version)),
+        }
+        self._apply_switch_row(row)
+        self.detector.reference_tau = self.reference_tau
+        self._append(row)
+        self._say(f"applied re-profiled predictor v{version} (plan version {plan_version}) at step {cu.step}")
+
+    def _reprofile_tau(self, version: int) -> float | None:
+        report = self.state_dir / PREDICTORS_DIR / f"v{version}" / "report.json"
+        try:
+            return float(read_json(report)["kendall_tau"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.reference_tau
+
+    def __call__(self, cu: Any, out: Any) -> None:
+        """The observer: one first-time ingested `MinibatchOutput`."""
+        self.cu = cu
+        obs = self.observation(cu.db, out)
+        self.seen.append((np.array([self.predictions.raw[p] for p in obs.prompt_ids]), obs.realized_mean))
+        metrics = self.monitor.add(obs)
+        if metrics is None:
+            return
+        self.window_ends.append(len(self.seen))
+        row: dict[str, Any] = {
+            "kind": "window",
+            "step": cu.step,
+            "plan_version": cu.db.plan_version(),
+            "predictor_version": self.predictions.version,
+            **{k: (None if math.isnan(v) else v) for k, v in metrics.items()},
+        }
+        if self.waiting is not None and self._recalibrate(cu, self.waiting):
+            self.waiting = None
+        event = self.detector.update(metrics)
+        if event is not None:
+            self._on_event(cu, event, row)
+        logged = {
+            **metrics,
+            "drift/plan_version": row["plan_version"],
+            "drift/predictor_version": row["predictor_version"],
+        }
+        self.tracker.log_metrics({**logged, "drift/event": float(event is not None)}, step=cu.step)
+        self._append(row)
+
+    def observation(self, db: Any, out: Any) -> MinibatchObservation:
+        """The monitor's view of one `MinibatchOutput` (calibrated predictions of the predictor in use)."""
+        ids = list(out.prompt_ids)
+        key = group_key(db, out.task_id)
+        group = None if key is None else self.groups.setdefault(key, len(self.groups))
+        return MinibatchObservation(
+            ids,
+            np.array([self.predictions.calibrated[p] for p in ids], dtype=np.float64),
+            np.asarray(out.lengths, dtype=np.float64).reshape(len(ids), int(out.n)),
+            int(out.policy_version),
+            group_id=group,
+            padding_rate=float(out.padding_rate),
+        )
+
+    # ---- actions ------------------------------------------------------------------------------------------------
+    def _on_event(self, cu: Any, event: DriftEvent, row: dict[str, Any]) -> None:
+        self.events += 1
+        action = event.action
+        message = event.message
+        if action != "warn" and (self.actions >= self.params.max_actions or self.stop_event is not None):
+            action = "warn"
+            message += f" Only warning: drift.max_actions ({self.params.max_actions}) used or a stop is pending."
+        row.update(event=message, signals=",".join(event.signals), action=action)
+        self.warn(message, cu.step)
+        if action == "recalibrate":
+            self.actions += 1
+            streak_start = len(self.window_ends) - event.streak - 1
+            self.refit_from = self.window_ends[streak_start] if streak_start >= 0 else 0
+            if not self._recalibrate(cu, event):
+                self.waiting = event
+        elif action == "reprofile":
+            self.actions += 1
+            self.stop_event = event
+            cu.request_stop(message)
+
+    def warn(self, message: str, step: int) -> None:
+        """MLflow tag ``drift.event.<i>``, Prefect event ``asp.drift.detected`` (if a server is set), stderr."""
+        self.tracker.set_tags({f"drift.event.{self.events}": message[:5000]})
+        self._say(f"step {step}: {message}")
+        emit_prefect_event("asp.drift.detected", {"message": message, "step": step, "event": self.events})
+
+    def _recalibrate(self, cu: Any, event: DriftEvent) -> bool:
+        """Refit the calibration on the prompts realized since the streak began and re-balance the pending work;
+        False (with a warning) while fewer than `drift.recalibrate_min_prompts` are in."""
+        seen = self.seen[self.refit_from :]
+        raw = np.concatenate([r for r, _ in seen]) if seen else np.zeros(0)
+        need = self.params.recalibrate_min_prompts
+        if raw.size < need:
+            self._say(f"recalibrate waits: {raw.size} prompts realized since the drift began, {need} needed")
+            return False
+        realized = np.concatenate([m for _, m in seen])
+        calibration = fit_calibration(raw, realized)
+        new = self.predictions.recalibrated(calibration)
+        plan_version = self._replan(cu, new.calibrated, None)
+        row = {
+            "kind": "switch",
+            "action": "recalibrate",
+            "step": cu.step,
+            "plan_version": plan_version,
+            "predictor_version": new.version,
+            "prompts": int(raw.size),
+            "calibration": calibration.to_dict(),
+        }
+        self.predictions = new
+        self._append(row)
+        self._after_switch()
+        self._say(f"recalibrated on {raw.size} realized prompts at step {cu.step} (plan version {plan_version})")
+        return True
+
+    def _replan(self, cu: Any, loads: Mapping[Hashable, float], full: Any) -> int:
+        """Re-balance the pending minibatches (and, without `full`, the plan of later passes) on `loads`; swap
+        them in. Returns the plan version in use afterwards (unchanged when nothing is re-balanced)."""
+        from asp.runtime import WorkPlan
+
+        pending = cu.db.pending_plan()
+        if self.balance is None or pending is None:
+            return cu.db.plan_version()
+        ids = {tuple(mb): i for mb, i in zip(pending.minibatches, pending.minibatch_ids, strict=True)}
+        ordered, groups = rebalance(pending.minibatches, loads, self.k, **self.balance)
+        rest = WorkPlan.from_lists(ordered, groups, [ids[tuple(mb)] for mb in ordered])
+        if full is None:
+            plan = cu.db.plan
+            mb_ids = {tuple(mb): i for mb, i in zip(plan.minibatches, plan.minibatch_ids, strict=True)}
+            ordered, groups = rebalance(plan.minibatches, loads, self.k, **self.balance)
+            full = WorkPlan.from_lists(ordered, groups, [mb_ids[tuple(mb)] for mb in ordered])
+        return cu.replan(rest, full)
+
+    def _after_switch(self) -> None:
+        self.monitor.reset()
+        self.seen, self.window_ends, self.refit_from = [], [], 0
+        self.detector.streak = 0
+
+    def record_reprofile(self, result: Any, step: int) -> None:
+        """Note a re-profile launch ran in-process after this watch stopped the session (`ReprofileResult`)."""
+        row = {
+            "kind": "reprofile",
+            "step": step,
+            "accepted": bool(result.accepted),
+            "version": int(result.version),
+            "tau": float(result.tau),
+            "seconds": float(result.seconds),
+            "message": str(result.message),
+        }
+        self._append(row)
+        if not result.accepted:
+            self._say(f"re-profile v{result.version} rejected ({result.message}); keeping the current schedule")
+
+    def _say(self, text: str) -> None:
+        print(f"[drift] {text}", file=sys.stderr, flush=True)
+
+    # ---- results ------------------------------------------------------------------------------------------------
+    def windows(self) -> list[dict[str, Any]]:
+        """The history's window rows (``drift/...`` metrics, step, plan and predictor version, event, action)."""
+        return [r for r in self.rows if r["kind"] == "window"]
+
+
+def emit_prefect_event(name: str, payload: Mapping[str, Any]) -> None:
+    """Emit a Prefect event when a Prefect server is configured (PREFECT_API_URL); never raises."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return
+    try:
+        from prefect.events import emit_event
+
+        emit_event(event=name, resource={"prefect.resource.id": "asp.launch"}, payload=dict(payload))
+    except Exception as exc:  # a missing or unreachable Prefect never fails the run
+        print(f"[drift] Prefect event {name} not sent: {exc}", file=sys.stderr)
