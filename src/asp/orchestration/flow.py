@@ -184,8 +184,8 @@ def check_server(api_url: str, timeout_s: float = 5.0) -> None:
 
 
 def serve(name: str = "asp-pipeline", on_ready: Any = print) -> None:
-    """Register the deployment on the Prefect server, report its UI address to `on_ready`, then run its flow runs
-    until Ctrl-C."""
+    """Register the deployments (asp-pipeline/`name` and asp-drift-loop/asp-drift-loop) on the Prefect server,
+    report their UI addresses to `on_ready`, then run their flow runs until Ctrl-C."""
     from prefect import serve as prefect_serve
 
     deployment = asp_pipeline.to_deployment(
@@ -195,10 +195,13 @@ def serve(name: str = "asp-pipeline", on_ready: Any = print) -> None:
         tags=["asp"],
         entrypoint_type=_module_entrypoint(),
     )
-    deployment_id = deployment.apply()
+    from asp.orchestration.drift_loop import loop_deployment  # imports this module: not at the top
+
+    loop = loop_deployment()
     ui = prefect_api_url().rstrip("/").removesuffix("/api")
-    on_ready(f"deployment 'asp-pipeline/{name}': {ui}/deployments/deployment/{deployment_id}")
-    prefect_serve(deployment, print_starting_message=False)
+    for dep, flow_name in ((deployment, "asp-pipeline"), (loop, "asp-drift-loop")):
+        on_ready(f"deployment '{flow_name}/{dep.name}': {ui}/deployments/deployment/{dep.apply()}")
+    prefect_serve(deployment, loop, print_starting_message=False)
 
 
 def _module_entrypoint() -> Any:
