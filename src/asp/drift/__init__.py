@@ -1,8 +1,9 @@
-"""Length drift during the launch run (issue 12): a pure monitor and detector, not yet wired into `launch`.
+"""Length drift during the launch run: the pure parts (the launch stage wires them in, asp.pipeline.drift_watch).
 
 * ``monitor``  - ``MinibatchObservation``, ``window_stats``, ``length_trend``, ``DriftMonitor`` (metric dicts
   ``drift/...`` every ``window`` ingested minibatches)
 * ``detector`` - ``DriftDetector`` (tau drop, calibration bias, length trend; patience, cooldown) -> ``DriftEvent``
+* ``rebalance`` - ``rebalance`` (re-group undispatched minibatches on new loads: the ``recalibrate`` action)
 
 numpy/scipy only (import-linter's pure-core contract). docs/drift.md describes the rules and measured rates.
 Run the tests: ``.venv/bin/python -m pytest tests/drift -q``.
