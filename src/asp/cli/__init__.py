@@ -10,7 +10,7 @@
     asp simulate [-c C4] [--set K=V]    the launch run predicted on a simulated clock (src/asp/cli/simulate.py)
     asp plan layout [--devices N]       GUs, actors, TU devices, q_max, b, k for a cluster (B.6 + simulated search)
     asp plan memory [-c PRESET]         does it fit? GiB per trainer rank and per vLLM GPU (docs/memory.md)
-    asp serve                   serve the Prefect flow (trigger stages from the Prefect UI)
+    asp serve                   serve the Prefect flows asp-pipeline and asp-drift-loop (run them from the UI)
     asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1, printing the URL to open (src/asp/cli/ui.py)
 
 Exit codes: 0 done; 2 a user or usage error (one message, no traceback); 130 Ctrl-C, 143 SIGTERM (MLflow runs
@@ -172,7 +172,7 @@ def repro(
 
 @app.command()
 def serve(name: Annotated[str, typer.Option(help="deployment name")] = "asp-pipeline") -> None:
-    """Serve the pipeline flow as a Prefect deployment (trigger runs from the Prefect UI; Ctrl-C stops).
+    """Serve the pipeline flow and the drift loop as Prefect deployments (run them from the Prefect UI; Ctrl-C stops).
 
     Registers on PREFECT_API_URL, else on the `asp ui prefect` server at http://127.0.0.1:4200 (never on a
     throw-away server), and prints the deployment's URL."""
@@ -189,7 +189,11 @@ def serve(name: Annotated[str, typer.Option(help="deployment name")] = "asp-pipe
 
     # In a child process group: Prefect's own shutdown can hang for minutes on a busy machine, so on Ctrl-C /
     # SIGTERM the wrapper stops the whole tree (SIGTERM, then SIGKILL) and exits 130 / 143.
-    typer.echo(f"serving deployment 'asp-pipeline/{name}' on Prefect at {api}; Ctrl-C stops it", err=True)
+    typer.echo(
+        f"serving deployments 'asp-pipeline/{name}' and 'asp-drift-loop/asp-drift-loop' on Prefect at {api}; "
+        "Ctrl-C stops them",
+        err=True,
+    )
     cmd = [sys.executable, "-m", "asp.orchestration.flow", name]
     exit_like(*run_server(cmd, dict(os.environ)))
 
