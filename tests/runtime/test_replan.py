@@ -189,7 +189,7 @@ def test_stop_resume_with_replan_trains_every_prompt_once(ray_cluster, tmp_path)
         plan,
         prompts,
         EngineSpec("standin", options={"seconds_per_call": 0.005}),
-        fast_config(gu_queue_target=2),
+        fast_config(gu_queue_target=2, checkpoint_interval=2),
         trainer_factory=functools.partial(SimulatedTrainer, 0.0, 0.0, str(tmp_path / "ledger.jsonl")),
         checkpoint_dir=tmp_path / "ck",
     )
@@ -197,6 +197,7 @@ def test_stop_resume_with_replan_trains_every_prompt_once(ray_cluster, tmp_path)
     state = json.loads((tmp_path / "ck" / "runtime_state.json").read_text())
     assert first.stopped == "drift: tau fell" and not first.finished and not state["finished"]
     assert state["trainer_step"] == first.trainer_step and any(e[1] == "stop" for e in first.events)
+    assert first.trainer_step % 2 == 0  # stops at a checkpoint step, where a trainer writes its checkpoint too
 
     versions: list[int] = []
 
@@ -205,6 +206,7 @@ def test_stop_resume_with_replan_trains_every_prompt_once(ray_cluster, tmp_path)
 
     second = run(observer=stop_after(3, "again"), on_start=replan)
     assert versions == [2] and second.resumed_from_step == first.trainer_step and second.stopped == "again"
+    assert second.trainer_step % 2 == 0
     assert {r["plan_version"] for r in second.minibatches} == {2}  # everything it generated came from the replan
     assert "replans" in json.loads((tmp_path / "ck" / "runtime_state.json").read_text())["database"]
 
@@ -214,3 +216,26 @@ def test_stop_resume_with_replan_trains_every_prompt_once(ray_cluster, tmp_path)
     ledger = read_ledger(tmp_path / "ledger.jsonl")
     assert Counter(pid for line in ledger for pid in line["prompt_ids"]) == Counter(range(36))
     assert [line["step"] for line in ledger] == list(range(1, third.trainer_step + 1))  # no step trained twice
+
+
+def test_a_stop_between_checkpoints_trains_on_to_the_next_one(ray_cluster, tmp_path):
+    """The runtime position may only be saved where the trainer checkpoints too (every `checkpoint_interval`
+    steps): a stop asked for after step 1 with interval 3 ends the session at step 3, not 1."""
+    plan, prompts = make_plan(12, 3)  # 36 prompts, batches of 8: 5 steps
+
+    def stop_at_first_step(cu, metrics):
+        if cu.step == 1:
+            cu.request_stop("drift")
+
+    summary = run_async(
+        plan,
+        prompts,
+        EngineSpec("standin", options={"seconds_per_call": 0.005}),
+        fast_config(gu_queue_target=2, checkpoint_interval=3),
+        trainer_factory=functools.partial(SimulatedTrainer, 0.0, 0.0, str(tmp_path / "ledger.jsonl")),
+        checkpoint_dir=tmp_path / "ck",
+        on_iteration=stop_at_first_step,
+    )
+    state = json.loads((tmp_path / "ck" / "runtime_state.json").read_text())
+    assert summary.stopped == "drift" and summary.trainer_step == 3 and state["trainer_step"] == 3
+    assert not state["finished"] and [it["step"] for it in summary.iterations] == [1, 2, 3]

@@ -141,7 +141,7 @@ class ControlUnit:
         self.iter_times: list[float] = []
         for g in self.gus:
             g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
-        while not self.finished() and not (self.stop_reason and self.inflight is None):
+        while not self.finished() and not self._stopped():
             self._dispatch()
             self._maybe_train()
             refs = [g.collect_ref for g in self.gus if not g.dead]
@@ -159,12 +159,28 @@ class ControlUnit:
         return self._summary()
 
     def request_stop(self, reason: str) -> None:
-        """End the session early: nothing new is dispatched or trained; once the step in flight (if any) finished
-        the loop ends with an unfinished checkpoint. The first reason is kept (`RunSummary.stopped`)."""
+        """End the session early, at the next checkpoint: the run trains on until its step is a multiple of
+        `checkpoint_interval` (where the trainer writes its own checkpoint too, so weights and position match), then
+        nothing new is dispatched or trained and the loop ends with an unfinished checkpoint. A step that is
+        already there (or a run without checkpoints) stops after the step in flight. The first reason is kept
+        (`RunSummary.stopped`)."""
         if not self.stop_reason:
             self.stop_reason = reason or "stop requested"
             self.events.append((time.time() - self.t0, "stop", -1, -1, self.step, -1))
-            log.warning("runtime: stopping after the step in flight: %s", self.stop_reason)
+            log.warning("runtime: stopping at the next checkpoint: %s", self.stop_reason)
+
+    def _at_checkpoint(self) -> bool:
+        """True when the position reached can be saved with matching trainer weights: a checkpoint step, the step
+        the session started from (its position is already saved), or no checkpointer at all."""
+        return (
+            self.checkpointer is None
+            or self.step == self.start_step
+            or self.step % self.config.checkpoint_interval == 0
+        )
+
+    def _stopped(self) -> bool:
+        """A stop was requested and the run reached a point to stop at (no step in flight, at a checkpoint)."""
+        return bool(self.stop_reason) and self.inflight is None and self._at_checkpoint()
 
     def replan(self, rest: WorkPlan | None, full: WorkPlan | None = None) -> int:
         """Swap the pending work for `rest` (later passes use `full`); see `Database.replan`. Returns the new
@@ -187,7 +203,7 @@ class ControlUnit:
         return self.config.gu_queue_target + len(g.alive)
 
     def _dispatch(self) -> None:
-        if self.stop_reason:
+        if self._stopped():
             return
         if self.sync:
             self._dispatch_round()
@@ -298,7 +314,7 @@ class ControlUnit:
         self._update_backpressure()
 
     def _maybe_train(self) -> None:
-        if self.inflight is not None or self.stop_reason or self.finished():
+        if self.inflight is not None or self._stopped() or self.finished():
             return
         self._evict_stale()
         take = self._round_take() if self.sync else self._async_take()
