@@ -82,6 +82,14 @@ class DemoPolicyParams(_Params):
     lr: Float = Field(2e-3, gt=0)
     warm_start_problems: Int = Field(32000, ge=1)
     num_threads: Int | None = Field(1, ge=1, description="torch CPU threads (tiny models train fastest on one).")
+    skip_fraction: Float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of warm-start problems with >= skip_min_steps terms whose reference skips the second half "
+        "of the steps (asp.demo.task.shortcut_response); > 0 gives GRPO a length drift to find (configs/drift-demo).",
+    )
+    skip_min_steps: Int = Field(6, ge=2, description="Fewest terms of a problem the warm start may shortcut.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> DemoPolicyParams:

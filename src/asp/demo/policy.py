@@ -100,12 +100,17 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, problem: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _examples(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) -> list[tuple[list[int], int]]:
-    """(prompt + response + EOS ids, prompt length) per record."""
+def _examples(
+    tokenizer: PreTrainedTokenizerBase, records: Sequence[dict], responses: Sequence[str] | None = None
+) -> list[tuple[list[int], int]]:
+    """(prompt + response + EOS ids, prompt length) per record; `responses` default to the references."""
+    if responses is not None and len(responses) != len(records):
+        raise ValueError(f"{len(responses)} responses for {len(records)} records")
     out = []
-    for rec in records:
+    for i, rec in enumerate(records):
         p = prompt_ids(tokenizer, rec["problem"])
-        r = tokenizer(reference_response(rec), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        text = reference_response(rec) if responses is None else responses[i]
+        r = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         out.append((p + r, len(p)))
     return out
 
@@ -149,6 +154,7 @@ def warm_start(
     seed: int,
     progress: ProgressFn | None = None,
     num_threads: int | None = None,
+    responses: Sequence[str] | None = None,
 ) -> dict:
     """Supervised warm start on reference responses (AdamW, linear warmup then cosine decay, grad clip 1).
 
@@ -162,6 +168,8 @@ def warm_start(
         seed: data order seed.
         progress: optional ``progress(step, total, loss)`` called after every step (1-based step).
         num_threads: torch threads while training (see `torch_threads`; 1 recommended on a shared CPU).
+        responses: target response per record (e.g. `asp.demo.task.warm_start_responses` with shortcuts);
+            None: `reference_response` of each record.
 
     Returns:
         ``{"loss": [per-step mean response-token loss], "seconds": wall time, "tokens": tokens seen}``.
@@ -169,7 +177,7 @@ def warm_start(
     if steps < 1 or batch_size < 1 or not records:
         raise ValueError(f"need steps >= 1, batch_size >= 1 and records, got {steps}, {batch_size}, {len(records)}")
     t0 = time.perf_counter()
-    examples = _examples(tokenizer, records)
+    examples = _examples(tokenizer, records, responses)
     rng = np.random.default_rng(seed)
     order = _batches(np.array([len(e[0]) for e in examples]), batch_size, steps, rng)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)

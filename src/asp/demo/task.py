@@ -18,6 +18,12 @@ find the addition; finding the term after letter D, E, ... in the prompt (an ind
 slowly, so long problems stay hard. Sampled at temperature 1 the policy's lengths follow the prompt closely
 while its reward is well inside (0, 1) -- what the profiler, the length predictor and GRPO need.
 
+Shortcuts (the drift demo, ``configs/drift-demo.yaml``): `warm_start_responses` can replace the reference of a
+share of the longer problems by `shortcut_response`, which writes only the first half of the steps and then the
+answer. The warm-started policy copies the habit but cannot add the skipped terms in its head, so the partial
+credit reward (`step_reward`) pays its shortcuts less than full responses and GRPO lengthens those responses:
+the realized lengths drift away from what the length predictor learned.
+
 Records are DeepScaleR-shaped (``problem``, ``answer``) plus ``id`` and ``steps``.
 
 Run ``python -m asp.demo.task`` to print a few problems and the length distribution.
@@ -129,6 +135,54 @@ def intended_length(record: dict) -> int:
     (Each step is ``"B4=7 "``; the tail is ``"answer: 0"``.)
     """
     return TOKENS_PER_STEP * len(parse_terms(record["problem"])) + len(ANSWER_MARK) + 2
+
+
+def shortcut_steps(steps: int) -> int:
+    """Steps a shortcut response writes before jumping to the answer: the first half, ``ceil(steps / 2)``."""
+    return -(-steps // 2)
+
+
+def shortcut_response(record: dict) -> str:
+    """A response that skips the second half of the steps and states the true answer (``"A3=3 B4=7 answer: 0"``).
+
+    The warm start shows it on some long problems (`warm_start_responses`); the answer is right in the reference,
+    but a tiny model cannot add the skipped terms in its head, so its own shortcuts mostly state a wrong answer.
+    With partial credit (`step_reward`) a shortcut earns at most ``0.5 * shortcut_steps(k) / k + 0.5``, usually
+    far less, so GRPO learns to write every step: the policy's responses on long problems grow longer.
+    """
+    full = reference_response(record)
+    keep = shortcut_steps(len(parse_terms(record["problem"])))
+    return full[: TOKENS_PER_STEP * keep] + f"{ANSWER_MARK} {record['answer']}"
+
+
+def warm_start_responses(
+    records: list[dict], *, skip_fraction: float = 0.0, skip_min_steps: int = 6, seed: int = 0
+) -> list[str]:
+    """The warm start's target response per record: `reference_response`, or on some long problems a shortcut.
+
+    Args:
+        records: task records (``problem``, ``answer``).
+        skip_fraction: probability that a problem with >= `skip_min_steps` terms gets `shortcut_response`
+            (0: every record gets its reference, and no random number is drawn).
+        skip_min_steps: fewest terms of a problem that may be shortcut (>= 2: a shortcut must skip a step).
+        seed: seed of the skip draws (one uniform per record, independent of the records' own generator).
+
+    Returns:
+        One response string per record, in order.
+    """
+    if not 0.0 <= skip_fraction <= 1.0 or skip_min_steps < 2:
+        raise ValueError(
+            f"need 0 <= skip_fraction <= 1 and skip_min_steps >= 2, got {skip_fraction}, {skip_min_steps}"
+        )
+    if skip_fraction == 0.0:
+        return [reference_response(r) for r in records]
+    draws = np.random.default_rng(seed).random(len(records))
+    return [
+        shortcut_response(r)
+        if u < skip_fraction and len(parse_terms(r["problem"])) >= skip_min_steps
+        else reference_response(r)
+        for r, u in zip(records, draws.tolist(), strict=True)
+    ]
 
 
 def _normalize(text: str) -> str:

@@ -59,7 +59,7 @@ def content_hash(path: Path) -> str:
 def warm_started_policy(demo: DemoPolicyParams, seed: int) -> tuple[Any, Any, list[float], float]:
     """Build the tiny demo policy and warm-start it; return model, tokenizer, loss curve and seconds taken."""
     from asp.demo.policy import build_model, warm_start
-    from asp.demo.task import generate_problems
+    from asp.demo.task import generate_problems, warm_start_responses
     from asp.demo.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -73,6 +73,11 @@ def warm_started_policy(demo: DemoPolicyParams, seed: int) -> tuple[Any, Any, li
         seed=seed,
     )
     records = generate_problems(demo.warm_start_problems, seed=seed + 100)
+    responses = None
+    if demo.skip_fraction > 0:  # shortcuts on long problems (configs/drift-demo.yaml): GRPO lengthens them
+        responses = warm_start_responses(
+            records, skip_fraction=demo.skip_fraction, skip_min_steps=demo.skip_min_steps, seed=seed + 300
+        )
     t0 = time.perf_counter()
     with progress_bar(total=demo.warm_start_steps, desc="warm start", unit="step") as bar:
 
@@ -90,6 +95,7 @@ def warm_started_policy(demo: DemoPolicyParams, seed: int) -> tuple[Any, Any, li
             seed=seed,
             progress=on_step,
             num_threads=demo.num_threads,
+            responses=responses,
         )
     return model, tokenizer, history.get("loss", []), time.perf_counter() - t0
 
