@@ -9,10 +9,12 @@ bias (realized / calibrated prediction) is far below the band and the detector f
    resumable checkpoint and ``drift_pending.json``.
 2. ``asp reprofile`` from the shell (standalone) profiles the current policy snapshot on remaining prompts,
    fine-tunes the predictor from the current adapter, passes the (open) gate and registers version 2.
-3. ``launch`` again resumes from the checkpoint, applies v2 (minibatch records carry plan_version 2) and
+3. ``launch`` again resumes from the checkpoint, applies v2 (minibatch records carry predictor_version 2) and
    finishes: every prompt trained exactly once (lost 0, duplicated 0).
 4. In-process: a fresh run with the same settings re-profiles inside the stage and resumes in the same MLflow
    run; the registry gains another version.
+5. A closed gate (``evaluate.min_tau`` 1.0): the in-process re-profile is rejected, the stage says it keeps the
+   current schedule, and the run continues to the end on it (predictor version 1, nothing lost).
 """
 
 from __future__ import annotations
@@ -142,8 +144,11 @@ def _cli(*args: str) -> int:
 
 
 def _plan_versions(root: Path) -> set[int]:
-    """Plan (predictor) versions that scheduled the minibatches of the last session."""
-    return set(pd.read_parquet(root / "outputs/launch/minibatches.parquet")["plan_version"])
+    """Predictor versions whose schedule made the minibatches of the last session (plan version = predictor
+    version here: no recalibration happened)."""
+    rows = pd.read_parquet(root / "outputs/launch/minibatches.parquet")
+    assert (rows["plan_version"] == rows["predictor_version"]).all()
+    return set(rows["predictor_version"])
 
 
 def test_drift_stops_reprofiles_standalone_and_resumes_exactly_once(
@@ -205,3 +210,30 @@ def test_drift_stops_reprofiles_standalone_and_resumes_exactly_once(
     assert metrics["reprofile/accepted"] == 1 and "drift/bias_window" in metrics
     saved = json.loads((root / "metrics/launch.json").read_text())
     assert saved["drift/summary/reprofiles"] == 1
+
+
+def test_a_rejected_reprofile_keeps_the_schedule_and_the_run_continues(
+    project: dict[str, Any],
+    ray_cluster: Any,
+    new_tracker: Callable[[str], MlflowTracker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    root = project["root"]
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("ASP_DRIFT_HANDOFF", raising=False)
+    shutil.rmtree(root / "outputs/launch_state", ignore_errors=True)
+    closed = project["params"].model_copy(
+        update={"evaluate": project["params"].evaluate.model_copy(update={"min_tau": 1.0})}
+    )
+    tracker = new_tracker("launch")
+    metrics = launch.run(closed, rebase(launch.Paths(), root), tracker)
+    end_run(tracker)
+    err = capsys.readouterr().err
+    assert "rejected" in err and "keeping the current schedule" in err
+    assert metrics["runtime/summary/finished"] == 1 and metrics["drift/summary/reprofiles"] == 1
+    assert metrics["drift/summary/reprofile_accepted"] == 0 and metrics["drift/summary/predictor_version_final"] == 1
+    assert metrics["drift/summary/lost_prompts"] == 0 and metrics["drift/summary/duplicated_prompts"] == 0
+    assert _plan_versions(root) == {1}
+    report = read_json(root / "outputs/launch_state/C4/predictors/v2/report.json")
+    assert report["accepted"] is False and report["min_tau"] == 1.0

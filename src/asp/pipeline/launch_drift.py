@@ -161,6 +161,7 @@ def finish(watch: DriftWatch, summary: Any, directory: Path, plot: Path, tracker
     from asp.plots.drift import drift_figure
 
     metrics: dict[str, Any] = drift_summary(watch)
+    label_predictor_versions(summary.minibatches, watch.rows)
     stopped = stopped_for_drift(watch, summary)
     metrics["drift/summary/handoff"] = int(stopped and handoff())
     if stopped and handoff():
@@ -177,6 +178,16 @@ def finish(watch: DriftWatch, summary: Any, directory: Path, plot: Path, tracker
     tracker.log_metrics({k: float(v) for k, v in metrics.items()}, step=summary.trainer_step)
     save_figure(drift_figure(watch.rows, watch.initial_tau, watch.params.tau_drop), plot, tracker)
     return metrics
+
+
+def label_predictor_versions(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    """Add ``predictor_version`` to every minibatch record: the predictor whose schedule (``plan_version``)
+    scheduled it, from the history's switch rows (plan 1 is the pipeline's predictor 1; a recalibration makes a
+    new plan version with the same predictor)."""
+    switches = sorted((int(r["plan_version"]), int(r["predictor_version"])) for r in rows if r["kind"] == "switch")
+    for record in records:
+        plan = int(record.get("plan_version", 1))
+        record["predictor_version"] = max(((p, v) for p, v in switches if p <= plan), default=(1, 1))[1]
 
 
 def drift_summary(watch: DriftWatch) -> dict[str, float]:
