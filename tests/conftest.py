@@ -10,6 +10,7 @@ free 127.0.0.1 port (`start_prefect_server` starts one, e.g. with its web UI on)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,3 +173,21 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory, background: Backgro
     teardown. Returns the environment (a copy of os.environ) that points clients at it (PREFECT_API_URL)."""
     env, _, _ = start_prefect_server(tmp_path_factory.mktemp("prefect_server"), background, PREFECT_UI_ENABLED="false")
     return env
+
+
+def prefect_api(env: dict[str, str], path: str, body: dict[str, Any] | None = None) -> Any:
+    """GET (no `body`) or POST `path` of the Prefect server at env["PREFECT_API_URL"]; the decoded JSON answer.
+    A 503 (the server's SQLite was busy: Prefect marks it retryable and its own client retries it) is retried."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        env["PREFECT_API_URL"] + path, data=data, headers={"content-type": "application/json"}
+    )
+    for attempt in range(6):
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as err:
+            if err.code != 503 or attempt == 5:
+                raise
+            time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")

@@ -19,8 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +28,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from tests.conftest import Background, start_prefect_server
+from tests.conftest import Background, prefect_api, start_prefect_server
 
 from .conftest import tiny_params
 
@@ -185,28 +183,12 @@ def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
             bg.stop(proc)
 
 
-def _api(env: dict[str, str], path: str, body: dict[str, Any] | None = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        env["PREFECT_API_URL"] + path, data=data, headers={"content-type": "application/json"}
-    )
-    for attempt in range(6):  # Prefect answers 503 for retryable errors (SQLite busy); its own client retries them
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return json.load(resp)
-        except urllib.error.HTTPError as err:
-            if err.code != 503 or attempt == 5:
-                raise
-            time.sleep(0.5 * 2**attempt)
-    raise AssertionError("unreachable")
-
-
 def _trigger(env: dict[str, str], parameters: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
     """Create a flow run of the deployment (what the UI's Run button does) and wait until it ends."""
-    run = _api(env, f"/deployments/{env['DEPLOYMENT_ID']}/create_flow_run", {"parameters": parameters})
+    run = prefect_api(env, f"/deployments/{env['DEPLOYMENT_ID']}/create_flow_run", {"parameters": parameters})
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        run = _api(env, f"/flow_runs/{run['id']}")
+        run = prefect_api(env, f"/flow_runs/{run['id']}")
         if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return run
         time.sleep(1)
@@ -214,12 +196,12 @@ def _trigger(env: dict[str, str], parameters: dict[str, Any], timeout_s: float =
 
 
 def _task_states(env: dict[str, str], flow_run_id: str) -> dict[str, str]:
-    tasks = _api(env, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    tasks = prefect_api(env, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
     return {t["name"]: t["state"]["name"] for t in tasks}
 
 
 def _artifacts(env: dict[str, str], flow_run_id: str) -> list[dict[str, Any]]:
-    return _api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+    return prefect_api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
 
 
 def test_ui_run_of_everything_up_to_date_skips_every_stage(project: dict[str, Any], served: dict[str, str]) -> None:
@@ -308,13 +290,13 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             page.keyboard.press("ControlOrMeta+a")
             editor.fill(json.dumps({"schedule.k": 4}))  # the API test's run again: DVC must not rerun it
             page.screenshot(path=shots / "prefect-custom-run.png", full_page=True)
-            before = {r["id"] for r in _api(served, "/flow_runs/filter", {})}
+            before = {r["id"] for r in prefect_api(served, "/flow_runs/filter", {})}
             deadline, new = time.monotonic() + 60, []
             for _ in range(3):  # Prefect's UI does not retry a 503 ("Something went wrong"): a person clicks again
                 seen = len(busy)
                 page.get_by_role("button", name="Submit", exact=True).click()
                 while not new and len(busy) == seen and time.monotonic() < deadline:  # the run the click created
-                    new = [r for r in _api(served, "/flow_runs/filter", {}) if r["id"] not in before]
+                    new = [r for r in prefect_api(served, "/flow_runs/filter", {}) if r["id"] not in before]
                     time.sleep(0.5)
                 if new:
                     break

@@ -19,8 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import Background, start_prefect_server
+from tests.conftest import Background, prefect_api, start_prefect_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CONDITION = "C4"
@@ -105,22 +103,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             bg.stop(proc)
 
 
-def _api(env: dict[str, str], path: str, body: dict[str, Any] | None = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        env["PREFECT_API_URL"] + path, data=data, headers={"content-type": "application/json"}
-    )
-    for attempt in range(6):  # 503: the server's SQLite was busy; Prefect's own client retries it too
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return json.load(resp)
-        except urllib.error.HTTPError as err:
-            if err.code != 503 or attempt == 5:
-                raise
-            time.sleep(0.5 * 2**attempt)
-    raise AssertionError("unreachable")
-
-
 def _project(root: Path, params: dict[str, Any] | None = None) -> Path:
     """dvc.yaml and params.yaml of the repository (validated by the loop) in `root`."""
     root.mkdir(parents=True, exist_ok=True)
@@ -151,7 +133,7 @@ def _events(env: dict[str, str], flow_run_id: str, timeout_s: float = 60) -> lis
             "limit": 50}  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while True:
-        found = _api(env, "/events/filter", body)["events"]
+        found = prefect_api(env, "/events/filter", body)["events"]
         if len(found) >= 4 or time.monotonic() > deadline:
             return sorted(found, key=lambda e: e["occurred"])
         time.sleep(1)
@@ -175,16 +157,16 @@ def test_two_drifts_reprofile_twice_then_the_last_launch_runs_without_handoff(
     assert not (root / "outputs/launch_state" / CONDITION / "drift_pending.json").exists()
 
     run_id = result["flow_run_id"]
-    subflows = _api(server, "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run_id]}}})
+    subflows = prefect_api(server, "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run_id]}}})
     assert sorted(r["name"] for r in subflows) == ["reprofile 1 after step 10", "reprofile 2 after step 20"]
     assert all(r["state_type"] == "COMPLETED" for r in subflows)
-    tasks = _api(server, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
+    tasks = prefect_api(server, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
     assert len(tasks) == 2  # the sub-flows' task runs in the parent; fake_launch is no task
-    notes = _api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["asp-reprofile"]}}})
+    notes = prefect_api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["asp-reprofile"]}}})
     texts = sorted(a["data"] for a in notes if a["flow_run_id"] in {r["id"] for r in subflows})
     assert len(texts) == 2 and any("v2: accepted" in t for t in texts) and any("v3: rejected" in t for t in texts)
     assert all("Drift at trainer step" in t and "MLflow parent run" in t for t in texts)
-    table = _api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["asp-drift-loop"]}}})
+    table = prefect_api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["asp-drift-loop"]}}})
     rows = [r for a in table if a["flow_run_id"] == run_id for r in json.loads(a["data"])]
     steps = ["launch 1", "reprofile v2", "launch 2", "reprofile v3", "launch 3"]
     assert [r["step"] for r in rows] == steps
@@ -362,12 +344,14 @@ def test_asp_serve_serves_the_drift_loop_and_a_triggered_run_completes(server: d
         while f"/deployments/deployment/{deployment['id']}" not in bg.log(serve) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert f"/deployments/deployment/{deployment['id']}" in bg.log(serve)  # printed its URL
-        run = _api(server, f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {"max_actions": 0}})
+        run = prefect_api(
+            server, f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {"max_actions": 0}}
+        )
         deadline = time.monotonic() + 300
         while run["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             assert time.monotonic() < deadline, f"flow run still {run['state_type']}:\n{bg.log(serve)}"
             time.sleep(1)
-            run = _api(server, f"/flow_runs/{run['id']}")
+            run = prefect_api(server, f"/flow_runs/{run['id']}")
         assert run["state_type"] == "COMPLETED", (run["state"], bg.log(serve))
         assert run["name"].startswith("drift-loop ")
         sessions = (root / "outputs/launch_state" / CONDITION / "sessions.jsonl").read_text().splitlines()
