@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from asp.config import DemoPolicyParams, deep_merge, read_yaml, validate_params
 from asp.demo.policy import build_model, warm_start
@@ -101,10 +100,12 @@ def test_bad_skip_settings_raise(fraction: float, min_steps: int) -> None:
 
 
 def _warm(records: list[dict], responses: list[str] | None) -> list[float]:
-    torch.set_num_threads(1)
+    """Three warm-start steps on one torch thread (restored afterwards: a changed thread count would leak into
+    later tests in this process and change their floating-point sums)."""
     tk = build_tokenizer()
     model = build_model(tk, seed=0, **TINY)
-    return warm_start(model, tk, records, steps=3, batch_size=4, lr=1e-3, seed=0, responses=responses)["loss"]
+    result = warm_start(model, tk, records, steps=3, batch_size=4, lr=1e-3, seed=0, responses=responses, num_threads=1)
+    return result["loss"]
 
 
 def test_warm_start_trains_on_the_given_responses() -> None:

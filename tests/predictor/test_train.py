@@ -31,8 +31,12 @@ def _fit(path: Path, n_train: int, n_val: int, **kw):
 
 @pytest.mark.slow
 def test_minilm_tau_improves(minilm_path: Path) -> None:
-    torch.set_num_threads(1)
-    res, before, after, true = _fit(minilm_path, 96, 64, epochs=3, batch_size=16, lr=1e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # restored below: a changed count would leak into later tests in this process
+    try:
+        res, before, after, true = _fit(minilm_path, 96, 64, epochs=3, batch_size=16, lr=1e-3)
+    finally:
+        torch.set_num_threads(threads)
     tau_before = stats.kendalltau(before, true).statistic
     tau_after = stats.kendalltau(after, true).statistic
     assert tau_after >= 0.45 and tau_after > tau_before + 0.1, (tau_before, tau_after)
