@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from asp.env import set_offline_defaults
+from flows import run_flow
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,22 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     set_offline_defaults()
-    from asp.errors import UserError
 
-    try:
+    def run() -> None:
         from asp.orchestration.drift_loop import asp_drift_loop
 
         asp_drift_loop(args.max_actions)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # Prefect has logged the output and traceback
-        print(f"error: the drift loop failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return run_flow(run, "the drift loop")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from asp.env import set_offline_defaults
+from flows import run_flow
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,22 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rerun stages DVC finds up to date")
     args = parser.parse_args(argv)
     set_offline_defaults()
-    try:
+
+    def run() -> None:
         overrides = parse_set_args(args.sets)
         check_request(RunRequest(tuple(args.stages), args.preset, overrides, args.force))  # before Prefect starts
         from asp.orchestration.flow import asp_pipeline
 
         asp_pipeline(args.stages or None, args.preset, overrides or None, args.force)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # Prefect has logged the stage's output and traceback
-        print(f"error: the pipeline failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return run_flow(run, "the pipeline")
 
 
 if __name__ == "__main__":
