@@ -89,6 +89,16 @@ def write_prompts(
     return frames
 
 
+def chat_template(tokenizer: Any) -> Callable[[str], str]:
+    """`write_prompts`' template for a policy's tokenizer: the problem as one user turn, generation prompt added."""
+
+    def template(problem: str) -> str:
+        messages = [{"role": "user", "content": problem}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    return template
+
+
 @dataclass(frozen=True)
 class Built:
     """A stage run done once for several tests: its params, paths, returned metrics and MLflow run."""

@@ -37,7 +37,7 @@ from asp.pipeline.loaders import load_policy_tokenizer
 from asp.schedule import build_schedule, schedule_to_frame
 from asp.tracking import MlflowTracker, end_run, predictor_versions
 
-from .conftest import TINY_PREDICTOR, Built, make_params
+from .conftest import TINY_PREDICTOR, Built, chat_template, make_params, write_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -90,21 +90,7 @@ def project(
     (root / "outputs/predictor").symlink_to(trained_predictor.paths.out_dir.resolve())
     tok = load_policy_tokenizer(root / "outputs/policy")
     records = generate_problems(N_TRAIN, seed=21)
-    prompts = pd.DataFrame(
-        {
-            "prompt_id": [f"d{i:03d}" for i in range(N_TRAIN)],
-            "prompt": [
-                tok.apply_chat_template(
-                    [{"role": "user", "content": r["problem"]}], tokenize=False, add_generation_prompt=True
-                )
-                for r in records
-            ],
-            "problem": [r["problem"] for r in records],
-            "answer": [r["answer"] for r in records],
-        }
-    )
-    (root / "outputs/prompts").mkdir()
-    prompts.to_parquet(root / "outputs/prompts/train.parquet", index=False)
+    write_prompts(root / "outputs/prompts", records, {"train": list(range(N_TRAIN))}, chat_template(tok))
 
     inputs = trained_predictor.extra["root"]
     tracker = new_tracker("evaluate")

@@ -34,7 +34,7 @@ from asp.runtime.database import Database
 from asp.schedule import build_schedule, schedule_to_frame
 from asp.tracking import MlflowTracker, NullTracker, end_run, predictor_versions
 
-from .conftest import TINY_PREDICTOR, Built, make_params
+from .conftest import TINY_PREDICTOR, Built, chat_template, make_params, write_prompts
 
 N_TRAIN, DONE_MINIBATCHES = 48, 5
 OVERLAY = {
@@ -64,21 +64,8 @@ def pipeline(
     (root / "outputs/predictor").symlink_to(trained_predictor.paths.out_dir.resolve())
     tok = load_policy_tokenizer(paths.policy)
     records = generate_problems(N_TRAIN, seed=11)
-    prompts = pd.DataFrame(
-        {
-            "prompt_id": [f"t{i:03d}" for i in range(N_TRAIN)],
-            "prompt": [
-                tok.apply_chat_template(
-                    [{"role": "user", "content": r["problem"]}], tokenize=False, add_generation_prompt=True
-                )
-                for r in records
-            ],
-            "problem": [r["problem"] for r in records],
-            "answer": [r["answer"] for r in records],
-        }
-    )
-    paths.prompts.parent.mkdir(parents=True)
-    prompts.to_parquet(paths.prompts, index=False)
+    roles = {"train": list(range(N_TRAIN))}
+    prompts = write_prompts(paths.prompts.parent, records, roles, chat_template(tok))["train"]
     sched = build_schedule(prompts["prompt_id"].to_numpy(), [intended_length(r) for r in records], b=2, kappa=0, k=2)
     paths.schedule.parent.mkdir(parents=True)
     schedule_to_frame(sched).to_parquet(paths.schedule, index=False)
@@ -143,7 +130,7 @@ def test_accepted_reprofile_schedules_exactly_the_remaining_prompts_and_register
     full = WorkPlan.from_frame(pd.read_parquet(result.directory / "full.parquet"))
     remaining = pipeline["remaining"]
     assert len(remaining) == 37 and sorted(rest.prompt_ids()) == sorted(remaining)
-    assert sorted(full.prompt_ids()) == [f"t{i:03d}" for i in range(N_TRAIN)]
+    assert sorted(full.prompt_ids()) == [f"q{i:03d}" for i in range(N_TRAIN)]
     profiled = pd.read_parquet(result.directory / "profile.parquet")
     assert set(profiled["prompt_id"]) <= set(remaining) and profiled["prompt_id"].is_unique
     assert profiled["role"].value_counts().to_dict() == {"eval": 8, "train": 14, "val": 2}
