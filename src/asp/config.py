@@ -397,6 +397,11 @@ class SimTrainingParams(_Params):
     save_s: Float = Field(0.0044, ge=0, description="T_save: snapshot export per step.")
     convert_s: Float = Field(0.0, ge=0, description="T_convert: snapshot conversion per step.")
     load_s: Float = Field(0.003, ge=0, description="T_load: reload per actor, before its next minibatch.")
+    measured_on: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="Where these times were measured (the defaults: the CPU demo's launch). A GPU Training Unit "
+        "(runtime.grpo.device: cuda) needs times measured on GPUs: `asp simulate fit-training` after a first launch.",
+    )
 
 
 class PlanParams(_Params):

@@ -81,11 +81,29 @@ def params_check(
 
     resolved = load_params_with(params, preset, list(set_ or []))
     memory = _memory_check(resolved)
+    simulate_note = _simulate_check(resolved)
     overlay = _preset_path(preset) if preset else None
     typer.echo(f"{params}{' + ' + str(overlay) if overlay else ''}: OK")
     typer.echo(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False))
     if memory:
         typer.echo(memory)
+    if simulate_note:
+        typer.echo(simulate_note)
+
+
+def _simulate_check(params: Params) -> str:
+    """What the simulator lacks for a GPU run: `UserError` when the simulate stage is on, a note when it is off."""
+    from asp.pipeline.simulate import check_gpu_gaps, gpu_gaps
+
+    if params.simulate.enabled:
+        check_gpu_gaps(params)
+        return ""
+    gaps = gpu_gaps(params)
+    if not gaps:
+        return ""
+    return "note: simulate is off; before turning it on (simulate.enabled: true): " + " ".join(
+        f"({i}) {g}" for i, g in enumerate(gaps, 1)
+    )
 
 
 def _memory_check(params: Params) -> str:

@@ -110,6 +110,9 @@ def fit_training(
     iterations: Annotated[Path, typer.Argument(help="a GRPO launch's iterations.parquet")] = Path(
         "outputs/launch/iterations.parquet"
     ),
+    params: Annotated[
+        Path, typer.Option("--params", "-p", help="the launch's params file (runtime.grpo.device: where it trained)")
+    ] = Path("params.yaml"),
 ) -> None:
     """Fit the Training Unit's times from a launch and print them as a `simulate.training` params overlay."""
     import pandas as pd
@@ -123,5 +126,7 @@ def fit_training(
         model, report = fit_training_model(pd.read_parquet(iterations))
     except ValueError as exc:
         raise UserError(f"{iterations}: {exc}") from None
+    device = load_with_overrides(params, [], []).runtime.grpo.device
+    training = {**model.to_dict(), "measured_on": "cuda" if device.startswith("cuda") else "cpu"}
     typer.echo(f"# from {iterations}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
-    typer.echo(yaml.safe_dump({"simulate": {"training": model.to_dict()}}, sort_keys=False).rstrip())
+    typer.echo(yaml.safe_dump({"simulate": {"training": training}}, sort_keys=False).rstrip())

@@ -97,6 +97,53 @@ def generation_form(params: Params) -> str:
     return "continuous" if params.profile.engine == "vllm" else "static"
 
 
+def _on_gpu(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def gpu_gaps(params: Params) -> list[str]:
+    """What the simulator still lacks to model this run's GPUs: one line per missing piece, [] when none.
+
+    The simulator's models are measurements: generation times come from the profile's timed minibatches, the
+    Training Unit's times from `simulate.training`, and `simulate.cores` models CPU cores the actors share. On
+    GPUs (vLLM actors, a CUDA Training Unit) each must come from GPUs, or the stage would print numbers from the
+    wrong machine.
+    """
+    rt, sim, gaps = params.runtime, params.simulate, []
+    if rt.engine.kind != params.profile.engine:
+        gaps.append(
+            f"profile.engine is {params.profile.engine!r} but runtime.engine.kind is {rt.engine.kind!r}: the "
+            "generation-time model is fitted on the profile's timings, so profile with the engine launch uses."
+        )
+    if rt.engine.kind == "vllm" and generation_form(params) != "continuous":
+        gaps.append(
+            "simulate.generation_form is 'static' but the actors are vLLM engines (continuous batching): set it "
+            "to 'continuous' or 'auto'."
+        )
+    if _on_gpu(rt.engine.device) and sim.cores is not None:
+        gaps.append(
+            f"simulate.cores is {sim.cores:g} (CPU cores shared by the actors) but the actors run on "
+            f"{rt.engine.device}, a device each: set simulate.cores: null."
+        )
+    if rt.trainer == "grpo" and _on_gpu(rt.grpo.device) and sim.training.measured_on != "cuda":
+        gaps.append(
+            f"simulate.training holds times measured on {sim.training.measured_on} (the defaults are the CPU "
+            "demo's fit) but the Training Unit runs on GPUs: after a first launch, run `asp simulate fit-training` "
+            "and put its simulate.training block into your params."
+        )
+    return gaps
+
+
+def check_gpu_gaps(params: Params) -> None:
+    """`UserError` listing `gpu_gaps` (the stage, `asp simulate` and `asp plan layout` call this first)."""
+    gaps = gpu_gaps(params)
+    if gaps:
+        raise UserError(
+            "the simulator cannot model this GPU run yet; it would print numbers measured on another machine. "
+            "Missing: " + " ".join(f"({i}) {g}" for i, g in enumerate(gaps, 1))
+        )
+
+
 def training_model(params: Params) -> Any:
     """The Training Unit's times: the simulated trainer's fixed ones, or `simulate.training` for GRPO."""
     from asp.sim.timemodel import TrainingTimeModel
@@ -104,7 +151,7 @@ def training_model(params: Params) -> Any:
     rt = params.runtime
     if rt.trainer == "simulated":
         return TrainingTimeModel.simulated(rt.trainer_step_s, rt.refresh_delay_s)
-    return TrainingTimeModel(**params.simulate.training.model_dump())
+    return TrainingTimeModel(**params.simulate.training.model_dump(exclude={"measured_on"}))
 
 
 def fit_models(params: Params, paths: Paths) -> Models:
@@ -113,6 +160,7 @@ def fit_models(params: Params, paths: Paths) -> Models:
     from asp.sim.lengths import fit_empirical_length_model, fit_length_model
     from asp.sim.timemodel import fit_generation_model
 
+    check_gpu_gaps(params)
     timings = pd.read_csv(_need(paths.timings, "profile"))
     try:
         gen, gen_report = fit_generation_model(
