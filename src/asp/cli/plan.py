@@ -217,14 +217,19 @@ def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> 
 
 
 def _list_architectures() -> None:
-    from asp.sim.memory import BUILTIN
+    from asp.sim.architecture import BUILTIN
 
-    typer.echo("| name | parameters | vocab | hidden | layers | heads / kv heads | intermediate | tied |")
-    typer.echo("|---|---|---|---|---|---|---|---|")
+    typer.echo(
+        "| name | parameters | active | vocab | hidden | layers | heads / kv heads | intermediate | experts | tied |"
+    )
+    typer.echo("|---|---|---|---|---|---|---|---|---|---|")
     for name, a in BUILTIN.items():
+        inter = a.expert_intermediate_size if a.is_moe else a.intermediate_size
+        shared = f" + shared {a.shared_expert_intermediate_size}" if a.shared_expert_intermediate_size else ""
+        experts = f"{a.experts_per_token} of {a.num_experts}{shared}" if a.is_moe else "-"
         typer.echo(
-            f"| {name} | {a.num_params / 1e9:.2f}B | {a.vocab_size} | {a.hidden_size} | {a.num_layers} | "
-            f"{a.num_heads} / {a.num_kv_heads} | {a.intermediate_size} | {a.tie_word_embeddings} |"
+            f"| {name} | {a.num_params / 1e9:.2f}B | {a.active_params / 1e9:.2f}B | {a.vocab_size} | {a.hidden_size} "
+            f"| {a.num_layers} | {a.num_heads} / {a.num_kv_heads} | {inter} | {experts} | {a.tie_word_embeddings} |"
         )
 
 

@@ -16,16 +16,14 @@ from pathlib import Path
 
 from asp.config import Params
 from asp.errors import UserError
+from asp.sim.architecture import BUILTIN, Architecture, from_hf_config
 from asp.sim.memory import (
-    BUILTIN,
     GIB,
     MAX_WORLD_SIZE,
-    Architecture,
     GenerationEstimate,
     GenerationSettings,
     MemoryEstimate,
     TrainerSettings,
-    from_hf_config,
     generation_memory,
     generation_problem,
     gib,
@@ -171,6 +169,17 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
 
 
+def _experts(a: Architecture) -> str:
+    """For an MoE: the active parameters and the experts (every expert is stored and trained; tokens use k)."""
+    if not a.is_moe:
+        return ""
+    shared = f" + a shared expert of {a.shared_expert_intermediate_size}" if a.shared_expert_intermediate_size else ""
+    return (
+        f" ({_count(a.active_params)} active per token: {a.experts_per_token} of {a.num_experts} experts of "
+        f"{a.expert_intermediate_size}{shared} in {a.sparse_layers} of {a.num_layers} layers)"
+    )
+
+
 def _precision(s: TrainerSettings) -> str:
     if s.mixed_precision:
         return "bfloat16 mixed precision (fp32 master weights)"
@@ -185,8 +194,8 @@ def format_report(r: MemoryReport) -> str:
     """A Markdown table of GiB per component on the trainer device and the generation device, then the verdict."""
     a = r.arch
     lines = [
-        f"policy: {r.source}: {_count(a.num_params)} parameters, vocab {a.vocab_size}, hidden {a.hidden_size}, "
-        f"{a.num_layers} layers, {a.num_heads} heads / {a.num_kv_heads} kv heads",
+        f"policy: {r.source}: {_count(a.num_params)} parameters{_experts(a)}, vocab {a.vocab_size}, hidden "
+        f"{a.hidden_size}, {a.num_layers} layers, {a.num_heads} heads / {a.num_kv_heads} kv heads",
     ]
     if r.trainer is not None and r.trainer_settings is not None:
         s = r.trainer_settings
@@ -220,7 +229,10 @@ def format_report(r: MemoryReport) -> str:
 
 def report_dict(r: MemoryReport) -> dict:
     """The report as JSON-ready numbers (bytes), for `asp plan memory --json`."""
-    out: dict = {"source": r.source, "num_params": r.arch.num_params, "fits": r.fits, "problems": r.problems}
+    a = r.arch
+    out: dict = {"source": r.source, "num_params": a.num_params, "active_params": a.active_params}
+    out |= {"num_experts": a.num_experts, "experts_per_token": a.experts_per_token}
+    out |= {"fits": r.fits, "problems": r.problems}
     if r.trainer is not None:
         out["trainer"] = {
             "device": r.trainer.device,

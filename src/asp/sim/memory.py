@@ -1,17 +1,9 @@
 """Fits-or-fails memory estimate of a GRPO run: per trainer device (FSDP2 rank) and per vLLM generation device.
 
-Pure arithmetic over an `Architecture` (a Llama/Qwen-style decoder) and settings dataclasses; no I/O. The glue
-that turns params into these inputs is `asp.pipeline.memory_check`; the CLI is ``asp plan memory`` and
-``asp params check``; the formulas are written out in docs/memory.md. Sizes are bytes; ``GIB = 2**30``.
-
-Parameter count (``Architecture.num_params``), with h hidden, L layers, V vocab, I intermediate, q = heads x
-head_dim, kv = kv_heads x head_dim::
-
-    V h (embedding) + [V h (lm_head, untied only)] + h (final norm)
-    + L x (h q + 2 h kv + q h   (q, k, v, o projections)
-           + q + 2 kv            (q/k/v biases: Qwen2 only)
-           + 2 head_dim          (q/k RMSNorms: Qwen3 only)
-           + 3 h I + 2 h)        (SwiGLU MLP, two RMSNorms)
+Pure arithmetic over an `Architecture` (a Llama/Qwen-style decoder, dense or mixture-of-experts; its parameter
+count is in `asp.sim.architecture`) and settings dataclasses; no I/O. The glue that turns params into these inputs is
+`asp.pipeline.memory_check`; the CLI is ``asp plan memory`` and ``asp params check``; the formulas are written out in
+docs/memory.md. Sizes are bytes; ``GIB = 2**30``. P below is every parameter, all experts of an MoE included.
 
 Trainer device (one of ``world_size`` FSDP2 ranks, N = world_size, P = parameters):
 
@@ -27,9 +19,14 @@ Trainer device (one of ``world_size`` FSDP2 ranks, N = world_size, P = parameter
   keeps ``A = b (5h + 3q + 4kv + 4I) + 8h`` bytes: in the compute dtype (b bytes) the two norm outputs before and
   after their weight (4h), q, its rotated half and q after RoPE (3q), k likewise (3kv), v (kv), the attention
   output (h; flash/SDPA attention keeps no seq^2 scores), and the SwiGLU gate, up, silu(gate) and their product
-  (4I); plus the two RMSNorm inputs upcast to fp32 (8h bytes). Without activation checkpointing:
-  ``T (L A + 2 b h)``; with it (one checkpoint per decoder layer): ``T (L b h + A)`` (the saved layer inputs plus
-  one layer recomputed in backward);
+  (4I); plus the two RMSNorm inputs upcast to fp32 (8h bytes). A sparse (MoE) layer keeps, instead of 4I, what
+  its k active experts keep (transformers' grouped_mm experts, its default): per routed copy of the token its
+  gathered input, the gate/up output, silu(gate), their product and the expert's output (``k (2h + 4 I_e)``), a
+  shared expert's ``4 I_s + h`` and its gate's output, plus ``4E + 40k`` bytes of routing (fp32 router
+  probabilities, int64 top-k indices, sort permutation and inverse, the routing weights):
+  ``A_s = b (5h + 3q + 4kv + k (2h + 4 I_e) + [4 I_s + h + 1]) + 8h + 4E + 40k``. Without activation
+  checkpointing: ``T (sum over layers of A + 2 b h)``; with it (one checkpoint per decoder layer):
+  ``T (L b h + max A)`` (the saved layer inputs plus one layer recomputed in backward);
 * logits: ``T V (b + 12)`` (logits in the compute dtype, their fp32 copy's log-softmax saved for backward, and in
   backward its fp32 gradient and the fp32 gradient of the logits), plus ``T V r`` when a reference model scores
   the same micro-batch (its logits exist while the policy's are held; r = 2 under autocast, else 4: the reference
@@ -42,125 +39,29 @@ Trainer device (one of ``world_size`` FSDP2 ranks, N = world_size, P = parameter
 Generation device (one vLLM instance over ``tensor_parallel_size`` = t GPUs, d engine dtype bytes): weights
 ``P d / t``; KV cache per token ``2 L ceil(kv_heads / t) head_dim d``; budget ``gpu_memory_utilization x
 device``; allowance ``1 GiB`` (CUDA graphs, non-torch memory) + the profile run's activations
-``8192 tokens x (4h + 3 I / t) d`` + sampler logits ``256 sequences x V x 4``; sequences that fit =
+``8192 tokens x (4h + M) d`` with M = 3 I / t for a dense MLP and ``k (3 I_e / t + h) + 3 I_s / t`` for an MoE
+block (vLLM's fused-MoE workspaces: each token's k gate/up, activation and output rows; the larger when a model
+has both) + sampler logits ``256 sequences x V x 4``; sequences that fit =
 ``(budget - weights - allowance) / (KV per token x sequence length)``. vLLM refuses to start below one.
 
-Run the unit tests with ``.venv/bin/python -m pytest tests/sim/test_memory.py``.
+An MoE loads, stores, differentiates and optimizes every expert (weights, gradients, AdamW state, FSDP2's gathered
+layers and vLLM's weights count all E experts); only the activations follow the k experts a token is routed to.
+
+Run the unit tests with ``.venv/bin/python -m pytest tests/sim/test_memory.py tests/sim/test_memory_moe.py``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+
+from asp.sim.architecture import BUILTIN, Architecture, from_hf_config  # noqa: F401 (re-exported)
 
 GIB = 2**30
 GRAPH_ALLOWANCE = GIB  # vLLM CUDA graphs and non-torch memory, per GPU
 PROFILE_TOKENS = 8192  # vLLM max_num_batched_tokens of the profile run
 SAMPLER_SEQS = 256  # vLLM max_num_seqs: fp32 logits of one sampling step
 MAX_WORLD_SIZE = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Architecture:
-    """A Llama/Qwen-style decoder: the shapes that decide its memory."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    tie_word_embeddings: bool
-    attention_bias: bool = False  # q/k/v biases (Qwen2)
-    qk_norm: bool = False  # per-head q/k RMSNorm (Qwen3)
-    max_position_embeddings: int | None = None
-
-    @property
-    def q_dim(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
-    def layer_params(self) -> int:
-        """Parameters of one decoder layer (formula in the module docstring)."""
-        h, q, kv = self.hidden_size, self.q_dim, self.kv_dim
-        attn = h * q + 2 * h * kv + q * h
-        bias = q + 2 * kv if self.attention_bias else 0
-        qk_norm = 2 * self.head_dim if self.qk_norm else 0
-        return attn + bias + qk_norm + 3 * h * self.intermediate_size + 2 * h
-
-    @property
-    def root_params(self) -> int:
-        """Embedding, lm_head when untied, final norm: the parameters outside the decoder layers."""
-        emb = self.vocab_size * self.hidden_size
-        return emb * (1 if self.tie_word_embeddings else 2) + self.hidden_size
-
-    @property
-    def num_params(self) -> int:
-        return self.root_params + self.num_layers * self.layer_params
-
-
-def _get(config: Mapping[str, Any], key: str) -> Any:
-    value = config.get(key)
-    if value is None:
-        raise ValueError(f"config.json has no {key!r}; it is not a Llama/Qwen-style decoder config")
-    return value
-
-
-def from_hf_config(config: Mapping[str, Any]) -> Architecture:
-    """An `Architecture` from a transformers ``config.json`` mapping (or its ``text_config``).
-
-    Raises:
-        ValueError: naming the first missing key.
-    """
-    if "hidden_size" not in config and isinstance(config.get("text_config"), Mapping):
-        config = config["text_config"]
-    heads = int(_get(config, "num_attention_heads"))
-    hidden = int(_get(config, "hidden_size"))
-    model_type = str(config.get("model_type", ""))
-    return Architecture(
-        vocab_size=int(_get(config, "vocab_size")),
-        hidden_size=hidden,
-        num_layers=int(_get(config, "num_hidden_layers")),
-        num_heads=heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        intermediate_size=int(_get(config, "intermediate_size")),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
-        qk_norm=model_type.startswith("qwen3"),
-        max_position_embeddings=config.get("max_position_embeddings"),
-    )
-
-
-def _qwen2(v: int, h: int, layers: int, heads: int, kv: int, inter: int, tied: bool, ctx: int) -> Architecture:
-    dim = h // heads
-    return Architecture(v, h, layers, heads, kv, dim, inter, tied, attention_bias=True, max_position_embeddings=ctx)
-
-
-def _qwen3(h: int, layers: int, heads: int, kv: int, inter: int, tied: bool) -> Architecture:
-    return Architecture(151936, h, layers, heads, kv, 128, inter, tied, qk_norm=True, max_position_embeddings=40960)
-
-
-# Published config.json values (Qwen2.5: the -Instruct configs; the base models state a longer context).
-BUILTIN: dict[str, Architecture] = {
-    "qwen2.5-0.5b": _qwen2(151936, 896, 24, 14, 2, 4864, True, 32768),
-    "qwen2.5-1.5b": _qwen2(151936, 1536, 28, 12, 2, 8960, True, 32768),
-    "qwen2.5-3b": _qwen2(151936, 2048, 36, 16, 2, 11008, True, 32768),
-    "qwen2.5-7b": _qwen2(152064, 3584, 28, 28, 4, 18944, False, 32768),
-    "qwen2.5-14b": _qwen2(152064, 5120, 48, 40, 8, 13824, False, 32768),
-    "qwen2.5-32b": _qwen2(152064, 5120, 64, 40, 8, 27648, False, 32768),
-    "qwen3-1.7b": _qwen3(2048, 28, 16, 8, 6144, True),
-    "qwen3-4b": _qwen3(2560, 36, 32, 8, 9728, True),
-    "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288, False),
-    "llama-3.1-8b": Architecture(128256, 4096, 32, 32, 8, 128, 14336, False, max_position_embeddings=131072),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,16 +106,32 @@ class MemoryEstimate:
         return self.device_total <= self.capacity
 
 
-def activation_bytes_per_token_layer(arch: Architecture, b: int) -> int:
-    """A in the module docstring: bytes one decoder layer keeps per token for backward."""
+def moe_activation_bytes_per_token(arch: Architecture, b: int) -> int:
+    """Bytes one sparse layer's MoE block keeps per token for backward, besides its input (the norm output):
+    ``b (k (2h + 4 I_e) + [4 I_s + h + 1]) + 4E + 40k`` (module docstring; tests/sim/test_memory_moe.py measures
+    it with autograd's saved-tensor hooks on transformers' MoE blocks)."""
+    h, k = arch.hidden_size, arch.experts_per_token
+    experts = k * (2 * h + 4 * arch.expert_intermediate_size)
+    shared = 4 * arch.shared_expert_intermediate_size + h + 1 if arch.shared_expert_intermediate_size else 0
+    return b * (experts + shared) + 4 * arch.num_experts + 40 * k
+
+
+def activation_bytes_per_token_layer(arch: Architecture, b: int, sparse: bool = False) -> int:
+    """A (dense layer) or A_s (``sparse``: an MoE layer) in the module docstring: bytes one decoder layer keeps per
+    token for backward."""
     h = arch.hidden_size
-    return b * (5 * h + 3 * arch.q_dim + 4 * arch.kv_dim + 4 * arch.intermediate_size) + 8 * h
+    common = b * (5 * h + 3 * arch.q_dim + 4 * arch.kv_dim) + 8 * h
+    return common + (moe_activation_bytes_per_token(arch, b) if sparse else b * 4 * arch.intermediate_size)
 
 
 def activation_bytes(arch: Architecture, s: TrainerSettings) -> int:
     b, h, layers = s.compute_bytes, arch.hidden_size, arch.num_layers
-    a = activation_bytes_per_token_layer(arch, b)
-    per_token = layers * b * h + a if s.activation_checkpointing else layers * a + 2 * b * h
+    dense = activation_bytes_per_token_layer(arch, b) if arch.dense_layers else 0
+    sparse = activation_bytes_per_token_layer(arch, b, sparse=True) if arch.sparse_layers else 0
+    if s.activation_checkpointing:
+        per_token = layers * b * h + max(dense, sparse)
+    else:
+        per_token = arch.dense_layers * dense + arch.sparse_layers * sparse + 2 * b * h
     return s.tokens * per_token
 
 
@@ -270,12 +187,22 @@ class GenerationEstimate:
         return self.sequences >= 1
 
 
+def _vllm_mlp_width(arch: Architecture, t: int) -> int:
+    """Per-token MLP activations of vLLM's profile run, in elements (module docstring): the larger layer kind's."""
+    dense = 3 * arch.intermediate_size // t if arch.dense_layers else 0
+    if not arch.sparse_layers:
+        return dense
+    k, h = arch.experts_per_token, arch.hidden_size
+    sparse = k * (3 * arch.expert_intermediate_size // t + h) + 3 * arch.shared_expert_intermediate_size // t
+    return max(dense, sparse)
+
+
 def generation_memory(arch: Architecture, s: GenerationSettings) -> GenerationEstimate:
     """Per-GPU memory of one vLLM instance (formulas in the module docstring)."""
     t, d = s.tensor_parallel_size, s.dtype_bytes
     weights = math.ceil(arch.num_params * d / t)
     kv = 2 * arch.num_layers * math.ceil(arch.num_kv_heads / t) * arch.head_dim * d
-    act = PROFILE_TOKENS * (4 * arch.hidden_size + 3 * arch.intermediate_size // t) * d
+    act = PROFILE_TOKENS * (4 * arch.hidden_size + _vllm_mlp_width(arch, t)) * d
     allowance = GRAPH_ALLOWANCE + act + SAMPLER_SEQS * arch.vocab_size * 4
     budget = int(s.gpu_memory_utilization * s.device_gib * GIB)
     return GenerationEstimate(weights, allowance, budget, kv, s.max_seq_len)
