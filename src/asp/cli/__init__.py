@@ -74,13 +74,16 @@ def params_check(
     preset: Annotated[str | None, typer.Option(help="preset name in configs/ to overlay")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="SECTION.KEY=VALUE override (repeatable)")] = None,
 ) -> None:
-    """Validate params (and a preset overlay); check the run fits in memory; print the resolved sections."""
+    """Validate params (and a preset overlay); check the layout fits the declared GPUs and the run fits in memory;
+    print the resolved sections."""
     import yaml
 
     from asp.cli.plan import load_params_with
+    from asp.pipeline.layout_check import enforce_layout
 
     resolved = load_params_with(params, preset, list(set_ or []))
-    memory = _memory_check(resolved)
+    layout = enforce_layout(resolved)  # ranks and actors vs the declared GPUs, before the per-rank memory verdict
+    memory = "\n".join(line for line in (layout, _memory_check(resolved)) if line)
     simulate_note = _simulate_check(resolved)
     overlay = _preset_path(preset) if preset else None
     typer.echo(f"{params}{' + ' + str(overlay) if overlay else ''}: OK")
