@@ -3,14 +3,18 @@
 vLLM cannot run without CUDA, so `FakeRequestOutput`, `StandInCompletion` and `StandInLogprob` mirror the
 fields `parse_request_outputs` reads from ``vllm.RequestOutput``, ``vllm.CompletionOutput`` and
 ``vllm.logprobs.Logprob``. The request builders are checked value by value here, and where vLLM is installed
-a contract test builds the real ``vllm.SamplingParams`` / ``EngineArgs`` from them (no GPU needed for that).
-The real engine is exercised by scripts/gpu_smoke_profile.py on a GPU.
+a contract test checks them against the real vLLM objects (no GPU needed): ``vllm.SamplingParams`` built from our
+keywords, the ``vllm.LLM`` keyword set (``EngineArgs``), the worker extension against vLLM's GPU worker class (no
+clashing names, the attributes it reads), the ``collective_rpc`` / ``reset_prefix_cache`` / engine-core
+``shutdown`` entry points `VLLMEngine` calls, and the weight messages through vLLM's own RPC encoder. The real
+engine is exercised by scripts/gpu_smoke_profile.py on a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 from dataclasses import dataclass, field
 
 import pytest
@@ -19,7 +23,6 @@ from asp.errors import UserError
 from asp.rollout import SamplingParams, make_engine
 from asp.rollout.vllm import (
     WORKER_EXTENSION,
-    AspWorkerExtension,
     VLLMEngine,
     VLLMOptions,
     llm_kwargs,
@@ -29,6 +32,7 @@ from asp.rollout.vllm import (
     sampling_kwargs,
     token_prompts,
 )
+from asp.rollout.vllm_weights import AspWorkerExtension
 
 PARAMS = SamplingParams(n=4, max_new_tokens=1024, temperature=0.7, top_p=0.95, seed=100)
 
@@ -158,9 +162,56 @@ def test_request_builders_construct_real_vllm_objects(tmp_path):
     assert greedy.temperature == 0.0 and greedy.max_tokens == 8
     from vllm.engine.arg_utils import EngineArgs
 
-    kw = llm_kwargs(tmp_path, VLLMOptions(max_model_len=4096, logprobs_mode="raw_logprobs"))
+    kw = llm_kwargs(tmp_path, VLLMOptions(max_model_len=4096, logprobs_mode="raw_logprobs", tensor_parallel_size=2))
     unknown = set(kw) - {f.name for f in dataclasses.fields(EngineArgs)}
     assert not unknown, f"vllm.LLM would reject {unknown}"
+    assert set(inspect.signature(vllm.LLM.__init__).parameters) >= {"model", "tokenizer", "seed"}
+
+
+def test_worker_extension_and_engine_entry_points_match_vllm():
+    """Contract: what VLLMEngine and AspWorkerExtension call or read exists in the installed vLLM."""
+    vllm = pytest.importorskip("vllm")
+    from vllm.v1.engine.core_client import EngineCoreClient
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.worker.gpu_worker import Worker
+
+    # vLLM's init_worker refuses an extension whose attributes the worker class already has
+    ours = [a for a in dir(AspWorkerExtension) if not a.startswith("__")]
+    assert {"asp_load_bucket_bytes", "asp_load_ipc_bucket", "asp_device_uuid"} <= set(ours)
+    assert not [a for a in ours if hasattr(Worker, a)]
+    source = inspect.getsource(Worker)  # the attributes the extension reads are set by the worker
+    assert "self.device = " in source and "self.model_runner" in source
+    assert {"method", "timeout", "args", "kwargs"} <= set(inspect.signature(vllm.LLM.collective_rpc).parameters)
+    assert callable(vllm.LLM.reset_prefix_cache) and callable(vllm.LLM.generate)
+    assert "self.engine_core = " in inspect.getsource(LLMEngine.__init__)  # close(): llm.llm_engine.engine_core
+    assert "timeout" in inspect.signature(EngineCoreClient.shutdown).parameters
+
+
+def test_weight_messages_pass_vllms_rpc_encoder_without_pickle(monkeypatch):
+    """Contract: the collective_rpc arguments of both transports survive vLLM's RPC encoding (msgpack, no pickle).
+
+    The engine core decodes utility calls (``collective_rpc``) without type information, so a tensor argument would
+    arrive as a plain [dtype, shape, data] list: that is why buckets travel as bytes (rpc) or IPC handles (ipc).
+    """
+    pytest.importorskip("vllm")
+    import torch
+
+    from asp.rollout.weight_transfer import meta_rows, pack_bucket, plan_buckets, tensor_metas
+
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "0")
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    def through_vllm(args):  # what EngineCoreProc's input thread hands to collective_rpc
+        return MsgpackDecoder().decode(MsgpackEncoder().encode(args))
+
+    state = {"a.weight": torch.randn(4, 3), "b.bias": torch.arange(5, dtype=torch.bfloat16)}
+    (bucket,) = plan_buckets(tensor_metas(state), 1 << 20)
+    data = pack_bucket(state, bucket, torch.empty(bucket.nbytes, dtype=torch.uint8)).numpy().tobytes()
+    for args in ((b"pickled-handles", meta_rows(bucket)), (data, meta_rows(bucket))):
+        sent, rows = through_vllm(args)
+        assert sent == args[0] and rows == args[1]
+    (pairs,) = through_vllm(([("a.weight", state["a.weight"])],))
+    assert not isinstance(pairs[0][1], torch.Tensor)  # a raw tensor does not survive: never send one
 
 
 def test_llm_kwargs_builds_engine_arguments(tmp_path):
@@ -187,6 +238,8 @@ def test_llm_kwargs_builds_engine_arguments(tmp_path):
         ({"dtype": "int8"}, "dtype"),
         ({"max_model_len": 0}, "max_model_len"),
         ({"logprobs_mode": "raw_logits"}, "logprobs_mode"),
+        ({"weight_transfer": "nccl"}, "weight_transfer"),
+        ({"weight_bucket_mb": 0}, "weight_bucket_mb"),
     ],
 )
 def test_vllm_options_are_checked_before_vllm_is_imported(tiny_model, bad, match):
@@ -207,20 +260,28 @@ def test_worker_extension_path_points_at_the_class():
     assert getattr(importlib.import_module(module), name) is AspWorkerExtension
 
 
-def test_worker_extension_feeds_model_load_weights():
-    class StandInModel:
+def test_worker_extension_feeds_bucket_bytes_to_model_load_weights():
+    import torch
+
+    from asp.rollout.weight_transfer import meta_rows, pack_bucket, plan_buckets, tensor_metas
+
+    class StandInModel:  # stand-in for a vLLM model: records what load_weights was given
         loaded: list = []
 
         def load_weights(self, weights):
-            self.loaded = list(weights)
+            self.loaded = [(name, t.clone()) for name, t in weights]
 
-    class StandInWorker(AspWorkerExtension):
+    class StandInWorker(AspWorkerExtension):  # stand-in for vLLM's GPU worker with the extension mixed in
         def __init__(self):
             self.model_runner = type("Runner", (), {"model": StandInModel()})()
 
+    state = {"a": torch.arange(3.0), "b": torch.ones(2, 2, dtype=torch.float16)}
+    (bucket,) = plan_buckets(tensor_metas(state), 1 << 20)
+    data = pack_bucket(state, bucket, torch.empty(bucket.nbytes, dtype=torch.uint8)).numpy().tobytes()
     worker = StandInWorker()
-    assert worker.asp_load_weights([("a", 1), ("b", 2)]) == 2
-    assert worker.model_runner.model.loaded == [("a", 1), ("b", 2)]
+    assert worker.asp_load_bucket_bytes(data, meta_rows(bucket)) == 2
+    loaded = dict(worker.model_runner.model.loaded)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
 
 
 def test_token_prompts():

@@ -5,8 +5,8 @@ stand-in objects (tests/rollout/test_rollout_vllm.py, which also builds the real
 when vLLM is installed):
 
 * `VLLMOptions` -> the engine options (tensor_parallel_size, gpu_memory_utilization, dtype, max_model_len,
-  seed, ``logprobs_mode``, enforce_eager), validated when built; `VLLMEngine` and `make_engine` take them
-  as keywords;
+  seed, ``logprobs_mode``, enforce_eager, weight_transfer, weight_bucket_mb), validated when built;
+  `VLLMEngine` and `make_engine` take them as keywords;
 * `llm_kwargs(model_path, options)` -> keyword arguments for ``vllm.LLM`` (those options plus the worker
   extension used for in-place weight reload);
 * `sampling_kwargs(params)` -> keyword arguments for ``vllm.SamplingParams`` from an
@@ -25,13 +25,17 @@ when vLLM is installed):
 Log-probs: vLLM's default ``logprobs_mode`` is ``raw_logprobs`` (before temperature / top-p); we set
 ``processed_logprobs`` by default so values are behaviour log-probs and agree with `HFEngine`.
 
-Weight reload (`VLLMEngine.update_weights`) uses vLLM's documented RLHF path: ``LLM(worker_extension_cls=...)``
-adds `AspWorkerExtension.asp_load_weights` to every worker, ``LLM.collective_rpc`` calls it with
-(name, tensor) pairs, it feeds them to the model's ``load_weights`` (which handles fused QKV / tensor
-parallel sharding), and ``reset_prefix_cache`` drops KV blocks computed with the old weights. It sends
-tensors through vLLM's RPC serialisation: fine for small policies; a GPU-side or file-snapshot transport
-(paper appendix C) belongs to the async runtime. This class cannot run here (no CUDA); it is exercised
-by scripts/gpu_smoke_profile.py on a GPU machine.
+Weight reload (`VLLMEngine.update_weights`) is vLLM's documented RL-trainer path: ``LLM(worker_extension_cls=...)``
+mixes `asp.rollout.vllm_weights.AspWorkerExtension` into every worker and ``LLM.collective_rpc`` drives it. The
+snapshot goes in buckets of at most ``weight_bucket_mb`` (`asp.rollout.weight_transfer`): with CUDA
+(``weight_transfer: auto`` / ``ipc``) as CUDA IPC handles of a staging buffer on each worker's GPU, so no tensor
+crosses vLLM's RPC serialisation; otherwise (``rpc``, and the automatic fallback where IPC is unavailable) as
+(name, CPU tensor) pairs per bucket. Each worker feeds each bucket to the model's ``load_weights`` (fused QKV /
+tensor-parallel sharding are vLLM's), and ``reset_prefix_cache`` then drops KV blocks computed with the old
+weights. A reload that fails part-way blocks `generate` until a reload succeeds. `VLLMEngine.close` shuts the
+engine core down (``llm.llm_engine.engine_core.shutdown()``: vLLM 0.33's ``LLM`` has no shutdown of its own) and
+frees the GPU memory. `VLLMEngine.from_llm` wraps an already built ``LLM`` (a stand-in in CPU tests,
+tests/rollout/test_vllm_weights.py). On a GPU the class is exercised by scripts/gpu_smoke_profile.py.
 """
 
 from __future__ import annotations
@@ -45,9 +49,17 @@ from typing import Any
 from asp.errors import UserError
 from asp.rollout.base import FinishReason, PromptResult, Sample, SamplingParams, validate_logprobs_mode
 from asp.rollout.model_dir import check_model_dir, load_tokenizer
+from asp.rollout.vllm_weights import BucketedLoader
+from asp.rollout.weight_transfer import (
+    DEFAULT_BUCKET_MB,
+    DEFAULT_WEIGHT_TRANSFER,
+    MIB,
+    WEIGHT_TRANSFERS,
+    plan_transfer,
+)
 
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
-WORKER_EXTENSION = "asp.rollout.vllm.AspWorkerExtension"
+WORKER_EXTENSION = "asp.rollout.vllm_weights.AspWorkerExtension"
 VLLM_MISSING = "vLLM is not installed; pip install 'asp[vllm]' on a CUDA machine"
 
 
@@ -106,6 +118,9 @@ class VLLMOptions:
         seed: engine seed.
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (see `asp.rollout.base`).
         enforce_eager: disable CUDA graphs (faster start, slower decode).
+        weight_transfer: how `VLLMEngine.update_weights` reaches the workers: ``auto`` (CUDA IPC where CUDA
+            exists, else rpc), ``ipc`` or ``rpc`` (see `asp.rollout.vllm_weights`).
+        weight_bucket_mb: most MiB of weights sent per bucket (one staging buffer per GPU of this size).
 
     Raises:
         ValueError: naming the option and its value when it is out of range.
@@ -118,6 +133,8 @@ class VLLMOptions:
     seed: int = 0
     logprobs_mode: str = "processed_logprobs"
     enforce_eager: bool = False
+    weight_transfer: str = DEFAULT_WEIGHT_TRANSFER
+    weight_bucket_mb: int = DEFAULT_BUCKET_MB
 
     def __post_init__(self) -> None:
         validate_logprobs_mode(self.logprobs_mode)
@@ -129,6 +146,10 @@ class VLLMOptions:
             raise ValueError(f"dtype must be one of {VLLM_DTYPES}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be None or >= 1, got {self.max_model_len}")
+        if self.weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(f"weight_transfer must be one of {WEIGHT_TRANSFERS}, got {self.weight_transfer!r}")
+        if self.weight_bucket_mb < 1:
+            raise ValueError(f"weight_bucket_mb must be >= 1, got {self.weight_bucket_mb}")
 
 
 def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:
@@ -222,15 +243,6 @@ def parse_request_outputs(
     return results
 
 
-class AspWorkerExtension:
-    """Mixed into every vLLM worker via ``worker_extension_cls``; called through ``LLM.collective_rpc``."""
-
-    def asp_load_weights(self, weights: list[tuple[str, Any]]) -> int:
-        """Load (Hugging Face name, tensor) pairs into the worker's model in place; returns the count."""
-        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
-        return len(weights)
-
-
 class VLLMEngine:
     """`asp.rollout.base.Engine` on ``vllm.LLM`` (GPU only).
 
@@ -241,39 +253,108 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | Path, **options: Any) -> None:
         path = check_model_dir(model_path)
-        kwargs = llm_kwargs(path, VLLMOptions(**options))
+        opts = VLLMOptions(**options)
+        kwargs = llm_kwargs(path, opts)
         try:
             import vllm
         except ImportError as err:
             raise UserError(VLLM_MISSING) from err
-        self._vllm = vllm
-        self.tokenizer = load_tokenizer(path)
-        self.llm = vllm.LLM(**kwargs)
+        self._attach(vllm.LLM(**kwargs), load_tokenizer(path), opts, vllm.SamplingParams)
+
+    @classmethod
+    def from_llm(
+        cls,
+        llm: Any,
+        options: VLLMOptions,
+        *,
+        tokenizer: Any = None,
+        sampling_cls: Callable[..., Any] | None = None,
+        loader: BucketedLoader | None = None,
+    ) -> VLLMEngine:
+        """Wrap an ``LLM`` built elsewhere (built with `llm_kwargs`; a stand-in in CPU tests).
+
+        Args:
+            llm: the ``vllm.LLM`` (or an object with its ``generate`` / ``collective_rpc`` /
+                ``reset_prefix_cache`` / ``llm_engine.engine_core.shutdown``).
+            options: the options it was built with.
+            tokenizer: prompt tokenizer / response decoder (`load_tokenizer`).
+            sampling_cls: ``vllm.SamplingParams``.
+            loader: the weight loader; default: one for ``options`` on ``llm.collective_rpc``.
+        """
+        engine = cls.__new__(cls)
+        engine._attach(llm, tokenizer, options, sampling_cls, loader)
+        return engine
+
+    def _attach(
+        self,
+        llm: Any,
+        tokenizer: Any,
+        options: VLLMOptions,
+        sampling_cls: Callable[..., Any] | None,
+        loader: BucketedLoader | None = None,
+    ) -> None:
+        import torch
+
+        self.llm, self.tokenizer, self.options, self._sampling_cls = llm, tokenizer, options, sampling_cls
+        if loader is None:
+            transfer = plan_transfer(options.weight_transfer, cuda=torch.cuda.is_available())
+            fallback = options.weight_transfer == "auto"
+            loader = BucketedLoader(self._rpc, transfer, options.weight_bucket_mb * MIB, fallback=fallback)
+        self.loader = loader
+
+    def _rpc(self, method: str, *args: Any) -> list[Any]:
+        return self._live().collective_rpc(method, args=args)
+
+    def _live(self) -> Any:
+        if self.llm is None:
+            raise RuntimeError("this vLLM engine was closed")
+        return self.llm
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
-        """Sample ``params.n`` responses per prompt in one ``LLM.generate`` call; see `asp.rollout.base.Engine`."""
+        """Sample ``params.n`` responses per prompt in one ``LLM.generate`` call; see `asp.rollout.base.Engine`.
+
+        Raises:
+            RuntimeError: the engine was closed, or its last weight reload failed part-way (the workers may
+                hold a mix of two snapshots; the next successful `update_weights` clears it).
+        """
+        llm = self._live()
+        if self.loader.partial:
+            raise RuntimeError("the last weight reload failed part-way; generating waits for a reload that succeeds")
         if not prompts:
             return []
         ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         requests = request_sampling_kwargs(params, len(prompts), detokenize=False)
-        sampling = [self._vllm.SamplingParams(**kw) for kw in requests]
-        outputs = self.llm.generate(token_prompts(ids), sampling_params=sampling, use_tqdm=False)
+        sampling = [self._sampling_cls(**kw) for kw in requests]
+        outputs = llm.generate(token_prompts(ids), sampling_params=sampling, use_tqdm=False)
         return parse_request_outputs(outputs, decode=self._decode)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        """Reload weights in place on every worker, then drop prefix-cache blocks built with the old ones."""
-        weights = [(name, t.detach().cpu()) for name, t in state_dict.items()]
-        self.llm.collective_rpc("asp_load_weights", args=(weights,))
-        self.llm.reset_prefix_cache()
+        """Reload weights in place on every worker, bucket by bucket (`asp.rollout.vllm_weights`), then drop the
+        prefix-cache blocks built with the old ones."""
+        self.loader.load(state_dict)
+        self._live().reset_prefix_cache()
 
     def close(self) -> None:
-        """Shut the engine down and free GPU memory."""
+        """Shut the engine down and free its GPU memory; a second call does nothing.
+
+        vLLM 0.33's ``LLM`` has no shutdown method of its own: the engine-core client's ``shutdown()``
+        (``llm.llm_engine.engine_core``) stops the engine-core process and its workers, which hold the weights
+        and the KV cache; then the references are dropped and this process's CUDA cache (IPC staging buffers)
+        emptied. vLLM's ``cleanup_dist_env_and_memory`` is not called: it would also destroy a torch.distributed
+        default group that is not vLLM's.
+        """
         import torch
 
-        self.llm = None  # type: ignore[assignment]
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+        del llm, engine_core
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
