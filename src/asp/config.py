@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from asp.errors import UserError
+from asp.rollout.weight_transfer import DEFAULT_BUCKET_MB, DEFAULT_WEIGHT_TRANSFER
 
 DEMO_DATASET = "builtin:demo-arith"
 
@@ -125,6 +126,19 @@ class VllmParams(_Params):
     max_model_len: Int | None = Field(None, ge=16)
 
 
+class VllmRuntimeParams(VllmParams):
+    """``runtime.engine.vllm``: the vLLM settings plus how generation actors load new weights (docs/runtime.md)."""
+
+    weight_transfer: Literal["auto", "ipc", "rpc"] = Field(
+        DEFAULT_WEIGHT_TRANSFER,
+        description="auto: CUDA IPC staging buffers (ipc) where CUDA exists, else rpc (each bucket as bytes "
+        "through collective_rpc); auto also falls back to rpc when IPC is unavailable.",
+    )
+    weight_bucket_mb: Int = Field(
+        DEFAULT_BUCKET_MB, ge=1, description="MiB of weights per transfer bucket (one staging buffer per GPU)."
+    )
+
+
 class ProfileParams(_Params):
     engine: Literal["hf", "vllm"] = "hf"
     n_samples: Int = Field(8, ge=1, description="Responses sampled per prompt (paper: 8).")
@@ -191,7 +205,7 @@ class EngineParams(_Params):
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads per actor.")
-    vllm: VllmParams = VllmParams()
+    vllm: VllmRuntimeParams = VllmRuntimeParams()
 
 
 class GRPOParams(_Params):

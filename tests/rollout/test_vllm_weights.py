@@ -251,3 +251,15 @@ def test_from_llm_builds_the_loader_from_the_options():
     assert (engine.loader.transfer, engine.loader.bucket_bytes, engine.loader.fallback) == (expected, 3 << 20, True)
     rpc = VLLMEngine.from_llm(StandInLLM([]), VLLMOptions(weight_transfer="rpc"))
     assert (rpc.loader.transfer, rpc.loader.fallback) == ("rpc", False)
+
+
+def test_the_config_offers_the_engines_transfers_with_the_same_defaults():
+    from typing import get_args
+
+    from asp.config import VllmRuntimeParams
+    from asp.rollout.weight_transfer import WEIGHT_TRANSFERS
+
+    fields = VllmRuntimeParams.model_fields
+    assert get_args(fields["weight_transfer"].annotation) == WEIGHT_TRANSFERS
+    cfg, opts = VllmRuntimeParams(), VLLMOptions()
+    assert (cfg.weight_transfer, cfg.weight_bucket_mb) == (opts.weight_transfer, opts.weight_bucket_mb)
