@@ -259,7 +259,8 @@ class VLLMEngine:
             import vllm
         except ImportError as err:
             raise UserError(VLLM_MISSING) from err
-        self._attach(vllm.LLM(**kwargs), load_tokenizer(path), opts, vllm.SamplingParams)
+        tokenizer = load_tokenizer(path)
+        self._attach(vllm.LLM(**kwargs), tokenizer, opts, vllm.SamplingParams)
 
     @classmethod
     def from_llm(

@@ -22,8 +22,8 @@ gate-up projections and tensor-parallel sharding). What crosses the RPC decides 
   shows this with vLLM's own encoder and decoder) -- which is why the earlier (name, tensor) path is gone.
 
 After the last bucket the engine drops its prefix cache (blocks computed with the old weights). A reload that
-fails after the first bucket may leave the workers with a mix of two snapshots: `BucketedLoader.partial` is then
-set and the engine refuses to generate until a reload succeeds (the generation actor offers the snapshot again
+fails once a bucket has been sent may leave the workers with a mix of two snapshots: `BucketedLoader.partial` is
+then set and the engine refuses to generate until a reload succeeds (the generation actor offers the snapshot again
 with its next minibatch), so no sample is ever produced by a mixed policy and labelled with either version.
 
 Tests (tests/rollout/test_vllm_weights.py) run both paths on CPU with stand-ins for vLLM's ``LLM`` and worker
