@@ -14,39 +14,45 @@ On one NVIDIA GPU, with randomly initialised models built in code from the built
 * ``generate``: `HFEngine.generate` (asp.rollout.hf) on the 1.5B shape at the preset's profiling batch size
   (profile.minibatch_prompts x profile.n_samples sequences): generated tokens/s.
 
-Sizes, chosen so the whole run stays under 8 minutes on one GPU (about 4-5 minutes expected on an H100/H200; not
-yet measured, see the README):
+Sizes, chosen so the whole run stays under 8 minutes on one GPU (a guess from the sizes, a few minutes on an
+H100/H200: the script has not run on a GPU yet, see the README):
 
 * GRPO: each micro-batch is exactly micro_batch_tokens padded tokens (n_samples rows of micro_batch_tokens /
   n_samples tokens: 1/10 prompt, the rest response), two micro-batches per step (gradient accumulation), one
   untimed warm-up step (it allocates the AdamW state), then 3 timed steps; weight export is off during the check
   (snapshot_interval past the last step: T_save is the runtime's own metric). A Qwen3-8B policy does not fit one
-  GPU at world_size 1 (fp32 weights + gradients + AdamW = 16 bytes per parameter, about 150 GiB by the estimate),
-  so the 8B shape keeps every width, the vocabulary and untied embeddings but only as many of its 36 decoder
-  layers as the estimate puts under ``--fit-fraction`` (0.8) of this device (``--layers-8b`` to choose);
+  GPU at world_size 1 (fp32 weights + gradients + AdamW = 16 bytes per parameter: 156 GiB by the estimate), so the
+  8B shape keeps every width, the vocabulary and the untied embeddings but only as many of its 36 decoder layers
+  as the estimate puts under ``--fit-fraction`` (0.8) of this device (by the estimate: 21 layers, 5.3B
+  parameters, on a device of 139.8 GiB; 4 on one of 79.1 GiB; ``--layers-8b`` to choose);
 * predictor: 256-token prompts, the preset's batch_size (16) and max_length, one warm-up epoch of one batch, then
   one timed epoch of 8 batches (prompts/s counts that epoch's training plus its 2-prompt validation pass);
 * generate: 128-token prompts, 256 new tokens (the preset's 8,192 would not fit the time), one warm-up call.
 
-Each part frees its memory before the next (del, gc, torch.cuda.empty_cache, reset_peak_memory_stats); an
+Random checkpoints are initialised on the GPU in bf16 and saved to /dev/shm when it has room (else the temporary
+directory or ``--tmp``); the trainer loads them as the launch stage loads a policy (fp32 master weights). Each
+part frees its memory before the next (del, gc, torch.cuda.empty_cache, reset_peak_memory_stats); an
 out-of-memory error or any other failure is recorded in its row and the next part runs (exit code 1 at the end).
-Parts not started within ``--budget-s`` (420 s) are marked skipped so the table is always written.
+Parts not started within ``--budget-s`` (300 s) are marked skipped, so the table is always written.
 
-Run on a lent GPU (from the repository root; one command, hard timeout 9 minutes)::
+Run on a lent GPU, from the repository root (one command; the hard timeout leaves a minute of slack)::
 
     timeout 540 python scripts/gpu_check.py --out outputs/gpu_check
 
-It needs torch (CUDA), transformers, peft and numpy, plus the project's own light imports: pydantic and pyyaml
-(safetensors and tokenizers come with transformers). The project itself need not be installed: ``src/`` is put on
-``sys.path``. Where pydantic is missing bring its wheels (pydantic, pydantic-core, annotated-types,
-typing-inspection, typing-extensions) and ``pip install --no-index --find-links wheels/ pydantic``.
+(with the device tool: command ``timeout 540 python scripts/gpu_check.py --out $OUT/gpu_check``, timeout_s 600).
+It needs torch (CUDA), transformers, peft, numpy and scipy (the predictor's Kendall tau), plus the project's own
+light imports pydantic and pyyaml; safetensors and tokenizers come with transformers. The project itself need not
+be installed: ``src/`` is put on ``sys.path``. Bring the wheels of whichever is missing (pydantic needs
+pydantic-core, annotated-types, typing-inspection and typing-extensions; peft needs accelerate, psutil and
+safetensors) and install them first: ``pip install --no-index --find-links wheels/ peft pydantic scipy``.
 
-CPU dry run (tiny shapes of the same architectures, same code paths, ~20-40 s; tests/test_gpu_check.py runs it)::
+CPU dry run (tiny shapes of the same architectures, same code paths, 20-40 s; tests/test_gpu_check.py runs it)::
 
     python scripts/gpu_check.py --dry-run --out outputs/gpu_check_dry
 
-The table goes to stdout and, atomically, to ``<out>.md`` and ``<out>.json`` (default ``outputs/gpu_check``,
-ignored by git). Without ``--dry-run`` and without CUDA the script exits 2 and says so.
+The table goes to stdout and to ``<out>.md`` and ``<out>.json`` (both written to temporary files, then renamed;
+default ``outputs/gpu_check``, ignored by git). Without ``--dry-run`` and without CUDA the script exits 2 and
+says so.
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import json
+import math
+import os
 import shutil
 import sys
 import tempfile
@@ -271,8 +280,6 @@ def grpo_batch(step: int, prompts: dict[int, str], n: int, response: int, vocab:
     Responses are random demo-tokenizer byte tokens of exactly `response` tokens; behaviour log-probs are those of
     a uniform policy over `vocab` (about what a random init gives); half the samples are correct for the math reward.
     """
-    import math
-
     import numpy as np
 
     from asp.rollout.base import PromptResult, Sample
@@ -361,8 +368,6 @@ def grpo_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None:
 
 def check_grpo_metrics(m: dict[str, float], micro_batches: int) -> None:
     """The timed steps must be real updates of the planned size (else the numbers would mean nothing)."""
-    import math
-
     problems = []
     if m.get("train/micro_batches") != micro_batches:
         problems.append(f"{m.get('train/micro_batches')} micro-batches, expected {micro_batches}")
@@ -535,14 +540,38 @@ def format_table(rows: list[Row], header: dict[str, Any], cpu: bool) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(out: Path, table: str, record: dict[str, Any]) -> tuple[Path, Path]:
-    """`<out>.md` and `<out>.json`, both or neither (temporary files renamed into place)."""
-    from asp.io import atomic_paths, json_text
+def finite(obj: Any) -> Any:
+    """`obj` with non-finite floats as None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
 
+
+def write_outputs(out: Path, table: str, record: dict[str, Any]) -> tuple[Path, Path]:
+    """`<out>.md` and `<out>.json`: both written to temporary files first, then renamed into place.
+
+    (Not `asp.io.atomic_paths`: asp.io imports pandas, which a bare GPU machine may lack.)
+    """
     md, js = out.with_name(out.name + ".md"), out.with_name(out.name + ".json")
-    with atomic_paths(md, js) as (tmp_md, tmp_js):
-        tmp_md.write_text(table + "\n")
-        tmp_js.write_text(json_text(record))
+    texts = {md: table + "\n", js: json.dumps(finite(record), indent=2, sort_keys=True, default=str) + "\n"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmps: list[tuple[str, Path]] = []
+    try:
+        for path, text in texts.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            tmps.append((tmp, path))
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        for tmp, path in tmps:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in tmps:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     return md, js
 
 
@@ -555,7 +584,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     p.add_argument("--layers-8b", type=int, default=None, help="decoder layers of the 8B shape (default: fit)")
     p.add_argument("--fit-fraction", type=float, default=0.8, help="8B layers: estimate under this share of the GPU")
-    p.add_argument("--budget-s", type=float, default=420.0, help="do not start a part after this many seconds")
+    p.add_argument("--budget-s", type=float, default=300.0, help="do not start a part after this many seconds")
     p.add_argument("--tmp", default=None, help="directory for the random checkpoints (default /dev/shm or TMPDIR)")
     args = p.parse_args(argv)
     args.parts = [s.strip() for s in args.parts.split(",") if s.strip()]

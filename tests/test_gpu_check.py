@@ -39,8 +39,8 @@ def dry_run(tmp_path_factory):
     argv = [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # a hang guard; it takes 20-40 s
     assert proc.returncode == 0, proc.stderr[-4000:]
-    md, js = out.with_name("table.md"), out.with_name("table.json")
-    return proc, json.loads(js.read_text()), md.read_text()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["table.json", "table.md"]  # no temporary files left
+    return proc, json.loads(out.with_name("table.json").read_text()), out.with_name("table.md").read_text()
 
 
 def _table_line(md: str, part: str) -> list[str]:
