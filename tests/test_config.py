@@ -3,6 +3,7 @@ booleans for integers and missing sections name the key and value."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import get_args
 
@@ -175,3 +176,74 @@ def test_grpo_section_typed_and_checked() -> None:
     assert "'runtime.grpo.loss_aggregation' = 'mean'" in msg and "'token' or 'sequence'" in msg
     assert "'runtime.trainer' = 'ppo'" in _error({"runtime": {"trainer": "ppo"}})
     assert "'runtime.stale_samples'" in _error({"runtime": {"stale_samples": "keep"}})
+
+
+# ---- duplicate keys: refused, naming the key and both lines -------------------------------------------------------
+def _asp(*args: str, cwd: Path = ROOT) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "asp", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stderr
+
+
+def _with_duplicate(text: str, section: str, line: str) -> str:
+    """`text` (params.yaml) with `line` added as the last key of `section` (a key that section already has)."""
+    lines = text.splitlines()
+    start = lines.index(f"{section}:")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i].startswith((" ", "#")))
+    return "\n".join([*lines[:end], line, *lines[end:]]) + "\n"
+
+
+def test_duplicate_key_in_params_is_refused_naming_key_and_both_lines(tmp_path: Path) -> None:
+    text = (ROOT / "params.yaml").read_text()
+    lines = text.splitlines()
+    start = lines.index("schedule:")
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("  b: ")) + 1  # schedule.b
+    params = tmp_path / "params.yaml"
+    params.write_text(_with_duplicate(text, "schedule", "  b: 64"))
+    second = params.read_text().splitlines().index("  b: 64") + 1
+    code, err = _asp("params", "check", "-p", str(params))
+    assert code == 2 and "Traceback" not in err, err
+    assert f"error: {params}: duplicate key 'schedule.b' at lines {first} and {second}" in err.splitlines()[0]
+
+
+def test_duplicate_section_and_duplicate_key_in_a_preset_are_refused(tmp_path: Path) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text() + "schedule:\n  b: 8\n")
+    with pytest.raises(UserError, match=r"duplicate section 'schedule' at lines \d+ and \d+; YAML would silently"):
+        read_yaml(params)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs/dup.yaml").write_text("runtime:\n  iterations: 4\n  q_max: 64\n  iterations: 8\n")
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    code, err = _asp("params", "check", "--preset", "dup", cwd=tmp_path)
+    assert code == 2 and "configs/dup.yaml: duplicate key 'runtime.iterations' at lines 2 and 4" in err, err
+
+
+def test_merge_keys_may_be_overridden_and_nested_lists_are_checked(tmp_path: Path) -> None:
+    from asp.config import parse_yaml
+
+    assert parse_yaml("base: &b {x: 1, y: 2}\nd:\n  <<: *b\n  x: 5\n") == {
+        "base": {"x": 1, "y": 2},
+        "d": {"x": 5, "y": 2},
+    }
+    assert parse_yaml("a: 1\n'1': 2\n1: 3\n") == {"a": 1, "1": 2, 1: 3}  # a string and an integer key differ
+    path = tmp_path / "x.yaml"
+    path.write_text("l:\n  - {y: 1}\n  - y: 2\n    y: 3\n")
+    with pytest.raises(UserError, match=r"duplicate key 'l\[1\]\.y' at lines 3 and 4"):
+        read_yaml(path)
+
+
+# ---- where a bad value came from: the file or --set ---------------------------------------------------------------
+def test_set_errors_point_at_the_set_value_not_the_file(tmp_path: Path) -> None:
+    code, err = _asp("params", "check", "--set", "schedule.b=0")
+    assert code == 2
+    assert "'schedule.b' = 0 (from --set): Input should be greater than or equal to 1. Fix the --set value" in err
+    assert "in the file" not in err
+    bad = tmp_path / "params.yaml"
+    bad.write_text(re.sub(r"(?m)^  k: 4 ", "  k: 0 ", (ROOT / "params.yaml").read_text(), count=1))
+    code, err = _asp("params", "check", "-p", str(bad), "--set", "schedule.kk=1")
+    assert code == 2 and "'schedule.k' = 0: " in err and "unknown key 'schedule.kk' (from --set)" in err
+    assert "Fix the values in the file and the --set values" in err
+    code, err = _asp("params", "check", "-p", str(bad))
+    assert code == 2 and "Fix the value in the file" in err and "--set" not in err

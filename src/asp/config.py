@@ -13,6 +13,7 @@ value and what is allowed. Run `asp params check [params.yaml]` to validate a fi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -418,10 +419,21 @@ class SimTrainingParams(_Params):
     )
 
 
+# `asp plan layout` simulates every generation actor of a candidate (one layout of 4,088 actors took 24 s on a
+# shared 2-core machine): larger clusters are planned as a slice that is then replicated.
+MAX_PLAN_DEVICES = 4096
+
+
 class PlanParams(_Params):
     """The cluster `asp plan layout` plans for (paper appendix B.6; docs/simulator.md)."""
 
-    devices: Int = Field(8, ge=2, description="Accelerators available (generation + training).")
+    devices: Int = Field(
+        8,
+        ge=2,
+        le=MAX_PLAN_DEVICES,
+        description="Accelerators available (generation + training); the planner simulates every actor, so at most "
+        f"{MAX_PLAN_DEVICES}.",
+    )
     devices_per_node: Int = Field(8, ge=1, description="A Generation Unit's actors are packed on one node.")
     devices_per_actor: Int = Field(1, ge=1, description="Devices of one generation engine (tensor parallel).")
     tu_min_devices: Int = Field(1, ge=1, description="Smallest Training Unit that fits the policy.")
@@ -531,15 +543,28 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
 
-def format_validation_error(err: ValidationError, source: str, raw: dict[str, Any]) -> str:
-    """Turn a pydantic error into one readable paragraph naming key, value and what is allowed."""
-    lines = []
+def _from_override(key: str, overrides: list[str]) -> bool:
+    """Whether the dotted `key` of an error was set by one of the dotted `overrides` (or lies inside one)."""
+    return any(key == o or key.startswith(f"{o}.") or o.startswith(f"{key}.") for o in overrides)
+
+
+def format_validation_error(
+    err: ValidationError, source: str, raw: dict[str, Any], overrides: Iterable[str] = ()
+) -> str:
+    """Turn a pydantic error into one readable paragraph naming key, value and what is allowed.
+
+    Errors of keys that `overrides` set (dotted keys given with `--set` or as a UI run's overrides) are marked
+    "(from --set)" and the hint asks to fix the override; the others, the file."""
+    lines, overrides, from_file, from_set = [], list(overrides), False, False
     for e in err.errors():
         key = _format_loc(e["loc"])
+        overridden = _from_override(key, overrides)
+        from_set, from_file = from_set or overridden, from_file or not overridden
+        mark = " (from --set)" if overridden else ""
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             parent = e["loc"][:-1]
             allowed = _allowed_keys(parent)
-            lines.append(f"unknown key '{key}'" + (f" (allowed here: {', '.join(allowed)})" if allowed else ""))
+            lines.append(f"unknown key '{key}'{mark}" + (f" (allowed here: {', '.join(allowed)})" if allowed else ""))
         elif e["type"] == "missing":
             what = "section" if len(e["loc"]) == 1 else "key"
             lines.append(f"missing {what} '{key}'")
@@ -548,8 +573,12 @@ def format_validation_error(err: ValidationError, source: str, raw: dict[str, An
             where = f"'{key}' = {value!r}" if key else f"value {value!r}"
             if isinstance(value, dict):  # a whole section: the message names the offending field
                 where = f"'{key}'"
-            lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
-    hint = "Fix the value in the file and run again."
+            lines.append(f"{where}{mark}: {e['msg'].removeprefix('Value error, ')}")
+    hint = {
+        (True, False): "Fix the value in the file and run again.",
+        (False, True): "Fix the --set value and run again.",
+        (True, True): "Fix the values in the file and the --set values and run again.",
+    }.get((from_file, from_set), "Fix the value in the file and run again.")
     if any(e["type"] == "missing" for e in err.errors()):
         hint = "Add what is missing (the repository's params.yaml lists every section and key) and run again."
     return f"{source}: invalid params: " + "; ".join(lines) + f". {hint}"
@@ -599,13 +628,60 @@ def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping that names the same key twice (YAML would silently keep the last value)."""
+
+    def __init__(self, key: str, first_line: int, line: int, section: bool) -> None:
+        super().__init__(f"duplicate {'section' if section else 'key'} {key!r}")
+        self.key, self.first_line, self.line, self.section = key, first_line, line, section
+
+
+def _check_duplicates(node: yaml.Node, path: tuple[str, ...] = ()) -> None:
+    """Raise `DuplicateKeyError` for the first mapping key (dotted from the top) that `node` defines twice.
+    Keys brought in by a merge (`<<: *anchor`) may be overridden; explicit keys may not repeat."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(item, (*path[:-1], f"{path[-1] if path else ''}[{i}]"))
+        return
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[tuple[str, str], int] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            continue
+        key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
+        if key in seen:
+            dotted = ".".join((*path, key_node.value))
+            raise DuplicateKeyError(dotted, seen[key], line, section=not path)
+        seen[key] = line
+        _check_duplicates(value_node, (*path, key_node.value))
+
+
+def parse_yaml(text: str) -> Any:
+    """`yaml.safe_load`, refusing a mapping that repeats a key (`DuplicateKeyError`, a `yaml.YAMLError`)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_duplicates(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping, with a clear error when the file is missing or malformed."""
+    """Read a YAML mapping, with a clear error when the file is missing or malformed or repeats a key."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: file not found. Run from the repository root or pass the params file path.")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = parse_yaml(path.read_text()) or {}
+    except DuplicateKeyError as exc:
+        raise UserError(
+            f"{path}: {exc} at lines {exc.first_line} and {exc.line}; YAML would silently keep only the last one. "
+            "Remove or merge one of them."
+        ) from None
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: not valid YAML ({exc}). Fix the syntax and run again.") from None
     if not isinstance(data, dict):
@@ -613,12 +689,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def validate_params(raw: dict[str, Any], source: str = "params") -> Params:
-    """Validate a raw mapping; raise `UserError` with a readable message on any problem."""
+def validate_params(raw: dict[str, Any], source: str = "params", overrides: Iterable[str] = ()) -> Params:
+    """Validate a raw mapping; raise `UserError` with a readable message on any problem (`overrides`: the dotted
+    keys set from the command line, so their errors point there rather than at the file)."""
     try:
         return Params.model_validate(raw)
     except ValidationError as err:
-        raise UserError(format_validation_error(err, source, raw)) from None
+        raise UserError(format_validation_error(err, source, raw, overrides)) from None
 
 
 def load_params(path: str | Path = "params.yaml", overlay: str | Path | None = None) -> Params:

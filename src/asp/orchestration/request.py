@@ -38,12 +38,25 @@ class RunRequest:
         return bool(self.preset or self.overrides)
 
 
+PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 def preset_path(name: str, root: str | Path = ".") -> Path:
-    """`configs/NAME.yaml`, or `UserError` listing the presets."""
-    path = Path(root) / "configs" / f"{name}.yaml"
+    """`configs/NAME.yaml` for a preset name, or `UserError` listing the presets. A preset is a name in configs/,
+    never a path (`../params`, `/abs/x`, `configs/x.yaml`): a params file elsewhere is passed with `-p`."""
+    configs = Path(root) / "configs"
+    known = sorted(p.stem for p in configs.glob("*.yaml"))
+    listed = f"Presets: {', '.join(known) or 'none'}"
+    if not PRESET_NAME.fullmatch(name) or name.endswith((".yaml", ".yml")) or ".." in name:
+        stem = Path(name).name.removesuffix(".yaml").removesuffix(".yml")
+        hint = f" (did you mean '{stem}'?)" if stem in known else ""
+        raise UserError(
+            f"preset {name!r} is not a preset name{hint}: a preset is the name of a file in {configs}/ without "
+            f".yaml. {listed}. To use another params file, pass it with -p/--params."
+        )
+    path = configs / f"{name}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in (Path(root) / "configs").glob("*.yaml"))
-        raise UserError(f"no preset '{name}' ({path} not found). Presets: {', '.join(known) or 'none'}.")
+        raise UserError(f"no preset '{name}' ({path} not found). {listed}.")
     return path
 
 
@@ -105,7 +118,7 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
     if request.overrides:
         raw = set_dotted(raw, request.overrides)
         source += " + overrides " + ", ".join(f"{k}={v}" for k, v in request.overrides.items())
-    return validate_params(raw, source)
+    return validate_params(raw, source, overrides=request.overrides)
 
 
 def ordered_stages(request: RunRequest, root: str | Path = ".") -> list[str]:
