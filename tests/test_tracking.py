@@ -304,3 +304,118 @@ def test_register_predictor_adds_versions_with_tags_and_attach_keeps_the_status(
     run = client.get_run(first.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["reprofile/accepted"] == 1.0
     assert attach_run("0" * 32) is None
+
+
+# ---- the store's health: a damaged or read-only SQLite file is refused before a stage computes anything -------------
+def _copy_store(store_uri: str, folder: Path, damage_table: str | None = None) -> Path:
+    """A copy of the session's real MLflow store in `folder`; with `damage_table`, that table's root page is
+    overwritten with garbage (what a crash mid-write or a bad disk sector leaves: "database disk image is
+    malformed")."""
+    import shutil
+    import sqlite3
+
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / "mlflow.db"
+    shutil.copy(store_uri.removeprefix("sqlite:///"), copy)
+    if damage_table:
+        con = sqlite3.connect(copy)
+        page = con.execute("PRAGMA page_size").fetchone()[0]
+        root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (damage_table,)).fetchone()[0]
+        con.close()
+        with copy.open("r+b") as f:
+            f.seek((root - 1) * page)
+            f.write(b"\xde\xad" * (page // 2))
+    return copy
+
+
+@pytest.fixture
+def stage_project(tmp_path: Path, exp: str) -> Path:
+    """A directory laid out like the repository (dvc.yaml, stages/, params.yaml; no outputs) whose prepare stage
+    would build prompts; the session store holds a finished run, so its tables exist."""
+    import shutil
+
+    with open_tracker("store-check", experiment=exp):
+        pass
+    root = Path(__file__).resolve().parents[1]
+    project = tmp_path / "project"
+    shutil.copytree(root / "stages", project / "stages")
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(root / name, project / name)
+    return project
+
+
+def _stage(project: Path, store: Path, *, unprivileged: bool = False) -> subprocess.CompletedProcess:
+    import sys
+
+    from tests.readonly import unprivileged as drop
+
+    env = {k: v for k, v in os.environ.items() if k != PARENT_ENV}
+    env.update(MLFLOW_TRACKING_URI=f"sqlite:///{store}", ASP_PROGRESS="0")
+    cmd = [sys.executable, "-m", "asp", "stage", "prepare"]
+    cmd = drop(cmd) if unprivileged else cmd
+    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["runs", "experiments", "garbage"])
+def test_damaged_store_exits_2_naming_it_before_the_stage_computes(
+    stage_project: Path, _mlflow_store: str, tmp_path: Path, damage: str
+) -> None:
+    if damage == "garbage":
+        store = tmp_path / "stores" / "mlflow.db"
+        store.parent.mkdir()
+        store.write_bytes(os.urandom(8192))
+    else:
+        store = _copy_store(_mlflow_store, tmp_path / "stores", damage_table=damage)
+    before, store_bytes = _files(stage_project), store.read_bytes()
+    out = _stage(stage_project, store)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    first = out.stderr.splitlines()[0]
+    why = "file is not a database" if damage == "garbage" else "database disk image is malformed"
+    assert first.startswith(f"error: the MLflow store sqlite:///{store}: {store} is damaged ({why})"), first
+    assert f"mv {store} {store}.damaged" in first and "MLFLOW_TRACKING_URI" in first
+    assert _files(stage_project) == before and store.read_bytes() == store_bytes  # nothing written, store untouched
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_read_only_store_exits_2_naming_it(stage_project: Path, _mlflow_store: str, tmp_path: Path, what: str) -> None:
+    store = _copy_store(_mlflow_store, tmp_path / "stores")
+    target = store if what == "file" else store.parent
+    mode = target.stat().st_mode
+    target.chmod(0o444 if what == "file" else 0o555)
+    try:
+        before = _files(stage_project)
+        out = _stage(stage_project, store, unprivileged=True)
+    finally:
+        target.chmod(mode)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    first = out.stderr.splitlines()[0]
+    if what == "file":
+        assert f"{store} is read-only for this user, so no run can be logged" in first and "chmod u+w" in first
+    else:
+        assert f"the folder {store.parent} is read-only for this user" in first, first
+    assert _files(stage_project) == before
+
+
+def test_store_check_cases(tmp_path: Path, _mlflow_store: str) -> None:
+    from asp.tracking import check_store, sqlite_file, store_errors
+
+    assert sqlite_file("sqlite:///mlflow.db") == Path("mlflow.db")
+    assert sqlite_file("sqlite:////abs/m.db?mode=rw") == Path("/abs/m.db")
+    assert sqlite_file("sqlite://") is None and sqlite_file("http://127.0.0.1:5000") is None
+    check_store(f"sqlite:///{tmp_path / 'new' / 'deeper' / 'm.db'}")  # MLflow creates it and the folders
+    check_store("http://127.0.0.1:5000")  # a server: not checked here
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UserError, match=r"cannot be created: .*afile is a file, not a folder"):
+        check_store(f"sqlite:///{tmp_path / 'afile' / 'm.db'}")
+    damaged = _copy_store(_mlflow_store, tmp_path / "d", damage_table="runs")
+    with pytest.raises(UserError, match=r"is damaged \(database disk image is malformed\)"):
+        check_store(f"sqlite:///{damaged}", writable=False)  # `asp ui mlflow` checks this much
+    full = r"store sqlite:///x failed \(database or disk is full\): the disk is full"
+    with pytest.raises(UserError, match=full), store_errors("sqlite:///x"):
+        raise RuntimeError("(sqlite3.OperationalError) database or disk is full [SQL: INSERT ...]")
+    with pytest.raises(KeyError), store_errors("sqlite:///x"):  # anything else passes through
+        raise KeyError("runs")
