@@ -211,4 +211,17 @@ def test_plan_layout_prints_b6_and_search_and_writes_an_overlay(project: Path) -
 
 def test_plan_layout_refuses_a_cluster_too_small(project: Path) -> None:
     res = _asp(["plan", "layout", "--devices", "1"], project)
-    assert res.returncode == 2 and "simulate.plan.devices" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("error: --devices 1: a cluster needs at least 2 devices"), res.stderr
+
+
+def test_plan_layout_searches_the_narrowed_grid(project: Path) -> None:
+    """--tu-devices / --actors-per-unit / --generation-units narrow a grid that is refused without them (64 devices:
+    tests/sim/test_plan_layout_cli.py)."""
+    args = ["--devices", "64", "--tu-devices", "1,9", "--actors-per-unit", "4", "--generation-units", "1,2"]
+    args += ["--k", "3"]
+    res = _asp(["plan", "layout", *args], project)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| search")]
+    assert rows and all(" x 4 |" in row for row in rows)  # every layout searched has 4 actors per GU
+    assert "layouts simulated" in res.stdout

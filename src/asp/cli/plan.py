@@ -25,6 +25,7 @@ fit (formulas: src/asp/sim/memory.py, docs/memory.md).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -70,16 +71,10 @@ HEADER = (
 )
 
 
-def build(params: Any) -> tuple[Any, Any]:
-    """(cluster, evaluator) for the params: fitted models, sampled lengths, the runtime as the base config."""
-    import pandas as pd
-
-    from asp.io import read_json
-    from asp.pipeline import simulate as stage
+def cluster_for(params: Any) -> Any:
+    """The `Cluster` of `simulate.plan` (the TU minimum raised to what the memory estimate needs); `UserError` when
+    the numbers do not make a cluster."""
     from asp.pipeline.memory_check import min_trainer_devices
-    from asp.predictor.calibration import CalibrationMap
-    from asp.runtime.config import RuntimeConfig
-    from asp.sim.evaluate import make_evaluator
     from asp.sim.planner import Cluster
 
     plan = params.simulate.plan
@@ -89,7 +84,7 @@ def build(params: Any) -> tuple[Any, Any]:
         tu_min = fitted[0]
         typer.echo(f"TU minimum {tu_min} devices (simulate.plan.tu_min_devices {plan.tu_min_devices}): {fitted[1]}")
     try:
-        cluster = Cluster(
+        return Cluster(
             devices=plan.devices,
             devices_per_actor=plan.devices_per_actor,
             tu_min_devices=tu_min,
@@ -98,6 +93,18 @@ def build(params: Any) -> tuple[Any, Any]:
         )
     except ValueError as exc:
         raise UserError(f"simulate.plan: {exc}") from None
+
+
+def evaluator_for(params: Any, cluster: Any) -> Any:
+    """The evaluator that simulates candidates on `cluster` (fits the `simulate` stage's models: seconds)."""
+    import pandas as pd
+
+    from asp.io import read_json
+    from asp.pipeline import simulate as stage
+    from asp.predictor.calibration import CalibrationMap
+    from asp.runtime.config import RuntimeConfig
+    from asp.sim.evaluate import make_evaluator
+
     paths = stage.Paths()
     models = stage.fit_models(params, paths)
     preds = pd.read_parquet(paths.predictions, columns=["prompt_id", "predicted_length"])
@@ -123,7 +130,7 @@ def build(params: Any) -> tuple[Any, Any]:
         method=s.method,
         shuffle=s.shuffle_groups,
     )
-    return cluster, ev
+    return ev
 
 
 @app.command("layout")
@@ -134,27 +141,52 @@ def layout(
     q_max: Annotated[str | None, typer.Option("--q-max", help="q_max values to search (default G, 2G, 4G)")] = None,
     b: Annotated[str | None, typer.Option("--b", help="minibatch sizes b to search (default schedule.b)")] = None,
     k: Annotated[str | None, typer.Option("--k", help="group sizes k to search (default k-2, k, k+2)")] = None,
+    tu_devices: Annotated[
+        str | None, typer.Option(help="TU sizes to search, e.g. 8,16 (default: the minimum, then one node more each)")
+    ] = None,
+    actors_per_unit: Annotated[
+        str | None, typer.Option(help="actors per GU to search, e.g. 4,8 (default: 1 to a node's worth)")
+    ] = None,
+    generation_units: Annotated[
+        str | None, typer.Option(help="GU counts to search, e.g. 1,2,4,8 (default: every count that fits)")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="write the best layout as a params overlay (YAML)")] = None,
     curve: Annotated[str | None, typer.Option(help="device counts for an iteration-time curve, e.g. 4,8,16")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG of the curve (with --curve)")] = None,
-    max_candidates: Annotated[int, typer.Option(help="refuse larger grids (coarsen --q-max/--b/--k)")] = 2000,
+    max_candidates: Annotated[
+        int, typer.Option(min=1, help="refuse larger grids (counted before anything is simulated)")
+    ] = 2000,
 ) -> None:
-    """Choose a layout by B.6 and by simulated search; print both side by side."""
+    """Choose a layout by B.6 and by simulated search; print both side by side.
+
+    Sizes are checked before the models are fitted: a device count outside 2..MAX_PLAN_DEVICES (4096) or a grid of
+    more than --max-candidates layouts is refused at once, naming the options that narrow it."""
     import yaml
 
-    from asp.cli.simulate import load_with_overrides
     from asp.io import atomic_path
     from asp.sim.planner import Grid, Limits, b6_curve, b6_heuristic, scaling_curve, search_layout
 
+    _check_devices(devices, f"--devices {devices}")
+    counts = _ints(curve, (), "curve") if curve else ()
+    for n in counts:
+        _check_devices(n, f"--curve {curve}: device count {n}")
     overrides = list(set_ or []) + ([f"simulate.plan.devices={devices}"] if devices is not None else [])
-    p = load_with_overrides(params, overrides, [])
-    cluster, ev = build(p)
+    p = load_params_with(params, None, overrides)
+    cluster = cluster_for(p)
     g, s = p.runtime.global_batch_prompts, p.schedule
     grid = Grid(
         q_max=_ints(q_max, (g, 2 * g, 4 * g), "q-max"),
         b=_ints(b, (s.b,), "b"),
         k=_ints(k, tuple(v for v in (s.k - 2, s.k, s.k + 2) if v >= 1), "k"),
+        generation_units=_ints(generation_units, (), "generation-units") or None,
+        actors_per_unit=_ints(actors_per_unit, (), "actors-per-unit") or None,
+        tu_devices=_ints(tu_devices, (), "tu-devices") or None,
     )
+    _check_grid_size(cluster, grid, max_candidates, "")
+    one = replace(grid, q_max=(1,), b=(1,), k=(1,))  # a curve point: the search's TU / GU axes, one q_max, b, k
+    for n in counts:
+        _check_grid_size(_resized(cluster, n, curve), one, max_candidates, f"--curve {curve}: at {n} devices, ")
+    ev = evaluator_for(p, cluster)
     lag = p.runtime.max_policy_lag
     limits = Limits(depth_batches=p.simulate.plan.max_depth_batches, policy_lag=None if lag is None else float(lag))
     try:
@@ -180,8 +212,7 @@ def layout(
             tmp.write_text(head + yaml.safe_dump(overlay, sort_keys=False))
         typer.echo(f"wrote {out}", err=True)
     if curve:
-        counts = _ints(curve, (), "curve")
-        fixed = Grid(q_max=(best.q_max,), b=(best.b,), k=(best.k,))  # the layout varies; queue and schedule fixed
+        fixed = replace(grid, q_max=(best.q_max,), b=(best.b,), k=(best.k,))  # layouts vary; queue, schedule fixed
         try:
             rows = scaling_curve(cluster, ev, counts, fixed, limits=limits, max_candidates=max_candidates)
         except ValueError as exc:
@@ -200,6 +231,42 @@ def layout(
             typer.echo(f"wrote {plot}", err=True)
 
 
+def _check_devices(n: int | None, what: str) -> None:
+    """`UserError` unless the device count `n` (None: not given) lies in 2..MAX_PLAN_DEVICES; `what` names it."""
+    from asp.config import MAX_PLAN_DEVICES
+
+    if n is not None and n < 2:
+        raise UserError(f"{what}: a cluster needs at least 2 devices (the Training Unit and one generation actor).")
+    if n is not None and n > MAX_PLAN_DEVICES:
+        raise UserError(
+            f"{what}: asp plan layout plans clusters of up to {MAX_PLAN_DEVICES} devices (it simulates every "
+            "generation actor). For a larger cluster, plan one slice of it (e.g. the devices of one Training Unit "
+            "and its actors) and replicate that layout."
+        )
+
+
+def _resized(cluster: Any, devices: int, curve: str | None) -> Any:
+    """`cluster` with `devices` devices (a `--curve` point); `UserError` naming the point when it does not fit."""
+    try:
+        return replace(cluster, devices=devices)
+    except ValueError as exc:
+        raise UserError(f"--curve {curve}: at {devices} devices, {exc}") from None
+
+
+def _check_grid_size(cluster: Any, grid: Any, max_candidates: int, where: str) -> None:
+    """Refuse, before any model is fitted, a search grid of more than `max_candidates` layouts."""
+    from asp.sim.planner import count_candidates
+
+    if count_candidates(cluster, grid, limit=max_candidates) <= max_candidates:
+        return
+    raise UserError(
+        f"{where}cannot plan this cluster: the search grid has more than --max-candidates {max_candidates} layouts "
+        f"({cluster.devices} devices). Narrow it with --tu-devices, --actors-per-unit or --generation-units "
+        "(comma-separated values, e.g. --tu-devices 8,16 --actors-per-unit 8 --generation-units 1,2,4,8), fewer "
+        "--q-max / --b / --k values, or raise --max-candidates (each layout is one simulated run)."
+    )
+
+
 def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> Any:
     """params.yaml with a preset in configs/ overlaid, then `--set` overrides, validated."""
     from asp.config import deep_merge, read_yaml, validate_params
@@ -213,7 +280,7 @@ def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> 
     if values:
         raw = set_dotted(raw, values)
         source += "".join(f" + {k}={v}" for k, v in values.items())
-    return validate_params(raw, source)
+    return validate_params(raw, source, overrides=values)
 
 
 def _list_architectures() -> None:

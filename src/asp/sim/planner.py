@@ -262,10 +262,56 @@ class Grid:
     tu_devices: tuple[int, ...] | None = None
 
 
-def grid_candidates(cluster: Cluster, grid: Grid) -> list[Candidate]:
-    """Every Candidate of `grid` that fits `cluster`, GU count varying fastest (`search_layout` prunes so)."""
-    tus = grid.tu_devices or tuple(range(cluster.tu_min_devices, cluster.devices, cluster.devices_per_node))
-    per_units = grid.actors_per_unit or tuple(range(1, cluster.max_actors_per_unit + 1))
+class GridTooLarge(ValueError):
+    """A grid with more than `limit` candidates (counted, never built: the search refuses it at once)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the grid has more than max_candidates = {limit} candidates; coarsen it")
+        self.limit = limit
+
+
+def _axes(cluster: Cluster, grid: Grid) -> tuple[range | tuple[int, ...], range | tuple[int, ...]]:
+    """The TU sizes and actors per GU the grid searches (its own, else every one that fits, as ranges)."""
+    tus = grid.tu_devices or range(cluster.tu_min_devices, cluster.devices, cluster.devices_per_node)
+    per_units = grid.actors_per_unit or range(1, cluster.max_actors_per_unit + 1)
+    return tus, per_units
+
+
+def count_candidates(cluster: Cluster, grid: Grid, limit: int | None = None) -> int:
+    """How many candidates `grid_candidates` would return, without building them; counting stops once it exceeds
+    `limit` (then `limit + 1` is returned). Arithmetic per (TU size, actors per GU) pair, so a cluster of any size
+    is counted in at most about `limit` steps."""
+    tus, per_units = _axes(cluster, grid)
+    fixed = len(grid.q_max) * len(grid.b) * len(grid.k)
+    total = 0
+    for tu in tus:
+        if tu < cluster.tu_min_devices:
+            continue
+        room = cluster.max_actors(tu)
+        for per_unit in per_units:
+            if per_unit > min(room, cluster.max_actors_per_unit):
+                if grid.actors_per_unit is None:
+                    break  # the default axis ascends: no larger one fits either
+                continue
+            if per_unit < 1:
+                continue  # not a candidate (`grid_candidates` names it)
+            fits = room // per_unit
+            units = fits if grid.generation_units is None else sum(1 <= n <= fits for n in set(grid.generation_units))
+            total += units * fixed
+            if limit is not None and total > limit:
+                return limit + 1
+    return total
+
+
+def grid_candidates(cluster: Cluster, grid: Grid, max_candidates: int | None = None) -> list[Candidate]:
+    """Every Candidate of `grid` that fits `cluster`, GU count varying fastest (`search_layout` prunes so).
+
+    Raises:
+        GridTooLarge: more than `max_candidates` (checked by `count_candidates` before any is built).
+    """
+    if max_candidates is not None and count_candidates(cluster, grid, limit=max_candidates) > max_candidates:
+        raise GridTooLarge(max_candidates)
+    tus, per_units = _axes(cluster, grid)
     out = []
     for tu, per_unit, q_max, b, k in product(tus, per_units, grid.q_max, grid.b, grid.k):
         units = grid.generation_units or tuple(range(1, cluster.max_actors(tu) // per_unit + 1))
@@ -339,17 +385,16 @@ def search_layout(
         cluster: the cluster; evaluate: candidate -> simulated metrics (e.g. an `Evaluator`).
         grid: the values to search; limits: feasibility bounds.
         prune: skip GU counts past the first training-bound one of each branch.
-        max_candidates: refuse grids larger than this (ValueError: pass a coarser grid).
+        max_candidates: refuse grids larger than this (`GridTooLarge`, a ValueError, raised after counting,
+            before any candidate is built or scored: pass a coarser grid).
 
     Returns:
         Every evaluated (candidate, metrics) best first; metrics gain ``planner/objective_s``,
         ``planner/feasible`` (1/0), ``planner/devices`` and ``planner/actors``.
     """
-    candidates = grid_candidates(cluster, grid)
+    candidates = grid_candidates(cluster, grid, max_candidates)
     if not candidates:
         raise ValueError(f"no candidate of the grid fits the cluster ({cluster})")
-    if len(candidates) > max_candidates:
-        raise ValueError(f"the grid has {len(candidates)} candidates > max_candidates = {max_candidates}; coarsen it")
     scored, done_branch = [], None
     for c in candidates:
         branch = (c.tu_devices, c.actors_per_unit, c.q_max, c.b, c.k)
