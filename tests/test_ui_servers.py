@@ -52,6 +52,77 @@ def test_taken_port_exits_2_naming_the_port(
     assert sum(line.startswith("error") for line in err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("ui", ["mlflow", "prefect"])
+@pytest.mark.parametrize("port", ["70000", "-5", "0"])
+def test_ports_outside_1_65535_exit_2_up_front(
+    ui: str, port: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    t0 = time.monotonic()
+    assert _main("ui", ui, "--port", port) == 2
+    err = capsys.readouterr().err
+    bound = "less than or equal to 65535" if port == "70000" else "greater than or equal to 1"
+    assert f"Error: Invalid value for '--port': Input should be {bound}" in err and "Traceback" not in err
+    assert "host" not in err and time.monotonic() - t0 < 30  # no server was started (it used to wait 60 s)
+
+
+def test_port_check_refuses_non_ports() -> None:
+    from asp.cli.procs import check_port_free
+    from asp.errors import UserError
+
+    for port in (0, 70000, -5):
+        with pytest.raises(UserError, match=rf"port {port} is not a TCP port; give --port a number from 1 to 65535"):
+            check_port_free("127.0.0.1", port, "the MLflow UI")
+
+
+def test_loopback_or_not() -> None:
+    from asp.cli.ui import is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.1.1", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "", "10.1.2.3", "no-such-host.invalid"))
+
+
+def test_mlflow_ui_on_every_interface_says_so_and_warns(tmp_path: Path, background) -> None:
+    """The banner names what is bound and warns that there is no authentication (printed before the server
+    starts; the wrapper is stopped right after)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    log = tmp_path / "ui.log"
+    cmd = [sys.executable, "-m", "asp", "ui", "mlflow", "--host", "0.0.0.0", "--port", str(port)]
+    wrapper = background.start(cmd, log=log, env=env, cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while "warning:" not in log.read_text() and time.monotonic() < deadline and wrapper.poll() is None:
+        time.sleep(0.2)
+    os.kill(wrapper.pid, signal.SIGTERM)
+    wrapper.wait(60)
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith(
+        f"starting the MLflow server bound to every network interface (0.0.0.0) port {port}; on this machine "
+        f"open http://127.0.0.1:{port}"
+    ), lines
+    assert lines[1].startswith(f"warning: the MLflow server has no authentication: anyone who can reach port {port}")
+    assert "keep --host 127.0.0.1" in lines[1]
+
+
+def test_mlflow_ui_refuses_a_damaged_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    damaged = tmp_path / "mlflow.db"
+    damaged.write_bytes(os.urandom(8192))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{damaged}")
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert _main("ui", "mlflow", "--port", str(port)) == 2  # a free port: the store is what is refused
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: the MLflow store sqlite:///{damaged}: {damaged} is damaged (file is not a database)"
+    )
+
+
 def test_urls() -> None:
     assert base_url("0.0.0.0", 5000) == "http://127.0.0.1:5000"
     assert base_url("::1", 5000) == "http://[::1]:5000"

@@ -28,7 +28,10 @@ STOP_TIMEOUT_S = 15.0
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
-    """Raise `UserError` if `host:port` cannot be bound (another server listens there) or `host` is unknown."""
+    """Raise `UserError` if `host:port` cannot be bound (another server listens there), `port` is outside 1-65535
+    or `host` is unknown."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise UserError(f"cannot start {what}: port {port!r} is not a TCP port; give --port a number from 1 to 65535.")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:

@@ -3,17 +3,21 @@
     asp ui mlflow [--port 5000]    MLflow server on the project's store; prints the experiment's runs URL
     asp ui prefect [--port 4200]   Prefect server + UI (analytics off); then `asp serve` in another shell
 
-Both check that the port is free first (exit 2 with a message when it is taken) and print the URL to open once
-the server answers. The server runs in its own process group; Ctrl-C or SIGTERM to `asp` stops its whole
-process tree (SIGKILL after 15 s) and `asp` exits 130 / 143. The MLflow server runs one uvicorn worker with
-job execution off (no huey job runners), about 0.5 GB RSS for the whole tree. Its URL opens the classic
-machine-learning view of the experiment (`?workflowType=machine_learning`; MLflow 3 defaults to GenAI).
+Both check that the port is free first (exit 2 with a message when it is taken or outside 1-65535) and print the
+URL to open once the server answers. With `--host` other than loopback (e.g. 0.0.0.0: every interface) they say
+what they bind and warn that the UI has no authentication. The server runs in its own process group; Ctrl-C or
+SIGTERM to `asp` stops its whole process tree (SIGKILL after 15 s) and `asp` exits 130 / 143. The MLflow server
+runs one uvicorn worker with job execution off (no huey job runners), about 0.5 GB RSS for the whole tree. Its URL
+opens the classic machine-learning view of the experiment (`?workflowType=machine_learning`; MLflow 3 defaults to
+GenAI).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import socket
 import sys
 import urllib.error
 import urllib.parse
@@ -26,10 +30,12 @@ import typer
 from asp.cli.procs import check_port_free, exit_like, run_server
 
 PLAIN = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}  # as asp.cli's
-app = typer.Typer(help="Local web UIs (bound to 127.0.0.1).", **PLAIN)
+app = typer.Typer(help="Local web UIs (bound to 127.0.0.1 unless --host says otherwise).", **PLAIN)
 
-PortOpt = Annotated[int, typer.Option(help="port to listen on")]
-HostOpt = Annotated[str, typer.Option(help="interface to bind; keep 127.0.0.1 (loopback only)")]
+PortOpt = Annotated[int, typer.Option(min=1, max=65535, help="port to listen on (1-65535)")]
+HostOpt = Annotated[
+    str, typer.Option(help="interface to bind; keep 127.0.0.1 (loopback only: the UIs have no authentication)")
+]
 # Job execution (on by default in MLflow 3) starts a job runner and 7 huey consumers, ~1.2 GB RSS more, for
 # GenAI features (scorers, online evaluation) that this project does not use.
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -43,6 +49,38 @@ def base_url(host: str, port: int) -> str:
     elif host == "::":
         host = "::1"
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps a server on this machine only (127.0.0.0/8, ::1, a name that resolves there)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
+
+
+def announce(what: str, host: str, port: int, doing: str) -> None:
+    """Print on stderr what the server binds; for anything but loopback, warn that it is open to the network and
+    has no authentication."""
+    base = base_url(host, port)
+    if is_loopback(host):
+        typer.echo(f"starting {what} on {base} {doing}...", err=True)
+        return
+    every = host in ("", "0.0.0.0", "::")
+    bound = f"every network interface ({host or '0.0.0.0'}) port {port}" if every else f"{host} port {port}"
+    here = f"; on this machine open {base}" if every else ""
+    typer.echo(f"starting {what} bound to {bound}{here} {doing}...", err=True)
+    typer.echo(
+        f"warning: {what} has no authentication: anyone who can reach port {port} of this machine can read and "
+        "change what it serves. Unless this network is trusted, keep --host 127.0.0.1 (the default) and reach it "
+        f"through an SSH tunnel (ssh -L {port}:127.0.0.1:{port} THIS_HOST).",
+        err=True,
+    )
 
 
 def experiment_runs_url(base: str, experiment_id: str) -> str:
@@ -81,17 +119,18 @@ def server_experiment_id(base: str, name: str, artifact_location: str | None) ->
 def ui_mlflow(port: PortOpt = 5000, host: HostOpt = "127.0.0.1") -> None:
     """Start the MLflow UI on the project's store (one worker, no job runners) and print the experiment's URL."""
     from asp.config import load_params
-    from asp.tracking import ARTIFACT_DIR, resolve_tracking_uri
+    from asp.tracking import ARTIFACT_DIR, check_store, resolve_tracking_uri
 
     common = load_params().common if Path("params.yaml").is_file() else None
     uri = resolve_tracking_uri(common.tracking_uri if common else None)
     experiment = common.experiment if common else "asp"
     check_port_free(host, port, "the MLflow UI")
+    check_store(uri, writable=False)
     artifact_root = Path(ARTIFACT_DIR).resolve().as_uri()
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--default-artifact-root"]
     cmd += [artifact_root, "--host", host, "--port", str(port), "--workers", "1"]
     base = base_url(host, port)
-    typer.echo(f"starting the MLflow server on {base} (store {uri}) ...", err=True)
+    announce("the MLflow server", host, port, f"(store {uri}) ")
 
     def show_url() -> None:
         try:
@@ -114,7 +153,7 @@ def ui_prefect(port: PortOpt = 4200, host: HostOpt = "127.0.0.1") -> None:
     base = base_url(host, port)
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=f"{base}/api")
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port), "--analytics-off"]
-    typer.echo(f"starting the Prefect server on {base} ...", err=True)
+    announce("the Prefect server", host, port, "")
 
     def show_url() -> None:
         typer.echo(f"Prefect UI: {base}")
