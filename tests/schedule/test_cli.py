@@ -290,3 +290,30 @@ def test_real_asp_exits_2_on_infeasible_schedule(tmp_path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(f"error: {src}: 10 prompts cannot form") and "Traceback" not in proc.stderr
     assert tree(tmp_path) == {"preds.csv"}
+
+
+@pytest.mark.parametrize("command", ["ablation", "sweep"])
+@pytest.mark.parametrize("option", ["--seeds", "--synthetic"])
+def test_zero_seeds_or_prompts_are_usage_errors(command: str, option: str) -> None:
+    args = {"--seeds": ["--synthetic", "100", "--seeds", "0"], "--synthetic": ["--synthetic", "0"]}[option]
+    res = runner.invoke(app, [command, *args, "--tau", "0.5"] if command == "ablation" else [command, *args])
+    assert res.exit_code == 2 and "need at least one array" not in res.output and res.exception is not None
+    assert f"Invalid value for '{option}': Input should be greater than or equal to 1" in res.stderr
+
+
+@pytest.mark.parametrize("command", ["ablation", "sweep"])
+def test_ablation_and_sweep_refuse_what_build_refuses(tmp_path, command: str) -> None:
+    """The same feasibility rule for all three commands: 10 prompts with b = 32 exit 2 with build's message."""
+    extra = ["--tau", "0.5"] if command == "ablation" else ["--taus", "1", "--seeds", "1"]
+    res = runner.invoke(app, [command, "--synthetic", "10", "--b", "32", *extra])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    message = "10 prompts cannot form minibatches of 32-34 prompts (b = 32, kappa = 2): use b <= 10 (fewer prompts"
+    assert res.stderr.startswith(f"error: --synthetic 10: {message}") and "--allow-partial" in res.stderr
+    src = lengths_file(tmp_path, 37)
+    pd.read_csv(src).rename(columns={"predicted_length": "length"}).to_csv(src, index=False)
+    res = runner.invoke(app, [command, str(src), "--b", "16", *extra])
+    assert res.exit_code == 2 and res.stderr.startswith(f"error: {src}: 37 prompts cannot form minibatches of 16-18")
+    res = runner.invoke(
+        app, [command, "--synthetic", "10", "--b", "32", "--allow-partial", *extra, "--iterations", "100"]
+    )
+    assert res.exit_code == 0, res.output  # accepted when asked for, as build does

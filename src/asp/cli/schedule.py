@@ -7,8 +7,9 @@ Examples:
 
 Mounted by asp.cli as `asp schedule`; runnable alone as `python -m asp.cli.schedule`. Bad input prints one
 message on stderr and exits with code 2, writing nothing: `build` checks its output paths and formats before it
-computes, refuses a dataset that cannot be cut into minibatches of b..b+kappa prompts unless --allow-partial is
-given (the message names the b and kappa that would work), and rejects lengths that are not in (0, 1e15].
+computes and rejects lengths that are not in (0, 1e15]; all three refuse a dataset that cannot be cut into
+minibatches of b..b+kappa prompts unless --allow-partial is given (the message names the b and kappa that would
+work), and --seeds / --synthetic must be >= 1.
 numpy, pandas, numba and the scheduler itself are imported inside the commands, so `asp --help` and
 `asp schedule --help` stay fast. Scheduler flags left out (None) take the defaults
 of `asp.schedule.ScheduleSpec` (and `PAPER_TAUS`); the help texts state them and tests/schedule/test_cli.py
@@ -56,8 +57,17 @@ TAUS = Annotated[
     str | None,
     typer.Option(help="Comma-separated Kendall tau targets.", show_default="1.0,0.75,0.64,0.5,0.25,0.0"),
 ]
-SEEDS = Annotated[int, typer.Option("--seeds", help="Number of seeds (0..N-1) to average over.")]
-SYNTH = Annotated[int | None, typer.Option("--synthetic", help="Use N synthetic DeepScaleR-like lengths.")]
+SEEDS = Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (0..N-1) to average over.")]
+ALLOW_PARTIAL = Annotated[
+    bool,
+    typer.Option(
+        "--allow-partial",
+        help="Accept n prompts that cannot be cut into minibatches of b..b+kappa prompts (e.g. n < b): one "
+        "minibatch then holds fewer than b prompts and the summary says feasible: false. Without it such "
+        "input is an error that names the b and kappa that would work.",
+    ),
+]
+SYNTH = Annotated[int | None, typer.Option("--synthetic", min=1, help="Use N synthetic DeepScaleR-like lengths.")]
 INPUT = Annotated[Path | None, typer.Argument(help="Parquet/CSV/JSON/JSONL with length columns.")]
 
 
@@ -89,6 +99,11 @@ def _spec(b: int | None, kappa: int | None, k: int | None, iterations: int | Non
 
     given = {"b": b, "kappa": kappa, "k": k, "iterations": iterations, "method": method}
     return ScheduleSpec(**{name: value for name, value in given.items() if value is not None})
+
+
+def _source(path: Path | None, synthetic: int | None) -> str:
+    """What the lengths came from, for messages: the file, or `--synthetic N`."""
+    return str(path) if path is not None else f"--synthetic {synthetic}"
 
 
 def _true_lengths(path: Path | None, synthetic: int | None, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
@@ -125,15 +140,7 @@ def build(
     plot: Annotated[
         Path | None, typer.Option(help="Also save the Figure-7 style plot (format from the suffix: png, pdf, svg...).")
     ] = None,
-    allow_partial: Annotated[
-        bool,
-        typer.Option(
-            "--allow-partial",
-            help="Accept n prompts that cannot be cut into minibatches of b..b+kappa prompts (e.g. n < b): one "
-            "minibatch then holds fewer than b prompts and the summary says feasible: false. Without it such "
-            "input is an error that names the b and kappa that would work.",
-        ),
-    ] = False,
+    allow_partial: ALLOW_PARTIAL = False,
 ) -> None:
     """Build a schedule from predicted lengths and write it (Parquet + JSON summary [+ plot]).
 
@@ -142,18 +149,12 @@ def build(
     """
     from asp import io
     from asp.io.schedule import read_calibration, read_lengths
-    from asp.schedule.dp import infeasible_message, is_feasible
     from asp.schedule.schedule import build_schedule, schedule_summary, schedule_to_frame
 
     spec = _spec(b, kappa, k, iterations, method)
     outputs = _check_outputs(out, summary or out.with_suffix(".json"), plot)
     data = read_lengths(input, need_predictions=True)
-    n = len(data["prompt_id"])
-    if not allow_partial and not is_feasible(n, spec.b, spec.kappa):
-        raise UserError(
-            f"{input}: {infeasible_message(n, spec.b, spec.kappa)}. Change --b / --kappa accordingly, or pass "
-            "--allow-partial to accept one minibatch of fewer than b prompts."
-        )
+    _check_feasible(len(data["prompt_id"]), spec, str(input), allow_partial)
     cal = read_calibration(calibration) if calibration else None
     sched = build_schedule(
         data["prompt_id"],
@@ -183,6 +184,18 @@ def build(
 
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def _check_feasible(n: int, spec: ScheduleSpec, source: str, allow_partial: bool) -> None:
+    """The rule of build, ablation and sweep: n prompts must cut into minibatches of b..b+kappa prompts unless
+    --allow-partial accepts one short minibatch; the message names the b and kappa that would work."""
+    from asp.schedule.dp import infeasible_message, is_feasible
+
+    if not allow_partial and not is_feasible(n, spec.b, spec.kappa):
+        raise UserError(
+            f"{source}: {infeasible_message(n, spec.b, spec.kappa)}. Change --b / --kappa accordingly, or pass "
+            "--allow-partial to accept one minibatch of fewer than b prompts."
+        )
 
 
 def _check_outputs(out: Path, summary: Path, plot: Path | None) -> tuple[Path, Path, Path | None]:
@@ -262,6 +275,7 @@ def ablation_cmd(
     loads: Annotated[str | None, typer.Option(help="raw or calibrated.")] = None,
     calibration: Annotated[Path | None, typer.Option(help="Knots JSON {x, y} or table x,y.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the table as CSV or JSON.")] = None,
+    allow_partial: ALLOW_PARTIAL = False,
 ) -> None:
     """C0-C4 table (D, padding, group-load CV, spread) on true lengths, mean over seeds."""
     import numpy as np
@@ -272,6 +286,7 @@ def ablation_cmd(
     spec = _spec(b, kappa, k, iterations, method)
     _check_table_out(out)
     true, data = _true_lengths(input, synthetic)
+    _check_feasible(true.size, spec, _source(input, synthetic), allow_partial)
     seed_list = list(range(seeds))
     if tau is not None:
         preds = np.stack([perturb_predictions(true, tau, s)[0] for s in seed_list])
@@ -304,6 +319,7 @@ def sweep_cmd(
     method: METHOD = None,
     calibration_size: Annotated[int, typer.Option(help="Profiled prompts for the isotonic fit.")] = 4000,
     out: Annotated[Path | None, typer.Option(help="Write both tables as JSON (or two CSVs: stem_local/_cv).")] = None,
+    allow_partial: ALLOW_PARTIAL = False,
 ) -> None:
     """Controlled-tau sweep: Tables 9 (dispersion, padding) and 10 (group-load CV) of the paper."""
     from asp.schedule.ablation import sweep
@@ -312,6 +328,7 @@ def sweep_cmd(
     spec = _spec(b, kappa, k, iterations, method)
     _check_table_out(out)
     true, _ = _true_lengths(input, synthetic)
+    _check_feasible(true.size, spec, _source(input, synthetic), allow_partial)
     try:
         tau_list = list(PAPER_TAUS) if taus is None else [float(t) for t in taus.split(",") if t.strip()]
     except ValueError:
