@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -65,7 +69,7 @@ BAD = [
 
 def test_bad_rows_error_names_first_bad_row(tmp_path: Path) -> None:
     path = _write(tmp_path, "jsonl", BAD)
-    with pytest.raises(UserError, match=r"row 1 \(id 'b'\) is invalid: empty or missing 'problem'.*bad_rows: drop"):
+    with pytest.raises(UserError, match=r"row 1 \(id 'b'\) is invalid: empty 'problem' \(only whitespace\).*bad_rows"):
         prepare.clean_rows(prepare.read_records(path), PrepareParams(id_field="id"), str(path))
 
 
@@ -91,6 +95,52 @@ def test_missing_field_and_bad_files(tmp_path: Path) -> None:
     (tmp_path / "obj.json").write_text('{"problem": "a"}')
     with pytest.raises(UserError, match="expected a list of JSON objects"):
         prepare.read_records(tmp_path / "obj.json")
+
+
+def _stage_prepare(tmp_path: Path, dataset: str) -> subprocess.CompletedProcess:
+    """`asp stage prepare` in a directory laid out like the repository, on `dataset` (rows are checked before the
+    policy is needed, so no policy is built)."""
+    import yaml
+
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "stages", project / "stages")
+    shutil.copy(ROOT / "dvc.yaml", project / "dvc.yaml")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["prepare"]["dataset"] = dataset
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = dict(os.environ, ASP_TRACKING="0")
+    cmd = [sys.executable, "-m", "asp", "stage", "prepare"]
+    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=120)
+
+
+ROW_HINT = ". Fix the row, or set prepare.bad_rows: drop to drop such rows and count them."
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "first"),
+    [
+        (
+            "int.jsonl",
+            '{"problem": "1+1?", "answer": "2"}\n{"problem": 42, "answer": "3"}\n',
+            "row 1 (id 'p0000001') is invalid: 'problem' is int 42, not text (quote it in the file)" + ROW_HINT,
+        ),
+        (
+            "null.json",
+            '[{"problem": null, "answer": "3"}]',
+            "row 0 (id 'p0000000') is invalid: missing 'problem'" + ROW_HINT,
+        ),
+        ("empty.json", "[]", "the dataset holds no records. Point prepare.dataset at a file with prompts."),
+        ("empty.jsonl", "\n\n", "the dataset holds no records. Point prepare.dataset at a file with prompts."),
+        ("objects.json", "[{}, {}]", "all 2 records are empty objects; each needs a problem and an answer."),
+    ],
+)
+def test_bad_datasets_are_named_for_what_they_are(tmp_path: Path, name: str, text: str, first: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    out = _stage_prepare(tmp_path, str(path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines()[0] == f"error: {path}: {first}", out.stderr
+    assert not (tmp_path / "project" / "outputs").exists()
 
 
 def test_split_is_seeded_disjoint_and_sized() -> None:

@@ -106,6 +106,8 @@ def _read_parquet(path: Path) -> pd.DataFrame:
 def _frame(rows: Any, path: Path) -> pd.DataFrame:
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise UserError(f"{path}: expected a list of JSON objects (one per prompt).")
+    if rows and not any(rows):
+        raise UserError(f"{path}: all {len(rows)} records are empty objects; each needs a problem and an answer.")
     return pd.DataFrame.from_records(rows)
 
 
@@ -121,20 +123,25 @@ def clean_rows(df: pd.DataFrame, prep: PrepareParams, source: str) -> tuple[pd.D
 
     Returns the clean frame with columns prompt_id, problem, answer[, steps] and the drop counts.
     """
+    if len(df) == 0:
+        raise UserError(f"{source}: the dataset holds no records. Point prepare.dataset at a file with prompts.")
     for field in (prep.problem_field, prep.answer_field) + ((prep.id_field,) if prep.id_field else ()):
         if field not in df.columns:
+            present = f"fields present: {', '.join(map(str, df.columns))}" if len(df.columns) else "records are empty"
             raise UserError(
-                f"{source}: no '{field}' field in any record (fields present: {', '.join(map(str, df.columns))}). "
+                f"{source}: no '{field}' field in any record ({present}). "
                 "Set prepare.problem_field / answer_field / id_field to the right names."
             )
     ids = df[prep.id_field].astype(str) if prep.id_field else pd.Series([f"p{i:07d}" for i in range(len(df))])
     problem, answer = df[prep.problem_field], df[prep.answer_field]
-    reasons = pd.Series("", index=df.index, dtype=object)
-    reasons[answer.isna()] = f"missing '{prep.answer_field}'"
-    bad_problem = problem.isna() | ~problem.map(lambda v: isinstance(v, str) and bool(v.strip()))
-    reasons[bad_problem] = f"empty or missing '{prep.problem_field}'"
+    reasons = pd.Series("", index=df.index, dtype=object)  # the message per row
+    kinds = pd.Series("", index=df.index, dtype=object)  # what is counted: prepare/dropped_<kind>
+    reasons[answer.isna()], kinds[answer.isna()] = f"missing '{prep.answer_field}'", "missing"
+    issues = pd.Series([_problem_issue(v, prep.problem_field) for v in problem], index=df.index, dtype=object)
+    bad_problem = issues != ""
+    reasons[bad_problem], kinds[bad_problem] = issues[bad_problem], "empty_or_missing"
     dup = ids.duplicated(keep="first").to_numpy() & (reasons == "").to_numpy()
-    reasons[dup] = "duplicate id"
+    reasons[dup], kinds[dup] = "duplicate id", "duplicate_id"
     bad = reasons != ""
     if bad.any() and prep.bad_rows == "error":
         i = int(np.flatnonzero(bad.to_numpy())[0])
@@ -142,12 +149,22 @@ def clean_rows(df: pd.DataFrame, prep: PrepareParams, source: str) -> tuple[pd.D
             f"{source}: row {i} (id {ids.iloc[i]!r}) is invalid: {reasons.iloc[i]}. Fix the row, or set "
             "prepare.bad_rows: drop to drop such rows and count them."
         )
-    counts = {k.split(" '")[0].replace(" ", "_"): int(v) for k, v in reasons[bad].value_counts().items()}
+    counts = {str(k): int(v) for k, v in kinds[bad].value_counts().items()}
     out = pd.DataFrame({"prompt_id": ids, "problem": problem.astype(object), "answer": answer.astype(str)})
     if "steps" in df.columns:
         out["steps"] = df["steps"].astype("int64")
     out = out[~bad.to_numpy()].reset_index(drop=True)
     return out, {"dropped": int(bad.sum()), **{f"dropped_{k}": v for k, v in counts.items()}}
+
+
+def _problem_issue(value: Any, field: str) -> str:
+    """What is wrong with one record's problem ('' when it is non-empty text)."""
+    if isinstance(value, str):
+        return "" if value.strip() else f"empty '{field}' (only whitespace)" if value else f"empty '{field}'"
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return f"missing '{field}'"
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return f"'{field}' is {type(value).__name__} {shown}, not text (quote it in the file)"
 
 
 def format_prompts(problems: list[str], tokenizer: Any, use_template: bool, system_prompt: str | None) -> list[str]:
