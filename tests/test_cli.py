@@ -302,3 +302,55 @@ def test_serve_without_a_prefect_server_says_what_to_do(tmp_path: Path) -> None:
     )
     assert out.returncode == 2 and f"no Prefect server answers at http://127.0.0.1:{port}/api" in out.stderr
     assert "asp ui prefect" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("preset", ["../params", "/tmp/x", "configs/gpu-cluster", "gpu-cluster.yaml", "..", ".hidden"])
+def test_preset_is_a_name_in_configs_never_a_path(preset: str) -> None:
+    for args in (["params", "check", "--preset", preset], ["preset", "apply", preset], ["repro", "--preset", preset]):
+        out = _asp(*args)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
+        first = out.stderr.splitlines()[0]
+        assert first.startswith(f"error: preset {preset!r} is not a preset name"), first
+        assert "Presets: drift-demo, gpu-cluster" in first and "-p/--params" in first
+    hint = "(did you mean 'gpu-cluster'?)"
+    assert (hint in first) == (preset in ("configs/gpu-cluster", "gpu-cluster.yaml"))
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_preset_apply_on_a_params_file_it_cannot_replace_exits_2(tmp_path: Path, what: str) -> None:
+    from tests.readonly import unprivileged
+
+    work = _preset_dir(tmp_path)
+    params = work / "params.yaml"
+    original = params.read_bytes()
+    target = params if what == "file" else work
+    mode = target.stat().st_mode
+    target.chmod(0o444 if what == "file" else 0o555)
+    try:
+        cmd = unprivileged([sys.executable, "-m", "asp", "preset", "apply", "gpu-cluster"])
+        out = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120)
+    finally:
+        target.chmod(mode)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    first = out.stderr.splitlines()[0]
+    if what == "file":
+        assert (
+            first
+            == "error: params.yaml is read-only; nothing was changed. Make it writable (chmod u+w params.yaml) first."
+        )
+    else:
+        assert first.startswith("error: params.yaml: cannot be replaced (Permission denied); nothing was changed.")
+    assert params.read_bytes() == original and sorted(p.name for p in work.iterdir()) == ["configs", "params.yaml"]
+
+
+def test_reprofile_without_a_checkpoint_fails_before_mlflow_opens_its_store(tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    store = tmp_path / "new-store" / "mlflow.db"
+    env = dict(_env_without_store(), MLFLOW_TRACKING_URI=f"sqlite:///{store}")
+    cmd = [sys.executable, "-m", "asp", "reprofile"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "INFO" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines()[0].startswith("error: outputs/launch_state/C4: no runtime checkpoint")
+    assert not store.parent.exists()  # MLflow never opened (or created) the store

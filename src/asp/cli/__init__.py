@@ -157,9 +157,18 @@ def preset_apply(name: str, params: ParamsOpt = Path("params.yaml")) -> None:
     validate_params(merged, f"{params} + configs/{name}.yaml")
     from asp.io import atomic_path
 
-    with atomic_path(params) as tmp:
-        header = f"# preset '{name}' applied over the previous params.yaml\n"
-        tmp.write_text(header + yaml.safe_dump(merged, sort_keys=False))
+    if not os.access(params, os.W_OK):  # a read-only file is not replaced behind its owner's back
+        raise UserError(f"{params} is read-only; nothing was changed. Make it writable (chmod u+w {params}) first.")
+    try:
+        with atomic_path(params) as tmp:
+            header = f"# preset '{name}' applied over the previous params.yaml\n"
+            tmp.write_text(header + yaml.safe_dump(merged, sort_keys=False))
+    except OSError as exc:
+        raise UserError(
+            f"{params}: cannot be replaced ({exc.strerror or exc}); nothing was changed. The preset is written to a "
+            f"new file in {params.resolve().parent} that then replaces {params.name}: fix that folder's permissions "
+            "(or free disk space) and run again."
+        ) from None
     typer.echo(f"applied preset '{name}' to {params}; `git diff {params}` shows what changed.")
 
 

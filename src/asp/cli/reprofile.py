@@ -35,12 +35,16 @@ def reprofile(
     """Re-profile the current policy on the run's remaining prompts and re-schedule them (drift)."""
     from asp.cli.plan import load_params_with
     from asp.env import set_offline_defaults
+    from asp.pipeline.reprofile import Paths, check_checkpoint, load_train_prompts
     from asp.pipeline.reprofile import reprofile as run_reprofile
     from asp.tracking import attach_run, open_tracker
 
     set_offline_defaults()
     p = load_params_with(params, None, list(set_ or []))
     directory = state_dir or Path("outputs/launch_state") / p.runtime.condition
+    check_checkpoint(directory)  # what the user must fix comes before MLflow opens (or creates) its store
+    if not Paths().prompts.is_file():
+        load_train_prompts(Paths().prompts)  # raises, naming the file and the stage that writes it
     common = p.common
     if run_id:
         tracker = attach_run(run_id, common.tracking_uri)
