@@ -35,7 +35,9 @@ def test_overrides_are_validated_with_the_params_message() -> None:
     params = check_request(RunRequest(overrides={"schedule.k": 3, "runtime.trainer": "simulated"}), root=ROOT)
     assert params.schedule.k == 3 and params.runtime.trainer == "simulated"
     t0 = time.perf_counter()
-    with pytest.raises(UserError, match=r"unknown key 'schedule\.kk' \(allowed here: .*\bk\b"):
+    with pytest.raises(
+        UserError, match=r"unknown key 'schedule\.kk' \(from --set\) \(allowed here: .*\bk\b.*--set value"
+    ):
         check_request(RunRequest(overrides={"schedule.kk": 3}), root=ROOT)
     assert time.perf_counter() - t0 < 1.0  # fails at once, before DVC, MLflow or Prefect
     with pytest.raises(UserError, match=r"'schedule\.k' = 'three'"):
