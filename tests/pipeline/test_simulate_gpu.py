@@ -87,3 +87,8 @@ def test_fit_training_records_where_it_was_measured(tmp_path: Path) -> None:
     assert gpu_gaps(fitted) == []
     out = _asp("simulate", "fit-training", str(tmp_path / "iterations.parquet"))  # the CPU demo's params
     assert yaml.safe_load(out.stdout)["simulate"]["training"]["measured_on"] == "cpu"
+
+
+def test_simulate_set_errors_point_at_the_override() -> None:
+    out = _asp("simulate", "--set", "schedule.b=0")
+    assert out.returncode == 2 and "(from --set)" in out.stderr and "Fix the --set value" in out.stderr

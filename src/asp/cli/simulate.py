@@ -56,7 +56,7 @@ def load_with_overrides(params_path: Path, overrides: list[str], conditions: lis
         values["simulate.conditions"] = list(conditions)
     raw = set_dotted(read_yaml(params_path), values) if values else read_yaml(params_path)
     source = str(params_path) + ("".join(f" + {k}={v}" for k, v in values.items()) if values else "")
-    return validate_params(raw, source)
+    return validate_params(raw, source, overrides=values)
 
 
 def markdown_table(metrics: dict[str, Any], conditions: list[str]) -> str:
