@@ -233,13 +233,22 @@ def test_interrupt_then_resume_from_checkpoint_logs_each_step_once(ray_cluster, 
         plan, prompts, engine, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck", logger=logger
     )
     assert summary.resumed_from_step == 2 and summary.resume_reason == "resumed"
-    assert [it["step"] for it in summary.iterations] == [3, 4, 5]
+    assert [it["step"] for it in summary.iterations] == [1, 2, 3, 4, 5]  # the whole run (the run log)
     ledger = read_ledger(tmp_path / "ledger.jsonl")
     assert [line["step"] for line in ledger] == [1, 2, 3, 3, 4, 5]  # step 3 of the first session was lost
     kept = [line for i, line in enumerate(ledger) if i != 2]
     assert Counter(pid for line in kept for pid in line["prompt_ids"]) == Counter(range(40))
     # the resumed trainer continued its version; actors were told to load it
-    assert min(r["policy_version"] for r in summary.minibatches) >= 2
+    resumed = [r for r in summary.minibatches if r["session"] == 1]
+    assert resumed and min(r["policy_version"] for r in resumed) >= 2
+    # the summary covers the whole run: the first session's minibatches trained by step 2, then the resumed ones
+    first = [r for r in summary.minibatches if r["session"] == 0]
+    assert sorted(r["task_id"] for r in first) == [0, 1, 2, 3] and len(summary.minibatches) == 10
+    assert sorted(r["task_id"] for r in summary.minibatches) == list(range(10))
+    assert max(r["arrival_s"] for r in first) <= min(r["arrival_s"] for r in resumed)  # run time runs on
+    m = summary.metrics
+    assert m["runtime/summary/iterations"] == 5 and m["runtime/summary/prompts_trained"] == 40
+    assert m["runtime/summary/minibatches"] == 10
     # every iteration metric was logged exactly once at each step 1..5, across both sessions
     steps_by_metric: dict[str, list[int]] = {}
     for metrics, step in logger.calls:

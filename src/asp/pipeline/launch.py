@@ -9,8 +9,11 @@ the schedule: C4 is the `schedule` stage's output; C0-C3 are rebuilt from the sa
 
 The run checkpoints its position (and the GRPO trainer its weights and optimizer) under
 outputs/launch_state/<condition>/, which DVC keeps between runs: an interrupted run resumes there, in the
-same MLflow run with steps continuing, and its iteration history is kept there so the summary covers the
-whole run.
+same MLflow run with steps continuing, and the runtime's run log there makes the summary, iterations.parquet and
+minibatches.parquet cover the whole run. A run killed after its last step but before the stage finished (the
+held-out evaluation, the outputs) is finished by the rerun without training again; a run killed before its first
+checkpoint starts afresh in the same MLflow run (`asp.pipeline.launch_state`). Ray processes a killed launch left
+running are stopped when the next one starts (`asp.runtime.raysession`).
 
 With the grpo trainer on the built-in demo task, the stage then measures the held-out reward before and after
 training (`asp.trainers.heldout`): `runtime.heldout_problems` new problems that are not among the run's prompts,
@@ -33,8 +36,7 @@ Run: `asp stage launch` (what `dvc repro launch` calls).
 
 from __future__ import annotations
 
-import json
-import shutil
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,13 +49,21 @@ from asp.config import DEMO_DATASET, Params, RuntimeParams
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
 from asp.pipeline import launch_drift
+from asp.pipeline.launch_state import (  # noqa: F401 - read_history: the names launch always had
+    HISTORY_FILE,
+    RUN_FILE,
+    Recorder,
+    continued_run_id,
+    read_history,
+    start_session,
+)
 from asp.pipeline.loaders import policy_model_path, schedule_spec
 from asp.plots import save_figure
+from asp.runtime.testhooks import kill_point, trainer_ledger
 from asp.tracking import Tracker
 
 ENGINE_FIELDS = ("kind", "device", "dtype", "num_threads", "vllm")
-RUN_FILE = "mlflow_run.json"  # the MLflow run a resumed launch continues
-HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics of the run so far (all sessions)
+HELDOUT_NOTE = "heldout"  # the run-log note that keeps the measured held-out reward for a rerun
 # GRPO settings that change neither the learning problem nor the results: a checkpoint stays resumable
 # when only these differ (e.g. a smaller micro-batch after running out of memory).
 GRPO_OPERATIONAL = (
@@ -143,7 +153,10 @@ def fingerprint_extra(runtime: RuntimeParams) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """The run's plan and config, and the checkpoint it continues from (None: a fresh run, `reason` says why)."""
+    """The run's plan and config, and the checkpoint it continues from (None: a fresh run, `reason` says why).
+
+    `finished` is (summary, run history) of a run that finished but whose end-of-run work a kill cut short
+    (`asp.runtime.run.finished_run`): the stage finishes that work and trains nothing."""
 
     plan: Any
     config: Any
@@ -151,6 +164,8 @@ class ResumePoint:
     directory: Path
     state: dict[str, Any] | None
     reason: str
+    fingerprint: str = ""
+    finished: tuple[Any, Any] | None = None
 
     @property
     def step(self) -> int:
@@ -158,56 +173,29 @@ class ResumePoint:
 
 
 def resume_point(params: Params, paths: Paths) -> ResumePoint:
-    """Load the plan and decide whether `outputs/launch_state/<condition>` holds a run to continue."""
+    """Load the plan and decide whether `outputs/launch_state/<condition>` holds a run to continue or finish."""
     from asp.runtime import RuntimeConfig, make_checkpointer
+    from asp.runtime.run import finished_run
 
     runtime = params.runtime
     plan = load_plan(params, paths)
     config = RuntimeConfig.from_params(params)
     extra = fingerprint_extra(runtime)
     directory = paths.state_dir / runtime.condition
-    state, reason = make_checkpointer(plan, config, directory, extra).load()
-    return ResumePoint(plan, config, extra, directory, state, reason)
+    checkpointer = make_checkpointer(plan, config, directory, extra)
+    state, reason = checkpointer.load()
+    finished = finished_run(plan, config, directory, extra) if state is None else None
+    return ResumePoint(plan, config, extra, directory, state, reason, checkpointer.fingerprint, finished)
 
 
 def resume_run_id(params: Params, paths: Paths) -> str | None:
-    """The MLflow run of the interrupted run this launch resumes (None: fresh run or unknown run id)."""
+    """The MLflow run this launch continues (None: a new run); see `asp.pipeline.launch_state`."""
     try:
         point = resume_point(params, paths)
     except UserError:
         return None  # `run` reports it
-    run_file = point.directory / RUN_FILE
-    if point.state is None or not run_file.is_file():
-        return None
-    try:
-        return str(read_json(run_file)["run_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def read_history(path: Path, upto_step: int) -> list[dict[str, float]]:
-    """Iteration rows recorded so far with step <= `upto_step` (later ones are re-run after a resume)."""
-    if upto_step <= 0 or not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill
-        if isinstance(row, dict) and 0 < row.get("step", 0) <= upto_step:
-            rows.append(row)
-    return rows
-
-
-def reset_state(point: ResumePoint, history: list[dict[str, float]]) -> None:
-    """Fresh run: drop an old run's trainer checkpoints and snapshots; rewrite the history up to the resume step."""
-    if point.state is None:
-        for sub in ("trainer", "snapshots"):
-            shutil.rmtree(point.directory / sub, ignore_errors=True)
-    point.directory.mkdir(parents=True, exist_ok=True)
-    with atomic_path(point.directory / HISTORY_FILE) as tmp:
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in history))
+    resumable = point.state is not None or point.finished is not None
+    return continued_run_id(point.directory, point.fingerprint, resumable)
 
 
 def trainer_factory(
@@ -218,7 +206,9 @@ def trainer_factory(
 
     runtime = params.runtime
     if runtime.trainer != "grpo":
-        return make_trainer_factory(runtime.trainer, point.config)
+        factory = make_trainer_factory(runtime.trainer, point.config)
+        ledger = trainer_ledger()  # test hook: what the simulated trainer trained, step by step
+        return factory if ledger is None else functools.partial(factory, ledger_path=ledger)
     if "answer" not in prompts.columns:
         raise UserError(
             f"{paths.prompts}: no 'answer' column; the grpo trainer needs each prompt's reference answer "
@@ -236,24 +226,6 @@ def trainer_factory(
         state_dir=point.directory,
         total_steps=per_pass,
     )
-
-
-class Recorder:
-    """`on_iteration` hook: appends each iteration to the persisted history and prints a progress line."""
-
-    def __init__(self, path: Path, total: int | None, every: int = 10) -> None:
-        self.path, self.total, self.every = path, total, every
-
-    def __call__(self, cu: Any, metrics: dict[str, float]) -> None:
-        row = {"step": cu.step, **{k: float(v) for k, v in metrics.items()}}
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
-        if cu.step % self.every == 0 or cu.step == self.total:
-            shown = [f"step {cu.step}/{self.total or '?'}", f"iter {metrics.get('runtime/iteration_time_s', 0):.2f}s"]
-            for key, name in (("train/reward_mean", "reward"), ("train/lag_mean", "lag")):
-                if key in metrics:
-                    shown.append(f"{name} {metrics[key]:.3f}")
-            print("[launch] " + ", ".join(shown), file=sys.stderr, flush=True)
 
 
 def timeline_figure(iterations: list[dict[str, float]]) -> Any:
@@ -297,18 +269,11 @@ def load_prompts(path: Path) -> tuple[pd.DataFrame, dict[Any, str]]:
     return prompts, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True))
 
 
-def start_session(point: ResumePoint, runtime: RuntimeParams, tracker: Tracker) -> list[dict[str, float]]:
-    """Keep the history up to the resume step (dropping an old run's state), record this MLflow run, say so.
-
-    Returns the iteration rows of earlier sessions that this run continues (empty for a fresh run).
-    """
-    earlier = read_history(point.directory / HISTORY_FILE, point.step)
-    reset_state(point, earlier)
-    if tracker.run_id:
-        write_json({"run_id": tracker.run_id}, point.directory / RUN_FILE)
+def begin(point: ResumePoint, runtime: RuntimeParams, tracker: Tracker) -> None:
+    """Record this session in the state directory (`asp.pipeline.launch_state.start_session`) and say what it does."""
+    start_session(point.directory, point.state is None, point.step, tracker.run_id, point.fingerprint)
     done = f"after step {point.step}" if point.state is not None else f"fresh run ({point.reason})"
     print(f"[launch] {runtime.condition}, trainer {runtime.trainer}: {done}", file=sys.stderr)
-    return earlier
 
 
 def run_session(
@@ -340,8 +305,9 @@ def run_session(
     )
 
 
-def run_metrics(summary: Any, history: list[dict[str, float]], trainer: str) -> dict[str, Any]:
-    """The runtime's summary metrics, where the run resumed and whether it finished; grpo/ ones over `history`."""
+def run_metrics(summary: Any, trainer: str) -> dict[str, Any]:
+    """The runtime's summary metrics (whole run), where the run resumed and whether it finished; grpo/ ones over
+    the run's iterations."""
     from asp.runtime import grpo_summary
 
     metrics = {k: float(v) for k, v in summary.metrics.items()}
@@ -352,19 +318,14 @@ def run_metrics(summary: Any, history: list[dict[str, float]], trainer: str) -> 
         }
     )
     if trainer == "grpo":
-        metrics.update(grpo_summary(history))
+        metrics.update(grpo_summary(summary.iterations))
     return metrics
 
 
 def save_outputs(
-    out_dir: Path,
-    runtime: RuntimeParams,
-    summary: Any,
-    history: list[dict[str, float]],
-    metrics: dict[str, Any],
-    run_id: str | None,
+    out_dir: Path, runtime: RuntimeParams, summary: Any, metrics: dict[str, Any], run_id: str | None
 ) -> None:
-    """summary.json, iterations.parquet (the whole run) and minibatches.parquet, replaced together."""
+    """summary.json, iterations.parquet and minibatches.parquet (both the whole run), replaced together."""
     with atomic_path(out_dir) as out:
         out.mkdir(parents=True)
         write_json(
@@ -379,7 +340,7 @@ def save_outputs(
             },
             out / "summary.json",
         )
-        write_parquet(pd.DataFrame(history), out / "iterations.parquet")
+        write_parquet(pd.DataFrame(summary.iterations), out / "iterations.parquet")
         write_parquet(pd.DataFrame(summary.minibatches), out / "minibatches.parquet")
 
 
@@ -436,9 +397,11 @@ def heldout_metrics(
 
 def drift_watch(params: Params, paths: Paths, point: ResumePoint, tracker: Tracker) -> Any:
     """The `DriftWatch` of this run (None when ``drift.enabled`` is false); a fresh run forgets old drift state,
-    a resumed one consumes a pending hand-off."""
+    a resumed one consumes a pending hand-off, a finished one reads its history back."""
     if not params.drift.enabled:
         return None
+    if point.finished is not None:
+        return launch_drift.finished_watch(params, paths, point.plan, point.directory, tracker)
     if point.state is None:
         launch_drift.reset_fresh(point.directory)
     else:
@@ -446,43 +409,115 @@ def drift_watch(params: Params, paths: Paths, point: ResumePoint, tracker: Track
     return launch_drift.build_watch(params, paths, point.plan, point.directory, tracker)
 
 
-def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
-    """Run the asynchronous RL loop over the schedule; write the run summary, metrics and plot."""
-    if params.runtime.trainer == "grpo":  # fits-or-fails before any worker starts (runtime.memory, docs/memory.md)
-        from asp.pipeline.memory_check import enforce
-
-        enforce(params)
-    runtime, seed = params.runtime, params.common.seed
-    prompts, prompts_by_id = load_prompts(paths.prompts)
-    point = resume_point(params, paths)
+def train(
+    params: Params,
+    paths: Paths,
+    point: ResumePoint,
+    prompts: pd.DataFrame,
+    prompts_by_id: dict[Any, str],
+    tracker: Tracker,
+) -> tuple[Any, Any, ResumePoint]:
+    """Run (or resume) the training sessions, re-profiling in between while drift stops them; returns the last
+    session's `RunSummary` (covering the whole run), the drift watch (or None) and the last `ResumePoint`."""
+    runtime = params.runtime
     factory = trainer_factory(params, paths, point, prompts, prompts_by_id)
     watch = drift_watch(params, paths, point, tracker)
-    earlier = start_session(point, runtime, tracker)
-    tracker.log_params({"runtime": runtime.model_dump(), "common.seed": seed})
+    begin(point, runtime, tracker)
+    tracker.log_params({"runtime": runtime.model_dump(), "common.seed": params.common.seed})
+    kill_point("launch:start")
     engine = engine_spec(runtime, policy_model_path(paths.policy))
     summary = run_session(point, prompts_by_id, engine, factory, runtime, tracker, watch)
     if watch is not None:  # re-profile and resume in-process while the watch stops the run (not in hand-off mode)
 
         def resume() -> Any:
-            nonlocal point, earlier
+            nonlocal point
             point = resume_point(params, paths)
-            earlier = start_session(point, runtime, tracker)
+            begin(point, runtime, tracker)
             return run_session(point, prompts_by_id, engine, factory, runtime, tracker, watch)
 
         summary = launch_drift.resume_after_drift(params, watch, summary, tracker, resume)
-    history = earlier + summary.iterations  # the whole run: earlier sessions up to the resume step, then this one
-    metrics = run_metrics(summary, history, runtime.trainer)
+    return summary, watch, point
+
+
+def finish_pending(params: Params, paths: Paths, point: ResumePoint, tracker: Tracker) -> tuple[Any, Any]:
+    """A run that finished but was killed before the end of this stage: log what the kill kept from MLflow (steps,
+    summary) and return its summary and drift watch; nothing is trained again."""
+    from asp.runtime.run import log_finished
+
+    summary, history = point.finished
+    runtime = params.runtime
+    print(
+        f"[launch] {runtime.condition}, trainer {runtime.trainer}: the run finished at step {summary.trainer_step} "
+        "but was stopped before its outputs were written; writing them (nothing is trained again)",
+        file=sys.stderr,
+    )
+    log_finished(point.directory, summary, history, tracker)
+    return summary, drift_watch(params, paths, point, tracker)
+
+
+def measured_heldout(
+    params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, summary: Any
+) -> dict[str, Any]:
+    """`heldout_metrics` of a finished run, measured once: kept in the run log (a rerun after a kill reuses it)."""
+    from asp.runtime.runlog import RunLog
+
+    step = summary.trainer_step
+    if point.finished is not None and HELDOUT_NOTE in point.finished[1].notes:
+        return dict(point.finished[1].notes[HELDOUT_NOTE])
+    measured = heldout_metrics(params, paths, point, prompts, step)
+    if summary.finished:
+        RunLog(point.directory).note(HELDOUT_NOTE, step, measured)
+    return measured
+
+
+def end_of_run(
+    params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, summary: Any, watch: Any, tracker: Tracker
+) -> dict[str, Any]:
+    """Metrics, the held-out reward (grpo), outputs, metrics file and plots; the end-of-run metrics go to MLflow in
+    one call at the end, then the run log is closed (a rerun starts a new run)."""
+    from asp.runtime.run import close_run
+
+    runtime = params.runtime
+    metrics = run_metrics(summary, runtime.trainer)
+    final: dict[str, Any] = {}
     if watch is not None:
-        metrics.update(launch_drift.finish(watch, summary, point.directory, paths.drift_plot, tracker))
+        drift = launch_drift.finish(watch, summary, point.directory, paths.drift_plot, tracker, log=False)
+        metrics.update(drift)
+        final.update(drift)
     if runtime.trainer == "grpo" and not summary.stopped:
-        metrics.update(heldout_metrics(params, paths, point, prompts, summary.trainer_step))
+        metrics.update(measured_heldout(params, paths, point, prompts, summary))
+        kill_point("launch:evaluated")
     elif runtime.trainer == "grpo":
         metrics.update({"grpo/heldout_measured": 0, "grpo/heldout_note": "not measured: the run stopped for drift"})
-    save_outputs(paths.out_dir, runtime, summary, history, metrics, tracker.run_id)
+    save_outputs(paths.out_dir, runtime, summary, metrics, tracker.run_id)
+    kill_point("launch:outputs")
     write_json(metrics, paths.metrics)
-    save_figure(timeline_figure(history), paths.plot, tracker)
-    if runtime.trainer == "grpo":
-        grpo = {k: v for k, v in metrics.items() if k.startswith("grpo/")}
-        tracker.log_metrics({k: v for k, v in grpo.items() if isinstance(v, int | float)}, step=summary.trainer_step)
-        tracker.set_tags({k.replace("/", "."): v for k, v in grpo.items() if isinstance(v, str)})
+    save_figure(timeline_figure(summary.iterations), paths.plot, tracker)
+    grpo = {k: v for k, v in metrics.items() if k.startswith("grpo/")} if runtime.trainer == "grpo" else {}
+    final.update(grpo)
+    numbers = {k: float(v) for k, v in final.items() if isinstance(v, int | float)}
+    tracker.log_metrics(numbers, step=summary.trainer_step)
+    tracker.set_tags({k.replace("/", "."): v for k, v in grpo.items() if isinstance(v, str)})
+    if summary.finished:
+        close_run(point.directory, summary.trainer_step)
     return metrics
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Run the asynchronous RL loop over the schedule (or finish a run a kill cut short after its last step); write
+    the run summary, metrics and plot."""
+    from asp.runtime.raysession import reap_dead_sessions
+
+    if params.runtime.trainer == "grpo":  # fits-or-fails before any worker starts (runtime.memory, docs/memory.md)
+        from asp.pipeline.memory_check import enforce
+
+        enforce(params)
+    reap_dead_sessions()  # Ray processes a killed launch left running
+    prompts, prompts_by_id = load_prompts(paths.prompts)
+    point = resume_point(params, paths)
+    if point.finished is not None:
+        summary, watch = finish_pending(params, paths, point, tracker)
+    else:
+        summary, watch, point = train(params, paths, point, prompts, prompts_by_id, tracker)
+        kill_point("launch:trained")
+    return end_of_run(params, paths, point, prompts, summary, watch, tracker)

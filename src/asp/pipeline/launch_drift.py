@@ -115,6 +115,14 @@ def build_watch(params: Params, paths: Any, plan: Any, directory: Path, tracker:
     )
 
 
+def finished_watch(params: Params, paths: Any, plan: Any, directory: Path, tracker: Tracker) -> DriftWatch:
+    """The watch of a run that finished but whose end-of-run work a kill cut short: built as `build_watch` does, its
+    history read back from the state directory (no Control Unit: the exactly-once counts are not reported)."""
+    watch = build_watch(params, paths, plan, directory, tracker)
+    watch._reset_session(watch._read_history())  # the whole history: the run finished
+    return watch
+
+
 def reset_fresh(directory: Path) -> None:
     """A fresh run: forget an old run's drift history, pending hand-off and re-profiled predictors."""
     (directory / HISTORY_FILE).unlink(missing_ok=True)
@@ -154,9 +162,12 @@ def resume_after_drift(
     return summary
 
 
-def finish(watch: DriftWatch, summary: Any, directory: Path, plot: Path, tracker: Tracker) -> dict[str, Any]:
-    """The ``drift/summary/...`` metrics (logged at the last step); the hand-off file when the run stopped for a
-    re-profile in hand-off mode; the drift plot."""
+def finish(
+    watch: DriftWatch, summary: Any, directory: Path, plot: Path, tracker: Tracker, log: bool = True
+) -> dict[str, Any]:
+    """The ``drift/summary/...`` metrics (logged at the last step unless `log` is false: the launch stage logs them
+    with its other end-of-run metrics); the hand-off file when the run stopped for a re-profile in hand-off mode; the
+    drift plot."""
     from asp.plots import save_figure
     from asp.plots.drift import drift_figure
 
@@ -175,7 +186,8 @@ def finish(watch: DriftWatch, summary: Any, directory: Path, plot: Path, tracker
         }
         write_json(pending, directory / PENDING_FILE)
         print(f"[drift] handed off to the re-profile loop: {directory / PENDING_FILE}", file=sys.stderr)
-    tracker.log_metrics({k: float(v) for k, v in metrics.items()}, step=summary.trainer_step)
+    if log:
+        tracker.log_metrics({k: float(v) for k, v in metrics.items()}, step=summary.trainer_step)
     save_figure(drift_figure(watch.rows, watch.initial_tau, watch.params.tau_drop), plot, tracker)
     return metrics
 

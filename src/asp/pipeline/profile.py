@@ -3,8 +3,10 @@
 Each prompt gets `profile.n_samples` responses capped at `profile.max_new_tokens`. One engine call is one
 minibatch of `profile.minibatch_prompts` prompts (timed: wall time, batch size, max and total tokens — a
 later cost model fits these). Work is saved in chunks under `outputs/.work/profile/<key>/` as it finishes,
-so a killed run resumes where it stopped; the key changes when the prompts, policy or params change. A run
-removes the work directories of other keys when it starts (they can never be resumed by it, and a changed
+so a killed run resumes where it stopped, in the same MLflow run (``mlflow_run.json`` there; `resume_run_id`); the
+key changes when the prompts, policy or params change. Chunks an earlier attempt left are checked first (readable,
+the samples and timings their minibatches must have): a damaged one is named and generated again, the others kept.
+A run removes the work directories of other keys when it starts (they can never be resumed by it, and a changed
 input would otherwise leave them behind forever) and its own after it succeeded.
 
 Outputs: outputs/profile/ (what later stages depend on; replaced as a whole, and the same inputs give the same
@@ -25,6 +27,7 @@ import json
 import logging
 import re
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -40,11 +43,13 @@ from asp.pipeline.loaders import policy_model_path
 from asp.plots import save_figure
 from asp.progress import progress_bar
 from asp.rollout.base import MinibatchTiming, SamplingParams, timed_generate
+from asp.runtime.testhooks import kill_point
 from asp.tracking import Tracker
 
 log = logging.getLogger(__name__)
 KEY_RE = re.compile(r"[0-9a-f]{16}")  # what `run_key` names work directories
 TIMING_COLUMNS = ["minibatch", *(f.name for f in fields(MinibatchTiming))]  # the timings CSV, in this order
+RUN_FILE = "mlflow_run.json"  # in the work directory: the MLflow run a resumed profile continues
 
 
 @dataclass(frozen=True)
@@ -124,20 +129,66 @@ def read_chunk(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return samples, timings
 
 
+def chunk_layout(n_prompts: int, prof: ProfileParams, work: Path) -> list[tuple[Path, range]]:
+    """Every chunk's path and the minibatch indices it holds, in order (the last chunk may hold fewer)."""
+    n_mb = -(-n_prompts // prof.minibatch_prompts)
+    per_chunk = prof.chunk_minibatches
+    return [
+        (work / f"chunk_{c:05d}.parquet", range(c * per_chunk, min((c + 1) * per_chunk, n_mb)))
+        for c in range(-(-n_mb // per_chunk))
+    ]
+
+
+def chunk_problem(path: Path, prompts: pd.DataFrame, minibatches: range, prof: ProfileParams) -> str | None:
+    """Why a saved chunk cannot be used (one phrase), or None: it must be readable, with one timing per minibatch
+    and `n_samples` samples of each of its prompts."""
+    mb = prof.minibatch_prompts
+    ids = prompts["prompt_id"].iloc[minibatches.start * mb : minibatches.stop * mb]
+    try:
+        samples, timings = read_chunk(path)
+    except UserError as exc:
+        return str(exc).split(". Delete it")[0].removeprefix(f"{path}: ")
+    if len(timings) != len(minibatches) or len(samples) != len(ids) * prof.n_samples:
+        return (
+            f"holds {len(samples)} samples and {len(timings)} minibatch timings, not {len(ids) * prof.n_samples} "
+            f"and {len(minibatches)} (cut short?)"
+        )
+    if "prompt_id" not in samples.columns or set(samples["prompt_id"]) != set(ids):
+        return "holds samples of other prompts than its minibatches"
+    return None
+
+
+def check_chunks(prompts: pd.DataFrame, prof: ProfileParams, work: Path) -> list[Path]:
+    """Before generating: remove every saved chunk that `chunk_problem` rejects (with its timings), saying which and
+    why, so that it is generated again and the intact ones are kept. Returns the removed chunk paths."""
+    layout = chunk_layout(len(prompts), prof, work)
+    saved = [(path, mbs) for path, mbs in layout if path.is_file()]
+    damaged = [(path, mbs, why) for path, mbs in saved if (why := chunk_problem(path, prompts, mbs, prof))]
+    for path, minibatches, why in damaged:
+        path.unlink(missing_ok=True)
+        path.with_suffix(".timings.json").unlink(missing_ok=True)
+        print(
+            f"[profile] {path}: damaged ({why}); its {len(minibatches)} minibatch(es) are generated again, the "
+            f"{len(saved) - len(damaged)} intact chunk(s) of the earlier attempt are kept",
+            file=sys.stderr,
+            flush=True,
+        )
+    return [path for path, _, _ in damaged]
+
+
 def profile_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int, work: Path) -> list[Path]:
     """Generate every missing chunk; return all chunk paths in order."""
     mb = prof.minibatch_prompts
-    n_mb = -(-len(prompts) // mb)
-    per_chunk = prof.chunk_minibatches
-    paths = [work / f"chunk_{c:05d}.parquet" for c in range(-(-n_mb // per_chunk))]
-    finished = sum(path.is_file() for path in paths)
-    bar = progress_bar(total=n_mb, desc="profile", unit="minibatch", initial=min(finished * per_chunk, n_mb))
+    layout = chunk_layout(len(prompts), prof, work)
+    n_mb = sum(len(minibatches) for _, minibatches in layout)
+    finished = sum(len(minibatches) for path, minibatches in layout if path.is_file())
+    bar = progress_bar(total=n_mb, desc="profile", unit="minibatch", initial=finished)
     sampling = SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
-    for c, path in enumerate(paths):
+    for c, (path, minibatches) in enumerate(layout):
         if path.is_file():
             continue
         rows, timings = [], []
-        for m in range(c * per_chunk, min((c + 1) * per_chunk, n_mb)):
+        for m in minibatches:
             part = prompts.iloc[m * mb : (m + 1) * mb]
             done = timed_generate(engine, part["prompt"].tolist(), sampling.with_seed(seed + m))
             rows += minibatch_rows(done.results, part["prompt_id"].tolist(), part["role"].tolist())
@@ -146,8 +197,9 @@ def profile_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed
             bar.set_postfix(tok_s=f"{done.timing.tokens_per_s:.0f}")
         write_json(timings, path.with_suffix(".timings.json"))
         write_parquet(pd.DataFrame(rows), path)  # written last: its presence marks the chunk complete
+        kill_point(f"profile:chunk@{c}")
     bar.close()
-    return paths
+    return [path for path, _ in layout]
 
 
 def per_prompt_stats(samples: pd.DataFrame) -> pd.DataFrame:
@@ -190,17 +242,34 @@ def prune_work_dirs(work: Path) -> list[Path]:
     return stale
 
 
+def work_dir(paths: Paths, prompts: pd.DataFrame, prof: ProfileParams, seed: int) -> Path:
+    """This run's work directory (keyed by prompts, policy and params; not created)."""
+    policy_ref = read_json(paths.policy / "policy.json") if (paths.policy / "policy.json").is_file() else {}
+    return paths.work_dir / run_key(prompts, prof, policy_ref, seed)
+
+
 def load_inputs(paths: Paths, prof: ProfileParams, seed: int) -> tuple[pd.DataFrame, Path]:
-    """The prompts to profile and this run's work directory (created; keyed by prompts, policy and params;
-    work directories of other keys are removed)."""
+    """The prompts to profile and this run's work directory (created; work directories of other keys are removed;
+    damaged chunks of an earlier attempt are removed, `check_chunks`)."""
     prompts = load_profile_prompts(paths.prompts)
     if prompts.empty:
         raise UserError(f"{paths.prompts}: no profiling prompts. Raise prepare.profile_prompts.")
-    policy_ref = read_json(paths.policy / "policy.json") if (paths.policy / "policy.json").is_file() else {}
-    work = paths.work_dir / run_key(prompts, prof, policy_ref, seed)
+    work = work_dir(paths, prompts, prof, seed)
     work.mkdir(parents=True, exist_ok=True)
     prune_work_dirs(work)
+    check_chunks(prompts, prof, work)
     return prompts, work
+
+
+def resume_run_id(params: Params, paths: Paths) -> str | None:
+    """The MLflow run of an earlier attempt of this profiling run that was killed (its work directory names it);
+    None for a new run."""
+    try:
+        prompts = load_profile_prompts(paths.prompts)
+        record = read_json(work_dir(paths, prompts, params.profile, params.common.seed) / RUN_FILE)
+        return str(record["run_id"]) if isinstance(record, dict) and record.get("run_id") else None
+    except (UserError, OSError, ValueError, KeyError, TypeError):
+        return None  # `run` reports bad inputs
 
 
 def run_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int, work: Path) -> list[Path]:
@@ -258,12 +327,18 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Profile the policy; write samples and per-prompt stats, then the timings, metrics and histogram."""
     prof, seed = params.profile, params.common.seed
     prompts, work = load_inputs(paths, prof, seed)
+    if tracker.run_id:
+        write_json({"run_id": tracker.run_id}, work / RUN_FILE)
     tracker.log_params({"profile": prof.model_dump(), "common.seed": seed})
+    kill_point("profile:start")
     engine = make_engine_from_params(prof, policy_model_path(paths.policy), seed)
     t0 = time.perf_counter()
-    samples, timings = collect_chunks(run_chunks(engine, prompts, prof, seed, work))
+    chunks = run_chunks(engine, prompts, prof, seed, work)
+    kill_point("profile:chunks")
+    samples, timings = collect_chunks(chunks)
     stats = per_prompt_stats(samples)
     save_outputs(samples, stats, paths.out_dir)
+    kill_point("profile:outputs")
     save_timings(timings, paths.timings)
     metrics = profile_metrics(samples, stats, timings, time.perf_counter() - t0)
     write_json(metrics, paths.metrics)

@@ -168,6 +168,16 @@ class Checkpointer:
         latest = {k: state[k] for k in ("trainer_step", "policy_version", "trainer_state", "database")}
         return self._newest_intact([latest, *earlier], state)
 
+    def load_finished(self) -> dict[str, Any] | None:
+        """The saved position when it is the finished end of a run of this plan (else None; never raises)."""
+        try:
+            state = json.loads(self.path.read_text())
+            if state["format"] == FORMAT and state["fingerprint"] == self.fingerprint and state["finished"]:
+                return {k: state[k] for k in ("trainer_step", "policy_version", "trainer_state", "database")}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return None
+
     def _newest_intact(self, candidates: list[dict[str, Any]], state: dict[str, Any]) -> tuple[dict[str, Any], str]:
         problems: list[str] = []
         for index, position in enumerate(candidates):

@@ -26,6 +26,12 @@ written (the queued, untrained minibatches are pending again on resume, as after
 metrics are held back until the checkpoint that covers them is written (and at the end of a finished run) and
 only then go to the logger, in step order: steps a resume repeats were never logged, and every step reaches
 the tracker exactly once. Without a checkpointer (nothing can resume) each step is logged as it finishes.
+
+**The whole run across resumes** (`asp.runtime.runlog`): before each position is saved, the steps, minibatch records,
+queue-depth changes and counters since the previous one are appended to the run log; a resumed session starts from
+what the log says about its position (and logs the steps of that position whose metrics a kill kept from the logger),
+so the summary, the iteration list and the minibatch records (with a ``session`` number, times in run time) cover the
+whole run, not only the last session.
 """
 
 from __future__ import annotations
@@ -56,7 +62,9 @@ from asp.runtime.metrics import (
 )
 from asp.runtime.plan import WorkPlan
 from asp.runtime.queue import Backpressure, TrainingQueue
+from asp.runtime.runlog import RunHistory, RunLog
 from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
+from asp.runtime.testhooks import kill_point
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +109,7 @@ class ControlUnit:
     trainer_state: dict[str, Any] = field(default_factory=dict)
     actor_handles: dict[int, Any] = field(default_factory=dict)
     observer: Callable[[ControlUnit, MinibatchOutput], None] | None = None  # sees every first completion
+    runlog: RunLog | None = None  # the run's log beside the checkpoint (`asp.runtime.runlog`)
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -127,6 +136,73 @@ class ControlUnit:
         self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, float("nan")  # over every trained prompt
         self.stop_reason = ""
         self.t0 = time.time()  # reset by run(); replans before it (on_start) are stamped from here
+        self.earlier = RunHistory()  # the run before this session (`resume_history`)
+        self.session = 0  # sessions of this run before this one
+        self.base_wall = 0.0  # run time at the position this session resumed from
+        self.resume_reason = ""
+        self._flushed = (0, 0)  # records and depth-trace entries already in the run log
+
+    # ---- resume --------------------------------------------------------------------------------------------
+    def resume_history(self, history: RunHistory) -> None:
+        """Continue the run `history` describes (from the run log at the restored position): its counters, records,
+        queue trace and steps; the steps whose metrics a kill kept from the logger are logged now."""
+        self.earlier = history
+        self.session = int(history.totals.get("sessions", 0))
+        self.base_wall = float(history.totals.get("wall_s", 0.0))
+        if history.trace:
+            history.trace.append((self.base_wall, 0.0))  # the queue is empty when the session starts
+        for record in history.records:
+            self.by_gu[int(record["gu"])] += int(record["prompts"])
+            self.by_actor[int(record["actor"])] = self.by_actor.get(int(record["actor"]), 0) + int(record["prompts"])
+        self.lag_max = float(history.totals.get("lag_max", float("nan")))
+        if self.logger is not None:
+            for step, metrics in history.unlogged:
+                self.logger.log_metrics(metrics, step=step)
+        if history.unlogged and self.runlog is not None:
+            self.runlog.mark("logged", self.step)
+
+    def _total(self, name: str, session_value: float) -> float:
+        return float(self.earlier.totals.get(name, 0.0)) + float(session_value)
+
+    def _run_time(self, t: float) -> float:
+        """A time of this session (time.time()) in run time (see `asp.runtime.runlog`)."""
+        return t - self.t0 + self.base_wall
+
+    def _totals(self) -> dict[str, float]:
+        """The run's cumulative counters (earlier sessions up to the resumed position, plus this one)."""
+        session_wall = self.last_step_end - self.t0 if self.last_step_end is not None else 0.0
+        counters = {
+            "prompts_trained": self.prompts_trained,
+            "failed_attempts": self.db.failed_attempts,
+            "duplicates": self.db.duplicates,
+            "pauses": self.bp.pauses,
+            "dead_actors": self.dead_actors,
+            "stale_dropped": self.stale_dropped,
+            "stale_regenerated": self.stale_regenerated,
+            "reload_failures": self.reload_failures,
+            "lag_sum": self.lag_sum,
+            "lag_count": self.lag_count,
+        }
+        totals = {name: self._total(name, value) for name, value in counters.items()}
+        totals.update(sessions=float(self.session + 1), wall_s=self.base_wall + session_wall, lag_max=self.lag_max)
+        return totals
+
+    def _segment(self, finished: bool) -> dict[str, Any]:
+        """The run-log line written before the position of this step is saved."""
+        records, trace = self._flushed
+        self._flushed = (len(self.records), len(self.tq.trace))
+        entry: dict[str, Any] = {
+            "kind": "segment",
+            "step": self.step,
+            "session": self.session,
+            "iterations": [{"step": step, **metrics} for step, metrics in self.unlogged],
+            "records": self.records[records:],
+            "trace": [(self._run_time(t), d) for t, d in self.tq.trace[trace:]],
+            "totals": self._totals(),
+        }
+        if finished:
+            entry["summary"] = self._summary().to_record()
+        return entry
 
     # ---- loop ------------------------------------------------------------------------------------------
     def finished(self) -> bool:
@@ -286,7 +362,8 @@ class ControlUnit:
         self.reload_failures += bool(out.reload_error)
         self.events.append((now - self.t0, "recv", out.gu, out.actor, out.task_id, out.attempt))
         version = self.db.plan_version(out.task_id)
-        self.records.append(minibatch_record(out, now - self.t0, depth_batches, self.t0, version))
+        record = minibatch_record(out, self._run_time(now), depth_batches, self.t0 - self.base_wall, version)
+        self.records.append({**record, "session": self.session})
         self._update_backpressure()
         if self.observer is not None:
             self.observer(self, out)
@@ -414,16 +491,26 @@ class ControlUnit:
             self.lag_max = float(np.nanmax([self.lag_max, float(lags.max())]))
 
     def save_checkpoint(self) -> None:
-        """Write the position reached (only trained prompts count as done), then log the steps it covers."""
-        if self.checkpointer is not None:
-            self.checkpointer.save(
-                database=self.db.state(),
-                trainer_step=self.step,
-                policy_version=self.version,
-                trainer_state=self.trainer_state,
-                finished=self.finished(),
-            )
+        """Write the run-log segment and the position reached (only trained prompts count as done), then log the
+        steps it covers and note that in the run log."""
+        if self.checkpointer is None:
+            self.flush_metrics()
+            return
+        finished = self.finished()
+        if self.runlog is not None:
+            self.runlog.append(self._segment(finished))
+        self.checkpointer.save(
+            database=self.db.state(),
+            trainer_step=self.step,
+            policy_version=self.version,
+            trainer_state=self.trainer_state,
+            finished=finished,
+        )
+        kill_point(f"checkpoint@{self.step}")
+        logged = bool(self.unlogged)
         self.flush_metrics()
+        if logged and self.runlog is not None:
+            self.runlog.mark("logged", self.step)
 
     def flush_metrics(self) -> None:
         """Hand the held-back iteration metrics to the logger, one call per step in step order."""
@@ -434,39 +521,45 @@ class ControlUnit:
 
     # ---- summary ---------------------------------------------------------------------------------------
     def _lag_counters(self) -> dict[str, float]:
+        """Cumulative over the whole run (earlier sessions included)."""
         return {
-            "runtime/stale_dropped_prompts": float(self.stale_dropped),
-            "runtime/stale_regenerated_prompts": float(self.stale_regenerated),
-            "runtime/reload_failures": float(self.reload_failures),
+            "runtime/stale_dropped_prompts": self._total("stale_dropped", self.stale_dropped),
+            "runtime/stale_regenerated_prompts": self._total("stale_regenerated", self.stale_regenerated),
+            "runtime/reload_failures": self._total("reload_failures", self.reload_failures),
         }
 
     def _summary(self) -> RunSummary:
-        wall = self.last_step_end - self.t0 if self.last_step_end is not None else 0.0
+        """The summary of the whole run: earlier sessions (from the run log) and this one."""
+        totals = self._totals()
+        wall = totals["wall_s"]
+        records = self.earlier.records + self.records
+        iterations = self.earlier.iterations + self.iterations
+        trace = self.earlier.trace + [(self._run_time(t), d) for t, d in self.tq.trace]
         base = summary_metrics(
-            self.iter_times,
-            self.tq.trace,
-            [r["depth_at_arrival_batches"] for r in self.records],
-            [r["gen_s"] for r in self.records],
-            [r["padding_rate"] for r in self.records],
+            [it["runtime/iteration_time_s"] for it in iterations],
+            trace,
+            [r["depth_at_arrival_batches"] for r in records],
+            [r["gen_s"] for r in records],
+            [r["padding_rate"] for r in records],
             self.by_actor,
             n_samples=self.config.n_samples,
-            tokens=self.tokens,
+            tokens=sum(int(r["tokens"]) for r in records),
             wall_s=wall,
-            end=self.last_step_end,
+            end=self._run_time(self.last_step_end) if self.last_step_end is not None else None,
         )
         base.update(
             {
-                "runtime/minibatches": float(len(self.records)),
-                "runtime/prompts_trained": float(self.prompts_trained),
-                "runtime/failed_attempts": float(self.db.failed_attempts),
-                "runtime/duplicates_dropped": float(self.db.duplicates),
-                "runtime/pauses": float(self.bp.pauses),
-                "runtime/dead_actors": float(self.dead_actors),
+                "runtime/minibatches": float(len(records)),
+                "runtime/prompts_trained": totals["prompts_trained"],
+                "runtime/failed_attempts": totals["failed_attempts"],
+                "runtime/duplicates_dropped": totals["duplicates"],
+                "runtime/pauses": totals["pauses"],
+                "runtime/dead_actors": totals["dead_actors"],
                 **self._lag_counters(),
                 **comparison_summary(
-                    self.records,
-                    [it["runtime/train_step_s"] for it in self.iterations],
-                    (self.lag_sum, self.lag_count, self.lag_max),
+                    records,
+                    [it["runtime/train_step_s"] for it in iterations],
+                    (totals["lag_sum"], int(totals["lag_count"]), self.lag_max),
                     actors=len(self.by_actor),
                     wall_s=wall,
                     sync=self.sync,
@@ -476,13 +569,13 @@ class ControlUnit:
         metrics = {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}
         return RunSummary(
             metrics=metrics,
-            iterations=self.iterations,
-            minibatches=self.records,
+            iterations=iterations,
+            minibatches=records,
             events=self.events,
             trainer_step=self.step,
             policy_version=self.version,
             resumed_from_step=self.start_step,
-            resume_reason="",
+            resume_reason=self.resume_reason,
             finished=self.finished(),
             checkpoint_path=str(self.checkpointer.path) if self.checkpointer else None,
             stopped=self.stop_reason,

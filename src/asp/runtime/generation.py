@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from asp.runtime.messages import Failure, GUReport, MinibatchOutput, SamplingParams, WeightUpdate, WorkItem
+from asp.runtime.trainer import work_in
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +108,18 @@ class GenerationActor:
         gu: generation unit index; actor: global actor index.
         engine_factory: picklable zero-argument callable returning an `asp.rollout.Engine`.
         sampling: sampling settings used for every minibatch; each minibatch's seed is its `WorkItem.seed`.
+        cwd: the driver's working directory, to work in (`asp.runtime.trainer.work_in`); None: stay.
     """
 
-    def __init__(self, gu: int, actor: int, engine_factory: Callable[[], Any], sampling: SamplingParams) -> None:
+    def __init__(
+        self,
+        gu: int,
+        actor: int,
+        engine_factory: Callable[[], Any],
+        sampling: SamplingParams,
+        cwd: str | None = None,
+    ) -> None:
+        work_in(cwd)
         self.gu, self.actor, self.sampling = gu, actor, sampling
         self.version = 0
         self.load_error: str | None = None

@@ -27,12 +27,15 @@ class RunSummary:
 
     Attributes:
         metrics: summary metrics (``runtime/summary/...``; Table 4(b) columns first).
-        iterations: per-iteration metric dicts of this session, each with its ``step``.
-        minibatches: one record per ingested minibatch (provenance, timing, padding, depth at arrival).
-        events: (seconds since start, "send" | "recv" | "fail" | "dup" | "pause" | "resume" | "train" | "trained"
-            | "replan" | "stop", gu, actor, task_id, attempt); -1 where it does not apply; "train" (batch handed to
-            the trainer), "trained" (step finished) and "stop" carry the trainer step in place of the task id,
-            "replan" the new plan version.
+        iterations: per-iteration metric dicts of the whole run (earlier sessions of a resumed run from the run log,
+            `asp.runtime.runlog`), each with its ``step``.
+        minibatches: one record per ingested minibatch of the whole run (provenance, timing, padding, depth at
+            arrival, ``session``), times in run time; of an earlier session only those trained (partly) by the
+            resumed position.
+        events: of this session: (seconds since its start, "send" | "recv" | "fail" | "dup" | "pause" | "resume"
+            | "train" | "trained" | "replan" | "stop", gu, actor, task_id, attempt); -1 where it does not apply;
+            "train" (batch handed to the trainer), "trained" (step finished) and "stop" carry the trainer step in
+            place of the task id, "replan" the new plan version.
         trainer_step, policy_version: position at the end.
         resumed_from_step: trainer step the session started from (0 for a fresh run).
         resume_reason: why it resumed or started fresh.
@@ -51,6 +54,27 @@ class RunSummary:
     finished: bool
     checkpoint_path: str | None = None
     stopped: str = ""
+
+    SCALARS = (
+        "metrics",
+        "trainer_step",
+        "policy_version",
+        "resumed_from_step",
+        "resume_reason",
+        "finished",
+        "stopped",
+    )
+
+    def to_record(self) -> dict[str, Any]:
+        """The summary without its lists (what the run log keeps of a finished run; `from_record` reverses it)."""
+        return {name: getattr(self, name) for name in self.SCALARS}
+
+    @classmethod
+    def from_record(
+        cls, record: dict[str, Any], iterations: list[dict[str, Any]], minibatches: list[dict[str, Any]]
+    ) -> RunSummary:
+        """A summary from `to_record`'s dict and the run's iterations and minibatch records (no events)."""
+        return cls(iterations=iterations, minibatches=minibatches, events=[], **{k: record[k] for k in cls.SCALARS})
 
 
 def busy_fraction(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> float:

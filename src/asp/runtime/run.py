@@ -9,6 +9,10 @@ placed, and finally that every engine actually loaded (its error is reported ver
 A resumed run continues from the newest runtime position whose trainer checkpoint is intact
 (`asp.runtime.checkpoint`; replans recorded in it are replayed); a trainer that cannot restore it stops the run
 with its `UserError`. `observer` and `on_start` let a caller (the drift watch, launch) replan or stop the run.
+The run log beside the checkpoint (`asp.runtime.runlog`) makes the summary cover the whole run across resumes;
+`finished_run` reads back a run that finished but whose caller was killed before it was done with the end of the
+run (`close_run` marks that done). A local Ray that `ray_session` starts is recorded (`asp.runtime.raysession`);
+what a SIGKILLed owner left running is stopped the next time one starts.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from asp.runtime.generation import GenerationActor, GenerationUnit
 from asp.runtime.messages import MinibatchOutput, SamplingParams
 from asp.runtime.placement import Placement, create_placement, trainer_ranks
 from asp.runtime.plan import as_plan, check_prompts
+from asp.runtime.raysession import forget_local_ray, reap_dead_sessions, record_local_ray
+from asp.runtime.runlog import RunHistory, RunLog
 from asp.runtime.trainer import build_training_unit, rank_handles
 
 log = logging.getLogger(__name__)
@@ -53,13 +59,18 @@ def ray_session(config: RuntimeConfig) -> Iterator[bool]:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if config.ray_address:
-        ray.init(address=config.ray_address)
+        loopback = config.ray_address.split(":")[0] in (LOOPBACK, "localhost")
+        with _loopback_node_address() if loopback else contextlib.nullcontext():  # else Ray dials the node's IP
+            ray.init(address=config.ray_address)
     else:
+        reap_dead_sessions()
         init_local_ray(num_cpus=config.ray_num_cpus, num_gpus=config.ray_num_gpus)
+        record_local_ray()
     try:
         yield True
     finally:
         ray.shutdown()
+        forget_local_ray()
 
 
 def init_local_ray(**options: Any) -> None:
@@ -166,7 +177,8 @@ def build_runtime(
         for i in range(config.actors_per_unit):
             a = g * config.actors_per_unit + i
             options = actor_options | placement.actor_options(g, i)
-            handles[a], owner[a] = actor_cls.options(**options).remote(g, a, engine_factory, sampling), g
+            handle = actor_cls.options(**options).remote(g, a, engine_factory, sampling, os.getcwd())
+            handles[a], owner[a] = handle, g
     trainer, _ = build_training_unit(config, trainer_factory, placement)  # rank 0 leads; all ranks: rank_handles
     units: list[Any] = []
     try:
@@ -292,20 +304,33 @@ def run_async(
             )
     epochs = 1 if config.iterations is None else None
     db = Database(plan, prompts_by_id, epochs=epochs, max_attempts=config.max_attempts, seed=config.seed)
-    checkpointer, state, reason = None, None, "fresh run"
+    checkpointer, state, reason, runlog = None, None, "fresh run", None
     if checkpoint_dir is not None:
         checkpointer = make_checkpointer(plan, config, checkpoint_dir, fingerprint_extra)
+        runlog = RunLog(checkpoint_dir)
         if resume:
             state, reason = checkpointer.load()
             if state is None and reason != "no checkpoint":
                 log.warning("not resuming from %s: %s; starting fresh", checkpointer.path, reason)
+        if state is None:
+            runlog.reset()
     with ray_session(config), _sigterm_as_interrupt():  # after ray.init, which installs its own handler
         check_resources(config)
         gus, handles, trainer, placement = build_runtime(config, engine_factory, trainer_factory)
         try:
             cu = ControlUnit(
-                config, db, gus, trainer, logger, checkpointer, on_iteration, actor_handles=handles, observer=observer
+                config,
+                db,
+                gus,
+                trainer,
+                logger,
+                checkpointer,
+                on_iteration,
+                actor_handles=handles,
+                observer=observer,
+                runlog=runlog,
             )
+            cu.resume_reason = reason
             if state is not None:
                 _restore(cu, trainer, state)
             if on_start is not None:
@@ -313,10 +338,45 @@ def run_async(
             summary = cu.run()
         finally:
             teardown([g.handle for g in gus], handles, trainer, placement)
-    summary.resume_reason = reason
     if logger is not None:
         logger.log_metrics(summary.metrics, step=summary.trainer_step)
+        if runlog is not None and summary.finished:
+            runlog.mark("summary_logged", summary.trainer_step)
     return summary
+
+
+def finished_run(
+    plan: Any, config: RuntimeConfig, checkpoint_dir: str | Path, fingerprint_extra: Mapping[str, Any] | None = None
+) -> tuple[RunSummary, RunHistory] | None:
+    """A run of this plan that finished (its last position says so) but was not closed (`close_run`): its caller was
+    killed after the last step and before it was done with the end of the run. Returns its whole-run `RunSummary`
+    and `RunHistory` (from the run log); None for anything else (no checkpoint, an unfinished or closed run, a run
+    log without the finished summary). Nothing is logged or written."""
+    state = make_checkpointer(plan, config, checkpoint_dir, fingerprint_extra).load_finished()
+    if state is None:
+        return None
+    history = RunLog(checkpoint_dir).read(int(state["trainer_step"]))
+    if history.closed or history.summary is None or int(history.summary["trainer_step"]) != state["trainer_step"]:
+        return None
+    return RunSummary.from_record(history.summary, history.iterations, history.records), history
+
+
+def log_finished(checkpoint_dir: str | Path, summary: RunSummary, history: RunHistory, logger: Any) -> None:
+    """Log what of a `finished_run` a kill kept from `logger`: the steps after the last logged one, then the
+    summary metrics (each noted in the run log, so a further kill does not log them twice)."""
+    runlog = RunLog(checkpoint_dir)
+    if history.unlogged:
+        for step, metrics in history.unlogged:
+            logger.log_metrics(metrics, step=step)
+        runlog.mark("logged", summary.trainer_step)
+    if not history.summary_logged:
+        logger.log_metrics(summary.metrics, step=summary.trainer_step)
+        runlog.mark("summary_logged", summary.trainer_step)
+
+
+def close_run(checkpoint_dir: str | Path, step: int) -> None:
+    """Note in the run log that the caller is done with the end of the run (the next run starts fresh)."""
+    RunLog(checkpoint_dir).mark("closed", step)
 
 
 def _restore(cu: ControlUnit, trainer: Any, state: Mapping[str, Any]) -> None:
@@ -331,6 +391,8 @@ def _restore(cu: ControlUnit, trainer: Any, state: Mapping[str, Any]) -> None:
     cu.step = cu.start_step = int(state["trainer_step"])
     cu.version = int(state["policy_version"])
     cu.trainer_state = dict(state["trainer_state"])
+    if cu.runlog is not None:
+        cu.resume_history(cu.runlog.restore(cu.step, state["database"].get("consumed", {})))
     try:
         update = ray.get(trainer.restore.remote(cu.trainer_state))
     except ray.exceptions.RayTaskError as exc:

@@ -5,10 +5,13 @@ small JSON-able state for the runtime checkpoint, and optionally a `WeightUpdate
 actors). The implementations live in `asp.trainers` (simulated; GRPO with its weight flow); the runtime only
 calls the picklable zero-argument factory it is given, inside the `TrainingUnit` actor(s): one per rank
 (`build_training_unit`); several ranks form one torch.distributed process group and the runtime talks to rank 0.
+The runtime's actors work in the driver's directory (`work_in`), so relative paths (the launch stage's
+``outputs/launch_state/...``) mean the same in the driver and in its actors, also on a cluster joined by address.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,6 +34,13 @@ class Trainer(Protocol):
         ...
 
 
+def work_in(cwd: str | None) -> None:
+    """In an actor: change to the driver's working directory `cwd` when this node has it (a Ray worker of a cluster
+    joined by address starts wherever the cluster was started)."""
+    if cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
+
+
 class TrainingUnit:
     """Ray actor wrapper around a `Trainer` built from a picklable zero-argument factory; one actor per rank.
 
@@ -41,7 +51,10 @@ class TrainingUnit:
     (the ranks meet in the trainer's collectives) and returns rank 0's result.
     """
 
-    def __init__(self, trainer_factory: Callable[[], Trainer], rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self, trainer_factory: Callable[[], Trainer], rank: int = 0, world_size: int = 1, cwd: str | None = None
+    ) -> None:
+        work_in(cwd)
         self.factory, self.rank, self.world_size = trainer_factory, rank, world_size
         self.error: str | None = None
         self.trainer: Any = None
@@ -158,7 +171,7 @@ def build_training_unit(
         options = {"num_cpus": config.trainer_num_cpus, "num_gpus": config.trainer_num_gpus}
         if placement is not None:
             options.update(placement.trainer_options(rank))
-        ranks.append(cls.options(**options).remote(trainer_factory, rank, world))
+        ranks.append(cls.options(**options).remote(trainer_factory, rank, world, os.getcwd()))
     if _needs_group(trainer_factory, world):
         backend = str(getattr(trainer_factory, "backend", "gloo"))
         ranks[0].start_group.remote(ranks[1:], backend, max(float(config.stall_timeout_s), 60.0))

@@ -1,0 +1,107 @@
+"""The launch stage's state directory (``outputs/launch_state/<condition>/``, kept by DVC between runs) and how a rerun
+picks the run up: resume it, finish what a kill left undone at its end, or start afresh in the same MLflow run.
+
+Besides the runtime checkpoint (`asp.runtime.checkpoint`), the runtime's run log (`asp.runtime.runlog`) and the GRPO
+trainer's checkpoints, the directory holds:
+
+* ``mlflow_run.json`` (`RUN_FILE`): the MLflow run of the run in this directory; ``fresh`` is the checkpoint
+  fingerprint of a run that started fresh (to continue its MLflow run when it was killed before its first position);
+* ``iterations.jsonl`` (`HISTORY_FILE`): every step's metrics as it finished, for watching a run (the outputs take the
+  whole run from the run log, which holds only the steps a position covers).
+
+What a rerun does (`resume_run_id` says which MLflow run it continues):
+
+* an unfinished position of the same plan: resume from it (same MLflow run);
+* a finished position whose run log was not closed (killed between the last step and the end of the stage's own
+  work: the held-out evaluation, the outputs): no step is trained; the stage finishes that work (same MLflow run);
+* otherwise a fresh run: in the MLflow run of a fresh attempt of the same plan killed before its first position, if
+  there is one, else a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from asp.io import atomic_path, read_json, write_json
+
+RUN_FILE = "mlflow_run.json"  # the MLflow run a resumed launch continues
+HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics as they finished (all sessions)
+
+
+def read_history(path: Path, upto_step: int) -> list[dict[str, float]]:
+    """Iteration rows recorded so far with step <= `upto_step` (later ones are re-run after a resume)."""
+    if upto_step <= 0 or not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if isinstance(row, dict) and 0 < row.get("step", 0) <= upto_step:
+            rows.append(row)
+    return rows
+
+
+def read_run_file(directory: Path) -> dict[str, Any] | None:
+    """``mlflow_run.json`` of `directory` (None when missing or unreadable)."""
+    try:
+        record = read_json(directory / RUN_FILE)
+        return record if isinstance(record, dict) and record.get("run_id") else None
+    except (OSError, ValueError):
+        return None
+
+
+def continued_run_id(directory: Path, fingerprint: str, resumable: bool) -> str | None:
+    """The MLflow run a launch in `directory` continues: the recorded one when there is a position to resume or
+    finish (`resumable`), or when the recorded run started fresh with this `fingerprint` and never reached a
+    position (its run log is empty); else None (a new run)."""
+    from asp.runtime.runlog import RunLog
+
+    record = read_run_file(directory)
+    if record is None:
+        return None
+    if resumable or (record.get("fresh") == fingerprint and not RunLog(directory).lines()):
+        return str(record["run_id"])
+    return None
+
+
+def start_session(directory: Path, fresh: bool, step: int, run_id: str | None, fingerprint: str) -> None:
+    """Record this session in `directory`: the MLflow run (``fresh``: the fingerprint of a run started fresh); a
+    fresh run drops an old run's trainer checkpoints, snapshots and run log; the watch history is kept up to `step`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if run_id:
+        previous = read_run_file(directory) or {}
+        record = {"run_id": run_id, "fresh": fingerprint if fresh else previous.get("fresh")}
+        write_json(record, directory / RUN_FILE)
+    if fresh:
+        from asp.runtime.runlog import RunLog
+
+        RunLog(directory).reset()
+        for sub in ("trainer", "snapshots"):
+            shutil.rmtree(directory / sub, ignore_errors=True)
+    kept = read_history(directory / HISTORY_FILE, step)
+    with atomic_path(directory / HISTORY_FILE) as tmp:
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+
+class Recorder:
+    """`on_iteration` hook: appends each iteration to ``iterations.jsonl`` and prints a progress line."""
+
+    def __init__(self, path: Path, total: int | None, every: int = 10) -> None:
+        self.path, self.total, self.every = path, total, every
+
+    def __call__(self, cu: Any, metrics: dict[str, float]) -> None:
+        row = {"step": cu.step, **{k: float(v) for k, v in metrics.items()}}
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if cu.step % self.every == 0 or cu.step == self.total:
+            shown = [f"step {cu.step}/{self.total or '?'}", f"iter {metrics.get('runtime/iteration_time_s', 0):.2f}s"]
+            for key, name in (("train/reward_mean", "reward"), ("train/lag_mean", "lag")):
+                if key in metrics:
+                    shown.append(f"{name} {metrics[key]:.3f}")
+            print("[launch] " + ", ".join(shown), file=sys.stderr, flush=True)

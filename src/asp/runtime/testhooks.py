@@ -1,0 +1,47 @@
+"""Test hooks, read here and nowhere else: kill the process at a named phase boundary; record what the simulated
+trainer trained. Never set them outside tests.
+
+    ASP_KILL_AT=launch:outputs asp stage launch      # dies right after outputs/launch was written
+    ASP_TRAINER_LEDGER=/tmp/ledger.jsonl asp stage launch   # runtime.trainer simulated: one line per step trained
+
+`kill_point(name)` does nothing unless the environment variable ``ASP_KILL_AT`` equals `name`; then it sends SIGKILL
+to its own process (no cleanup, no `finally`, no atexit: what `kill -9`, the out-of-memory killer or a lost node
+do). The names are listed in `POINTS` (``<step>`` / ``<index>`` stand for a number). `trainer_ledger()` is the
+path in ``ASP_TRAINER_LEDGER`` (or None): the launch stage's simulated trainer then appends a line per step with
+the prompts it trained (`asp.trainers.SimulatedTrainer`), so a test can check that no prompt was trained twice
+across a kill and a rerun. tests/pipeline/test_kill_points.py kills `launch` and `profile` at each point and checks
+what the rerun does (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+KILL_ENV = "ASP_KILL_AT"
+LEDGER_ENV = "ASP_TRAINER_LEDGER"
+POINTS = {
+    "checkpoint@<step>": "runtime: the position of <step> and its run-log segment saved, its metrics not yet logged",
+    "launch:start": "launch: the run and its MLflow run are recorded, nothing trained yet",
+    "launch:trained": "launch: the training loop returned (summary logged), nothing of the end of the run done",
+    "launch:evaluated": "launch: the held-out reward was measured (grpo), no output written",
+    "launch:outputs": "launch: outputs/launch written, metrics file, plot and final metrics not yet",
+    "profile:start": "profile: work directory and MLflow run recorded, nothing generated",
+    "profile:chunk@<index>": "profile: chunk <index> written",
+    "profile:chunks": "profile: every chunk written, no output yet",
+    "profile:outputs": "profile: outputs/profile written, timings, metrics and plot not yet",
+}
+
+
+def kill_point(name: str) -> None:
+    """SIGKILL this process when ``ASP_KILL_AT`` is `name` (see the module docstring); otherwise nothing."""
+    if os.environ.get(KILL_ENV) != name:
+        return
+    print(f"[kill point] {name}: SIGKILL", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def trainer_ledger() -> str | None:
+    """The simulated trainer's ledger path from ``ASP_TRAINER_LEDGER`` (None when unset)."""
+    return os.environ.get(LEDGER_ENV) or None

@@ -1,0 +1,301 @@
+"""The kill matrix: `launch` and `profile` killed with SIGKILL at each phase boundary, then run again; the rerun
+continues what was done (DESIGN.md: nothing trained twice, nothing lost, the same MLflow run).
+
+A stage process (`asp stage <stage>` in a project directory) is killed by the test hook ``ASP_KILL_AT=<point>``
+(`asp.runtime.testhooks.kill_point`: it SIGKILLs itself exactly there, no race) and the rerun runs in this process
+through the same `run_stage`. Checked after the rerun:
+
+* launch (simulated trainer, one pass of 24 prompts in 6 steps of 4, checkpoints every 2 steps): the trainer's ledger
+  (``ASP_TRAINER_LEDGER``) holds steps 1..6 once each and every prompt once; iterations.parquet and
+  minibatches.parquet cover the whole run as an unkilled run's do (same steps, same minibatches and prompts); the
+  summary counts equal the unkilled run's; there is one MLflow run, the killed attempt's, FINISHED, and every metric
+  is logged once per step;
+* launch with GRPO, killed after training / after the held-out evaluation: the held-out reward is measured once
+  over both attempts, no trainer step is repeated;
+* profile (6 prompts in 3 one-minibatch chunks): the rerun generates only the minibatches no saved chunk holds, and
+  writes the same samples as an unkilled run, in the killed attempt's MLflow run, FINISHED, metrics logged once.
+
+The stage processes join this session's Ray cluster (`runtime.ray_address`), so no test starts Ray of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from asp.config import Params
+from asp.demo.task import generate_problems, intended_length
+from asp.pipeline import launch, profile
+from asp.pipeline.loaders import load_policy_tokenizer
+from asp.runtime.testhooks import KILL_ENV, LEDGER_ENV
+from asp.schedule import build_schedule, schedule_to_frame
+from asp.stage import run_stage
+from asp.tracking import PARENT_ENV
+
+from .conftest import Built, chat_template, make_params, write_prompts
+
+ROOT = Path(__file__).resolve().parents[2]
+N_TRAIN, BATCH, STEPS = 24, 4, 6  # one pass: 12 minibatches of 2 prompts, 6 steps of 4 prompts
+RUNTIME = {
+    "trainer": "simulated",
+    "iterations": None,
+    "global_batch_prompts": BATCH,
+    "n_samples": 2,
+    "max_new_tokens": 8,
+    "q_max": 8,
+    "generation_units": 1,
+    "actors_per_unit": 1,
+    "placement": "none",
+    "checkpoint_interval": 2,
+    "trainer_step_s": 0.0,
+    "refresh_delay_s": 0.0,
+    "actor_num_cpus": 0.25,
+    "heldout_problems": 0,
+    "poll_timeout_s": 0.2,
+    "memory": {"check": False},
+}
+PROFILE = {"n_samples": 2, "max_new_tokens": 8, "minibatch_prompts": 2, "chunk_minibatches": 1}
+GRPO = {"trainer": "grpo", "heldout_problems": 4, "grpo": {"lr": 1e-3, "num_threads": 1, "micro_batch_tokens": 2048}}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory, demo_policy: Built) -> Path:
+    """outputs/ of a project: the tiny demo policy, chat-formatted prompts (train; profile + held-out) and a C4
+    schedule of the train prompts (b = 2, groups of 2)."""
+    root = tmp_path_factory.mktemp("kill_inputs")
+    (root / "outputs").mkdir()
+    (root / "outputs/policy").symlink_to(demo_policy.paths.out_dir.resolve())
+    template = chat_template(load_policy_tokenizer(root / "outputs/policy"))
+    records = generate_problems(N_TRAIN, seed=11)
+    roles = {"train": list(range(N_TRAIN)), "profile": [0, 1, 2, 3], "heldout": [4, 5]}
+    frames = write_prompts(root / "outputs/prompts", records, roles, template)
+    ids = frames["train"]["prompt_id"].to_numpy()
+    sched = build_schedule(ids, [float(intended_length(r)) for r in records], b=2, kappa=0, k=2)
+    (root / "outputs/schedule").mkdir()
+    schedule_to_frame(sched).to_parquet(root / "outputs/schedule/schedule.parquet", index=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ray_address(ray_cluster: Any) -> str:
+    """This session's Ray cluster, for the stage processes to join."""
+    return ray_cluster.get_runtime_context().gcs_address
+
+
+def _project(inputs: Path, root: Path, overlay: dict[str, Any]) -> tuple[Path, Params]:
+    """A project directory: the inputs (copied: a rerun must not see another test's state), the repository's
+    dvc.yaml and stages/, params.yaml with `overlay` and an experiment of its own."""
+    shutil.copytree(inputs / "outputs", root / "outputs", symlinks=True)
+    shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
+    (root / "stages").symlink_to(ROOT / "stages")
+    params = make_params({"common": {"experiment": f"kill-{uuid.uuid4().hex[:8]}"}, **overlay})
+    (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
+    return root, params
+
+
+def _killed(root: Path, stage: str, point: str) -> str:
+    """Run `asp stage <stage>` in `root` with ASP_KILL_AT=`point`; it must die by SIGKILL there. Returns its stderr."""
+    env = {k: v for k, v in os.environ.items() if k != PARENT_ENV}
+    env.update({KILL_ENV: point, LEDGER_ENV: str(root / "ledger.jsonl")})
+    out = subprocess.run(
+        [sys.executable, "-m", "asp", "stage", stage],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == -signal.SIGKILL, out.stderr[-4000:]
+    assert f"[kill point] {point}: SIGKILL" in out.stderr
+    return out.stderr
+
+
+def _rerun(root: Path, stage: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The stage again, in this process, as `asp stage <stage>` runs it."""
+    monkeypatch.chdir(root)
+    monkeypatch.setenv(LEDGER_ENV, str(root / "ledger.jsonl"))
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    module = {"launch": launch, "profile": profile}[stage]
+    return run_stage(stage, module.run, module.Paths(), root / "params.yaml", resume_run=module.resume_run_id)
+
+
+def _runs(params: Params) -> list[Any]:
+    client = MlflowClient()
+    return client.search_runs([client.get_experiment_by_name(params.common.experiment).experiment_id])
+
+
+def _logged_once(run_id: str) -> dict[str, list[int]]:
+    """Every metric of the run: its steps, checked to hold each step once. Returns key -> steps."""
+    client = MlflowClient()
+    steps = {}
+    for key in client.get_run(run_id).data.metrics:
+        steps[key] = sorted(m.step for m in client.get_metric_history(run_id, key))
+        assert len(steps[key]) == len(set(steps[key])), (key, steps[key])
+    return steps
+
+
+def _ledger(root: Path) -> list[dict[str, Any]]:
+    path = root / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _outputs(root: Path) -> dict[str, Any]:
+    """What an unkilled run and a killed + rerun one must agree on (everything but timings)."""
+    iterations = pd.read_parquet(root / "outputs/launch/iterations.parquet")
+    minibatches = pd.read_parquet(root / "outputs/launch/minibatches.parquet")
+    metrics = json.loads((root / "metrics/launch.json").read_text())
+    counts = ("iterations", "prompts_trained", "minibatches", "failed_attempts", "duplicates_dropped", "finished")
+    return {
+        "steps": iterations["step"].tolist(),
+        "prompts_per_step": iterations["train/prompts"].tolist(),
+        "minibatches": sorted(map(tuple, minibatches[["task_id", "minibatch_id", "prompts"]].to_numpy().tolist())),
+        "counts": {name: metrics[f"runtime/summary/{name}"] for name in counts},
+    }
+
+
+@pytest.fixture(scope="module")
+def unkilled(inputs: Path, ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The launch run nobody killed, through the same `run_stage`."""
+    root, _ = _project(
+        inputs, tmp_path_factory.mktemp("unkilled"), {"runtime": {**RUNTIME, "ray_address": ray_address}}
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        _rerun(root, "launch", mp)
+    return _outputs(root)
+
+
+LAUNCH_POINTS = {  # point -> what the rerun says it does, and the step it resumes from
+    "launch:start": ("fresh run (no checkpoint)", 0),
+    "checkpoint@2": ("after step 2", 2),  # mid-run: position 2 saved, its metrics not yet logged
+    f"checkpoint@{STEPS}": ("nothing is trained again", 0),  # just after the last step: the finished position
+    "launch:trained": ("nothing is trained again", 0),
+    "launch:outputs": ("nothing is trained again", 0),
+}
+
+
+@pytest.mark.parametrize("point", list(LAUNCH_POINTS))
+def test_launch_killed_at_a_phase_boundary_continues_exactly_once(
+    point: str,
+    inputs: Path,
+    ray_address: str,
+    unkilled: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    root, params = _project(inputs, tmp_path, {"runtime": {**RUNTIME, "ray_address": ray_address}})
+    _killed(root, "launch", point)
+    run_id = json.loads((root / "outputs/launch_state/C4" / launch.RUN_FILE).read_text())["run_id"]
+    metrics = _rerun(root, "launch", monkeypatch)
+    says, resumed_from = LAUNCH_POINTS[point]
+    assert says in capsys.readouterr().err
+
+    ledger = _ledger(root)
+    assert [line["step"] for line in ledger] == list(range(1, STEPS + 1))  # no step trained twice or lost
+    assert Counter(p for line in ledger for p in line["prompt_ids"]) == Counter(f"q{i:03d}" for i in range(N_TRAIN))
+    assert _outputs(root) == unkilled  # the whole run, as an unkilled run writes it
+    assert metrics["runtime/summary/resumed_from_step"] == resumed_from
+    summary = json.loads((root / "outputs/launch/summary.json").read_text())
+    assert summary["mlflow_run_id"] == run_id and summary["metrics"] == json.loads(
+        (root / "metrics/launch.json").read_text()
+    )
+
+    (run,) = _runs(params)  # the killed attempt's run, continued and finished
+    assert (run.info.run_id, run.info.status) == (run_id, "FINISHED")
+    steps = _logged_once(run_id)
+    assert steps["runtime/iteration_time_s"] == steps["train/prompts"] == list(range(1, STEPS + 1))
+    assert steps["runtime/summary/iterations"] == [STEPS]
+
+
+GRPO_POINTS = {"launch:trained": (0, 1), "launch:evaluated": (1, 0)}  # held-out measured by (killed, rerun)
+
+
+@pytest.mark.parametrize("point", list(GRPO_POINTS))
+def test_grpo_launch_killed_around_the_heldout_evaluation_measures_it_once(
+    point: str,
+    inputs: Path,
+    ray_address: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    root, params = _project(inputs, tmp_path, {"runtime": {**RUNTIME, **GRPO, "ray_address": ray_address}})
+    err = _killed(root, "launch", point)
+    metrics = _rerun(root, "launch", monkeypatch)
+    again = capsys.readouterr().err
+    assert (err.count("held-out reward:"), again.count("held-out reward:")) == GRPO_POINTS[point], metrics.get("grpo/heldout_note")
+    assert "nothing is trained again" in again and metrics["grpo/iterations"] == STEPS
+    assert metrics["grpo/heldout_measured"] == 1 and metrics["grpo/heldout_weights_step"] == STEPS
+    trained = sorted(p.name for p in (root / "outputs/launch_state/C4/trainer").iterdir())
+    assert trained[-1] == f"step-{STEPS:08d}"
+    (run,) = _runs(params)
+    assert run.info.status == "FINISHED"
+    steps = _logged_once(run.info.run_id)
+    assert steps["train/reward_mean"] == list(range(1, STEPS + 1)) and steps["grpo/heldout_reward_after"] == [STEPS]
+    assert run.data.metrics["grpo/heldout_reward_after"] == metrics["grpo/heldout_reward_after"]
+
+
+@pytest.fixture(scope="module")
+def unkilled_profile(inputs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root, _ = _project(inputs, tmp_path_factory.mktemp("unkilled_profile"), {"profile": PROFILE})
+    with pytest.MonkeyPatch.context() as mp:
+        _rerun(root, "profile", mp)
+    return root
+
+
+def _count_generate(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the profile stage's engine calls (one per minibatch); each still runs the real engine."""
+    calls: list[int] = []
+    real: Callable[..., Any] = profile.timed_generate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(profile, "timed_generate", counted)
+    return calls
+
+
+PROFILE_POINTS = {
+    "profile:start": 3,
+    "profile:chunk@1": 1,
+    "profile:chunks": 0,
+    "profile:outputs": 0,
+}  # generated again
+
+
+@pytest.mark.parametrize("point", list(PROFILE_POINTS))
+def test_profile_killed_at_a_phase_boundary_generates_only_what_is_missing(
+    point: str, inputs: Path, unkilled_profile: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, params = _project(inputs, tmp_path, {"profile": PROFILE})
+    _killed(root, "profile", point)
+    (work,) = (root / "outputs/.work/profile").iterdir()
+    run_id = json.loads((work / profile.RUN_FILE).read_text())["run_id"]
+    calls = _count_generate(monkeypatch)
+    metrics = _rerun(root, "profile", monkeypatch)
+    assert len(calls) == PROFILE_POINTS[point] and metrics["profile/minibatches"] == 3
+    for name in ("samples.parquet", "prompts.parquet"):
+        same = (root / "outputs/profile" / name).read_bytes() == (
+            unkilled_profile / "outputs/profile" / name
+        ).read_bytes()
+        assert same, name
+    assert len(pd.read_csv(root / "metrics/profile_timings.csv")) == 3
+    assert not work.exists()  # removed after success
+    (run,) = _runs(params)
+    assert (run.info.run_id, run.info.status) == (run_id, "FINISHED")
+    assert _logged_once(run_id)["profile/samples"] == [0]
