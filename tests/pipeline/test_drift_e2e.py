@@ -131,8 +131,9 @@ def _cli(*args: str) -> int:
 
 def _plan_versions(root: Path) -> set[int]:
     """Predictor versions whose schedule made the minibatches of the last session (plan version = predictor
-    version here: no recalibration happened)."""
+    version here: no recalibration happened); minibatches.parquet covers the whole run, a ``session`` column each."""
     rows = pd.read_parquet(root / "outputs/launch/minibatches.parquet")
+    rows = rows[rows["session"] == rows["session"].max()]
     assert (rows["plan_version"] == rows["predictor_version"]).all()
     return set(rows["predictor_version"])
 

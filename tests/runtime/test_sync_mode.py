@@ -167,7 +167,8 @@ def test_sync_run_resumes_from_its_checkpoint(ray_cluster, tmp_path):
         )  # fmt: skip
     summary = run_async(plan, prompts, ENGINE, cfg, trainer_factory=trainer(tmp_path), checkpoint_dir=tmp_path / "ck")
     assert summary.resumed_from_step == 2 and summary.finished
-    assert [it["step"] for it in summary.iterations] == [3, 4, 5]
+    assert [it["step"] for it in summary.iterations] == [1, 2, 3, 4, 5]  # the whole run (run log)
+    assert min(r["policy_version"] for r in summary.minibatches if r["session"] == 1) >= 2
     ledger = read_ledger(tmp_path / "ledger.jsonl")
     assert [line["step"] for line in ledger] == [1, 2, 3, 3, 4, 5]  # step 3 of the first session is trained again
     kept = [line for i, line in enumerate(ledger) if i != 2]
