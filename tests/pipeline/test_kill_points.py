@@ -237,7 +237,8 @@ def test_grpo_launch_killed_around_the_heldout_evaluation_measures_it_once(
     err = _killed(root, "launch", point)
     metrics = _rerun(root, "launch", monkeypatch)
     again = capsys.readouterr().err
-    assert (err.count("held-out reward:"), again.count("held-out reward:")) == GRPO_POINTS[point], metrics.get("grpo/heldout_note")
+    measured = (err.count("held-out reward:"), again.count("held-out reward:"))
+    assert measured == GRPO_POINTS[point], metrics.get("grpo/heldout_note")
     assert "nothing is trained again" in again and metrics["grpo/iterations"] == STEPS
     assert metrics["grpo/heldout_measured"] == 1 and metrics["grpo/heldout_weights_step"] == STEPS
     trained = sorted(p.name for p in (root / "outputs/launch_state/C4/trainer").iterdir())

@@ -243,7 +243,7 @@ def test_interrupt_then_resume_from_checkpoint_logs_each_step_once(ray_cluster, 
     assert resumed and min(r["policy_version"] for r in resumed) >= 2
     # the summary covers the whole run: the first session's minibatches trained by step 2, then the resumed ones
     first = [r for r in summary.minibatches if r["session"] == 0]
-    assert sorted(r["task_id"] for r in first) == [0, 1, 2, 3] and len(summary.minibatches) == 10
+    assert len(first) == 4 and len(summary.minibatches) == 10  # steps 1-2: 4 whole minibatches of 4 prompts
     assert sorted(r["task_id"] for r in summary.minibatches) == list(range(10))
     assert max(r["arrival_s"] for r in first) <= min(r["arrival_s"] for r in resumed)  # run time runs on
     m = summary.metrics

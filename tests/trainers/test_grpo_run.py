@@ -92,9 +92,10 @@ def test_files_transport_interrupt_and_resume(ray_cluster, tiny_qwen, tmp_path):
     state = json.loads((tmp_path / "ck" / "runtime_state.json").read_text())
     assert state["trainer_step"] == 2 and state["trainer_state"]["checkpoint"].endswith("step-00000002")
     summary = run_async(plan, prompts, engine(tiny_qwen), cfg, trainer_factory=trainer, checkpoint_dir=tmp_path / "ck")
-    assert summary.resumed_from_step == 2 and [it["step"] for it in summary.iterations] == [3, 4]
-    assert summary.iterations[0]["runtime/policy_version"] == 3  # continued from the restored version 2
-    assert min(r["policy_version"] for r in summary.minibatches) >= 2  # actors loaded the restored weights
+    assert summary.resumed_from_step == 2 and [it["step"] for it in summary.iterations] == [1, 2, 3, 4]  # whole run
+    assert summary.iterations[2]["runtime/policy_version"] == 3  # continued from the restored version 2
+    resumed = [r for r in summary.minibatches if r["session"] == 1]
+    assert min(r["policy_version"] for r in resumed) >= 2  # actors loaded the restored weights
     snaps = sorted(p.name for p in (tmp_path / "state" / "snapshots").iterdir())
     assert len(snaps) == 2 and snaps[-1] == "snapshot-00000004.safetensors"
     assert sorted(p.name for p in (tmp_path / "state" / "trainer").iterdir()) == ["step-00000002", "step-00000004"]
@@ -133,9 +134,10 @@ def test_damaged_trainer_checkpoint_resumes_runtime_and_weights_from_the_previou
     assert summary.resumed_from_step == 2 and summary.resume_reason.startswith(
         "resumed from step 2: the trainer checkpoint of step 3 is damaged"
     )
-    assert [it["step"] for it in summary.iterations] == [3, 4] and summary.finished
-    assert summary.iterations[0]["runtime/policy_version"] == 3  # the restored version 2, one update later
-    assert min(r["policy_version"] for r in summary.minibatches) >= 2  # actors loaded the restored weights
-    assert summary.metrics["runtime/summary/prompts_trained"] == 2 * 4  # steps 3 and 4 of 4 prompts
+    assert [it["step"] for it in summary.iterations] == [1, 2, 3, 4] and summary.finished  # the whole run
+    assert summary.iterations[2]["runtime/policy_version"] == 3  # the restored version 2, one update later
+    resumed = [r for r in summary.minibatches if r["session"] == 1]
+    assert min(r["policy_version"] for r in resumed) >= 2  # actors loaded the restored weights
+    assert summary.metrics["runtime/summary/prompts_trained"] == 4 * 4  # steps 1-2 (kept), then 3 and 4 again
     assert sorted(p.name for p in root.iterdir()) == ["step-00000003", "step-00000004"]  # step 3 written anew
     assert all(checkpoint_problem(p) is None for p in root.iterdir())

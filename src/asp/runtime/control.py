@@ -48,18 +48,12 @@ import numpy as np
 import ray
 
 from asp.rl.lag import policy_lags
+from asp.runtime import wholerun
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.database import Database
 from asp.runtime.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate, WorkItem
-from asp.runtime.metrics import (
-    RunSummary,
-    Window,
-    comparison_summary,
-    iteration_metrics,
-    minibatch_record,
-    summary_metrics,
-)
+from asp.runtime.metrics import RunSummary, Window, iteration_metrics, minibatch_record
 from asp.runtime.plan import WorkPlan
 from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.runtime.runlog import RunHistory, RunLog
@@ -140,69 +134,18 @@ class ControlUnit:
         self.session = 0  # sessions of this run before this one
         self.base_wall = 0.0  # run time at the position this session resumed from
         self.resume_reason = ""
-        self._flushed = (0, 0)  # records and depth-trace entries already in the run log
+        self.flushed = (0, 0)  # records and depth-trace entries already in the run log
 
-    # ---- resume --------------------------------------------------------------------------------------------
+    # ---- the whole run (asp.runtime.wholerun) ----------------------------------------------------------------
     def resume_history(self, history: RunHistory) -> None:
-        """Continue the run `history` describes (from the run log at the restored position): its counters, records,
-        queue trace and steps; the steps whose metrics a kill kept from the logger are logged now."""
-        self.earlier = history
-        self.session = int(history.totals.get("sessions", 0))
-        self.base_wall = float(history.totals.get("wall_s", 0.0))
-        if history.trace:
-            history.trace.append((self.base_wall, 0.0))  # the queue is empty when the session starts
-        for record in history.records:
-            self.by_gu[int(record["gu"])] += int(record["prompts"])
-            self.by_actor[int(record["actor"])] = self.by_actor.get(int(record["actor"]), 0) + int(record["prompts"])
-        self.lag_max = float(history.totals.get("lag_max", float("nan")))
-        if self.logger is not None:
-            for step, metrics in history.unlogged:
-                self.logger.log_metrics(metrics, step=step)
-        if history.unlogged and self.runlog is not None:
-            self.runlog.mark("logged", self.step)
-
-    def _total(self, name: str, session_value: float) -> float:
-        return float(self.earlier.totals.get(name, 0.0)) + float(session_value)
+        """Continue the run `history` describes (see `asp.runtime.wholerun.resume`)."""
+        wholerun.resume(self, history)
 
     def _run_time(self, t: float) -> float:
-        """A time of this session (time.time()) in run time (see `asp.runtime.runlog`)."""
-        return t - self.t0 + self.base_wall
-
-    def _totals(self) -> dict[str, float]:
-        """The run's cumulative counters (earlier sessions up to the resumed position, plus this one)."""
-        session_wall = self.last_step_end - self.t0 if self.last_step_end is not None else 0.0
-        counters = {
-            "prompts_trained": self.prompts_trained,
-            "failed_attempts": self.db.failed_attempts,
-            "duplicates": self.db.duplicates,
-            "pauses": self.bp.pauses,
-            "dead_actors": self.dead_actors,
-            "stale_dropped": self.stale_dropped,
-            "stale_regenerated": self.stale_regenerated,
-            "reload_failures": self.reload_failures,
-            "lag_sum": self.lag_sum,
-            "lag_count": self.lag_count,
-        }
-        totals = {name: self._total(name, value) for name, value in counters.items()}
-        totals.update(sessions=float(self.session + 1), wall_s=self.base_wall + session_wall, lag_max=self.lag_max)
-        return totals
+        return wholerun.run_time(self, t)
 
     def _segment(self, finished: bool) -> dict[str, Any]:
-        """The run-log line written before the position of this step is saved."""
-        records, trace = self._flushed
-        self._flushed = (len(self.records), len(self.tq.trace))
-        entry: dict[str, Any] = {
-            "kind": "segment",
-            "step": self.step,
-            "session": self.session,
-            "iterations": [{"step": step, **metrics} for step, metrics in self.unlogged],
-            "records": self.records[records:],
-            "trace": [(self._run_time(t), d) for t, d in self.tq.trace[trace:]],
-            "totals": self._totals(),
-        }
-        if finished:
-            entry["summary"] = self._summary().to_record()
-        return entry
+        return wholerun.segment(self, finished)
 
     # ---- loop ------------------------------------------------------------------------------------------
     def finished(self) -> bool:
@@ -522,61 +465,8 @@ class ControlUnit:
     # ---- summary ---------------------------------------------------------------------------------------
     def _lag_counters(self) -> dict[str, float]:
         """Cumulative over the whole run (earlier sessions included)."""
-        return {
-            "runtime/stale_dropped_prompts": self._total("stale_dropped", self.stale_dropped),
-            "runtime/stale_regenerated_prompts": self._total("stale_regenerated", self.stale_regenerated),
-            "runtime/reload_failures": self._total("reload_failures", self.reload_failures),
-        }
+        return wholerun.lag_counters(self)
 
     def _summary(self) -> RunSummary:
         """The summary of the whole run: earlier sessions (from the run log) and this one."""
-        totals = self._totals()
-        wall = totals["wall_s"]
-        records = self.earlier.records + self.records
-        iterations = self.earlier.iterations + self.iterations
-        trace = self.earlier.trace + [(self._run_time(t), d) for t, d in self.tq.trace]
-        base = summary_metrics(
-            [it["runtime/iteration_time_s"] for it in iterations],
-            trace,
-            [r["depth_at_arrival_batches"] for r in records],
-            [r["gen_s"] for r in records],
-            [r["padding_rate"] for r in records],
-            self.by_actor,
-            n_samples=self.config.n_samples,
-            tokens=sum(int(r["tokens"]) for r in records),
-            wall_s=wall,
-            end=self._run_time(self.last_step_end) if self.last_step_end is not None else None,
-        )
-        base.update(
-            {
-                "runtime/minibatches": float(len(records)),
-                "runtime/prompts_trained": totals["prompts_trained"],
-                "runtime/failed_attempts": totals["failed_attempts"],
-                "runtime/duplicates_dropped": totals["duplicates"],
-                "runtime/pauses": totals["pauses"],
-                "runtime/dead_actors": totals["dead_actors"],
-                **self._lag_counters(),
-                **comparison_summary(
-                    records,
-                    [it["runtime/train_step_s"] for it in iterations],
-                    (totals["lag_sum"], int(totals["lag_count"]), self.lag_max),
-                    actors=len(self.by_actor),
-                    wall_s=wall,
-                    sync=self.sync,
-                ),
-            }
-        )
-        metrics = {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}
-        return RunSummary(
-            metrics=metrics,
-            iterations=iterations,
-            minibatches=records,
-            events=self.events,
-            trainer_step=self.step,
-            policy_version=self.version,
-            resumed_from_step=self.start_step,
-            resume_reason=self.resume_reason,
-            finished=self.finished(),
-            checkpoint_path=str(self.checkpointer.path) if self.checkpointer else None,
-            stopped=self.stop_reason,
-        )
+        return wholerun.summary(self)
