@@ -448,7 +448,8 @@ def finish_pending(params: Params, paths: Paths, point: ResumePoint, tracker: Tr
     runtime = params.runtime
     print(
         f"[launch] {runtime.condition}, trainer {runtime.trainer}: the run finished at step {summary.trainer_step} "
-        "but was stopped before its outputs were written; writing them (nothing is trained again)",
+        "but the stage was stopped before its end (held-out evaluation, outputs, final metrics); finishing that now "
+        "(nothing is trained again)",
         file=sys.stderr,
     )
     log_finished(point.directory, summary, history, tracker)
