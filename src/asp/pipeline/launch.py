@@ -109,6 +109,8 @@ def engine_spec(runtime: RuntimeParams, model_path: Path) -> Any:
             "dtype": engine.dtype,
             "gpu_memory_utilization": engine.vllm.gpu_memory_utilization,
             "max_model_len": engine.vllm.max_model_len,
+            "weight_transfer": engine.vllm.weight_transfer,
+            "weight_bucket_mb": engine.vllm.weight_bucket_mb,
         }
     else:
         opts = {"device": engine.device, "dtype": engine.dtype, "num_threads": engine.num_threads}
