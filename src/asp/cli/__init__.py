@@ -96,7 +96,7 @@ def params_check(
 
 def _simulate_check(params: Params) -> str:
     """What the simulator lacks for a GPU run: `UserError` when the simulate stage is on, a note when it is off."""
-    from asp.pipeline.simulate import check_gpu_gaps, gpu_gaps
+    from asp.pipeline.simulate import check_gpu_gaps, gpu_gaps, numbered
 
     if params.simulate.enabled:
         check_gpu_gaps(params)
@@ -104,9 +104,7 @@ def _simulate_check(params: Params) -> str:
     gaps = gpu_gaps(params)
     if not gaps:
         return ""
-    return "note: simulate is off; before turning it on (simulate.enabled: true): " + " ".join(
-        f"({i}) {g}" for i, g in enumerate(gaps, 1)
-    )
+    return "note: simulate is off; before turning it on (simulate.enabled: true): " + numbered(gaps)
 
 
 def _memory_check(params: Params) -> str:

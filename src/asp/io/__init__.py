@@ -106,3 +106,20 @@ def write_json(obj: Any, path: str | Path) -> None:
 def read_json(path: str | Path) -> Any:
     """Read a JSON file."""
     return json.loads(Path(path).read_text())
+
+
+def read_json_lines(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file that its writers append to, in order ([] when it does not exist); a
+    line that is not a whole JSON object (cut short by a kill mid-append) is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows

@@ -47,7 +47,7 @@ import pandas as pd
 from asp.config import DriftParams
 from asp.drift import DriftDetector, DriftEvent, DriftMonitor, MinibatchObservation
 from asp.drift.rebalance import rebalance
-from asp.io import atomic_path, read_json
+from asp.io import atomic_path, read_json, read_json_lines
 from asp.predictor.calibration import CalibrationMap, fit_calibration
 from asp.tracking import Tracker
 
@@ -186,18 +186,9 @@ class DriftWatch:
                 fh.write(json.dumps(row) + "\n")
 
     def _read_history(self) -> list[dict[str, Any]]:
-        path = self.state_dir / HISTORY_FILE if self.state_dir is not None else None
-        if path is None or not path.is_file():
+        if self.state_dir is None:
             return []
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a kill
-            if isinstance(row, dict) and "kind" in row:
-                rows.append(row)
-        return rows
+        return [row for row in read_json_lines(self.state_dir / HISTORY_FILE) if "kind" in row]
 
     # ---- hooks of the Control Unit ------------------------------------------------------------------------------
     def on_start(self, cu: Any) -> None:

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asp.io import atomic_path, read_json, write_json
+from asp.io import atomic_path, read_json, read_json_lines, write_json
 
 RUN_FILE = "mlflow_run.json"  # the MLflow run a resumed launch continues
 HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics as they finished (all sessions)
@@ -34,17 +34,9 @@ HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics as they finished 
 
 def read_history(path: Path, upto_step: int) -> list[dict[str, float]]:
     """Iteration rows recorded so far with step <= `upto_step` (later ones are re-run after a resume)."""
-    if upto_step <= 0 or not path.is_file():
+    if upto_step <= 0:
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill
-        if isinstance(row, dict) and 0 < row.get("step", 0) <= upto_step:
-            rows.append(row)
-    return rows
+    return [row for row in read_json_lines(path) if 0 < row.get("step", 0) <= upto_step]
 
 
 def read_run_file(directory: Path) -> dict[str, Any] | None:

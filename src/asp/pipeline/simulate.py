@@ -134,13 +134,18 @@ def gpu_gaps(params: Params) -> list[str]:
     return gaps
 
 
+def numbered(gaps: list[str]) -> str:
+    """`gpu_gaps` as one line: "(1) ... (2) ..."."""
+    return " ".join(f"({i}) {gap}" for i, gap in enumerate(gaps, 1))
+
+
 def check_gpu_gaps(params: Params) -> None:
     """`UserError` listing `gpu_gaps` (the stage, `asp simulate` and `asp plan layout` call this first)."""
     gaps = gpu_gaps(params)
     if gaps:
         raise UserError(
             "the simulator cannot model this GPU run yet; it would print numbers measured on another machine. "
-            "Missing: " + " ".join(f"({i}) {g}" for i, g in enumerate(gaps, 1))
+            "Missing: " + numbered(gaps)
         )
 
 

@@ -91,17 +91,9 @@ class RunLog:
 
     def lines(self) -> list[dict[str, Any]]:
         """Every complete line, in order."""
-        if not self.path.is_file():
-            return []
-        found = []
-        for line in self.path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue  # cut short by a kill
-            if isinstance(entry, dict) and "kind" in entry and "step" in entry:
-                found.append(entry)
-        return found
+        from asp.io import read_json_lines  # imports pandas: keep it out of the actor processes
+
+        return [e for e in read_json_lines(self.path) if "kind" in e and "step" in e]
 
     def read(self, upto: int) -> RunHistory:
         """The run up to the position of step `upto` (lines about later steps belong to an abandoned attempt)."""
