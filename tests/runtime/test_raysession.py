@@ -17,8 +17,13 @@ import pytest
 
 from asp.runtime import raysession
 
+# The owner records its cluster in the test's own registry (argv[1]): another process that starts Ray meanwhile (a
+# second pytest-xdist worker, a launch stage) reaps the records of dead owners it finds, and must not get there first.
 OWNER = """
-import os, signal
+import os, signal, sys
+from pathlib import Path
+from asp.runtime import raysession
+raysession.registry = lambda: Path(sys.argv[1])
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.run import ray_session
 
@@ -28,8 +33,12 @@ with ray_session(RuntimeConfig(ray_num_cpus=1)):
 """
 
 
-def test_ray_left_by_a_sigkilled_owner_is_stopped_and_named(capsys: pytest.CaptureFixture) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_ray_left_by_a_sigkilled_owner_is_stopped_and_named(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(raysession, "registry", lambda: tmp_path / "registry")
+    cmd = [sys.executable, "-c", OWNER, str(tmp_path / "registry")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == -9 and "started" in out, err[-3000:]
     path = raysession.registry() / f"{proc.pid}.json"
