@@ -119,7 +119,7 @@ def group_load_cvs(observations: Sequence[MinibatchObservation], group_size: int
     group has); partial groups and observations without a group id are left out.
     """
     members = [o for o in observations if o.group_id is not None]
-    counts = Counter(o.group_id for o in members)
+    counts = Counter(o.group_id for o in observations if o.group_id is not None)
     if not counts:
         return NAN, NAN, 0.0
     need = group_size if group_size is not None else max(counts.values())

@@ -27,7 +27,7 @@ import numpy as np
 
 from asp.rl.math_answer import math_reward
 
-RewardFn = Callable[[str, str], float]
+RewardFn = Callable[..., float]  # (response, answer) -> reward; may also take a keyword ``prompt``
 log = logging.getLogger(__name__)
 
 
@@ -97,10 +97,10 @@ def compute_rewards(
     """
     out = np.zeros(len(responses), dtype=np.float64)
     errors = 0
-    with_prompt = prompts is not None and wants_prompt(fn)
+    given = prompts if prompts is not None and wants_prompt(fn) else None
     for i, (resp, ans) in enumerate(zip(responses, answers, strict=True)):
         try:
-            value = float(fn(resp, ans, prompt=prompts[i]) if with_prompt else fn(resp, ans))  # type: ignore[index]
+            value = float(fn(resp, ans, prompt=given[i]) if given is not None else fn(resp, ans))
             if not math.isfinite(value):
                 raise ValueError(f"non-finite reward {value}")
             out[i] = value

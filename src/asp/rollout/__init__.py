@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asp.errors import UserError
 from asp.rollout.base import (
@@ -29,6 +29,10 @@ from asp.rollout.base import (
     timed_generate,
 )
 from asp.rollout.model_dir import check_model_dir, load_tokenizer
+
+if TYPE_CHECKING:
+    from asp.rollout.hf import HFEngine
+    from asp.rollout.vllm import VLLMEngine
 
 ENGINE_KINDS = ("hf", "vllm")
 
@@ -67,14 +71,16 @@ def make_engine(kind: str, model_path: str | Path, **kwargs: Any) -> Engine:
     if kind not in ENGINE_KINDS:
         raise UserError(f"unknown generation engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}.")
     path = check_model_dir(model_path)
+    cls: type[HFEngine] | type[VLLMEngine]
     if kind == "hf":
-        from asp.rollout.hf import HFEngine as cls
+        from asp.rollout.hf import HFEngine
 
+        cls = HFEngine
         allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "model_path")]
     else:
-        from asp.rollout.vllm import VLLMEngine as cls
-        from asp.rollout.vllm import VLLMOptions
+        from asp.rollout.vllm import VLLMEngine, VLLMOptions
 
+        cls = VLLMEngine
         allowed = [f.name for f in fields(VLLMOptions)]
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:

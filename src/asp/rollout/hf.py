@@ -271,7 +271,7 @@ class HFEngine:
 
     def close(self) -> None:
         """Drop the model and free accelerator memory."""
-        self.model = None  # type: ignore[assignment]
+        self.model = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -120,7 +120,11 @@ class Database:
 
     def _plan_of(self, task: Task) -> WorkPlan:
         rest, full = self.plans[task.version]
-        return rest if task.rest else full
+        if not task.rest:
+            return full
+        if rest is None:  # rest tasks are only created for plan versions that have a rest plan
+            raise RuntimeError(f"task {task.task_id} is a rest task but plan version {task.version} has none")
+        return rest
 
     def _untrained(self, task: Task) -> list[Any]:
         return list(self._plan_of(task).minibatches[task.rank][task.start :])

@@ -18,10 +18,13 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asp.errors import UserError
-from asp.rollout.base import PromptResult, Sample, SamplingParams
+from asp.rollout.base import FinishReason, PromptResult, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from asp.rollout.base import Engine
 
 ENGINE_SPEC_KINDS = ("hf", "vllm", "standin")
 
@@ -50,19 +53,22 @@ class EngineSpec:
         if self.kind not in ENGINE_SPEC_KINDS:
             raise UserError(f"unknown engine kind {self.kind!r}; choose one of {', '.join(ENGINE_SPEC_KINDS)}.")
         if self.kind != "standin":
-            if not self.model_path:
-                raise UserError(f"engine {self.kind!r} needs a model_path (a local checkpoint directory).")
             from asp.rollout import check_model_dir
 
-            check_model_dir(Path(self.model_path))
+            check_model_dir(Path(self._model_path()))
 
-    def __call__(self) -> Any:
+    def __call__(self) -> Engine:
         """Build the engine (called inside the generation actor)."""
         if self.kind == "standin":
             return StandInEngine(**self.options)
         from asp.rollout import make_engine
 
-        return make_engine(self.kind, self.model_path, **self.options)
+        return make_engine(self.kind, self._model_path(), **self.options)
+
+    def _model_path(self) -> str:
+        if not self.model_path:
+            raise UserError(f"engine {self.kind!r} needs a model_path (a local checkpoint directory).")
+        return self.model_path
 
 
 class StandInEngine:
@@ -121,7 +127,7 @@ class StandInEngine:
                 first = 3 + (seed + p) % (self.vocab_size - 3)
                 ids = [first] * length
                 lp = [-1.0] * length if self.with_logprobs else []
-                reason = "stop" if raw <= max_new_tokens else "length"
+                reason: FinishReason = "stop" if raw <= max_new_tokens else "length"
                 samples.append(Sample(token_ids=ids, text="", length=length, finish_reason=reason, logprobs=lp))
                 longest = max(longest, length)
             results.append(PromptResult(prompt_index=p, samples=samples, prompt_tokens=len(prompt.split())))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,8 +58,7 @@ class WorkPlan:
             raise UserError("schedule group ids must be non-decreasing in dispatch order; rebuild the schedule.")
         ids = [pid for mb in self.minibatches for pid in mb]
         if len(set(ids)) != len(ids):
-            seen: set[Any] = set()
-            dup = next(pid for pid in ids if pid in seen or seen.add(pid))
+            dup = next(pid for pid, count in Counter(ids).items() if count > 1)
             raise UserError(
                 f"prompt id {dup!r} appears more than once in the schedule; each prompt is scheduled once."
             )

@@ -130,11 +130,11 @@ def assemble_batch(step: int, n: int, pieces: list[tuple[MinibatchOutput, int, i
         t0, t1 = int(offsets[s0]), int(offsets[s1])
         prompt_ids.extend(out.prompt_ids[lo:hi])
         texts.extend(out.texts[s0:s1])
-        for key, value in (("task", out.task_id), ("mb", out.minibatch_id), ("gu", out.gu), ("actor", out.actor)):
-            cols[key].append(np.full(k, value, np.int64))
+        for key, ivalue in (("task", out.task_id), ("mb", out.minibatch_id), ("gu", out.gu), ("actor", out.actor)):
+            cols[key].append(np.full(k, ivalue, np.int64))
         cols["ver"].append(np.full(k, out.policy_version, np.int64))
-        for key, value in (("gen", out.gen_s), ("rel", out.reload_s), ("q", out.depth_at_arrival)):
-            cols[key].append(np.full(k, value, np.float64))
+        for key, fvalue in (("gen", out.gen_s), ("rel", out.reload_s), ("q", out.depth_at_arrival)):
+            cols[key].append(np.full(k, fvalue, np.float64))
         cols["len"].append(out.lengths[s0:s1])
         cols["stop"].append(out.stopped[s0:s1])
         cols["tok"].append(out.token_ids[t0:t1])

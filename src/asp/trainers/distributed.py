@@ -14,11 +14,13 @@ Without a process group (world size 1) none of this runs and the model stays a p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from asp.config import GRPOParams
+
+T = TypeVar("T")
 
 
 def is_distributed() -> bool:
@@ -108,13 +110,13 @@ def shard_model(model: torch.nn.Module, cfg: GRPOParams, device: torch.device) -
         fully_shard(module, **options)
 
 
-def split_micro_batches(plans: Sequence[list[int]], rank: int, world: int) -> list[list[int] | None]:
+def split_micro_batches(plans: Sequence[T], rank: int, world: int) -> list[T | None]:
     """This rank's micro-batches (every `world`-th, from `rank`), padded with None to the same count on every rank.
 
     `plans` are sorted by length (`plan_micro_batches`), so round-robin gives each rank a similar token load.
     None stands for a dummy pass (zero loss): FSDP's collectives need the same number of passes on every rank.
     """
-    mine: list[list[int] | None] = list(plans[rank::world])
+    mine: list[T | None] = list(plans[rank::world])
     passes = -(-len(plans) // world)
     return mine + [None] * (passes - len(mine))
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -152,7 +153,7 @@ def heldout_rewards(
 
 
 def compare_heldout(
-    model_path: str | Path, weights: str | Path, records: Sequence[dict], **sampling: object
+    model_path: str | Path, weights: str | Path, records: Sequence[dict], **sampling: Any
 ) -> dict[str, float]:
     """Held-out reward of the policy at `model_path` before and after loading `weights`, on the same `records`
     with the same sampling (`sampling`: `heldout_rewards`' keyword arguments).
@@ -180,7 +181,8 @@ def final_weights(state_dir: str | Path) -> tuple[Path, int] | None:
     latest = latest_checkpoint(Path(state_dir) / "trainer")
     if latest is None or not (latest / "model.safetensors").is_file():
         return None
-    return latest / "model.safetensors", int(CHECKPOINT_RE.match(latest.name).group(1))
+    match = CHECKPOINT_RE.match(latest.name)
+    return (latest / "model.safetensors", int(match.group(1))) if match else None
 
 
 def paired_gain(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
