@@ -5,7 +5,7 @@ logged to the stage's MLflow run. Plotting functions elsewhere return matplotlib
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -15,8 +15,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from asp.io import atomic_path  # noqa: E402
 from asp.tracking import Tracker  # noqa: E402
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def save_figure(fig: Any, path: str | Path, tracker: Tracker | None = None, dpi: int = 110) -> Path:
+
+def save_figure(fig: Figure, path: str | Path, tracker: Tracker | None = None, dpi: int = 110) -> Path:
     """Write `fig` to `path` (PNG, atomically), log it under plots/ in the tracker, close it."""
     path = Path(path)
     with atomic_path(path) as tmp:

@@ -9,9 +9,12 @@ schedule switch was applied, labelled with it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ACTION_COLORS = {"warn": "#999933", "recalibrate": "#117733", "reprofile": "#cc6677", "switch": "#332288"}
 
@@ -38,7 +41,7 @@ def _markers(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, str, str]]:
 
 def drift_figure(
     rows: Sequence[Mapping[str, Any]], reference_tau: float | None = None, tau_drop: float | None = None
-) -> Any:
+) -> Figure:
     """Window tau and window mean length vs trainer step, with the actions marked.
 
     Args:

@@ -1,19 +1,21 @@
-"""Figures of the simulator (`asp simulate`, the `simulate` stage): per-step timelines of simulated runs, and
-predicted against measured iteration times. Functions return matplotlib figures; `asp.plots.save_figure`
-writes them.
+"""Figure of the simulator (`asp simulate`, the `simulate` stage): per-step timelines of simulated runs. It returns
+a matplotlib figure; `asp.plots.save_figure` writes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLORS = ("#332288", "#cc6677", "#117733", "#ddcc77", "#88ccee", "#aa4499")
 
 
-def timeline_figure(runs: Mapping[str, Sequence[Mapping[str, float]]], title: str = "Simulated run") -> Any:
+def timeline_figure(runs: Mapping[str, Sequence[Mapping[str, float]]], title: str = "Simulated run") -> Figure:
     """Iteration time, Training Queue depth and policy lag per trainer step, one line per run (condition).
 
     Args:
@@ -39,25 +41,5 @@ def timeline_figure(runs: Mapping[str, Sequence[Mapping[str, float]]], title: st
     if runs:
         axes[0].legend(loc="upper right", fontsize=8)
     axes[-1].set(xlabel="trainer step")
-    fig.tight_layout()
-    return fig
-
-
-def validation_figure(rows: Mapping[str, tuple[float, float]], metric: str) -> Any:
-    """Predicted (simulated) vs measured bars per condition for one metric.
-
-    Args:
-        rows: condition -> (measured, predicted).
-        metric: axis label.
-    """
-    import matplotlib.pyplot as plt
-
-    labels = list(rows)
-    x = np.arange(len(labels))
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar(x - 0.2, [rows[c][0] for c in labels], 0.4, label="measured", color=COLORS[0])
-    ax.bar(x + 0.2, [rows[c][1] for c in labels], 0.4, label="simulated", color=COLORS[1])
-    ax.set(xticks=x, xticklabels=labels, ylabel=metric)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
