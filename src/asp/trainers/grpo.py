@@ -361,7 +361,7 @@ class GRPOTrainer:
         parts = self._micro_step([pad], [pad], None, np.zeros(1, np.float32), 1.0)
         (parts.loss * 0.0).backward()
 
-    def _autocast(self) -> Any:
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.cfg.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=getattr(torch, self.cfg.autocast_dtype))

@@ -38,11 +38,14 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asp.trainers.distributed import is_distributed, rank_and_world, tied_duplicates
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 log = logging.getLogger(__name__)
 SNAPSHOT_RE = re.compile(r"snapshot-(\d+)\.safetensors$")
@@ -103,7 +106,7 @@ class SnapshotPublisher:
         self.directory = Path(directory) if directory is not None else None
         self.refs: deque[Any] = deque(maxlen=self.keep)
 
-    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Any:
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> ObjectRef | bytes | str:
         """Hand `state` over; return the payload for `WeightUpdate.payload` (ObjectRef, bytes or path)."""
         from safetensors.torch import save, save_file
 
