@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,8 @@ from asp.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from asp.schedule import Schedule
 
 
 def _plain(value: Any) -> Any:
@@ -66,7 +68,7 @@ class WorkPlan:
     @classmethod
     def from_lists(
         cls,
-        minibatches: Sequence[Sequence[Any]],
+        minibatches: Sequence[Iterable[Any]],
         group_ids: Sequence[int] | None = None,
         minibatch_ids: Sequence[int] | None = None,
     ) -> WorkPlan:
@@ -79,7 +81,7 @@ class WorkPlan:
         )
 
     @classmethod
-    def from_schedule(cls, schedule: Any) -> WorkPlan:
+    def from_schedule(cls, schedule: Schedule) -> WorkPlan:
         """From an `asp.schedule.Schedule` (group of the p-th minibatch = p // k)."""
         mbs = schedule.minibatches()
         return cls.from_lists(mbs, [p // schedule.k for p in range(len(mbs))], list(schedule.minibatch_ids))
