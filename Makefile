@@ -4,6 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 TORCH ?= 2.13.0
 EXTRAS ?= dev
+WORKERS ?= 2
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(TORCH)-$(subst $(comma),_,$(EXTRAS))
 comma := ,
@@ -28,11 +29,13 @@ browser:
 run: install
 	asp repro
 
+# The suite in WORKERS pytest-xdist processes (0: in this process), one test module per worker at a time
+# (--dist loadscope: a module's fixtures are built once). `make test-fast` skips the tests marked slow.
 test: install browser
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --durations=25
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope -m "not slow" --durations=10
 
 lint: install
 	$(VENV)/bin/ruff check src tests stages benchmarks scripts flows
