@@ -1,6 +1,6 @@
-"""Git facts for run records: the commit a run used, whether the tree was dirty, refs and files of commits.
+"""Git facts for run records: the commit a run used, whether the tree was dirty, refs and a file of a commit.
 
-Every function returns '' / None / [] outside a git repository or without git, so tracking never fails over it.
+Every function returns '' / None outside a git repository or without git, so tracking never fails over it.
 """
 
 from __future__ import annotations
@@ -56,8 +56,3 @@ def file_at(ref: str, path: str, cwd: str | Path = ".") -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
-
-
-def files_at(ref: str, folder: str, cwd: str | Path = ".") -> list[str]:
-    """The names of the files directly under `folder` in commit `ref`."""
-    return git("ls-tree", "--name-only", f"{ref}:{folder}", cwd=cwd).splitlines()
