@@ -1,12 +1,26 @@
-"""The DVC driver: what DVC did per stage (from its own messages), the command lines, streaming with a timeout
-and a clean stop of the running child."""
+"""The DVC driver: whether DVC will skip a stage (its Python API, checked against what a real `dvc repro` then
+says it did), what DVC's messages say where it has no structured output (a run-cache restore, the stages of an
+experiment), the command lines, streaming with a timeout and a clean stop of the running child."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
-from asp.orchestration.dvc import classify, dvc_exp_cmd, dvc_repro_cmd, format_value, run_streaming, stage_env
+import yaml
+
+from asp.orchestration.dvc import (
+    classify,
+    dvc_exp_cmd,
+    dvc_repro_cmd,
+    format_value,
+    run_streaming,
+    stage_env,
+    up_to_date,
+)
 from asp.orchestration.pipeline import numeric_leaves, stage_files, stage_seconds, uncached_outputs
 
 
@@ -78,3 +92,32 @@ def test_stage_seconds_run_from_one_stage_message_to_the_next() -> None:
         (4.0, "[schedule] done in 2.4s"),
     ]
     assert stage_seconds(marks, 5.0) == {"policy": 0.5, "schedule": 3.5}
+
+
+def test_dvcs_status_says_when_dvc_repro_skips_a_stage(tmp_path: Path) -> None:
+    """A real DVC project (no git) with one cached stage: `up_to_date` (DVC's Python API) is true exactly when the
+    `dvc repro --single-item` that follows says it skipped the stage: not for a new stage, a deleted output
+    (restored from the cache), a changed dependency or one changed back (restored from the run cache)."""
+    env = dict(os.environ, DVC_NO_ANALYTICS="1")
+    (tmp_path / "make.py").write_text("import pathlib\npathlib.Path('out.txt').write_text(open('in.txt').read() * 2)")
+    (tmp_path / "in.txt").write_text("a")
+    stage = {"cmd": f"{sys.executable} make.py", "deps": ["make.py", "in.txt"], "outs": ["out.txt"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"hello": stage}}))
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q", "--no-scm"], cwd=tmp_path, env=env, check=True)
+
+    def repro() -> tuple[bool, str]:
+        skips = up_to_date(tmp_path, "hello")
+        out = subprocess.run(dvc_repro_cmd("hello"), cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return skips, classify((out.stdout + out.stderr).splitlines())["hello"]
+
+    assert repro() == (False, "ran") and (tmp_path / "out.txt").read_text() == "aa"
+    assert repro() == (True, "skipped")
+    (tmp_path / "out.txt").unlink()
+    assert repro() == (False, "restored") and (tmp_path / "out.txt").read_text() == "aa"
+    (tmp_path / "in.txt").write_text("b")
+    assert repro() == (False, "ran")
+    (tmp_path / "in.txt").write_text("a")
+    assert repro() == (False, "restored") and (tmp_path / "out.txt").read_text() == "aa"  # from the run cache
+    (tmp_path / "make.py").unlink()
+    assert not up_to_date(tmp_path, "hello")  # a missing dependency: DVC would run the stage (and fail)

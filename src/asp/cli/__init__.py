@@ -205,13 +205,12 @@ def serve(name: Annotated[str, typer.Option(help="deployment name")] = "asp-pipe
     Registers on PREFECT_API_URL, else on the `asp ui prefect` server at http://127.0.0.1:4200 (never on a
     throw-away server), and prints the deployment's URL."""
     from asp.orchestration.request import RunRequest, check_request
+    from asp.orchestration.serve import check_server, prefect_api_url  # imports no prefect
 
     check_request(RunRequest())  # dvc.yaml and params.yaml are here and valid
-    api = os.environ.get("PREFECT_API_URL") or "http://127.0.0.1:4200/api"
+    api = prefect_api_url()
     os.environ["PREFECT_API_URL"] = api  # before prefect is imported: its settings are read once
     os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "5")
-    from asp.orchestration.flow import check_server
-
     check_server(api)
     from asp.cli.procs import exit_like, run_server
 
@@ -222,7 +221,7 @@ def serve(name: Annotated[str, typer.Option(help="deployment name")] = "asp-pipe
         "Ctrl-C stops them",
         err=True,
     )
-    cmd = [sys.executable, "-m", "asp.orchestration.flow", name]
+    cmd = [sys.executable, "-m", "asp.orchestration.serve", name]
     exit_like(*run_server(cmd, dict(os.environ)))
 
 

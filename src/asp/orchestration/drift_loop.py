@@ -21,7 +21,7 @@ the `launch` stage (docs/drift_loop.md):
 
 `drift_loop` is the loop itself; its `launch` and `reprofile` arguments default to the real ones
 (`run_launch_stage`, `run_reprofile`) and tests pass small real stand-ins. `asp_drift_loop` is the flow and
-`loop_deployment` the deployment `asp serve` registers (`asp.orchestration.flow.serve`).
+`loop_deployment` the deployment `asp serve` registers (`asp.orchestration.serve`).
 """
 
 from __future__ import annotations
@@ -158,8 +158,7 @@ def run_launch_stage(run: LoopRun, handoff: bool, resume: bool) -> str:
     name = f"launch ({'resume' if resume else 'start'}{', handoff' if handoff else ''})"
     force = " --force" if resume else ""
     run.on_line(f"[drift-loop] {name}: dvc repro{force} --single-item launch, {HANDOFF_ENV}={int(handoff)}")
-    task = stage_task.with_options(task_run_name=name, retries=run.retries("launch"), retry_delay_seconds=5)
-    state = task(run, "launch", return_state=True)
+    state = stage_task.with_options(task_run_name=name)(run, "launch", return_state=True)
     return str(state.result())  # the stage's status (ran / skipped / restored); raises when it failed
 
 

@@ -3,13 +3,25 @@
 `dvc_repro_cmd` / `dvc_exp_cmd` build the command lines; `run_streaming` runs one, hands every output line
 to a callback (the terminal for `asp repro`, the Prefect run logger for the flow), enforces a timeout and
 turns SIGTERM / Ctrl-C / a Prefect cancellation into a clean stop of the running stage (it receives SIGTERM,
-so its MLflow run ends KILLED, and DVC releases its lock). `classify` reads DVC's own messages to tell a
-stage that ran from one that was up to date or restored from DVC's run cache.
+so its MLflow run ends KILLED, and DVC releases its lock).
+
+Whether DVC will skip a stage is read from its Python API (`dvc.repo.Repo.status`, what `dvc status --json
+STAGE` prints), asked right before `dvc repro --single-item STAGE` runs (`up_to_date`). Two things are still read
+from DVC's messages (`classify`), because DVC offers no structured account of them:
+
+* that `dvc repro` restored a changed stage from its run cache instead of running it: the run-cache lookup is
+  internal (`StageCache._load`); the public `StageCache.restore(stage, dry=True)` looks the stage up with its
+  *locked* dependency hashes, so it answers "cached" for every stage whose dependencies changed (found while
+  writing tests/orchestration/test_dvc.py), and `dvc repro` has no JSON output;
+* what happened to each stage of a `dvc exp run` (ran, skipped, restored, which one failed, when each started):
+  `dvc exp run` has no JSON output, and `dvc exp show --json` lists a finished experiment's params, metrics, deps
+  and outs, not what happened to its stages.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import re
@@ -18,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +40,7 @@ import yaml
 from asp.env import Terminated, sigterm_as_interrupt
 
 StageStatus = Literal["ran", "skipped", "restored", "failed", "timeout"]
+# DVC's messages, for what it offers no structured output for (see the module docstring).
 _MESSAGES: tuple[tuple[re.Pattern[str], StageStatus], ...] = (
     (re.compile(r"Running stage '([^']+)'"), "ran"),
     (re.compile(r"Stage '([^']+)' didn't change, skipping"), "skipped"),
@@ -60,6 +73,34 @@ def classify(lines: Iterable[str]) -> dict[str, StageStatus]:
             if match:
                 out[match.group(1)] = status
     return out
+
+
+def up_to_date(root: str | Path, stage: str) -> bool:
+    """Whether DVC finds `stage` of the project in `root` unchanged (`Repo.status` of that stage alone, which
+    `dvc status --json STAGE` prints): `dvc repro --single-item STAGE` without --force then skips it. Ask right
+    before that command, with nothing else changing the workspace meanwhile.
+
+    Raises:
+        dvc.exceptions.DvcException: DVC could not read the project (dvc.yaml, its lock) or the stage.
+    """
+    from dvc.repo import Repo
+
+    # DVC's Python API resolves stage files against the working directory (as its CLI does): run it from `root`
+    # (the orchestrator's own directory already, so this changes nothing there; tests use other roots).
+    with _dvc_log_level(logging.WARNING), contextlib.chdir(root), Repo(".") as repo:
+        return not repo.status(targets=[stage])
+
+
+@contextlib.contextmanager
+def _dvc_log_level(level: int) -> Iterator[None]:
+    """DVC's logger at `level` for the block: its in-process checks log what `dvc repro` prints anyway."""
+    logger = logging.getLogger("dvc")
+    old = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def _dvc() -> list[str]:

@@ -17,9 +17,6 @@ time (concurrency limit 1), retries `profile` and `launch` (they resume) and sto
 
 from __future__ import annotations
 
-import os
-import urllib.error
-import urllib.request
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
@@ -34,7 +31,6 @@ from asp.orchestration.pipeline import PipelineRun, StageReport
 from asp.orchestration.request import RunRequest, run_label
 from asp.stage import stage_names
 
-DEFAULT_API = "http://127.0.0.1:4200/api"
 STATE_NAMES = {"ran": "Completed", "skipped": "Skipped", "restored": "Restored"}
 MAX_METRICS = 25
 
@@ -102,9 +98,10 @@ def _finish(report: StageReport) -> Any:
 
 @task(name="stage", cache_policy=NONE, persist_result=False)
 def stage_task(run: PipelineRun, name: str) -> Any:
-    """One stage through `dvc repro --single-item` (retries and timeout from `orchestration:` params)."""
+    """One stage through `dvc repro --single-item`, with the stage's retries (`asp.orchestration.retry`, the same
+    mechanism as `asp repro`; Prefect's own task retries stay off) and timeout from `orchestration:` params."""
     run.on_line = get_run_logger().info
-    return _finish(run.run_stage(name))
+    return _finish(run.run_stage_with_retries(name))
 
 
 @task(name="dvc-experiment", cache_policy=NONE, persist_result=False)
@@ -143,9 +140,7 @@ def asp_pipeline(
             experiment_task.with_options(task_run_name=f"dvc exp run {run.exp_name}")(run)
         else:
             for name in run.stages:
-                stage_task.with_options(task_run_name=name, retries=run.retries(name), retry_delay_seconds=5)(
-                    run, name
-                )
+                stage_task.with_options(task_run_name=name)(run, name)
         summary = [
             {"stage": r.stage, "status": r.status, "seconds": round(r.seconds, 1), "mlflow": r.mlflow_url or ""}
             for r in run.reports.values()
@@ -162,58 +157,3 @@ def asp_pipeline(
             markdown=f"### {run.label}\n\n{parent}{exp}", key="asp-pipeline-run", description="MLflow link"
         )
     return {r.stage: r.status for r in run.reports.values()}
-
-
-def prefect_api_url() -> str:
-    """PREFECT_API_URL, else the `asp ui prefect` server at 127.0.0.1:4200 (never a throw-away server)."""
-    return os.environ.get("PREFECT_API_URL") or DEFAULT_API
-
-
-def check_server(api_url: str, timeout_s: float = 5.0) -> None:
-    """`UserError` with what to do when no Prefect server answers at `api_url`."""
-    try:
-        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout_s) as resp:
-            if resp.status == 200:
-                return
-    except (urllib.error.URLError, OSError):
-        pass
-    raise UserError(
-        f"no Prefect server answers at {api_url}. Start one in another shell with `asp ui prefect` "
-        "(or point PREFECT_API_URL at yours), then run `asp serve` again."
-    )
-
-
-def serve(name: str = "asp-pipeline", on_ready: Any = print) -> None:
-    """Register the deployments (asp-pipeline/`name` and asp-drift-loop/asp-drift-loop) on the Prefect server,
-    report their UI addresses to `on_ready`, then run their flow runs until Ctrl-C."""
-    from prefect import serve as prefect_serve
-
-    deployment = asp_pipeline.to_deployment(
-        name=name,
-        concurrency_limit=1,  # one run at a time writes this workspace's outputs/ and dvc.lock
-        description="The asp pipeline through DVC. Choose stages, a preset and param overrides (dotted keys).",
-        tags=["asp"],
-        entrypoint_type=_module_entrypoint(),
-    )
-    from asp.orchestration.drift_loop import loop_deployment  # imports this module: not at the top
-
-    loop = loop_deployment()
-    ui = prefect_api_url().rstrip("/").removesuffix("/api")
-    for dep, flow_name in ((deployment, "asp-pipeline"), (loop, "asp-drift-loop")):
-        on_ready(f"deployment '{flow_name}/{dep.name}': {ui}/deployments/deployment/{dep.apply()}")
-    prefect_serve(deployment, loop, print_starting_message=False)
-
-
-def _module_entrypoint() -> Any:
-    from prefect.deployments.runner import EntrypointType
-
-    return EntrypointType.MODULE_PATH
-
-
-if __name__ == "__main__":  # `asp serve` runs this in its own process group, so Ctrl-C / SIGTERM stop it for sure
-    import sys
-
-    from asp.orchestration import flow as this  # the flow must live in its module, not __main__ (the entrypoint)
-
-    name = sys.argv[1] if len(sys.argv) > 1 else "asp-pipeline"
-    this.serve(name, on_ready=lambda line: print(line, file=sys.stderr, flush=True))

@@ -37,6 +37,7 @@ from asp.orchestration.dvc import (
     dvc_repro_cmd,
     run_streaming,
     stage_env,
+    up_to_date,
 )
 from asp.orchestration.request import (
     RunRequest,
@@ -46,6 +47,7 @@ from asp.orchestration.request import (
     ordered_stages,
     run_label,
 )
+from asp.orchestration.retry import RetryPolicy, call_with_retries
 from asp.stage import stage_names
 from asp.tracking import (
     PARENT_ENV,
@@ -247,14 +249,31 @@ class PipelineRun:
     def timeout_s(self, name: str) -> float | None:
         return self.params.orchestration.timeout_s.get(name)
 
-    def retries(self, name: str) -> int:
-        return self.params.orchestration.retries.get(name, 0)
+    def retry_policy(self, name: str) -> RetryPolicy:
+        """The stage's retries (`orchestration.retries`, none by default), for every door alike."""
+        return RetryPolicy(retries=self.params.orchestration.retries.get(name, 0))
+
+    def run_stage_with_retries(self, name: str) -> StageReport:
+        """`run_stage`, tried again after a failure as `retry_policy(name)` says; a stage stopped past its
+        timeout is not retried. What `asp repro` and the Prefect stage task both call. Raises `StageFailed`."""
+
+        def again(line: str) -> None:
+            self.failed = False  # the retry decides the run's outcome
+            self.on_line(f"[asp] {line}")
+
+        return call_with_retries(
+            lambda: self.run_stage(name),
+            self.retry_policy(name),
+            retryable=lambda exc: isinstance(exc, StageFailed) and not exc.timed_out,
+            on_retry=again,
+        )
 
     def run_stage(self, name: str) -> StageReport:
         """`dvc repro --single-item NAME` in the workspace (one attempt). Raises `StageFailed`."""
         if self.request.is_experiment:
             raise UserError("a run with a preset or overrides is a DVC experiment: use run_experiment()")
         self.on_line(f"[asp] stage {name}: dvc repro --single-item {name}")
+        skips = not self.request.force and self._up_to_date(name)  # DVC's status, before it runs
         result = run_streaming(
             dvc_repro_cmd(name, self.request.force),
             env=self.env(),
@@ -262,12 +281,24 @@ class PipelineRun:
             timeout_s=self.timeout_s(name),
             cwd=self.root,
         )
-        status = classify(result.lines).get(name, "skipped" if result.returncode == 0 else "failed")
         if result.returncode != 0 or result.timed_out:
             self.failed = True
             self.reports[name] = StageReport(name, "timeout" if result.timed_out else "failed", result.seconds)
             raise StageFailed(name, result.returncode, result.timed_out)
+        # restored from the run cache: only DVC's message says so (asp.orchestration.dvc's docstring says why)
+        status = "skipped" if skips else "restored" if classify(result.lines).get(name) == "restored" else "ran"
         return self._report(name, status, result.seconds)
+
+    def _up_to_date(self, name: str) -> bool:
+        """`up_to_date` (DVC's status of the stage); False with a note when DVC cannot say (the command then
+        reports the problem itself)."""
+        from dvc.exceptions import DvcException
+
+        try:
+            return up_to_date(self.root, name)
+        except DvcException as exc:
+            self.on_line(f"[asp] DVC cannot give the status of stage {name} ({exc})")
+            return False
 
     def run_experiment(self) -> list[StageReport]:
         """`dvc exp run --temp -n NAME -S ... STAGES` (the chosen stages; DVC reruns or restores changed
@@ -285,7 +316,7 @@ class PipelineRun:
             self.on_line(line)
 
         result = run_streaming(cmd, env=self.env(), on_line=note, timeout_s=timeout, cwd=self.root)
-        seen = classify(result.lines)
+        seen = classify(result.lines)  # DVC's messages: it has no structured account of an experiment's stages
         seconds = stage_seconds(marks, time.monotonic())
         if result.returncode != 0 or result.timed_out:
             self.failed = True
@@ -346,18 +377,7 @@ def run_pipeline(
         if request.is_experiment:
             reports = run.run_experiment()
         else:
-            reports = []
-            for name in run.stages:
-                for attempt in range(run.retries(name) + 1):
-                    try:
-                        reports.append(run.run_stage(name))
-                        break
-                    except StageFailed as exc:
-                        if attempt == run.retries(name) or exc.timed_out:
-                            raise
-                        run.failed = False
-                        on_line(f"[asp] {exc}; retrying ({attempt + 1}/{run.retries(name)}) in 5 s")
-                        time.sleep(5)
+            reports = [run.run_stage_with_retries(name) for name in run.stages]
         for r in reports:
             on_line(f"[asp] {r.stage:16s} {r.status:9s} {r.seconds:7.1f}s  {r.mlflow_url or ''}")
         if run.exp_name:
