@@ -18,7 +18,6 @@ from asp.rollout.weight_transfer import (
     ALIGN_BYTES,
     Bucket,
     TensorMeta,
-    load_buckets,
     meta_rows,
     metas_from_rows,
     open_shared,
@@ -29,6 +28,17 @@ from asp.rollout.weight_transfer import (
     tensor_metas,
     unpack_bucket,
 )
+
+
+def load_buckets(state: dict[str, torch.Tensor], buckets: list[Bucket], load) -> int:
+    """Pack each bucket into one buffer, unpack it and call `load` on its (name, tensor) pairs; returns tensors:
+    the whole protocol in one process (what sender and receiver do on either side of a transport)."""
+    buffer = torch.empty(max((b.nbytes for b in buckets), default=0), dtype=torch.uint8)
+    count = 0
+    for bucket in buckets:
+        load(unpack_bucket(pack_bucket(state, bucket, buffer), bucket))
+        count += len(bucket.tensors)
+    return count
 
 
 def tiny_qwen(seed: int, dtype: torch.dtype = torch.float32) -> Qwen2ForCausalLM:

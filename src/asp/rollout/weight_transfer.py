@@ -191,28 +191,6 @@ def unpack_bucket(buffer: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch
     return out
 
 
-def load_buckets(
-    state: Mapping[str, torch.Tensor],
-    buckets: Sequence[Bucket],
-    load: Callable[[list[tuple[str, torch.Tensor]]], Any],
-    buffer: torch.Tensor | None = None,
-) -> int:
-    """Pack each bucket into one buffer, unpack it and call `load` on its (name, tensor) pairs; returns tensors.
-
-    The whole protocol in one process (what sender and receiver do on either side of a transport); used by tests
-    and as the reference for the transports.
-    """
-    import torch
-
-    size = max((b.nbytes for b in buckets), default=0)
-    buffer = buffer if buffer is not None else torch.empty(size, dtype=torch.uint8)
-    count = 0
-    for bucket in buckets:
-        load(unpack_bucket(pack_bucket(state, bucket, buffer), bucket))
-        count += len(bucket.tensors)
-    return count
-
-
 # ---- CUDA IPC ------------------------------------------------------------------------------------------
 def share_buffer(buffer: torch.Tensor) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """torch's inter-process handle of `buffer`: ``(rebuild function, arguments)``, picklable.
