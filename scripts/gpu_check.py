@@ -7,7 +7,7 @@ On one NVIDIA GPU, with randomly initialised models built in code from the built
   policy with the ``configs/gpu-cluster.yaml`` settings at world_size 1 (bf16 FSDP2 mixed precision on one rank,
   activation checkpointing, bf16 autocast, micro_batch_tokens 10240): peak ``torch.cuda.max_memory_allocated``
   over the timed steps against the estimate that ``asp plan memory`` prints for the same settings
-  (`asp.pipeline.memory_check.memory_report`; its total includes ``reserve_gib`` for the CUDA context and
+  (`asp.steps.memory_check.memory_report`; its total includes ``reserve_gib`` for the CUDA context and
   fragmentation, which max_memory_allocated does not see, so the ratio column divides by the estimate without it);
 * ``predictor``: `train_predictor` (asp.predictor.train) on `LengthPredictor` (LoRA, peft) over a
   Qwen2.5-1.5B-shaped backbone with the preset's predictor settings: peak memory and prompts/s;
@@ -320,7 +320,7 @@ def process_group(spec: Any) -> Iterator[None]:
 
 def grpo_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None:
     """Warm-up step, then timed `GRPOTrainer.step`s; the estimate of `asp plan memory` for the same settings."""
-    from asp.pipeline.memory_check import memory_report
+    from asp.steps.memory_check import memory_report
     from asp.trainers.grpo import GRPOSpec
 
     report = memory_report(params)
@@ -451,8 +451,8 @@ def generate_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None:
 
 def part_arch(part: str, sizes: Sizes, params: Any, args: argparse.Namespace, capacity: int) -> tuple[Any, str]:
     """The architecture a part builds and its label (tiny in a dry run; the 8B with as many layers as fit)."""
-    from asp.pipeline.memory_check import trainer_settings
     from asp.sim.memory import BUILTIN
+    from asp.steps.memory_check import trainer_settings
 
     name = POLICY_SHAPES.get(part, BACKBONE)
     full = BUILTIN[name]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from asp.pipeline.memory_check import trainer_settings
 from asp.sim.memory import BUILTIN, Architecture, TrainerSettings, trainer_memory
+from asp.steps.memory_check import trainer_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"

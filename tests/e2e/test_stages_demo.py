@@ -17,8 +17,11 @@ from scipy import stats
 from asp.config import validate_params
 from asp.errors import UserError
 from asp.pipeline import evaluate, launch, policy, predict, prepare, profile, schedule, simulate, train_predictor
-from asp.pipeline.loaders import policy_model_path
 from asp.stage import run_stage
+from asp.steps.engine import profile_engine
+from asp.steps.launch_state import HISTORY_FILE, RUN_FILE, Recorder
+from asp.steps.loaders import policy_model_path
+from asp.steps.paths import rebase
 from asp.tracking import NullTracker, open_tracker
 
 from .conftest import TINY, tiny_params
@@ -43,73 +46,8 @@ MIN_TAU = 0.5  # held-out Kendall τ (and Spearman) required of the predictor
 
 
 def _paths(t: Path) -> dict[str, object]:
-    return {
-        "policy": policy.Paths(out_dir=t / "policy", metrics=t / "m/policy.json"),
-        "prepare": prepare.Paths(policy=t / "policy", out_dir=t / "prompts", metrics=t / "m/prepare.json"),
-        "profile": profile.Paths(
-            policy=t / "policy",
-            prompts=t / "prompts",
-            out_dir=t / "profile",
-            work_dir=t / "work",
-            metrics=t / "m/profile.json",
-            timings=t / "m/profile_timings.csv",
-            plot=t / "p/profile.png",
-        ),
-        "train_predictor": train_predictor.Paths(
-            prompts=t / "prompts",
-            profile=t / "profile",
-            out_dir=t / "pred",
-            metrics=t / "m/train.json",
-            plot=t / "p/curves.png",
-        ),
-        "evaluate": evaluate.Paths(
-            prompts=t / "prompts",
-            profile=t / "profile",
-            predictor=t / "pred",
-            calibration=t / "cal.json",
-            metrics=t / "m/predictor.json",
-            plot=t / "p/sc.png",
-        ),
-        "predict": predict.Paths(
-            prompts=t / "prompts/train.parquet",
-            predictor=t / "pred",
-            calibration=t / "cal.json",
-            out=t / "predictions.parquet",
-            metrics=t / "m/pr.json",
-        ),
-        "schedule": schedule.Paths(
-            predictions=t / "predictions.parquet",
-            calibration=t / "cal.json",
-            profile=t / "profile/prompts.parquet",
-            heldout=t / "prompts/heldout.parquet",
-            out_dir=t / "schedule",
-            metrics=t / "m/schedule.json",
-            plot=t / "p/sched.png",
-            ablation_csv=t / "p/ablation.csv",
-        ),
-        "simulate": simulate.Paths(
-            predictions=t / "predictions.parquet",
-            calibration=t / "cal.json",
-            samples=t / "profile/samples.parquet",
-            heldout=t / "prompts/heldout.parquet",
-            timings=t / "m/profile_timings.csv",
-            schedule=t / "schedule/schedule.parquet",
-            out_dir=t / "simulate",
-            metrics=t / "m/simulate.json",
-            plot=t / "p/simulate.png",
-        ),
-        "launch": launch.Paths(
-            policy=t / "policy",
-            prompts=t / "prompts/train.parquet",
-            schedule=t / "schedule/schedule.parquet",
-            predictions=t / "predictions.parquet",
-            calibration=t / "cal.json",
-            out_dir=t / "launch",
-            state_dir=t / "launch_state",
-            metrics=t / "m/launch.json",
-            plot=t / "p/launch.png",
-        ),
-    }
+    """Every stage's paths from the one table (`asp.steps.paths`), moved under `t`."""
+    return {name: rebase(module.Paths(), t) for name, module in STAGES.items()}
 
 
 STAGES = {
@@ -137,19 +75,25 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
 
     prep = TINY["prepare"]
     profiled = prep["profile_prompts"] + prep["heldout_prompts"]
-    samples = pd.read_parquet(tmp_path / "profile/samples.parquet")
+    samples = pd.read_parquet(tmp_path / "outputs/profile/samples.parquet")
     assert len(samples) == profiled * TINY["profile"]["n_samples"] and set(samples.finish_reason) <= {"stop", "length"}
-    timings = pd.read_csv(tmp_path / "m/profile_timings.csv")
+    timings = pd.read_csv(tmp_path / "metrics/profile_timings.csv")
     assert len(timings) == -(-profiled // TINY["profile"]["minibatch_prompts"]) and (timings.wall_s > 0).all()
-    preds = pd.read_parquet(tmp_path / "predictions.parquet")
+    preds = pd.read_parquet(tmp_path / "outputs/predictions.parquet")
     assert len(preds) == prep["demo_prompts"] and np.isfinite(preds.predicted_length).all()
     assert np.all(np.diff(preds.sort_values("predicted_length").calibrated_length.to_numpy()) >= -1e-9)
     _check_predictor(tmp_path, preds, run_ids["evaluate"])
     _check_schedule(tmp_path, preds, run_ids["schedule"])
-    for f in ("p/profile.png", "p/curves.png", "p/sc.png", "p/sched.png", "pred/predictor.json"):
+    for f in (
+        "plots/profile_lengths.png",
+        "plots/predictor_curves.png",
+        "plots/predictor_scatter.png",
+        "plots/schedule_loads.png",
+        "outputs/predictor/predictor.json",
+    ):
         assert (tmp_path / f).is_file(), f
     _check_launch(tmp_path, run_ids["launch"])
-    sim = json.loads((tmp_path / "m/simulate.json").read_text())  # the simulated launch of the same settings
+    sim = json.loads((tmp_path / "metrics/simulate.json").read_text())  # the simulated launch of the same settings
     assert sim["simulate/C4/mean_iteration_time_s"] > 0 and sim["simulate/gen_fit/minibatches"] == len(timings)
     assert MlflowClient().get_run(run_ids["profile"]).data.params["profile.n_samples"] == "2"
 
@@ -157,8 +101,8 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
     work_params = validate_params(tiny_params(LEARNING_POLICY, {"common": {"seed": 5}}))
     p = paths["profile"]
     profile.run(work_params, p, NullTracker())
-    full = pd.read_parquet(tmp_path / "profile/samples.parquet")
-    key_dir = tmp_path / "work"
+    full = pd.read_parquet(tmp_path / "outputs/profile/samples.parquet")
+    key_dir = tmp_path / "outputs/.work/profile"
     assert not any(key_dir.rglob("chunk_*.parquet"))  # cleaned after success
     _resume_keeps_chunks(work_params, p, full)
     _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path, paths["launch"])
@@ -176,11 +120,11 @@ def _numeric(metrics: dict) -> dict:
 
 def _check_predictor(t: Path, preds: pd.DataFrame, run_id: str) -> None:
     """τ well above chance on held-out prompts, equal to τ of the predict stage's outputs on the same prompts."""
-    metrics = json.loads((t / "m/predictor.json").read_text())
+    metrics = json.loads((t / "metrics/predictor.json").read_text())
     assert metrics["predictor/heldout_prompts"] == TINY["prepare"]["heldout_prompts"]
     assert metrics["predictor/kendall_tau"] > MIN_TAU and metrics["predictor/spearman"] > MIN_TAU
-    heldout = pd.read_parquet(t / "prompts/heldout.parquet", columns=["prompt_id"])
-    true = pd.read_parquet(t / "profile/prompts.parquet", columns=["prompt_id", "mean_length"])
+    heldout = pd.read_parquet(t / "outputs/prompts/heldout.parquet", columns=["prompt_id"])
+    true = pd.read_parquet(t / "outputs/profile/prompts.parquet", columns=["prompt_id", "mean_length"])
     joined = heldout.merge(preds, on="prompt_id").merge(true, on="prompt_id")
     assert len(joined) == TINY["prepare"]["heldout_prompts"]
     tau = stats.kendalltau(joined.predicted_length, joined.mean_length).statistic
@@ -193,17 +137,17 @@ def _check_predictor(t: Path, preds: pd.DataFrame, run_id: str) -> None:
 def _check_schedule(t: Path, preds: pd.DataFrame, run_id: str) -> None:
     """The schedule file has the counts metrics/schedule.json reports; C4 balances better than plain DP."""
     s = TINY["schedule"]
-    sched = pd.read_parquet(t / "schedule/schedule.parquet")
+    sched = pd.read_parquet(t / "outputs/schedule/schedule.parquet")
     assert sorted(sched.prompt_id) == sorted(preds.prompt_id)
     sizes = sched.groupby("minibatch_id").size()
     assert sizes.between(s["b"], s["b"] + s["kappa"]).all()
     groups = sched.groupby("group_id").minibatch_id.nunique()
-    sm = json.loads((t / "m/schedule.json").read_text())
+    sm = json.loads((t / "metrics/schedule.json").read_text())
     assert sm["schedule/prompts"] == len(sched) == TINY["prepare"]["demo_prompts"]
     assert sm["schedule/minibatches"] == len(sizes) and sm["schedule/groups"] == len(groups)
     assert (groups <= s["k"]).all() and (groups < s["k"]).sum() <= 1  # k per group, one partial group at most
     assert sm["schedule/ablation/prompts"] == TINY["prepare"]["heldout_prompts"]  # out of sample: held-out only
-    table = pd.read_csv(t / "p/ablation.csv").set_index("condition")
+    table = pd.read_csv(t / "plots/schedule_ablation.csv").set_index("condition")
     assert list(table.index) == ["C0", "C1", "C2", "C3", "C4"]
     for cond, row in table.iterrows():
         for col, value in row.items():
@@ -215,16 +159,16 @@ def _check_schedule(t: Path, preds: pd.DataFrame, run_id: str) -> None:
 def _check_launch(t: Path, run_id: str) -> None:
     """3 simulated steps of 8 prompts; metrics/launch.json, the output files and the MLflow run agree."""
     rt = TINY["runtime"]
-    lm = json.loads((t / "m/launch.json").read_text())
+    lm = json.loads((t / "metrics/launch.json").read_text())
     assert lm["runtime/summary/finished"] == 1 and lm["runtime/summary/iterations"] == rt["iterations"]
     assert lm["runtime/summary/prompts_trained"] == rt["iterations"] * rt["global_batch_prompts"]
-    iterations = pd.read_parquet(t / "launch/iterations.parquet")
+    iterations = pd.read_parquet(t / "outputs/launch/iterations.parquet")
     assert iterations.step.tolist() == [1, 2, 3]
     assert (iterations["train/prompts"] == rt["global_batch_prompts"]).all()
-    minibatches = pd.read_parquet(t / "launch/minibatches.parquet")
+    minibatches = pd.read_parquet(t / "outputs/launch/minibatches.parquet")
     assert lm["runtime/summary/minibatches"] == len(minibatches)
     assert minibatches.prompts.sum() >= lm["runtime/summary/prompts_trained"]
-    summary = json.loads((t / "launch/summary.json").read_text())
+    summary = json.loads((t / "outputs/launch/summary.json").read_text())
     assert summary["metrics"] == lm and summary["trainer_step"] == rt["iterations"]
     assert summary["mlflow_run_id"] == run_id
     runtime = {
@@ -241,7 +185,7 @@ def _resume_keeps_chunks(params, p, full: pd.DataFrame) -> None:
     ref = json.loads((p.policy / "policy.json").read_text())
     work = p.work_dir / profile.run_key(prompts, params.profile, ref, params.common.seed)
     work.mkdir(parents=True)
-    engine = profile.make_engine_from_params(params.profile, policy_model_path(p.policy), params.common.seed)
+    engine = profile_engine(params.profile, policy_model_path(p.policy), params.common.seed)
     chunks = profile.profile_chunks(engine, prompts, params.profile, params.common.seed, work)
     assert len(chunks) == 5  # 9 minibatches of 16 prompts, 2 per chunk
     first = chunks[0].stat().st_mtime_ns
@@ -269,26 +213,26 @@ def _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path: Path, paths: launch.Pa
     }
     raw = tiny_params(LEARNING_POLICY, {"runtime": grpo_runtime, "common": {"experiment": "e2e-grpo"}})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    history = paths.state_dir / "C4" / launch.HISTORY_FILE
+    history = paths.state_dir / "C4" / HISTORY_FILE
     history.unlink(missing_ok=True)
 
     def stage() -> dict:
         return run_stage("launch", launch.run, paths, tmp_path / "params.yaml", resume_run=launch.resume_run_id)
 
-    record = launch.Recorder.__call__
+    record = Recorder.__call__
 
-    def ctrl_c_after_step_2(self: launch.Recorder, cu: object, metrics: dict) -> None:
+    def ctrl_c_after_step_2(self: Recorder, cu: object, metrics: dict) -> None:
         record(self, cu, metrics)
         if cu.step == 2:  # the driver's main thread, between steps: where a Ctrl-C lands
             raise KeyboardInterrupt
 
-    launch.Recorder.__call__ = ctrl_c_after_step_2
+    Recorder.__call__ = ctrl_c_after_step_2
     try:
         with pytest.raises(KeyboardInterrupt):
             stage()
     finally:
-        launch.Recorder.__call__ = record
-    run_id = json.loads((paths.state_dir / "C4" / launch.RUN_FILE).read_text())["run_id"]
+        Recorder.__call__ = record
+    run_id = json.loads((paths.state_dir / "C4" / RUN_FILE).read_text())["run_id"]
     client = MlflowClient()
     assert client.get_run(run_id).info.status == "KILLED"
     state = json.loads((paths.state_dir / "C4/runtime_state.json").read_text())

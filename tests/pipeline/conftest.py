@@ -20,8 +20,9 @@ from mlflow import MlflowClient
 
 from asp.config import Params, deep_merge, validate_params
 from asp.demo.task import generate_problems, intended_length
-from asp.pipeline import policy, rebase, train_predictor
-from asp.pipeline.loaders import load_trained_predictor
+from asp.pipeline import policy, train_predictor
+from asp.steps.loaders import load_trained_predictor
+from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, end_run, start_run
 
 EXPERIMENT = "stage-tests"

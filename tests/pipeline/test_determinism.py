@@ -20,7 +20,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from asp.pipeline import profile, rebase, train_predictor
+from asp.pipeline import profile, train_predictor
+from asp.steps.paths import rebase
 from asp.tracking import NullTracker
 
 from .conftest import Built

@@ -20,10 +20,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from asp.adaptation import launch_drift
+from asp.adaptation.predictions import Predictions
+from asp.adaptation.summary import drift_summary
+from asp.adaptation.watch import HISTORY_FILE, DriftWatch
 from asp.drift.rebalance import rebalance
 from asp.io import write_json, write_parquet
-from asp.pipeline import launch_drift
-from asp.pipeline.drift_watch import HISTORY_FILE, DriftWatch, Predictions
 from asp.plots import save_figure
 from asp.plots.drift import drift_figure
 from asp.predictor.calibration import CalibrationMap
@@ -148,7 +150,7 @@ def test_windows_are_logged_and_warn_tags_the_run(
     assert [r["drift/window_index"] for r in events] == [5.0, 9.0, 13.0]
     assert "calibration bias" in tags["drift.event.1"] and set(tags) >= {"drift.event.2", "drift.event.3"}
     assert all(r["action"] == "warn" for r in events) and not cu.replans and not cu.stop_reason
-    summary = launch_drift.drift_summary(watch)
+    summary = drift_summary(watch)
     assert summary["drift/summary/events"] == 3 and summary["drift/summary/actions"] == 0
     assert summary["drift/summary/first_event_step"] == 5.0
     assert summary["drift/summary/lost_prompts"] == 0 and summary["drift/summary/duplicated_prompts"] == 0
@@ -179,7 +181,7 @@ def test_recalibrate_replans_exactly_the_pending_prompts(
     loads = watch.predictions.calibrated
     expect, _ = rebalance(db.plans[1][1].minibatches, loads, K, **BALANCE)
     assert [list(mb) for mb in full.minibatches] == expect
-    summary = launch_drift.drift_summary(watch)
+    summary = drift_summary(watch)
     assert summary["drift/summary/actions"] == 1 and summary["drift/summary/switches"] == 1
     assert summary["drift/summary/lost_prompts"] == 0 and summary["drift/summary/duplicated_prompts"] == 0
     after = [r for r in watch.windows() if r["plan_version"] == 2]
@@ -226,7 +228,7 @@ def test_resume_keeps_the_history_up_to_the_step_and_applies_an_accepted_reprofi
     drive(cu, watch, stream)
     stopped_at = cu.step  # request_stop: the checkpoint covers everything trained so far
     state = db.state()
-    # a re-profile accepted as v2 (the files `asp.pipeline.reprofile` writes): new predictions, C4 plans
+    # a re-profile accepted as v2 (the files `asp.adaptation.reprofile` writes): new predictions, C4 plans
     db2 = Database(stream["plan"], {p: p for p in stream["ids"]})
     db2.restore(state)
     pending = db2.pending_prompts()
@@ -239,7 +241,9 @@ def test_resume_keeps_the_history_up_to_the_step_and_applies_an_accepted_reprofi
     write_parquet(frame, v2 / "predictions.parquet")
     rest_frame = frame.set_index("prompt_id").loc[pending].reset_index()
     for name, f in (("rest", rest_frame), ("full", frame)):
-        sched = build_schedule(f["prompt_id"].to_numpy(), f["predicted_length"].to_numpy(), b=B, kappa=0, k=K)
+        sched = build_schedule(
+            f["prompt_id"].to_numpy(), f["predicted_length"].to_numpy(), b=B, kappa=0, k=K, iterations=2_000_000
+        )
         write_parquet(schedule_to_frame(sched), v2 / f"{name}.parquet")
     write_json({"version": 2, "accepted": True, "kendall_tau": 0.95, "seconds": {"total": 12.5}}, v2 / "report.json")
     # a new session (as after the in-process re-profile or a new launch): on_start after the restore
@@ -252,7 +256,7 @@ def test_resume_keeps_the_history_up_to_the_step_and_applies_an_accepted_reprofi
     assert resumed.monitor.windows_emitted == len(resumed.windows()) and resumed.actions == 1
     drive(cu2, resumed, stream)
     assert db2.exhausted
-    summary = launch_drift.drift_summary(resumed)
+    summary = drift_summary(resumed)
     assert summary["drift/summary/predictor_version_final"] == 2 and summary["drift/summary/switches"] == 1
     assert summary["drift/summary/reprofile_s"] == 12.5 and summary["drift/summary/reprofile_accepted"] == 1
     assert summary["drift/summary/lost_prompts"] == 0 and summary["drift/summary/duplicated_prompts"] == 0

@@ -18,9 +18,10 @@ from scipy import stats
 from sklearn.isotonic import IsotonicRegression
 
 from asp.errors import UserError
-from asp.pipeline import evaluate, rebase
+from asp.pipeline import evaluate
 from asp.predictor.calibration import CalibrationMap, fit_calibration
 from asp.predictor.train import predict_lengths
+from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, NullTracker, end_run
 
 from .conftest import N_HELDOUT, TINY_PREDICTOR, Built, artifact_paths, make_params

@@ -40,10 +40,11 @@ from mlflow import MlflowClient
 from asp.config import Params
 from asp.demo.task import generate_problems, intended_length
 from asp.pipeline import launch, profile
-from asp.pipeline.loaders import load_policy_tokenizer
 from asp.runtime.testhooks import KILL_ENV, LEDGER_ENV
 from asp.schedule import build_schedule, schedule_to_frame
 from asp.stage import run_stage
+from asp.steps.launch_state import RUN_FILE
+from asp.steps.loaders import load_policy_tokenizer
 from asp.tracking import PARENT_ENV
 
 from .conftest import Built, chat_template, make_params, write_prompts
@@ -84,7 +85,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory, demo_policy: Built) -> Path
     roles = {"train": list(range(N_TRAIN)), "profile": [0, 1, 2, 3], "heldout": [4, 5]}
     frames = write_prompts(root / "outputs/prompts", records, roles, template)
     ids = frames["train"]["prompt_id"].to_numpy()
-    sched = build_schedule(ids, [float(intended_length(r)) for r in records], b=2, kappa=0, k=2)
+    sched = build_schedule(ids, [float(intended_length(r)) for r in records], b=2, kappa=0, k=2, iterations=2_000_000)
     (root / "outputs/schedule").mkdir()
     schedule_to_frame(sched).to_parquet(root / "outputs/schedule/schedule.parquet", index=False)
     return root
@@ -199,7 +200,7 @@ def test_launch_killed_at_a_phase_boundary_continues_exactly_once(
 ) -> None:
     root, params = _project(inputs, tmp_path, {"runtime": {**RUNTIME, "ray_address": ray_address}})
     _killed(root, "launch", point)
-    run_id = json.loads((root / "outputs/launch_state/C4" / launch.RUN_FILE).read_text())["run_id"]
+    run_id = json.loads((root / "outputs/launch_state/C4" / RUN_FILE).read_text())["run_id"]
     metrics = _rerun(root, "launch", monkeypatch)
     says, resumed_from = LAUNCH_POINTS[point]
     assert says in capsys.readouterr().err

@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from asp.pipeline.launch import Paths, ResumePoint, fingerprint_extra, heldout_metrics, read_history
+from asp.pipeline.launch import Paths, ResumePoint, heldout_metrics
 from asp.runtime import grpo_summary
+from asp.steps.launch_state import fingerprint_extra, read_history
 from asp.trainers.heldout import HELDOUT_SEED_OFFSET, heldout_problems
 from tests.trainers.test_heldout import save_tiny_demo_policy
 

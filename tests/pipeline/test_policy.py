@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from asp.demo.tokenizer import VOCAB_SIZE
 from asp.errors import UserError
-from asp.pipeline import policy, rebase
-from asp.pipeline.loaders import load_policy_tokenizer, policy_model_path
+from asp.pipeline import policy
+from asp.steps.loaders import load_policy_tokenizer, policy_model_path
+from asp.steps.paths import rebase
 from asp.tracking import NullTracker
 
 from .conftest import TINY_POLICY, Built, make_params, read_metrics

@@ -14,8 +14,9 @@ import pytest
 
 from asp.errors import UserError
 from asp.io import write_json
-from asp.pipeline import predict, rebase
+from asp.pipeline import predict
 from asp.predictor.train import predict_lengths
+from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, NullTracker, end_run
 
 from .conftest import N_TRAIN, TINY_PREDICTOR, Built, make_params

@@ -19,8 +19,10 @@ import pandas as pd
 import pytest
 
 from asp.demo.task import generate_problems
-from asp.pipeline import profile, rebase
-from asp.pipeline.loaders import load_policy_tokenizer, policy_model_path
+from asp.pipeline import profile
+from asp.steps.engine import profile_engine
+from asp.steps.loaders import load_policy_tokenizer, policy_model_path
+from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, NullTracker, end_run
 
 from .conftest import Built, artifact_paths, make_params, write_prompts
@@ -177,7 +179,7 @@ def test_progress_counts_the_minibatches_saved_chunks_hold(
     prompts = profile.load_profile_prompts(paths.prompts)
     prof = make_params({"profile": {"n_samples": N_SAMPLES, "max_new_tokens": CAP, "minibatch_prompts": MB,
                                     "chunk_minibatches": 2}}).profile  # fmt: skip
-    engine = profile.make_engine_from_params(prof, policy_model_path(demo_policy.paths.out_dir), 0)
+    engine = profile_engine(prof, policy_model_path(demo_policy.paths.out_dir), 0)
     work = tmp_path / "work"
     work.mkdir()
     chunks = profile.profile_chunks(engine, prompts, prof, 0, work)

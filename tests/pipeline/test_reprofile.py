@@ -1,4 +1,4 @@
-"""Re-profiling a stopped launch run (`asp.pipeline.reprofile`, `asp reprofile`) on the tiny demo policy and the
+"""Re-profiling a stopped launch run (`asp.adaptation.reprofile`, `asp reprofile`) on the tiny demo policy and the
 one-epoch MiniLM predictor: 48 training prompts in a 24-minibatch schedule (b 2, k 2), a runtime checkpoint that
 trained the first 5 minibatches and half of the 6th (37 prompts remain) and a trainer checkpoint at step 3.
 
@@ -24,14 +24,18 @@ import pytest
 import yaml
 from safetensors.torch import load_file, save_file
 
+from asp.adaptation import reprofile
+from asp.adaptation.versions import Accepted, latest_accepted, rest_plan_for
 from asp.demo.task import generate_problems, intended_length
 from asp.errors import UserError
 from asp.io import read_json
-from asp.pipeline import evaluate, launch, rebase, reprofile
-from asp.pipeline.loaders import load_policy_tokenizer, policy_model_path
+from asp.pipeline import evaluate, launch
 from asp.runtime import RuntimeConfig, WorkPlan, make_checkpointer
 from asp.runtime.database import Database
 from asp.schedule import build_schedule, schedule_to_frame
+from asp.steps.launch_state import fingerprint_extra
+from asp.steps.loaders import load_policy_tokenizer, policy_model_path
+from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, NullTracker, end_run, predictor_versions
 
 from .conftest import TINY_PREDICTOR, Built, chat_template, make_params, write_prompts
@@ -58,7 +62,7 @@ def pipeline(
     root = tmp_path_factory.mktemp("reprofile")
     name = f"reprofile-test-{uuid.uuid4().hex[:8]}"
     params = make_params({**OVERLAY, "drift": {**OVERLAY["drift"], "registry_model": name}})
-    paths = rebase(reprofile.Paths(), root)
+    paths = rebase(launch.Paths(), root)
     (root / "outputs").mkdir()
     (root / "outputs/policy").symlink_to(demo_policy.paths.out_dir.resolve())
     (root / "outputs/predictor").symlink_to(trained_predictor.paths.out_dir.resolve())
@@ -66,7 +70,9 @@ def pipeline(
     records = generate_problems(N_TRAIN, seed=11)
     roles = {"train": list(range(N_TRAIN))}
     prompts = write_prompts(paths.prompts.parent, records, roles, chat_template(tok))["train"]
-    sched = build_schedule(prompts["prompt_id"].to_numpy(), [intended_length(r) for r in records], b=2, kappa=0, k=2)
+    sched = build_schedule(
+        prompts["prompt_id"].to_numpy(), [intended_length(r) for r in records], b=2, kappa=0, k=2, iterations=2_000_000
+    )
     paths.schedule.parent.mkdir(parents=True)
     schedule_to_frame(sched).to_parquet(paths.schedule, index=False)
 
@@ -81,9 +87,7 @@ def pipeline(
     plan = WorkPlan.from_frame(pd.read_parquet(paths.schedule))
     template = root / "state_template"
     consumed = {str(t): len(plan.minibatches[t]) for t in range(DONE_MINIBATCHES)} | {str(DONE_MINIBATCHES): 1}
-    ckpt = make_checkpointer(
-        plan, RuntimeConfig.from_params(params), template, launch.fingerprint_extra(params.runtime)
-    )
+    ckpt = make_checkpointer(plan, RuntimeConfig.from_params(params), template, fingerprint_extra(params.runtime))
     ckpt.save(
         database={"epochs_created": 1, "consumed": consumed},
         trainer_step=3,
@@ -139,11 +143,11 @@ def test_accepted_reprofile_schedules_exactly_the_remaining_prompts_and_register
     assert report["remaining_prompts"] == 37 and report["registry"] == {"name": pipeline["name"], "version": 2}
     assert report["tau"] == report["kendall_tau"] == pytest.approx(result.tau) and report["seconds"] > 0
 
-    accepted = reprofile.latest_accepted(state)
+    accepted = latest_accepted(state)
     assert accepted is not None and accepted.version == 2 and accepted.rest == rest and accepted.full == full
     assert len(accepted.predictions) == N_TRAIN
-    assert reprofile.rest_plan_for(pipeline["params"], accepted, remaining) is accepted.rest
-    fewer = reprofile.rest_plan_for(pipeline["params"], accepted, remaining[3:])
+    assert rest_plan_for(pipeline["params"], accepted, remaining) is accepted.rest
+    fewer = rest_plan_for(pipeline["params"], accepted, remaining[3:])
     assert sorted(fewer.prompt_ids()) == sorted(remaining[3:])
 
     found = predictor_versions(pipeline["name"])
@@ -162,10 +166,10 @@ def test_accepted_reprofile_schedules_exactly_the_remaining_prompts_and_register
     rest3 = WorkPlan.from_frame(pd.read_parquet(again.directory / "rest.parquet"))
     assert len(pending) < 37 and sorted(rest3.prompt_ids()) == sorted(pending)
     assert [v["version"] for v in predictor_versions(pipeline["name"])] == [1, 2, 3]
-    assert reprofile.latest_accepted(state).version == 3
+    assert latest_accepted(state).version == 3
 
 
-def _apply_and_train(pipeline: dict[str, Any], state: Path, accepted: reprofile.Accepted) -> list[Any]:
+def _apply_and_train(pipeline: dict[str, Any], state: Path, accepted: Accepted) -> list[Any]:
     """Restore the run's Database, replan it with `accepted` (as launch's on_start does), train the next dispatch
     unit and checkpoint at step 5; returns the prompts then remaining."""
     params = pipeline["params"]
@@ -177,7 +181,7 @@ def _apply_and_train(pipeline: dict[str, Any], state: Path, accepted: reprofile.
     for item in db.next_unit(0):
         db.complete(item.task_id)
         db.mark_consumed(item.task_id, len(item.prompt_ids))
-    ckpt = make_checkpointer(plan, RuntimeConfig.from_params(params), state, launch.fingerprint_extra(params.runtime))
+    ckpt = make_checkpointer(plan, RuntimeConfig.from_params(params), state, fingerprint_extra(params.runtime))
     ckpt.save(database=db.state(), trainer_step=5, policy_version=5, trainer_state={}, finished=False)
     return db.pending_prompts()
 
@@ -217,14 +221,14 @@ def test_closed_gate_writes_a_rejected_report_and_no_plans(
     report = read_json(version / "report.json")
     assert report["accepted"] is False and report["min_tau"] == 1.0 and "below evaluate.min_tau" in report["message"]
     assert "| accepted | false |" in out and "rejected" in out
-    assert reprofile.latest_accepted(state) is None
+    assert latest_accepted(state) is None
 
 
 def test_a_finished_run_has_nothing_left_to_reschedule(pipeline: dict[str, Any], tmp_path: Path) -> None:
     state = _state_dir(pipeline, tmp_path)
     plan = WorkPlan.from_frame(pd.read_parquet(pipeline["paths"].schedule))
     params = pipeline["params"]
-    ckpt = make_checkpointer(plan, RuntimeConfig.from_params(params), state, launch.fingerprint_extra(params.runtime))
+    ckpt = make_checkpointer(plan, RuntimeConfig.from_params(params), state, fingerprint_extra(params.runtime))
     everything = {str(t): len(mb) for t, mb in enumerate(plan.minibatches)}
     ckpt.save(
         database={"epochs_created": 1, "consumed": everything},

@@ -17,9 +17,10 @@ import pytest
 
 from asp.errors import UserError
 from asp.io import write_json
-from asp.pipeline import rebase, schedule
+from asp.pipeline import schedule
 from asp.predictor.calibration import cross_fit_calibration
 from asp.schedule import ScheduleSpec, ablation
+from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, NullTracker, end_run
 
 from .conftest import artifact_paths, make_params

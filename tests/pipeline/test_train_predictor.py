@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from asp.errors import UserError
-from asp.pipeline import rebase, train_predictor
+from asp.pipeline import train_predictor
 from asp.predictor.train import predict_lengths
+from asp.steps.paths import rebase
 from asp.tracking import NullTracker
 
 from .conftest import N_PROFILE, TINY_PREDICTOR, Built, artifact_paths, make_params, read_metrics

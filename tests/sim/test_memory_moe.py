@@ -177,7 +177,7 @@ def test_parameter_count_matches_transformers_tiny_models(tmp_path: Path) -> Non
     import torch
     from transformers import AutoModelForCausalLM
 
-    from asp.pipeline.memory_check import read_config_json
+    from asp.steps.memory_check import read_config_json
 
     for name, config in _tiny_models():
         torch.manual_seed(0)

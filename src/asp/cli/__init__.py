@@ -79,7 +79,7 @@ def params_check(
     import yaml
 
     from asp.cli.plan import load_params_with
-    from asp.pipeline.layout_check import enforce_layout
+    from asp.steps.layout_check import enforce_layout
 
     resolved = load_params_with(params, preset, list(set_ or []))
     layout = enforce_layout(resolved)  # ranks and actors vs the declared GPUs, before the per-rank memory verdict
@@ -110,7 +110,7 @@ def _simulate_check(params: Params) -> str:
 def _memory_check(params: Params) -> str:
     """`runtime.memory.check` with the grpo trainer: `UserError` on a misfit, else a one-line summary (or why the
     check was skipped, or that a CPU trainer is not checked)."""
-    from asp.pipeline.memory_check import enforce, skip_note
+    from asp.steps.memory_check import enforce, skip_note
     from asp.sim.memory import gib
 
     rt = params.runtime

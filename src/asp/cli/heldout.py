@@ -34,7 +34,7 @@ def held_out_reward(
     among the `prompts` file's problems; returns it and how many candidate problems were skipped for that."""
     import pandas as pd
 
-    from asp.pipeline.loaders import policy_model_path
+    from asp.steps.loaders import policy_model_path
     from asp.trainers.heldout import heldout_problems, heldout_rewards
 
     exclude: set[str] = set()

@@ -74,8 +74,8 @@ HEADER = (
 def cluster_for(params: Any) -> Any:
     """The `Cluster` of `simulate.plan` (the TU minimum raised to what the memory estimate needs); `UserError` when
     the numbers do not make a cluster."""
-    from asp.pipeline.memory_check import min_trainer_devices
     from asp.sim.planner import Cluster
+    from asp.steps.memory_check import min_trainer_devices
 
     plan = params.simulate.plan
     tu_min = plan.tu_min_devices
@@ -311,7 +311,7 @@ def memory(
     """Estimate trainer and vLLM memory per device; exit 2 with what to change when the layout does not fit."""
     import json
 
-    from asp.pipeline.memory_check import format_report, memory_report, report_dict, skip_note
+    from asp.steps.memory_check import format_report, memory_report, report_dict, skip_note
 
     if list_:
         _list_architectures()

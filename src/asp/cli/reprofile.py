@@ -7,7 +7,7 @@
 Profiles `drift.reprofile_prompts` of the run's remaining prompts with the current policy, fine-tunes the predictor
 from its newest accepted version, gates it on held-out Kendall tau (`evaluate.min_tau`) and, when accepted, writes
 ``<state-dir>/predictors/v<k>/`` with the schedule of the remaining prompts, which the next `launch` applies
-(`asp.pipeline.reprofile`). Logs to its own MLflow run (`reprofile`) unless `--run-id` names one. Prints a result
+(`asp.adaptation.reprofile`). Logs to its own MLflow run (`reprofile`) unless `--run-id` names one. Prints a result
 table. Exit codes: 0 done (accepted or rejected), 1 rejected with `--strict`, 2 a user error (no checkpoint, a
 finished run, missing pipeline outputs).
 """
@@ -33,18 +33,20 @@ def reprofile(
     reason: Annotated[str, typer.Option(help="why (recorded in the report)")] = "manual",
 ) -> None:
     """Re-profile the current policy on the run's remaining prompts and re-schedule them (drift)."""
+    from asp.adaptation.position import check_checkpoint
+    from asp.adaptation.reprofile import load_train_prompts
+    from asp.adaptation.reprofile import reprofile as run_reprofile
     from asp.cli.plan import load_params_with
     from asp.env import set_offline_defaults
-    from asp.pipeline.reprofile import Paths, check_checkpoint, load_train_prompts
-    from asp.pipeline.reprofile import reprofile as run_reprofile
+    from asp.steps.paths import LaunchPaths
     from asp.tracking import attach_run, open_tracker
 
     set_offline_defaults()
     p = load_params_with(params, None, list(set_ or []))
     directory = state_dir or Path("outputs/launch_state") / p.runtime.condition
     check_checkpoint(directory)  # what the user must fix comes before MLflow opens (or creates) its store
-    if not Paths().prompts.is_file():
-        load_train_prompts(Paths().prompts)  # raises, naming the file and the stage that writes it
+    if not LaunchPaths().prompts.is_file():
+        load_train_prompts(LaunchPaths().prompts)  # raises, naming the file and the stage that writes it
     common = p.common
     if run_id:
         tracker = attach_run(run_id, common.tracking_uri)

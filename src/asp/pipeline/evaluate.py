@@ -9,7 +9,7 @@ calibrated by a map fitted on the other folds; `predictor/calibration_folds` say
 `evaluate.min_tau` gates the pipeline: below it the stage fails (or warns, `evaluate.on_fail: warn`).
 A predictor that passes (or is let through with a warning) is logged to the stage's MLflow run and registered in
 the MLflow Model Registry as a version of `drift.registry_model` with tags kendall_tau, policy_step 0,
-predictor_version 1 and run_id (later versions come from re-profiling during launch, `asp.pipeline.reprofile`).
+predictor_version 1 and run_id (later versions come from re-profiling during launch, `asp.adaptation.reprofile`).
 
 Run: `asp stage evaluate` (what `dvc repro evaluate` calls).
 """
@@ -17,8 +17,6 @@ Run: `asp stage evaluate` (what `dvc repro evaluate` calls).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,19 +24,10 @@ import numpy as np
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import write_json
-from asp.pipeline.loaders import load_trained_predictor, profiled_texts
 from asp.plots import save_figure
+from asp.steps.loaders import load_trained_predictor, profiled_texts
+from asp.steps.paths import EvaluatePaths as Paths
 from asp.tracking import Tracker, register_predictor
-
-
-@dataclass(frozen=True)
-class Paths:
-    prompts: Path = Path("outputs/prompts")
-    profile: Path = Path("outputs/profile")
-    predictor: Path = Path("outputs/predictor")
-    calibration: Path = Path("outputs/calibration.json")
-    metrics: Path = Path("metrics/predictor.json")
-    plot: Path = Path("plots/predictor_scatter.png")
 
 
 def scatter_figure(pred: np.ndarray, true: np.ndarray, calibrated: np.ndarray, tau: float) -> Any:

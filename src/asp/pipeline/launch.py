@@ -12,7 +12,7 @@ outputs/launch_state/<condition>/, which DVC keeps between runs: an interrupted 
 same MLflow run with steps continuing, and the runtime's run log there makes the summary, iterations.parquet and
 minibatches.parquet cover the whole run. A run killed after its last step but before the stage finished (the
 held-out evaluation, the outputs) is finished by the rerun without training again; a run killed before its first
-checkpoint starts afresh in the same MLflow run (`asp.pipeline.launch_state`). Ray processes a killed launch left
+checkpoint starts afresh in the same MLflow run (`asp.steps.launch_state`). Ray processes a killed launch left
 running are stopped when the next one starts (`asp.runtime.raysession`).
 
 With the grpo trainer on the built-in demo task, the stage then measures the held-out reward before and after
@@ -27,7 +27,7 @@ plots/launch_timeline.png; logs every iteration to MLflow.
 
 With ``drift.enabled`` a `DriftWatch` observes every ingested minibatch (``drift/...`` metrics per window, warn /
 recalibrate / reprofile on confirmed drift); a session stopped for a re-profile is re-profiled and resumed here,
-or handed off to the Prefect drift loop (``ASP_DRIFT_HANDOFF=1``). `asp.pipeline.launch_drift` holds that part;
+or handed off to the Prefect drift loop (``ASP_DRIFT_HANDOFF=1``). `asp.adaptation` holds that part;
 metrics/launch.json then gets ``drift/summary/...`` and plots/launch_drift.png is drawn. Without it the stage
 does exactly what it did before.
 
@@ -45,112 +45,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from asp.adaptation import launch_drift
 from asp.config import DEMO_DATASET, Params, RuntimeParams
 from asp.errors import UserError
-from asp.io import atomic_path, read_json, write_json, write_parquet
-from asp.pipeline import launch_drift
-from asp.pipeline.launch_state import (  # noqa: F401 - read_history: the names launch always had
-    HISTORY_FILE,
-    RUN_FILE,
-    Recorder,
-    continued_run_id,
-    read_history,
-    start_session,
-)
-from asp.pipeline.loaders import policy_model_path, schedule_spec
+from asp.io import atomic_path, write_json, write_parquet
 from asp.plots import save_figure
 from asp.runtime.testhooks import kill_point, trainer_ledger
+from asp.steps.engine import engine_spec
+from asp.steps.launch_state import HISTORY_FILE, Recorder, continued_run_id, fingerprint_extra, start_session
+from asp.steps.loaders import policy_model_path
+from asp.steps.paths import LaunchPaths as Paths
+from asp.steps.scheduling import load_plan
 from asp.tracking import Tracker
 
-ENGINE_FIELDS = ("kind", "device", "dtype", "num_threads", "vllm")
 HELDOUT_NOTE = "heldout"  # the run-log note that keeps the measured held-out reward for a rerun
-# GRPO settings that change neither the learning problem nor the results: a checkpoint stays resumable
-# when only these differ (e.g. a smaller micro-batch after running out of memory).
-GRPO_OPERATIONAL = (
-    "micro_batch_tokens",
-    "device",
-    "autocast_dtype",
-    "num_threads",
-    "transport",
-    "snapshot_dir",
-    "keep_snapshots",
-    "keep_checkpoints",
-    "max_nan_steps",
-    "world_size",  # a sharded (DCP) checkpoint loads on another number of ranks
-    "backend",
-    "activation_checkpointing",
-    "cpu_offload",
-)
-
-
-@dataclass(frozen=True)
-class Paths:
-    policy: Path = Path("outputs/policy")
-    prompts: Path = Path("outputs/prompts/train.parquet")
-    schedule: Path = Path("outputs/schedule/schedule.parquet")
-    predictions: Path = Path("outputs/predictions.parquet")
-    calibration: Path = Path("outputs/calibration.json")
-    out_dir: Path = Path("outputs/launch")
-    state_dir: Path = Path("outputs/launch_state")
-    metrics: Path = Path("metrics/launch.json")
-    plot: Path = Path("plots/launch_timeline.png")
-    predictor_metrics: Path = Path("metrics/predictor.json")  # drift: the reference Kendall tau
-    drift_plot: Path = Path("plots/launch_drift.png")
-
-
-def engine_spec(runtime: RuntimeParams, model_path: Path) -> Any:
-    """Picklable engine recipe for every generation actor."""
-    from asp.runtime import EngineSpec
-
-    engine = runtime.engine
-    if engine.kind == "vllm":
-        opts = {
-            "tensor_parallel_size": engine.vllm.tensor_parallel_size,
-            "dtype": engine.dtype,
-            "gpu_memory_utilization": engine.vllm.gpu_memory_utilization,
-            "max_model_len": engine.vllm.max_model_len,
-            "weight_transfer": engine.vllm.weight_transfer,
-            "weight_bucket_mb": engine.vllm.weight_bucket_mb,
-        }
-    else:
-        opts = {"device": engine.device, "dtype": engine.dtype, "num_threads": engine.num_threads}
-    return EngineSpec(engine.kind, str(model_path), opts)
-
-
-def load_plan(params: Params, paths: Paths) -> Any:
-    """The work plan of `runtime.condition`: the schedule stage's output for C4, rebuilt for C0-C3."""
-    from asp.runtime import WorkPlan
-
-    cond = params.runtime.condition
-    if cond == "C4":
-        if not paths.schedule.is_file():
-            raise UserError(f"{paths.schedule}: missing. Run the schedule stage first (`dvc repro schedule`).")
-        return WorkPlan.from_frame(pd.read_parquet(paths.schedule))
-    from asp.predictor.calibration import CalibrationMap
-    from asp.schedule import condition_schedule
-
-    if not paths.predictions.is_file():
-        raise UserError(f"{paths.predictions}: missing. Run the predict stage first (`dvc repro predict`).")
-    preds = pd.read_parquet(paths.predictions)
-    cal = CalibrationMap.from_dict(read_json(paths.calibration)) if paths.calibration.is_file() else None
-    sched = condition_schedule(
-        preds["prompt_id"].to_numpy(),
-        preds["predicted_length"].to_numpy(np.float64),
-        cond,
-        **schedule_spec(params.schedule).kwargs(),
-        seed=params.common.seed,
-        calibration=cal,
-        loads=params.schedule.loads if cal is not None else "raw",
-    )
-    return WorkPlan.from_schedule(sched)
-
-
-def fingerprint_extra(runtime: RuntimeParams) -> dict[str, Any]:
-    """What a runtime checkpoint must match besides the plan: the mode, the trainer and its learning settings."""
-    if runtime.trainer != "grpo":
-        return {"trainer": runtime.trainer, "mode": runtime.mode}
-    grpo = {k: v for k, v in runtime.grpo.model_dump().items() if k not in GRPO_OPERATIONAL}
-    return {"trainer": "grpo", "mode": runtime.mode, "grpo": grpo}
 
 
 @dataclass(frozen=True)
@@ -191,7 +99,7 @@ def resume_point(params: Params, paths: Paths) -> ResumePoint:
 
 
 def resume_run_id(params: Params, paths: Paths) -> str | None:
-    """The MLflow run this launch continues (None: a new run); see `asp.pipeline.launch_state`."""
+    """The MLflow run this launch continues (None: a new run); see `asp.steps.launch_state`."""
     try:
         point = resume_point(params, paths)
     except UserError:
@@ -272,7 +180,7 @@ def load_prompts(path: Path) -> tuple[pd.DataFrame, dict[Any, str]]:
 
 
 def begin(point: ResumePoint, runtime: RuntimeParams, tracker: Tracker) -> None:
-    """Record this session in the state directory (`asp.pipeline.launch_state.start_session`) and say what it does."""
+    """Record this session in the state directory (`asp.steps.launch_state.start_session`) and say what it does."""
     start_session(point.directory, point.state is None, point.step, tracker.run_id, point.fingerprint)
     done = f"after step {point.step}" if point.state is not None else f"fresh run ({point.reason})"
     print(f"[launch] {runtime.condition}, trainer {runtime.trainer}: {done}", file=sys.stderr)
@@ -437,7 +345,7 @@ def train(
             begin(point, runtime, tracker)
             return run_session(point, prompts_by_id, engine, factory, runtime, tracker, watch)
 
-        summary = launch_drift.resume_after_drift(params, watch, summary, tracker, resume)
+        summary = launch_drift.resume_after_drift(params, paths, watch, summary, tracker, resume)
     return summary, watch, point
 
 
@@ -512,7 +420,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     from asp.runtime.raysession import reap_dead_sessions
 
     if params.runtime.trainer == "grpo":  # fits-or-fails before any worker starts (runtime.memory, docs/memory.md)
-        from asp.pipeline.memory_check import enforce
+        from asp.steps.memory_check import enforce
 
         enforce(params)
     reap_dead_sessions()  # Ray processes a killed launch left running

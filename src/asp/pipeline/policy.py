@@ -6,7 +6,7 @@
 * `policy.source: path` (cluster preset): record the user's local checkpoint path and a content hash.
 
 Either way `outputs/policy/policy.json` names the checkpoint; later stages call
-`asp.pipeline.loaders.policy_model_path`.
+`asp.steps.loaders.policy_model_path`.
 
 Run: `asp stage policy` (what `dvc repro policy` calls).
 """
@@ -23,13 +23,8 @@ from asp.config import DemoPolicyParams, Params, PolicyEvalParams, PolicyParams
 from asp.errors import UserError
 from asp.io import atomic_path, write_json
 from asp.progress import progress_bar
+from asp.steps.paths import PolicyPaths as Paths
 from asp.tracking import Tracker
-
-
-@dataclass(frozen=True)
-class Paths:
-    out_dir: Path = Path("outputs/policy")
-    metrics: Path = Path("metrics/policy.json")
 
 
 def check_checkpoint(path: str | Path, what: str = "policy.path") -> Path:

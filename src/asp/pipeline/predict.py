@@ -9,8 +9,6 @@ Run: `asp stage predict` (what `dvc repro predict` calls).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,18 +17,10 @@ import pandas as pd
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import read_json, write_json, write_parquet
-from asp.pipeline.loaders import load_trained_predictor
 from asp.progress import progress_bar
+from asp.steps.loaders import load_trained_predictor
+from asp.steps.paths import PredictPaths as Paths
 from asp.tracking import Tracker
-
-
-@dataclass(frozen=True)
-class Paths:
-    prompts: Path = Path("outputs/prompts/train.parquet")
-    predictor: Path = Path("outputs/predictor")
-    calibration: Path = Path("outputs/calibration.json")
-    out: Path = Path("outputs/predictions.parquet")
-    metrics: Path = Path("metrics/predict.json")
 
 
 def load_inputs(params: Params, paths: Paths) -> tuple[Any, Any, pd.DataFrame, str, Any]:

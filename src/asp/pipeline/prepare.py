@@ -18,7 +18,6 @@ Run: `asp stage prepare` (what `dvc repro prepare` calls).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +27,9 @@ import pandas as pd
 from asp.config import DEMO_DATASET, Params, PrepareParams
 from asp.errors import UserError
 from asp.io import write_json, write_parquet
-from asp.pipeline.loaders import load_policy_tokenizer, policy_context_length
+from asp.steps.loaders import load_policy_tokenizer, policy_context_length
+from asp.steps.paths import PreparePaths as Paths
 from asp.tracking import Tracker
-
-
-@dataclass(frozen=True)
-class Paths:
-    policy: Path = Path("outputs/policy")
-    out_dir: Path = Path("outputs/prompts")
-    metrics: Path = Path("metrics/prepare.json")
 
 
 def read_records(path: str | Path) -> pd.DataFrame:

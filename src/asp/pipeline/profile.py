@@ -29,7 +29,7 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,28 +39,19 @@ import pandas as pd
 from asp.config import Params, ProfileParams
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
-from asp.pipeline.loaders import policy_model_path
 from asp.plots import save_figure
 from asp.progress import progress_bar
 from asp.rollout.base import MinibatchTiming, SamplingParams, timed_generate
 from asp.runtime.testhooks import kill_point
+from asp.steps.engine import profile_engine
+from asp.steps.loaders import policy_model_path
+from asp.steps.paths import ProfilePaths as Paths
 from asp.tracking import Tracker
 
 log = logging.getLogger(__name__)
 KEY_RE = re.compile(r"[0-9a-f]{16}")  # what `run_key` names work directories
 TIMING_COLUMNS = ["minibatch", *(f.name for f in fields(MinibatchTiming))]  # the timings CSV, in this order
 RUN_FILE = "mlflow_run.json"  # in the work directory: the MLflow run a resumed profile continues
-
-
-@dataclass(frozen=True)
-class Paths:
-    policy: Path = Path("outputs/policy")
-    prompts: Path = Path("outputs/prompts")
-    out_dir: Path = Path("outputs/profile")
-    work_dir: Path = Path("outputs/.work/profile")
-    metrics: Path = Path("metrics/profile.json")
-    timings: Path = Path("metrics/profile_timings.csv")
-    plot: Path = Path("plots/profile_lengths.png")
 
 
 def load_profile_prompts(prompts_dir: Path) -> pd.DataFrame:
@@ -72,23 +63,6 @@ def load_profile_prompts(prompts_dir: Path) -> pd.DataFrame:
             raise UserError(f"{path}: missing. Run the prepare stage first (`dvc repro prepare`).")
         frames.append(pd.read_parquet(path, columns=["prompt_id", "prompt"]).assign(role=role))
     return pd.concat(frames, ignore_index=True)
-
-
-def make_engine_from_params(prof: ProfileParams, model_path: Path, seed: int) -> Any:
-    """Build the generation engine named by `profile.engine` for `model_path`."""
-    from asp.rollout import make_engine
-
-    if prof.engine == "vllm":
-        return make_engine(
-            "vllm",
-            str(model_path),
-            tensor_parallel_size=prof.vllm.tensor_parallel_size,
-            dtype=prof.dtype,
-            gpu_memory_utilization=prof.vllm.gpu_memory_utilization,
-            max_model_len=prof.vllm.max_model_len,
-            seed=seed,
-        )
-    return make_engine("hf", str(model_path), device=prof.device, dtype=prof.dtype, num_threads=prof.num_threads)
 
 
 def run_key(prompts: pd.DataFrame, prof: ProfileParams, policy_ref: dict[str, Any], seed: int) -> str:
@@ -331,7 +305,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
         write_json({"run_id": tracker.run_id}, work / RUN_FILE)
     tracker.log_params({"profile": prof.model_dump(), "common.seed": seed})
     kill_point("profile:start")
-    engine = make_engine_from_params(prof, policy_model_path(paths.policy), seed)
+    engine = profile_engine(prof, policy_model_path(paths.policy), seed)
     t0 = time.perf_counter()
     chunks = run_chunks(engine, prompts, prof, seed, work)
     kill_point("profile:chunks")

@@ -29,22 +29,12 @@ import pandas as pd
 
 from asp.config import Params
 from asp.errors import UserError
-from asp.io import atomic_path, read_json, write_json, write_parquet
-from asp.pipeline.loaders import schedule_spec
+from asp.io import atomic_path, write_json, write_parquet
 from asp.plots import save_figure
+from asp.steps.loaders import load_calibration
+from asp.steps.paths import SchedulePaths as Paths
+from asp.steps.scheduling import schedule_predictions, schedule_spec
 from asp.tracking import Tracker
-
-
-@dataclass(frozen=True)
-class Paths:
-    predictions: Path = Path("outputs/predictions.parquet")
-    calibration: Path = Path("outputs/calibration.json")
-    profile: Path = Path("outputs/profile/prompts.parquet")
-    heldout: Path = Path("outputs/prompts/heldout.parquet")
-    out_dir: Path = Path("outputs/schedule")
-    metrics: Path = Path("metrics/schedule.json")
-    plot: Path = Path("plots/schedule_loads.png")
-    ablation_csv: Path = Path("plots/schedule_ablation.csv")
 
 
 def load_inputs(paths: Paths) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
@@ -56,11 +46,7 @@ def load_inputs(paths: Paths) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
     for col in ("prompt_id", "predicted_length"):
         if col not in preds.columns:
             raise UserError(f"{paths.predictions}: no '{col}' column; expected prompt_id, predicted_length.")
-    calibration = None
-    if paths.calibration.is_file():
-        from asp.predictor.calibration import CalibrationMap
-
-        calibration = CalibrationMap.from_dict(read_json(paths.calibration))
+    calibration = load_calibration(paths.calibration)
     if not paths.profile.is_file():
         return preds, calibration, None
     if not paths.heldout.is_file():
@@ -146,22 +132,10 @@ def heldout_ablation(
 
 def build(preds: pd.DataFrame, calibration: Any, params: Params, paths: Paths) -> Any:
     """The `Schedule` of every predicted prompt: DP minibatches in balanced batch groups, in dispatch order."""
-    from asp.schedule import build_schedule
-
-    schedule_params = params.schedule
     try:
-        sched = build_schedule(
-            preds["prompt_id"].to_numpy(),
-            preds["predicted_length"].to_numpy(np.float64),
-            **schedule_spec(schedule_params).kwargs(),
-            seed=params.common.seed,
-            calibration=calibration,
-            loads=schedule_params.loads if calibration is not None else "raw",
-            shuffle=schedule_params.shuffle_groups,
-        )
+        return schedule_predictions(params, preds, calibration)
     except ValueError as exc:
         raise UserError(f"{paths.predictions}: cannot build a schedule: {exc}") from None
-    return sched
 
 
 def predicted_metrics(sched: Any, loads_calibrated: bool) -> dict[str, Any]:

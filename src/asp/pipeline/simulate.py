@@ -33,8 +33,10 @@ import pandas as pd
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
-from asp.pipeline.loaders import schedule_spec
 from asp.plots import save_figure
+from asp.steps.loaders import load_calibration
+from asp.steps.paths import SimulatePaths as Paths
+from asp.steps.scheduling import schedule_predictions
 from asp.tracking import Tracker
 
 # the Table 4(b) columns and the simulator's own, as reported per condition
@@ -56,19 +58,6 @@ REPORTED = (
     "sim/training_utilization",
     "sim/events",
 )
-
-
-@dataclass(frozen=True)
-class Paths:
-    predictions: Path = Path("outputs/predictions.parquet")
-    calibration: Path = Path("outputs/calibration.json")
-    samples: Path = Path("outputs/profile/samples.parquet")
-    heldout: Path = Path("outputs/prompts/heldout.parquet")
-    timings: Path = Path("metrics/profile_timings.csv")
-    schedule: Path = Path("outputs/schedule/schedule.parquet")
-    out_dir: Path = Path("outputs/simulate")
-    metrics: Path = Path("metrics/simulate.json")
-    plot: Path = Path("plots/simulate_timeline.png")
 
 
 @dataclass(frozen=True)
@@ -200,7 +189,6 @@ def fit_models(params: Params, paths: Paths) -> Models:
 def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibration: Any) -> dict[str, Any]:
     """The work plan of every simulated condition: C4 = the schedule stage's output, C0-C3 rebuilt."""
     from asp.runtime.plan import WorkPlan
-    from asp.schedule import condition_schedule
 
     plans: dict[str, Any] = {}
     for cond in params.simulate.conditions:
@@ -216,16 +204,7 @@ def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibrati
                 )
             plans[cond] = plan
             continue
-        sched = condition_schedule(
-            preds["prompt_id"].to_numpy(),
-            preds["predicted_length"].to_numpy(np.float64),
-            cond,
-            **schedule_spec(params.schedule).kwargs(),
-            seed=params.common.seed,
-            calibration=calibration,
-            loads=params.schedule.loads if calibration is not None else "raw",
-        )
-        plans[cond] = WorkPlan.from_schedule(sched)
+        plans[cond] = WorkPlan.from_schedule(schedule_predictions(params, preds, calibration, cond))
     return plans
 
 
@@ -243,12 +222,11 @@ def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: A
 
 def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[str, Any]:
     """condition -> `SimResult` of `runtime:` over that condition's plan."""
-    from asp.predictor.calibration import CalibrationMap
     from asp.runtime.config import RuntimeConfig
     from asp.sim.engine import Resources, simulate
 
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
-    calibration = CalibrationMap.from_dict(read_json(paths.calibration)) if paths.calibration.is_file() else None
+    calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
     load = workload(params, models, preds, calibration)
     runtime = dict(params.runtime)

@@ -15,7 +15,6 @@ Run: `asp stage train_predictor` (what `dvc repro train_predictor` calls).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,22 +22,15 @@ import numpy as np
 from asp.config import Params, PredictorParams
 from asp.errors import UserError
 from asp.io import write_json
-from asp.pipeline.loaders import backbone_path, profiled_texts
 from asp.plots import save_figure
 from asp.progress import progress_bar
+from asp.steps.fit import fit_predictor
+from asp.steps.loaders import backbone_path, profiled_texts
+from asp.steps.paths import TrainPredictorPaths as Paths
 from asp.tracking import Tracker
 
 # wall-clock values of a training run: in the metrics file and MLflow, never in the saved predictor
 WALL_CLOCK_KEYS = frozenset({"seconds", "predictor/train_wall_s"})
-
-
-@dataclass(frozen=True)
-class Paths:
-    prompts: Path = Path("outputs/prompts")
-    profile: Path = Path("outputs/profile")
-    out_dir: Path = Path("outputs/predictor")
-    metrics: Path = Path("metrics/train_predictor.json")
-    plot: Path = Path("plots/predictor_curves.png")
 
 
 def build_predictor(predictor: PredictorParams, seed: int) -> tuple[Any, Any]:
@@ -100,11 +92,8 @@ def load_split(paths: Paths, predictor: PredictorParams, seed: int) -> Split:
 
 
 def fit(model: Any, tokenizer: Any, split: Split, predictor: PredictorParams, seed: int, tracker: Tracker) -> Any:
-    """`asp.predictor.train.train_predictor` with a progress bar; each epoch's record is logged as it ends."""
-    from asp.predictor.train import train_predictor
-
-    train_texts, train_lengths = split.part(split.train)
-    val_texts, val_lengths = split.part(split.val)
+    """`asp.steps.fit.fit_predictor` for `predictor.epochs` with a progress bar; each epoch's record is logged as it
+    ends."""
     steps = predictor.epochs * -(-len(split.train) // predictor.batch_size)
     bar = progress_bar(total=steps, desc="train predictor", unit="step")
 
@@ -112,20 +101,13 @@ def fit(model: Any, tokenizer: Any, split: Split, predictor: PredictorParams, se
         tracker.log_metrics({f"predictor/{k}": v for k, v in asdict(rec).items() if k != "epoch"}, step=rec.epoch)
         bar.set_postfix(val_tau=f"{rec.val_tau:.3f}")
 
-    result = train_predictor(
+    result = fit_predictor(
         model,
         tokenizer,
-        train_texts,
-        train_lengths,
-        val_texts,
-        val_lengths,
+        split.part(split.train),
+        split.part(split.val),
+        predictor,
         epochs=predictor.epochs,
-        batch_size=predictor.batch_size,
-        lr=predictor.lr,
-        weight_decay=predictor.weight_decay,
-        loss=predictor.loss,
-        rank_weight=predictor.rank_weight,
-        patience=predictor.patience,
         seed=seed,
         progress=lambda done, total: bar.update(done - bar.n),
         on_epoch=on_epoch,

@@ -2,7 +2,7 @@
 
 Pure arithmetic over an `Architecture` (a Llama/Qwen-style decoder, dense or mixture-of-experts; its parameter
 count is in `asp.sim.architecture`) and settings dataclasses; no I/O. The glue that turns params into these inputs is
-`asp.pipeline.memory_check`; the CLI is ``asp plan memory`` and ``asp params check``; the formulas are written out in
+`asp.steps.memory_check`; the CLI is ``asp plan memory`` and ``asp params check``; the formulas are written out in
 docs/memory.md. Sizes are bytes; ``GIB = 2**30``. P below is every parameter, all experts of an MoE included.
 
 Trainer device (one of ``world_size`` FSDP2 ranks, N = world_size, P = parameters):

@@ -15,16 +15,16 @@ window closed, appends the window to ``<state_dir>/drift_history.jsonl`` and ask
   `drift.recalibrate_min_prompts` are in; it re-balances the pending minibatches (and the plan of later
   passes) on the new loads with `asp.drift.rebalance` and swaps them in with `ControlUnit.replan`;
   ``reprofile`` calls `ControlUnit.request_stop`: the session ends with a resumable checkpoint and launch
-  re-profiles (`asp.pipeline.launch_drift`).
+  re-profiles (`asp.adaptation.launch_drift`).
 
 `on_start(cu)` (passed to `run_async`) runs after the checkpoint is restored: it keeps the history up to the
 resume point (windows up to its step, switches whose plan version the checkpoint holds), rebuilds the watch's
-state from it and applies an accepted re-profile newer than the one in use (`asp.pipeline.reprofile.
+state from it and applies an accepted re-profile newer than the one in use (`asp.adaptation.versions.
 latest_accepted`) with `ControlUnit.replan`. Window metrics go to MLflow as they come (they are not held back
 like the iteration metrics): a run resumed after a crash logs again the windows of the steps it repeats, at
 the same steps. The detector's streak and cooldown start afresh in every session.
 
-`asp.pipeline.launch_drift.drift_summary` turns the history into the ``drift/summary/...`` metrics of
+`asp.adaptation.summary.drift_summary` turns the history into the ``drift/summary/...`` metrics of
 metrics/launch.json; `asp.plots.drift.drift_figure` draws it.
 
 Run the tests: `.venv/bin/python -m pytest tests/pipeline/test_drift_watch.py -q`.
@@ -37,13 +37,14 @@ import math
 import os
 import sys
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from asp.adaptation.predictions import Predictions
+from asp.adaptation.versions import VERSIONS_DIR, latest_accepted
 from asp.config import DriftParams
 from asp.drift import DriftDetector, DriftEvent, DriftMonitor, MinibatchObservation
 from asp.drift.rebalance import rebalance
@@ -52,40 +53,6 @@ from asp.predictor.calibration import CalibrationMap, fit_calibration
 from asp.tracking import Tracker
 
 HISTORY_FILE = "drift_history.jsonl"
-PREDICTORS_DIR = "predictors"  # <state_dir>/predictors/v<k>/ (asp.pipeline.reprofile)
-MIN_LOAD = 1.0  # tokens: a calibrated length is at least this (the monitor needs predictions > 0)
-
-
-@dataclass(frozen=True)
-class Predictions:
-    """Per-prompt raw and calibrated predicted lengths (tokens) of one predictor version."""
-
-    raw: dict[Hashable, float]
-    calibrated: dict[Hashable, float]
-    version: int = 1
-
-    @classmethod
-    def from_frame(
-        cls, frame: pd.DataFrame, version: int = 1, calibration: CalibrationMap | None = None
-    ) -> Predictions:
-        """From a predictions table (prompt_id, predicted_length[, calibrated_length]); `calibration`, when
-        given, recomputes the calibrated lengths; without either the raw ones are used."""
-        ids = frame["prompt_id"].tolist()
-        raw = frame["predicted_length"].to_numpy(np.float64)
-        if calibration is not None:
-            cal = calibration(raw)
-        elif "calibrated_length" in frame.columns:
-            cal = frame["calibrated_length"].to_numpy(np.float64)
-        else:
-            cal = raw
-        cal = np.maximum(cal, MIN_LOAD)
-        return cls(dict(zip(ids, raw.tolist(), strict=True)), dict(zip(ids, cal.tolist(), strict=True)), version)
-
-    def recalibrated(self, calibration: CalibrationMap) -> Predictions:
-        """The same raw predictions through a new calibration map."""
-        ids = list(self.raw)
-        cal = np.maximum(calibration(np.array([self.raw[p] for p in ids], dtype=np.float64)), MIN_LOAD)
-        return Predictions(self.raw, dict(zip(ids, cal.tolist(), strict=True)), self.version)
 
 
 def group_key(db: Any, task_id: int) -> tuple | None:
@@ -167,7 +134,7 @@ class DriftWatch:
 
     def _apply_switch_row(self, row: Mapping[str, Any]) -> None:
         if row["action"] == "reprofile":
-            directory = self.state_dir / PREDICTORS_DIR / f"v{int(row['predictor_version'])}"
+            directory = self.state_dir / VERSIONS_DIR / f"v{int(row['predictor_version'])}"
             cal = read_json(directory / "calibration.json")
             frame = pd.read_parquet(directory / "predictions.parquet")
             self.predictions = Predictions.from_frame(
@@ -212,8 +179,6 @@ class DriftWatch:
     def _apply_accepted(self, cu: Any) -> None:
         if self.state_dir is None:
             return
-        from asp.pipeline.reprofile import latest_accepted
-
         found = latest_accepted(self.state_dir)
         if found is None or int(found[0]) <= self.predictions.version:
             return
@@ -238,7 +203,7 @@ class DriftWatch:
         self._say(f"applied re-profiled predictor v{version} (plan version {plan_version}) at step {cu.step}")
 
     def _reprofile_tau(self, version: int) -> float | None:
-        report = self.state_dir / PREDICTORS_DIR / f"v{version}" / "report.json"
+        report = self.state_dir / VERSIONS_DIR / f"v{version}" / "report.json"
         try:
             return float(read_json(report)["kendall_tau"])
         except (OSError, ValueError, KeyError, TypeError):

@@ -21,53 +21,48 @@ the `ReprofileResult` fields (accepted, version, tau, min_tau, policy_step, prom
 and more (kendall_tau, previous_kendall_tau, base_version, remaining / fit / eval prompts, mean_length,
 truncation_rate, the fine-tuning history, timings_s, registry).
 
-Run: `asp reprofile` (src/asp/cli/reprofile.py) on a stopped run, or in-process from the launch stage.
+The versions directory is `asp.adaptation.versions`; the run's position and current policy `asp.adaptation.position`.
+
+Run: `asp reprofile` (src/asp/cli/reprofile.py) on a stopped run, or in-process from the launch stage
+(`asp.adaptation.launch_drift.resume_after_drift`).
 Tests: `.venv/bin/python -m pytest tests/pipeline/test_reprofile.py -q`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import re
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from asp.adaptation.position import Position, check_checkpoint, current_policy, read_position
+from asp.adaptation.versions import (
+    REPORT,
+    VERSIONS_DIR,
+    newest_accepted_version,
+    schedule_frame,
+    version_dir,
+    versions,
+)
 from asp.config import Params
 from asp.errors import UserError
-from asp.io import atomic_path, read_json, write_json, write_parquet
-from asp.pipeline.loaders import load_trained_predictor, policy_model_path, schedule_spec
+from asp.io import atomic_path, write_json, write_parquet
 from asp.progress import progress_bar
+from asp.steps.engine import profile_engine
+from asp.steps.fit import fit_predictor
+from asp.steps.loaders import load_trained_predictor
+from asp.steps.paths import LaunchPaths
 from asp.tracking import Tracker, register_predictor
 
-VERSIONS_DIR = "predictors"
-REPORT = "report.json"
-VERSION_RE = re.compile(r"v(\d+)")
-WEIGHT_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth)(\.index\.json)?$")
 # report keys logged as reprofile/<key> (with reprofile/accepted and reprofile/<timing>_s)
 REPORT_METRICS = ("version", "kendall_tau", "previous_kendall_tau", "min_tau", "policy_step", "remaining_prompts")
 REPORT_METRICS += ("prompts", "fit_prompts", "eval_prompts", "mean_length", "truncation_rate")
 MIN_EVAL, MIN_FIT = 3, 4  # held-out prompts for a tau; fit prompts for a train + validation split
-
-
-@dataclass(frozen=True)
-class Paths:
-    policy: Path = Path("outputs/policy")
-    prompts: Path = Path("outputs/prompts/train.parquet")
-    predictor: Path = Path("outputs/predictor")
-    calibration: Path = Path("outputs/calibration.json")
-    schedule: Path = Path("outputs/schedule/schedule.parquet")
-    predictions: Path = Path("outputs/predictions.parquet")
 
 
 @dataclass(frozen=True)
@@ -86,169 +81,13 @@ class ReprofileResult:
     message: str
 
 
-class Accepted(NamedTuple):
-    """The newest accepted version: the plan of the remaining prompts, the plan for later passes, the predictions
-    (prompt_id, predicted_length, calibrated_length) and the calibration map."""
-
-    version: int
-    rest: Any
-    full: Any
-    predictions: pd.DataFrame
-    calibration: Any
-
-
-@dataclass(frozen=True)
-class Position:
-    """The checkpointed run: remaining prompt ids in dispatch order, the trainer step and its weights (None: the
-    initial policy)."""
-
-    pending: list[Any]
-    step: int
-    weights: Path | None
-
-
-# ---- versions ---------------------------------------------------------------------------------------------------
-def version_dir(state_dir: Path, version: int) -> Path:
-    return Path(state_dir) / VERSIONS_DIR / f"v{version}"
-
-
-def versions(state_dir: Path) -> dict[int, dict[str, Any]]:
-    """Version number -> report of every ``predictors/v<k>`` under `state_dir` (accepted or not)."""
-    root = Path(state_dir) / VERSIONS_DIR
-    found = {}
-    for d in root.iterdir() if root.is_dir() else []:
-        m = VERSION_RE.fullmatch(d.name)
-        if m and (d / REPORT).is_file():
-            found[int(m.group(1))] = read_json(d / REPORT)
-    return found
-
-
-def newest_accepted_version(state_dir: Path) -> int:
-    """The newest accepted version (1: only the pipeline's predictor)."""
-    return max([k for k, r in versions(state_dir).items() if r.get("accepted")], default=1)
-
-
-def latest_accepted(state_dir: Path) -> Accepted | None:
-    """The newest accepted re-profile under `state_dir`, read back; None when there is none."""
-    from asp.predictor.calibration import CalibrationMap
-    from asp.runtime import WorkPlan
-
-    version = newest_accepted_version(state_dir)
-    if version == 1:
-        return None
-    d = version_dir(state_dir, version)
-    rest = WorkPlan.from_frame(pd.read_parquet(d / "rest.parquet")) if (d / "rest.parquet").is_file() else None
-    return Accepted(
-        version,
-        rest,
-        WorkPlan.from_frame(pd.read_parquet(d / "full.parquet")),
-        pd.read_parquet(d / "predictions.parquet"),
-        CalibrationMap.from_dict(read_json(d / "calibration.json")),
-    )
-
-
-def rest_plan_for(params: Params, accepted: Accepted, pending: list[Any]) -> Any:
-    """The plan to replan `pending` with: the accepted `rest` when it covers exactly these prompts, else (the run
-    trained on after the re-profile) a C4 schedule of `pending` from the accepted predictions and calibration."""
-    from asp.runtime import WorkPlan
-
-    if accepted.rest is not None and set(accepted.rest.prompt_ids()) == set(pending):
-        return accepted.rest
-    preds = accepted.predictions.set_index("prompt_id").loc[list(pending)].reset_index()
-    return WorkPlan.from_frame(schedule_frame(params, preds, accepted.calibration))
-
-
-# ---- the run's position and policy ------------------------------------------------------------------------------
-def pending_prompts(db: Any) -> list[Any]:
-    """The Database's remaining prompts in dispatch order (`Database.pending_prompts`)."""
-    if hasattr(db, "pending_prompts"):
-        return list(db.pending_prompts())
-    return [pid for t in db.pending for pid in db.plan.minibatches[db.tasks[t].rank][db.tasks[t].start :]]
-
-
-def check_checkpoint(state_dir: Path) -> None:
-    """`UserError` naming `state_dir` when it holds no runtime checkpoint."""
-    if not (state_dir / "runtime_state.json").is_file():
-        raise UserError(
-            f"{state_dir}: no runtime checkpoint (runtime_state.json). Re-profiling needs a stopped launch run; "
-            "run the launch stage first or pass --state-dir outputs/launch_state/<condition>."
-        )
-
-
-def read_position(params: Params, paths: Paths, state_dir: Path, prompts_by_id: dict[Any, str]) -> Position:
-    """Restore the run's Database from the runtime checkpoint in `state_dir`.
-
-    Raises:
-        UserError: no checkpoint, a checkpoint of other params, or a finished run (nothing left to re-schedule).
-    """
-    from asp.pipeline import launch
-    from asp.runtime import RuntimeConfig, make_checkpointer
-    from asp.runtime.database import Database
-
-    check_checkpoint(state_dir)
-    plan = launch.load_plan(
-        params, launch.Paths(schedule=paths.schedule, predictions=paths.predictions, calibration=paths.calibration)
-    )
-    config = RuntimeConfig.from_params(params)
-    state, reason = make_checkpointer(plan, config, state_dir, launch.fingerprint_extra(params.runtime)).load()
-    if state is None:
-        what = "the run finished: nothing left to re-schedule" if "finished" in reason else reason
-        raise UserError(f"{state_dir / 'runtime_state.json'}: {what}; re-profiling applies to a stopped run.")
-    db = Database(plan, prompts_by_id, epochs=None if config.iterations else 1, seed=config.seed)
-    db.restore(state["database"])
-    ckpt = (state.get("trainer_state") or {}).get("checkpoint")
-    weights = Path(ckpt) / "model.safetensors" if ckpt else None
-    if weights is None or not weights.is_file():
-        from asp.trainers.heldout import final_weights
-
-        final = final_weights(state_dir)
-        weights = final[0] if final is not None and final[1] <= int(state["trainer_step"]) else None
-    return Position(pending_prompts(db), int(state["trainer_step"]), weights)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-@contextlib.contextmanager
-def current_policy(policy_dir: Path, weights: Path | None, work: Path) -> Iterator[Path]:
-    """A Hugging Face model directory of the current policy: the policy checkpoint itself, or (trainer weights
-    given) a temporary directory under `work` with its config and tokenizer files and `weights` as
-    model.safetensors (hard links where possible), removed afterwards."""
-    base = policy_model_path(policy_dir)
-    if weights is None:
-        yield base
-        return
-    work.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".policy-", dir=work) as tmp:
-        for f in base.iterdir():
-            if f.is_file() and not WEIGHT_FILE_RE.fullmatch(f.name):
-                _link_or_copy(f, Path(tmp) / f.name)
-        _link_or_copy(weights, Path(tmp) / "model.safetensors")
-        yield Path(tmp)
-
-
 # ---- profile, fine-tune, score ------------------------------------------------------------------------------------
 def profile_lengths(params: Params, model_dir: Path, ids: list[Any], texts: list[str], seed: int) -> pd.DataFrame:
     """Sample `profile.n_samples` responses per prompt; per-prompt mean / max length and truncated fraction."""
-    from asp.rollout import make_engine
     from asp.rollout.base import SamplingParams, timed_generate
 
     prof = params.profile
-    if prof.engine == "vllm":
-        opts = {
-            "tensor_parallel_size": prof.vllm.tensor_parallel_size,
-            "dtype": prof.dtype,
-            "seed": seed,
-            "gpu_memory_utilization": prof.vllm.gpu_memory_utilization,
-            "max_model_len": prof.vllm.max_model_len,
-        }
-    else:
-        opts = {"device": prof.device, "dtype": prof.dtype, "num_threads": prof.num_threads}
-    engine = make_engine(prof.engine, str(model_dir), **opts)
+    engine = profile_engine(prof, model_dir, seed)
     sampling = SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
     rows, mb = [], prof.minibatch_prompts
     try:
@@ -280,45 +119,16 @@ def fine_tune(
 ) -> Any:
     """Continue training the loaded predictor (its LoRA adapters made trainable again) on the 'train' prompts,
     early stopping on the 'val' ones; `drift.reprofile_epochs` epochs at most."""
-    from asp.predictor.train import train_predictor
-
     for name, p in model.backbone.named_parameters():
         if "lora_" in name:
             p.requires_grad_(True)
-    pick = [np.flatnonzero(roles == r) for r in ("train", "val")]
-    pred = params.predictor
-    return train_predictor(
-        model,
-        tokenizer,
-        [texts[i] for i in pick[0]],
-        lengths[pick[0]],
-        [texts[i] for i in pick[1]],
-        lengths[pick[1]],
-        epochs=params.drift.reprofile_epochs,
-        batch_size=pred.batch_size,
-        lr=pred.lr,
-        weight_decay=pred.weight_decay,
-        loss=pred.loss,
-        rank_weight=pred.rank_weight,
-        patience=pred.patience,
-        seed=seed,
-    )
 
+    def part(role: str) -> tuple[list[str], np.ndarray]:
+        idx = np.flatnonzero(roles == role)
+        return [texts[i] for i in idx], lengths[idx]
 
-def schedule_frame(params: Params, preds: pd.DataFrame, calibration: Any) -> pd.DataFrame:
-    """The C4 schedule (`schedule:` params, calibrated loads) of `preds`' prompts in the schedule Parquet layout."""
-    from asp.schedule import build_schedule, schedule_to_frame
-
-    sched = build_schedule(
-        preds["prompt_id"].to_numpy(),
-        preds["predicted_length"].to_numpy(np.float64),
-        **schedule_spec(params.schedule).kwargs(),
-        seed=params.common.seed,
-        calibration=calibration,
-        loads=params.schedule.loads,
-        shuffle=params.schedule.shuffle_groups,
-    )
-    return schedule_to_frame(sched)
+    epochs = params.drift.reprofile_epochs
+    return fit_predictor(model, tokenizer, part("train"), part("val"), params.predictor, epochs=epochs, seed=seed)
 
 
 # ---- the re-profile ---------------------------------------------------------------------------------------------
@@ -364,14 +174,15 @@ def _num(x: float) -> float | None:
 
 
 def reprofile(
-    params: Params, state_dir: Path, tracker: Tracker, *, reason: str = "manual", paths: Paths = Paths()
+    params: Params, state_dir: Path, tracker: Tracker, *, reason: str = "manual", paths: LaunchPaths | None = None
 ) -> ReprofileResult:
-    """Re-profile the stopped run in `state_dir` (see the module docstring); returns what was done.
+    """Re-profile the stopped run in `state_dir` (see the module docstring) from the launch's inputs at `paths`
+    (default: the repository's); returns what was done.
 
     Raises:
         UserError: no runtime checkpoint, a finished run, missing pipeline outputs.
     """
-    t0, state_dir = time.perf_counter(), Path(state_dir)
+    t0, state_dir, paths = time.perf_counter(), Path(state_dir), paths or LaunchPaths()
     check_checkpoint(state_dir)  # before any other file is read
     prompts = load_train_prompts(paths.prompts)
     position = read_position(params, paths, state_dir, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)))
@@ -409,7 +220,7 @@ def reprofile(
 
 def measure(
     params: Params,
-    paths: Paths,
+    paths: LaunchPaths,
     attempt: Attempt,
     prompts: pd.DataFrame,
     candidates: list[Any],
@@ -472,7 +283,7 @@ def load_train_prompts(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
-def current_predictor_dir(state_dir: Path, paths: Paths, version: int) -> Path:
+def current_predictor_dir(state_dir: Path, paths: LaunchPaths, version: int) -> Path:
     """The predictor of `version` (1: the pipeline's outputs/predictor)."""
     return paths.predictor if version == 1 else version_dir(state_dir, version) / "predictor"
 

@@ -16,6 +16,9 @@ What a rerun does (`resume_run_id` says which MLflow run it continues):
   work: the held-out evaluation, the outputs): no step is trained; the stage finishes that work (same MLflow run);
 * otherwise a fresh run: in the MLflow run of a fresh attempt of the same plan killed before its first position, if
   there is one, else a new one.
+
+`fingerprint_extra` says what a runtime checkpoint must match besides the plan (the launch stage and re-profiling
+both restore it).
 """
 
 from __future__ import annotations
@@ -26,10 +29,36 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from asp.config import RuntimeParams
 from asp.io import atomic_path, read_json, read_json_lines, write_json
 
 RUN_FILE = "mlflow_run.json"  # the MLflow run a resumed launch continues
 HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics as they finished (all sessions)
+# GRPO settings that change neither the learning problem nor the results: a checkpoint stays resumable
+# when only these differ (e.g. a smaller micro-batch after running out of memory).
+GRPO_OPERATIONAL = (
+    "micro_batch_tokens",
+    "device",
+    "autocast_dtype",
+    "num_threads",
+    "transport",
+    "snapshot_dir",
+    "keep_snapshots",
+    "keep_checkpoints",
+    "max_nan_steps",
+    "world_size",  # a sharded (DCP) checkpoint loads on another number of ranks
+    "backend",
+    "activation_checkpointing",
+    "cpu_offload",
+)
+
+
+def fingerprint_extra(runtime: RuntimeParams) -> dict[str, Any]:
+    """What a runtime checkpoint must match besides the plan: the mode, the trainer and its learning settings."""
+    if runtime.trainer != "grpo":
+        return {"trainer": runtime.trainer, "mode": runtime.mode}
+    grpo = {k: v for k, v in runtime.grpo.model_dump().items() if k not in GRPO_OPERATIONAL}
+    return {"trainer": "grpo", "mode": runtime.mode, "grpo": grpo}
 
 
 def read_history(path: Path, upto_step: int) -> list[dict[str, float]]:

@@ -9,7 +9,7 @@ set it, configs/gpu-cluster.yaml: 16) with ``simulate.plan.devices_per_node`` pe
 actor or rank for more than a node has, would wait for a placement Ray can never make; a vLLM actor with fewer GPUs
 than its tensor-parallel size cannot start. The launch stage checks the same
 demand against what Ray really has once it is up (`asp.runtime.run.check_resources`), so a params file whose
-``simulate.plan`` is stale is refused here but not there. Tests: tests/pipeline/test_layout_check.py.
+``simulate.plan`` is stale is refused here but not there. Tests: tests/steps/test_layout_check.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from asp.config import Params
 from asp.errors import UserError
-from asp.pipeline.memory_check import min_trainer_devices
+from asp.steps.memory_check import min_trainer_devices
 
 EPS = 1e-9  # Ray's fractional GPUs: 0.5 + 0.5 fits 1
 

@@ -11,8 +11,8 @@ import pytest
 
 from asp.cli.plan import load_params_with
 from asp.errors import UserError
-from asp.pipeline.memory_check import enforce, memory_report, resolve_architecture
 from asp.sim.memory import BUILTIN
+from asp.steps.memory_check import enforce, memory_report, resolve_architecture
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE_GPU_8B = [
@@ -83,7 +83,7 @@ def test_missing_checkpoint_skips_the_check_with_a_note(capsys: pytest.CaptureFi
 
 def test_demo_vocabulary_is_the_demo_tokenizers() -> None:
     from asp.demo.tokenizer import VOCAB_SIZE
-    from asp.pipeline.memory_check import DEMO_VOCAB_SIZE
+    from asp.steps.memory_check import DEMO_VOCAB_SIZE
 
     assert DEMO_VOCAB_SIZE == VOCAB_SIZE
 
@@ -138,8 +138,8 @@ def test_launch_refuses_a_misfit_before_reading_its_inputs(tmp_path: Path) -> No
 def test_planner_takes_the_training_units_minimum_size_from_the_memory_estimate() -> None:
     from dataclasses import replace
 
-    from asp.pipeline.memory_check import min_trainer_devices, trainer_settings
     from asp.sim.memory import trainer_memory
+    from asp.steps.memory_check import min_trainer_devices, trainer_settings
 
     gpu = load_params_with(ROOT / "params.yaml", "gpu-cluster", [])
     n, why = min_trainer_devices(gpu)

@@ -14,7 +14,7 @@ import pytest
 
 from asp.cli.plan import load_params_with
 from asp.errors import UserError
-from asp.pipeline.layout_check import gpu_demand, layout_problems
+from asp.steps.layout_check import gpu_demand, layout_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 MOE = ["--set", "runtime.memory.architecture=qwen3-30b-a3b"]

@@ -1,6 +1,6 @@
-"""What several stages read from earlier stages' outputs: the policy checkpoint and its tokenizer, the
-profiled lengths of a prompt subset, and the trained predictor. Stage modules never import each other;
-they share these loaders instead.
+"""What several stages (and re-profiling) read from earlier stages' outputs: the policy checkpoint and its tokenizer,
+the profiled lengths of a prompt subset, the trained predictor and the calibration map. Stage modules never import
+each other; they share these loaders instead.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asp.config import PredictorParams, ScheduleParams
+from asp.config import PredictorParams
 from asp.errors import UserError
 from asp.io import read_json
 
@@ -89,10 +89,8 @@ def load_trained_predictor(pred_dir: Path, predictor: PredictorParams) -> tuple[
     return model.to(predictor.device), tokenizer, meta
 
 
-def schedule_spec(schedule: ScheduleParams) -> Any:
-    """The scheduler's `ScheduleSpec` (b, kappa, k, iterations, method) from the ``schedule:`` params."""
-    from asp.schedule import ScheduleSpec
+def load_calibration(path: Path) -> Any:
+    """The evaluate stage's `CalibrationMap` from `path`; None when the file is absent (raw loads)."""
+    from asp.predictor.calibration import CalibrationMap
 
-    return ScheduleSpec(
-        b=schedule.b, kappa=schedule.kappa, k=schedule.k, iterations=schedule.iterations, method=schedule.method
-    )
+    return CalibrationMap.from_dict(read_json(path)) if path.is_file() else None

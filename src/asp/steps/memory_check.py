@@ -5,7 +5,7 @@ Used by ``asp plan memory``, ``asp params check`` and the top of the launch stag
 architecture is ``runtime.memory.architecture`` (a built-in name), else the policy's ``config.json`` at
 ``policy.path`` (``policy.source: path``), else the demo policy's ``policy.demo`` shapes with the demo tokenizer's
 vocabulary (``policy.source: build``). The check is enforced on CUDA devices only: a CPU trainer (the demo) gets
-the estimate and a note. Tests: tests/pipeline/test_memory_check.py.
+the estimate and a note. Tests: tests/steps/test_memory_check.py.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from asp.sim.memory import (
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 # asp.demo.tokenizer.VOCAB_SIZE (6 special tokens + 256 bytes), without importing transformers (3 s) for a
-# number; tests/pipeline/test_memory_check.py checks they agree.
+# number; tests/steps/test_memory_check.py checks they agree.
 DEMO_VOCAB_SIZE = 262
 
 

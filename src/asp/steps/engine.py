@@ -1,0 +1,54 @@
+"""Build the generation engine from params, written once: the options of an hf or vLLM engine from the
+``profile:`` params (the profile stage and re-profiling) or from ``runtime.engine`` (the launch's actors).
+
+`engine_options` is the one mapping of params to engine keyword options; `profile_engine` builds the engine
+that profiles (`asp.rollout.make_engine`), `engine_spec` the picklable recipe every generation actor builds its
+engine from (`asp.runtime.EngineSpec`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from asp.config import ProfileParams, RuntimeParams, VllmParams, VllmRuntimeParams
+
+
+def engine_options(
+    kind: str, device: str, dtype: str, num_threads: int | None, vllm: VllmParams, *, seed: int | None = None
+) -> dict[str, Any]:
+    """Keyword options of an engine of `kind`: device, dtype and threads for hf; the vLLM settings (with the
+    weight-transfer settings of ``runtime.engine.vllm``, and `seed` when given) for vllm."""
+    if kind != "vllm":
+        return {"device": device, "dtype": dtype, "num_threads": num_threads}
+    opts: dict[str, Any] = {
+        "tensor_parallel_size": vllm.tensor_parallel_size,
+        "dtype": dtype,
+        "gpu_memory_utilization": vllm.gpu_memory_utilization,
+        "max_model_len": vllm.max_model_len,
+    }
+    if isinstance(vllm, VllmRuntimeParams):
+        opts.update(weight_transfer=vllm.weight_transfer, weight_bucket_mb=vllm.weight_bucket_mb)
+    if seed is not None:
+        opts["seed"] = seed
+    return opts
+
+
+def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Any:
+    """The engine `profile.engine` names for `model_path` (vLLM seeded with `seed`)."""
+    from asp.rollout import make_engine
+
+    opts = engine_options(prof.engine, prof.device, prof.dtype, prof.num_threads, prof.vllm, seed=seed)
+    return make_engine(prof.engine, str(model_path), **opts)
+
+
+def engine_spec(runtime: RuntimeParams, model_path: Path) -> Any:
+    """The picklable `EngineSpec` every generation actor of the launch builds its engine from."""
+    from asp.runtime import EngineSpec
+
+    engine = runtime.engine
+    return EngineSpec(
+        engine.kind,
+        str(model_path),
+        engine_options(engine.kind, engine.device, engine.dtype, engine.num_threads, engine.vllm),
+    )
