@@ -1,4 +1,4 @@
-"""Length drift during the launch run: the pure parts (the launch stage wires them in, asp.pipeline.drift_watch).
+"""Length drift during the launch run: the pure parts (the launch stage wires them in, asp.adaptation.watch).
 
 * ``monitor``  - ``MinibatchObservation``, ``window_stats``, ``length_trend``, ``DriftMonitor`` (metric dicts
   ``drift/...`` every ``window`` ingested minibatches)
