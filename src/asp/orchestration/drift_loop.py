@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -47,6 +47,9 @@ from asp.orchestration.dvc import run_streaming
 from asp.orchestration.flow import stage_task
 from asp.orchestration.pipeline import PipelineRun
 from asp.orchestration.request import RunRequest
+
+if TYPE_CHECKING:
+    from prefect.deployments.runner import RunnerDeployment
 
 HANDOFF_ENV = "ASP_DRIFT_HANDOFF"
 PENDING_FILE = "drift_pending.json"
@@ -370,7 +373,7 @@ def asp_drift_loop(max_actions: int | None = None) -> dict[str, Any]:
     return result.as_dict()
 
 
-def loop_deployment(name: str = "asp-drift-loop") -> Any:
+def loop_deployment(name: str = "asp-drift-loop") -> RunnerDeployment:
     """The deployment `asp serve` registers next to asp-pipeline (one run at a time)."""
     from prefect.deployments.runner import EntrypointType
 

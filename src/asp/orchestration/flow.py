@@ -17,7 +17,7 @@ time (concurrency limit 1), retries `profile` and `launch` (they resume) and sto
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -30,6 +30,9 @@ from asp.errors import UserError
 from asp.orchestration.pipeline import PipelineRun, StageReport
 from asp.orchestration.request import RunRequest, run_label
 from asp.stage import stage_names
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import State
 
 STATE_NAMES = {"ran": "Completed", "skipped": "Skipped", "restored": "Restored"}
 MAX_METRICS = 25
@@ -89,7 +92,7 @@ def publish_stage(report: StageReport) -> None:
     )
 
 
-def _finish(report: StageReport) -> Any:
+def _finish(report: StageReport) -> State[str]:
     """A Completed state named after what DVC did (Completed / Skipped / Restored)."""
     publish_stage(report)
     message = f"{report.stage}: {report.status}" + (f" (MLflow {report.mlflow_url})" if report.mlflow_url else "")
@@ -97,7 +100,7 @@ def _finish(report: StageReport) -> Any:
 
 
 @task(name="stage", cache_policy=NONE, persist_result=False)
-def stage_task(run: PipelineRun, name: str) -> Any:
+def stage_task(run: PipelineRun, name: str) -> State[str]:
     """One stage through `dvc repro --single-item`, with the stage's retries (`asp.orchestration.retry`, the same
     mechanism as `asp repro`; Prefect's own task retries stay off) and timeout from `orchestration:` params."""
     run.on_line = get_run_logger().info

@@ -23,7 +23,9 @@ PREFECT_RUN_ENV, PREFECT_URL_ENV = "ASP_PREFECT_FLOW_RUN_ID", "ASP_PREFECT_FLOW_
 class Tracker(Protocol):
     """What stages and the runtime may log. Implementations never raise on a closed store."""
 
-    run_id: str | None
+    @property
+    def run_id(self) -> str | None:
+        """The run's id; None when nothing is recorded."""
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
 
