@@ -1,30 +1,17 @@
-"""Figures: saved as PNG next to the DVC outputs (so nobody needs `dvc plots show`'s online scripts) and
-logged to the stage's MLflow run. Plotting functions elsewhere return matplotlib figures; this saves them.
+"""Figures of the pipeline and the CLI: each module's functions take plain values and return a matplotlib figure;
+`save_figure` writes it (PNG, atomically) and logs it to the stage's MLflow run.
+
+    from asp.plots import save_figure
+    from asp.plots.schedule import plot_schedule
+    save_figure(plot_schedule(schedule, true_lengths), "plots/schedule.png", tracker)
+
+* `save`: `save_figure` (re-exported here; selects the Agg backend, so importing any `asp.plots` module does);
+* `schedule`: minibatch loads of a schedule; `planner`: iteration time vs devices of `asp plan layout`;
+* `sim`: per-step timelines of simulated runs; `drift`: the launch run's length-drift history.
+
+The pure core never imports this package (import-linter's pure-core contract).
 """
 
-from __future__ import annotations
+from asp.plots.save import save_figure
 
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from asp.io import atomic_path  # noqa: E402
-from asp.tracking import Tracker  # noqa: E402
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-
-def save_figure(fig: Figure, path: str | Path, tracker: Tracker | None = None, dpi: int = 110) -> Path:
-    """Write `fig` to `path` (PNG, atomically), log it under plots/ in the tracker, close it."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=dpi, format="png")
-    if tracker is not None:
-        tracker.log_artifact(path, "plots")
-    plt.close(fig)
-    return path
+__all__ = ["save_figure"]
