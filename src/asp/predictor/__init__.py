@@ -11,7 +11,5 @@ for torch/transformers when they only need the calibration map):
 * ``checkpoint``  - ``save_predictor`` / ``load_predictor`` (adapter + head + tokenizer, safetensors)
 
 Tests: ``.venv/bin/python -m pytest tests/predictor -q``; benchmark on demo-like prompts:
-``.venv/bin/python -m tests.predictor.benchmark_predictor --threads 2``.
+``.venv/bin/python benchmarks/bench_predictor.py``.
 """
-
-__all__ = ["calibration", "checkpoint", "losses", "metrics", "model", "train"]
