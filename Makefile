@@ -40,6 +40,7 @@ test-fast: install
 lint: install
 	$(VENV)/bin/ruff check src tests stages benchmarks scripts flows
 	$(VENV)/bin/ruff format --check src tests stages benchmarks scripts flows
+	$(VENV)/bin/mypy
 
 bench: install
 	$(PY) benchmarks/bench_schedule.py
