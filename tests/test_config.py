@@ -247,3 +247,35 @@ def test_set_errors_point_at_the_set_value_not_the_file(tmp_path: Path) -> None:
     assert "Fix the values in the file and the --set values" in err
     code, err = _asp("params", "check", "-p", str(bad))
     assert code == 2 and "Fix the value in the file" in err and "--set" not in err
+
+
+# ---- trainer settings that cannot work together: the params refuse them (once make_trainer_factory's checks) ----
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ["runtime.trainer=simulated", "runtime.grpo.world_size=2"],
+            "runtime.grpo.world_size = 2 but runtime.trainer = 'simulated' runs on one rank",
+        ),
+        (["runtime.grpo.cpu_offload=true"], "runtime.grpo.cpu_offload needs a CUDA device (runtime.grpo.device is"),
+        (["runtime.grpo.backend=nccl"], "runtime.grpo.backend = 'nccl' needs a CUDA device (runtime.grpo.device is"),
+        (["runtime.grpo.reward=nope"], "'runtime.grpo.reward' = 'nope' (from --set): unknown reward 'nope'; choose"),
+        (["runtime.grpo.reward=:fn"], "reward ':fn' is not of the form package.module:function"),
+    ],
+)
+def test_params_check_refuses_trainer_settings_that_cannot_work(sets: list[str], message: str) -> None:
+    code, err = _asp("params", "check", *(arg for s in sets for arg in ("--set", s)))
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1, err  # one message
+
+
+def test_trainer_settings_checks_apply_only_where_they_matter() -> None:
+    from asp.config import GRPOParams, RuntimeParams
+
+    for knobs in ({"cpu_offload": True}, {"backend": "nccl"}, {"world_size": 2}):
+        on_gpu = RuntimeParams(grpo=GRPOParams(device="cuda", **knobs))  # fine on a CUDA device
+        assert on_gpu.grpo.device == "cuda"
+    # a simulated trainer leaves runtime.grpo unused: only its rank count is refused
+    assert RuntimeParams(trainer="simulated", grpo=GRPOParams(cpu_offload=True, backend="nccl")).trainer == "simulated"
+    assert GRPOParams(reward="tests.trainers.test_grpo:share_of_w_words").reward.endswith(":share_of_w_words")
+    assert GRPOParams(reward="demo_steps").reward == "demo_steps"

@@ -5,6 +5,9 @@ trainers consume these models (or, for the runtime, `asp.runtime.RuntimeConfig`,
 The defaults are the CPU demo preset, and `params.yaml` spells every one of them out (tests/test_config.py
 checks that it is complete and equal to the defaults). Every section must be present: a missing section
 is an error naming it, never a silent switch to defaults. Integers are strict (`b: true` is rejected).
+One literal per value: a pure-core function or dataclass has no default for a value declared here (callers pass the
+params'), or the field here takes its default from the core's named constant (asp.sim.memory's);
+tests/test_defaults.py scans `src/asp` for a default that shares a field's name and differs from it.
 
 Every model forbids unknown keys and is frozen. `load_params(path)` reads the YAML, applies an optional
 preset overlay, validates, and turns any problem into one `UserError` that names the file, the key, the
@@ -18,10 +21,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from asp.errors import UserError
 from asp.rollout.weight_transfer import DEFAULT_BUCKET_MB, DEFAULT_WEIGHT_TRANSFER
+from asp.sim.memory import DEVICE_GIB, GPU_MEMORY_UTILIZATION, MICRO_BATCH_TOKENS, RESERVE_GIB
 
 DEMO_DATASET = "builtin:demo-arith"
 
@@ -123,7 +127,7 @@ class PolicyParams(_Params):
 
 class VllmParams(_Params):
     tensor_parallel_size: Int = Field(1, ge=1)
-    gpu_memory_utilization: Float = Field(0.85, gt=0, le=1)
+    gpu_memory_utilization: Float = Field(GPU_MEMORY_UTILIZATION, gt=0, le=1)
     max_model_len: Int | None = Field(None, ge=16)
 
 
@@ -220,6 +224,26 @@ class GRPOParams(_Params):
         "auto",
         description="auto (demo for builtin:demo*, else math) | demo | demo_steps | math | package.module:function.",
     )
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, name: str) -> str:
+        """auto, a registered reward or the form package.module:function (imported by the trainer, not here)."""
+        if name == "auto":
+            return name
+        if ":" in name:
+            module, _, function = name.partition(":")
+            if module.strip() and function.strip():
+                return name
+            raise ValueError(f"reward {name!r} is not of the form package.module:function")
+        from asp.rl.rewards import REWARDS  # only for a named reward: keeps numpy out of a plain params load
+
+        if name not in REWARDS:
+            raise ValueError(
+                f"unknown reward {name!r}; choose auto, one of {sorted(REWARDS)} or package.module:function"
+            )
+        return name
+
     lr: Float = Field(1e-4, gt=0, description="AdamW learning rate (5e-4 made the demo policy worse held out).")
     weight_decay: Float = Field(0.0, ge=0)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
@@ -231,7 +255,9 @@ class GRPOParams(_Params):
     min_lr_ratio: Float = Field(0.0, ge=0, le=1, description="linear / cosine decay to this fraction of lr.")
     total_steps: Int | None = Field(None, ge=1, description="Decay span; None: runtime.iterations.")
     micro_batch_tokens: Int = Field(
-        4096, ge=1, description="Padded tokens (rows x longest row) per forward/backward; gradients accumulate."
+        MICRO_BATCH_TOKENS,
+        ge=1,
+        description="Padded tokens (rows x longest row) per forward/backward; gradients accumulate.",
     )
     max_grad_norm: Float = Field(1.0, ge=0, description="Gradient clipping (0 disables).")
     clip_low: Float = Field(0.2, ge=0, lt=1, description="Importance ratio clipped to [1 - clip_low, 1 + clip_high].")
@@ -272,9 +298,11 @@ class TrainerMemoryParams(_Params):
     """Fits-or-fails check of ``runtime`` before a run (``asp plan memory``, ``asp params check``)."""
 
     check: Bool = Field(True, description="asp params check / launch refuse a layout whose estimate does not fit.")
-    device_gib: Float = Field(80.0, gt=0, description="Memory of one accelerator (GiB), e.g. 80 for an H100 80GB.")
+    device_gib: Float = Field(
+        DEVICE_GIB, gt=0, description="Memory of one accelerator (GiB), e.g. 80 for an H100 80GB."
+    )
     reserve_gib: Float = Field(
-        3.0, ge=0, description="Per device, kept free: CUDA context, allocator fragmentation, NCCL buffers."
+        RESERVE_GIB, ge=0, description="Per device, kept free: CUDA context, allocator fragmentation, NCCL buffers."
     )
     architecture: str | None = Field(
         None,
@@ -372,6 +400,31 @@ class RuntimeParams(_Params):
         if self.q_resume is not None:
             return self.q_resume
         return max(self.q_max - self.global_batch_prompts, self.global_batch_prompts - 1)
+
+    @model_validator(mode="after")
+    def _trainer_settings_agree(self) -> RuntimeParams:
+        """Trainer settings that cannot work together (checked here, so `asp params check` reports them before a
+        run; `asp.trainers.make_trainer_factory` only builds the trainer)."""
+        grpo = self.grpo
+        if self.trainer == "simulated":
+            if grpo.world_size > 1:
+                raise ValueError(
+                    f"runtime.grpo.world_size = {grpo.world_size} but runtime.trainer = 'simulated' runs on one rank; "
+                    "set runtime.grpo.world_size: 1 or use runtime.trainer: grpo"
+                )
+            return self
+        on_cuda = grpo.device.startswith("cuda")
+        if grpo.cpu_offload and not on_cuda:
+            raise ValueError(
+                f"runtime.grpo.cpu_offload needs a CUDA device (runtime.grpo.device is {grpo.device!r}; on the CPU "
+                "the model already lives in host memory): set cpu_offload: false"
+            )
+        if grpo.backend == "nccl" and not on_cuda:
+            raise ValueError(
+                f"runtime.grpo.backend = 'nccl' needs a CUDA device (runtime.grpo.device is {grpo.device!r}); use "
+                "gloo or auto"
+            )
+        return self
 
     @model_validator(mode="after")
     def _queue_holds_a_batch(self) -> RuntimeParams:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from pydantic import ValidationError
 
 from asp.config import GRPOParams
-from asp.errors import UserError
 from asp.rollout.hf import HFEngine
 from asp.runtime import RuntimeConfig
 from asp.runtime.generation import resolve_weights
@@ -160,17 +160,16 @@ def test_split_micro_batches_pads_ranks_with_dummy_passes():
     assert split_micro_batches(plans, 0, 1) == plans
 
 
-def test_rank_settings_that_cannot_work_are_refused(tiny_qwen):
-    cfg = RuntimeConfig(iterations=5, grpo=GRPOParams(world_size=2))
-    with pytest.raises(UserError, match="world_size = 2 but runtime.trainer = 'simulated'"):
-        make_trainer_factory("simulated", cfg)
-    with pytest.raises(UserError, match="world_size = 2"):
-        make_trainer_factory("simulated", RuntimeConfig(iterations=5), grpo=GRPOParams(world_size=2))
+def test_rank_settings_that_cannot_work_are_refused_by_the_params():
+    """The runtime params refuse them (tests/test_config.py: `asp params check` exits 2 naming the keys)."""
+    with pytest.raises(ValidationError, match="world_size = 2 but runtime.trainer = 'simulated'"):
+        RuntimeConfig(iterations=5, trainer="simulated", grpo=GRPOParams(world_size=2))
+    assert RuntimeConfig(iterations=5, trainer="grpo", grpo=GRPOParams(world_size=2)).grpo.world_size == 2
     for knobs, match in (({"cpu_offload": True}, "cpu_offload needs a CUDA device"), ({"backend": "nccl"}, "nccl")):
-        with pytest.raises(UserError, match=match):
-            make_trainer_factory(
-                "grpo", cfg, policy_path=tiny_qwen, prompts={0: "w1"}, answers={0: "1"}, grpo=GRPOParams(**knobs)
-            )
+        with pytest.raises(ValidationError, match=match):
+            RuntimeConfig(iterations=5, grpo=GRPOParams(**knobs))
+        assert RuntimeConfig(iterations=5, trainer="simulated", grpo=GRPOParams(**knobs))  # unused: not checked
+        assert RuntimeConfig(iterations=5, grpo=GRPOParams(**knobs, device="cuda"))
 
 
 @pytest.mark.slow

@@ -57,6 +57,7 @@ from asp.rollout.weight_transfer import (
     WEIGHT_TRANSFERS,
     plan_transfer,
 )
+from asp.sim.memory import GPU_MEMORY_UTILIZATION
 
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 WORKER_EXTENSION = "asp.rollout.vllm_weights.AspWorkerExtension"
@@ -127,7 +128,7 @@ class VLLMOptions:
     """
 
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # params' default too (one value: asp.sim.memory)
     dtype: str = "auto"
     max_model_len: int | None = None
     seed: int = 0
@@ -325,6 +326,8 @@ class VLLMEngine:
             return []
         ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         requests = request_sampling_kwargs(params, len(prompts), detokenize=False)
+        if self._sampling_cls is None:
+            raise RuntimeError("this vLLM engine was built without a SamplingParams class (from_llm sampling_cls)")
         sampling = [self._sampling_cls(**kw) for kw in requests]
         outputs = llm.generate(token_prompts(ids), sampling_params=sampling, use_tqdm=False)
         return parse_request_outputs(outputs, decode=self._decode)

@@ -62,6 +62,12 @@ GRAPH_ALLOWANCE = GIB  # vLLM CUDA graphs and non-torch memory, per GPU
 PROFILE_TOKENS = 8192  # vLLM max_num_batched_tokens of the profile run
 SAMPLER_SEQS = 256  # vLLM max_num_seqs: fp32 logits of one sampling step
 MAX_WORLD_SIZE = 64
+# Defaults that asp.config takes from here (one literal each): runtime.grpo.micro_batch_tokens,
+# runtime.memory.device_gib / reserve_gib, and the vLLM share of a GPU (profile.vllm, runtime.engine.vllm, VLLMOptions)
+MICRO_BATCH_TOKENS = 4096
+DEVICE_GIB = 80.0
+RESERVE_GIB = 3.0
+GPU_MEMORY_UTILIZATION = 0.85
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +79,12 @@ class TrainerSettings:
     compute_bytes: int = 4
     activation_checkpointing: bool = False
     cpu_offload: bool = False
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = MICRO_BATCH_TOKENS
     longest_row_tokens: int = 0  # a row longer than micro_batch_tokens gets a micro-batch of its own
     reference: bool = False  # kl_coef > 0
     autocast: bool = False  # autocast_dtype set: the (plain) reference model computes in 16 bits too
-    device_gib: float = 80.0
-    reserve_gib: float = 3.0
+    device_gib: float = DEVICE_GIB
+    reserve_gib: float = RESERVE_GIB
 
     @property
     def tokens(self) -> int:
@@ -160,9 +166,9 @@ class GenerationSettings:
 
     dtype_bytes: int = 2
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     max_seq_len: int = 4096
-    device_gib: float = 80.0
+    device_gib: float = DEVICE_GIB
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,10 @@
     factory = make_trainer_factory("grpo", config, policy_path="outputs/policy", prompts=..., answers=...)
     run_async(plan, prompts, engine_spec, config, trainer_factory=factory)
 
-Inputs are checked here, in the caller, so a bad setting fails before any actor starts.
+Settings that cannot work together (the simulated trainer with several ranks, CPU offload or nccl without CUDA,
+an unknown reward) are refused by the params themselves (`asp.config.RuntimeParams`, so `asp params check` reports
+them before a run); this module builds the trainer and checks only its inputs (the policy checkpoint, prompts and
+answers, that a package.module:function reward imports), in the caller, before any actor starts.
 """
 
 from __future__ import annotations
@@ -52,35 +55,28 @@ def make_trainer_factory(
         policy_path: local checkpoint directory of the policy (grpo).
         prompts: prompt id -> chat-templated text, the same mapping given to `run_async` (grpo).
         answers: prompt id -> reference answer (grpo).
-        grpo: the ``runtime.grpo`` params (`asp.config.GRPOParams`); None = defaults.
+        grpo: the ``runtime.grpo`` params (`asp.config.GRPOParams`); None = ``config.grpo``.
         reward: overrides ``grpo.reward``; ``auto`` is resolved with `dataset` (see `resolve_reward`).
         dataset: the ``prepare.dataset`` value (only used to resolve ``auto``).
         state_dir: directory for trainer checkpoints and file snapshots (None: no trainer checkpoints).
         total_steps: steps of the run when `config.iterations` is None (one pass), for LR decay.
 
     Raises:
-        UserError: unknown kind, bad grpo params, missing policy / prompts / answers, unknown reward, several
-            ranks (``grpo.world_size`` > 1) with the simulated trainer.
+        UserError: unknown kind, missing policy / prompts / answers, a reward that does not import, an LR decay
+            without a length (no ``grpo.total_steps``, ``config.iterations`` or `total_steps`).
     """
 
     from asp.errors import UserError
 
     if kind == "simulated":
-        ranks = max(getattr(g, "world_size", 1) for g in (grpo, getattr(config, "grpo", None)))
-        if ranks > 1:
-            raise UserError(
-                f"runtime.grpo.world_size = {ranks} but runtime.trainer = 'simulated' runs on one rank; set "
-                "runtime.grpo.world_size: 1 or use runtime.trainer: grpo."
-            )
         return functools.partial(SimulatedTrainer, config.trainer_step_s, config.refresh_delay_s)
     if kind != "grpo":
         raise UserError(f"runtime.trainer = {kind!r} is unknown; choose one of {', '.join(TRAINER_KINDS)}.")
-    from asp.config import GRPOParams
     from asp.rl.rewards import get_reward
     from asp.rollout.model_dir import check_model_dir
     from asp.trainers.grpo import GRPOSpec
 
-    grpo_params = grpo if grpo is not None else GRPOParams()
+    grpo_params = grpo if grpo is not None else config.grpo
     name = resolve_reward(reward or grpo_params.reward, dataset)
     try:
         get_reward(name)
@@ -97,7 +93,6 @@ def make_trainer_factory(
             f"{len(missing)} prompts have no reference answer (e.g. {missing[:3]}); the grpo reward needs one per "
             "prompt: check prepare.answer_field."
         )
-    _check_ranks(grpo_params)
     steps = grpo_params.total_steps or config.iterations or total_steps
     if grpo_params.lr_schedule != "constant" and steps is None:
         raise UserError(
@@ -122,21 +117,3 @@ def make_trainer_factory(
         total_steps=steps,
         state_dir=str(state_dir) if state_dir is not None else None,
     )
-
-
-def _check_ranks(grpo: Any) -> None:
-    """Raise `UserError` for rank settings that cannot work (CPU offload or nccl without a CUDA device)."""
-    from asp.errors import UserError
-    from asp.trainers.distributed import resolve_backend
-
-    on_cuda = grpo.device.startswith("cuda")
-    if grpo.cpu_offload and not on_cuda:
-        raise UserError(
-            f"runtime.grpo.cpu_offload needs a CUDA device (runtime.grpo.device is {grpo.device!r}; on the CPU the "
-            "model already lives in host memory): set cpu_offload: false."
-        )
-    if resolve_backend(grpo.backend, grpo.device) == "nccl" and not on_cuda:
-        raise UserError(
-            f"runtime.grpo.backend = 'nccl' needs a CUDA device (runtime.grpo.device is {grpo.device!r}); use gloo "
-            "or auto."
-        )
