@@ -68,7 +68,7 @@ def test_rebalance_is_deterministic_for_a_seed_and_keeps_the_prompt_set() -> Non
     ordered, groups = first
     assert sorted(p for mb in ordered for p in mb) == sorted(p for mb in mbs for p in mb)
     assert groups[-2:] == [12, 12] and max(groups) == 12
-    kept, _ = rebalance(mbs, s["new"], K, method="sorted", shuffle=False)
+    kept, _ = rebalance(mbs, s["new"], K, method="sorted", shuffle=False, iterations=0)
     assert kept == [list(mb) for mb in mbs]  # "sorted" re-numbers groups only
 
 
@@ -79,13 +79,15 @@ def test_hand_worked_loads_and_errors() -> None:
     assert group_load_cv([["a", "b"], ["c"], ["d"], ["a"]], loads, 2) == pytest.approx(0.5 / 5.5)
     assert np.isnan(group_load_cv([["a"], ["b"], ["c"]], loads, 2))  # one complete group only
     with pytest.raises(ValueError, match="prompt 'x' of minibatch 1 has no load"):
-        rebalance([["a"], ["x"]], loads, 2)
+        rebalance([["a"], ["x"]], loads, 2, iterations=100)
     with pytest.raises(ValueError, match="at least one minibatch"):
-        rebalance([], loads, 2)
+        rebalance([], loads, 2, iterations=100)
     with pytest.raises(ValueError, match="minibatch 0 is empty"):
-        rebalance([[]], loads, 2)
+        rebalance([[]], loads, 2, iterations=100)
     with pytest.raises(ValueError):
-        rebalance([["a"], ["b"]], {"a": 1.0, "b": -1.0}, 2)  # loads must be > 0 (balance_groups' check)
+        rebalance(
+            [["a"], ["b"]], {"a": 1.0, "b": -1.0}, 2, iterations=100
+        )  # loads must be > 0 (balance_groups' check)
 
 
 def test_docstring_example() -> None:

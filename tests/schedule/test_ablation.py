@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from asp.schedule import (
     CONDITIONS,
+    PAPER_SPEC,
     ScheduleSpec,
     ablation,
     kendall_tau,
@@ -20,7 +23,9 @@ N = 20_010  # not a multiple of 32, so the DP has boundaries to move
 
 @pytest.fixture(scope="module")
 def result():
-    return sweep(synthetic_lengths(N, 0), ScheduleSpec(iterations=100_000), taus=(1.0, 0.75, 0.5), seeds=(0, 1, 2))
+    return sweep(
+        synthetic_lengths(N, 0), replace(PAPER_SPEC, iterations=100_000), taus=(1.0, 0.75, 0.5), seeds=(0, 1, 2)
+    )
 
 
 def test_synthetic_lengths_look_like_deepscaler() -> None:
@@ -44,31 +49,33 @@ def test_perturbation_hits_target_tau(tau: float) -> None:
 def test_ablation_table_shape_and_shared_minibatches() -> None:
     true = synthetic_lengths(5000, 2)
     pred = np.stack([perturb_predictions(true, 0.64, s)[0] for s in (0, 1)])
-    table = ablation(true, pred, ScheduleSpec(iterations=20_000), seeds=(0, 1))
+    table = ablation(true, pred, replace(PAPER_SPEC, iterations=20_000), seeds=(0, 1))
     assert list(table.index) == list(CONDITIONS) and list(table.columns) == ["D", "P", "CV", "spread"]
     # C2-C4 share minibatch composition, hence D and P (paper Table 9 caption)
     for metric in ("D", "P"):
         assert table.loc["C3", metric] == pytest.approx(table.loc["C2", metric], rel=1e-12)
         assert table.loc["C4", metric] == pytest.approx(table.loc["C2", metric], rel=1e-12)
     with pytest.raises(ValueError, match="predicted_lengths has shape"):
-        ablation(true, pred[:, :10], seeds=(0, 1))
+        ablation(true, pred[:, :10], PAPER_SPEC, seeds=(0, 1))
 
 
 def test_spec_settings_reach_every_condition() -> None:
     """b, kappa and k of the spec shape C0..C4: C0/C1 fixed size b, C2-C4 sizes in [b, b + kappa]; with b = 1,
     kappa = 0 every minibatch is one prompt, so D = 0 and P = 0 in every condition."""
     true = synthetic_lengths(600, 3)
-    table = ablation(true, true, ScheduleSpec(b=1, kappa=0, k=4, iterations=1000), seeds=(0,))
+    table = ablation(true, true, ScheduleSpec(b=1, kappa=0, k=4, iterations=1000, method="asp"), seeds=(0,))
     assert (table["D"] == 0).all() and (table["P"] == 0).all()
-    wide = ablation(true, true, ScheduleSpec(b=16, kappa=4, k=4, iterations=1000), seeds=(0,))
+    wide = ablation(true, true, ScheduleSpec(b=16, kappa=4, k=4, iterations=1000, method="asp"), seeds=(0,))
     assert (wide["D"] > 0).all()
 
 
-def test_schedule_spec_validates_and_defaults() -> None:
-    spec = ScheduleSpec()
+def test_schedule_spec_validates_and_the_paper_spec() -> None:
+    spec = PAPER_SPEC  # appendix E.4; ScheduleSpec itself has no defaults (the pipeline's are the schedule params)
     assert (spec.b, spec.kappa, spec.k, spec.iterations, spec.method) == (32, 2, 6, 2_000_000, "asp")
     assert spec.kwargs() == {"b": 32, "kappa": 2, "k": 6, "iterations": 2_000_000, "method": "asp"}
-    assert ScheduleSpec(b=np.int64(8)).b == 8 and type(ScheduleSpec(b=np.int64(8)).b) is int
+    with pytest.raises(TypeError, match="missing 5 required positional arguments"):
+        ScheduleSpec()  # type: ignore[call-arg]
+    assert replace(spec, b=np.int64(8)).b == 8 and type(replace(spec, b=np.int64(8)).b) is int
     for kwargs, message in [
         ({"b": 0}, "b must be >= 1, got 0"),
         ({"kappa": -1}, "kappa must be >= 0"),
@@ -77,7 +84,7 @@ def test_schedule_spec_validates_and_defaults() -> None:
         ({"method": "x"}, "method must be one of"),
     ]:
         with pytest.raises(ValueError, match=message):
-            ScheduleSpec(**kwargs)
+            replace(spec, **kwargs)
     with pytest.raises(AttributeError):
         spec.b = 4  # frozen
 

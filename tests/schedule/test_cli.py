@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from asp.cli.schedule import app
-from asp.schedule import BUILD_METHODS, PAPER_TAUS, ScheduleSpec, synthetic_lengths
+from asp.schedule import BUILD_METHODS, PAPER_SPEC, PAPER_TAUS, synthetic_lengths
 
 runner = CliRunner()
 
@@ -164,9 +164,10 @@ def test_cli_module_imports_no_heavy_library() -> None:
 
 
 def test_cli_help_states_the_spec_defaults() -> None:
-    """Flags left out take ScheduleSpec's defaults; the help must say what those are (and list the methods)."""
+    """Flags left out take the paper's settings (PAPER_SPEC); the help must say what those are (and list the
+    methods)."""
     res = runner.invoke(app, ["sweep", "--help"], env={"COLUMNS": "200"})
-    spec = ScheduleSpec()
+    spec = PAPER_SPEC
     text = " ".join(res.output.split())  # click wraps help lines
     for value in (spec.b, spec.kappa, spec.k, spec.iterations, spec.method, ",".join(map(str, PAPER_TAUS))):
         assert f"[default: ({value})]" in text  # typer shows a show_default text in parentheses

@@ -25,13 +25,13 @@ def test_each_condition_is_a_permutation_of_the_prompts(cond: str, data) -> None
 
 def test_condition_orders(data) -> None:
     ids, lengths = data
-    c0 = condition_schedule(ids, lengths, "C0", b=8)
+    c0 = condition_schedule(ids, lengths, "C0", b=8, kappa=2, k=6)
     assert c0.prompt_ids.tolist() == ids.tolist() and c0.minibatch_sizes.tolist() == [8] * 25 + [3]
-    c1 = condition_schedule(ids, lengths, "C1", b=8)
+    c1 = condition_schedule(ids, lengths, "C1", b=8, kappa=2, k=6)
     assert np.all(np.diff(lengths[c1.positions]) >= 0)  # sorted short to long
-    c2 = condition_schedule(ids, lengths, "C2", b=8, kappa=2)
+    c2 = condition_schedule(ids, lengths, "C2", b=8, kappa=2, k=6)
     assert np.all(np.diff(lengths[c2.positions]) >= 0) and set(c2.minibatch_sizes[:-1]) <= {8, 9, 10}
-    c3 = condition_schedule(ids, lengths, "C3", b=8, kappa=2, seed=4)
+    c3 = condition_schedule(ids, lengths, "C3", b=8, kappa=2, k=6, seed=4)
     assert sorted(map(tuple, c3.minibatches())) == sorted(map(tuple, c2.minibatches()))  # same minibatches
     c4 = condition_schedule(ids, lengths, "C4", b=8, kappa=2, k=3, iterations=50000)
     cv = {c.info["condition"]: schedule_metrics(lengths, c)["CV"] for c in (c2, c3, c4)}
@@ -41,4 +41,4 @@ def test_condition_orders(data) -> None:
 def test_unknown_condition(data) -> None:
     ids, lengths = data
     with pytest.raises(ValueError, match="condition"):
-        condition_schedule(ids, lengths, "C9")
+        condition_schedule(ids, lengths, "C9", b=8, kappa=2, k=6)

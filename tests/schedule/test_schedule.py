@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from asp.schedule import (
+    PAPER_SPEC,
     build_schedule,
     schedule_from_frame,
     schedule_metrics,
@@ -16,6 +17,8 @@ from asp.schedule import (
     schedule_to_frame,
     synthetic_lengths,
 )
+
+PAPER = {"b": PAPER_SPEC.b, "kappa": PAPER_SPEC.kappa, "k": PAPER_SPEC.k, "iterations": PAPER_SPEC.iterations}
 
 
 def dataset(n: int = 3001, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -42,10 +45,10 @@ def test_schedule_structure() -> None:
 
 def test_sorted_method_keeps_dp_order_and_shuffle_keeps_groups() -> None:
     ids, pred, _ = dataset(997)
-    s = build_schedule(ids, pred, method="sorted")
+    s = build_schedule(ids, pred, **PAPER, method="sorted")
     np.testing.assert_array_equal(s.minibatch_ids, np.arange(s.n_minibatches))
-    a = build_schedule(ids, pred, iterations=20_000, seed=4)
-    b = build_schedule(ids, pred, iterations=20_000, seed=4, shuffle=True)
+    a = build_schedule(ids, pred, **{**PAPER, "iterations": 20_000}, seed=4)
+    b = build_schedule(ids, pred, **{**PAPER, "iterations": 20_000}, seed=4, shuffle=True)
 
     def key(s):  # the set of complete groups, each with its internal order
         return sorted(tuple(s.minibatch_ids[g : g + 6]) for g in range(0, s.n_minibatches // 6 * 6, 6))
@@ -56,14 +59,15 @@ def test_sorted_method_keeps_dp_order_and_shuffle_keeps_groups() -> None:
 def test_calibrated_loads_callable_and_knots_agree() -> None:
     ids, pred, true = dataset()
     knots = (np.array([0.0, 3000.0, 20000.0]), np.array([2000.0, 4000.0, 6000.0]))
-    by_knots = build_schedule(ids, pred, calibration=knots, iterations=20_000)
-    by_call = build_schedule(ids, pred, calibration=lambda x: np.interp(x, *knots), iterations=20_000)
-    by_map = build_schedule(ids, pred, calibration={"x": knots[0], "y": knots[1]}, iterations=20_000)
+    kw = {**PAPER, "iterations": 20_000}
+    by_knots = build_schedule(ids, pred, calibration=knots, **kw)
+    by_call = build_schedule(ids, pred, calibration=lambda x: np.interp(x, *knots), **kw)
+    by_map = build_schedule(ids, pred, calibration={"x": knots[0], "y": knots[1]}, **kw)
     assert by_knots.info["loads"] == "calibrated"
     np.testing.assert_array_equal(by_knots.prompt_ids, by_call.prompt_ids)
     np.testing.assert_array_equal(by_knots.prompt_ids, by_map.prompt_ids)
     np.testing.assert_allclose(by_knots.loads, np.interp(by_knots.predicted_lengths, *knots))
-    raw = build_schedule(ids, pred, calibration=knots, loads="raw", iterations=20_000)
+    raw = build_schedule(ids, pred, calibration=knots, loads="raw", **kw)
     assert raw.info["loads"] == "raw"
     np.testing.assert_array_equal(raw.loads, raw.predicted_lengths)
 
@@ -99,7 +103,7 @@ def test_frame_round_trip_through_parquet(tmp_path) -> None:
 
 def test_summary_is_small_json_and_reports_realized_metrics() -> None:
     ids, pred, true = dataset(2000)
-    s = build_schedule(ids, pred, iterations=10_000)
+    s = build_schedule(ids, pred, **{**PAPER, "iterations": 10_000})
     summary = schedule_summary(s, true)
     json.dumps(summary)  # JSON-able
     assert summary["realized"] == schedule_metrics(true, s)
@@ -108,17 +112,17 @@ def test_summary_is_small_json_and_reports_realized_metrics() -> None:
 
 
 def test_infeasible_n_gets_one_short_minibatch() -> None:
-    s = build_schedule(list(range(5)), [1, 2, 3, 4, 5], b=4, kappa=0, k=1)
+    s = build_schedule(list(range(5)), [1, 2, 3, 4, 5], b=4, kappa=0, k=1, iterations=PAPER_SPEC.iterations)
     assert sorted(s.minibatch_sizes.tolist()) == [1, 4] and s.info["feasible"] is False
     with pytest.raises(ValueError, match=r"^10 prompts cannot form minibatches of 16-18 prompts .*use b <= 10"):
-        build_schedule(list(range(10)), np.arange(1.0, 11.0), b=16, kappa=2, on_infeasible="error")
+        build_schedule(list(range(10)), np.arange(1.0, 11.0), **{**PAPER, "b": 16}, on_infeasible="error")
 
 
 def test_summary_of_a_schedule_without_a_complete_group_is_strict_json() -> None:
     """No complete group: mean_group_load is NaN in the dict and null in the JSON text (never NaN)."""
     from asp.io import json_text
 
-    s = build_schedule(list(range(10)), np.arange(1.0, 11.0), b=16, kappa=2, k=6)
+    s = build_schedule(list(range(10)), np.arange(1.0, 11.0), **{**PAPER, "b": 16})
     summary = schedule_summary(s)
     assert np.isnan(summary["predicted"]["mean_group_load"])
     text = json_text(summary)
@@ -151,4 +155,4 @@ def test_summary_of_a_schedule_without_a_complete_group_is_strict_json() -> None
 )
 def test_bad_input(args: tuple, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        build_schedule(*args, **kwargs)
+        build_schedule(*args, **{**PAPER, **kwargs})

@@ -11,9 +11,9 @@ computes and rejects lengths that are not in (0, 1e15]; all three refuse a datas
 minibatches of b..b+kappa prompts unless --allow-partial is given (the message names the b and kappa that would
 work), and --seeds / --synthetic must be >= 1.
 numpy, pandas, numba and the scheduler itself are imported inside the commands, so `asp --help` and
-`asp schedule --help` stay fast. Scheduler flags left out (None) take the defaults
-of `asp.schedule.ScheduleSpec` (and `PAPER_TAUS`); the help texts state them and tests/schedule/test_cli.py
-checks that they agree.
+`asp schedule --help` stay fast. Scheduler flags left out (None) take the paper's settings,
+`asp.schedule.PAPER_SPEC` (and `PAPER_TAUS`); the help texts state them and tests/schedule/test_cli.py checks
+that they agree. (The pipeline's `schedule` stage takes the `schedule:` params instead.)
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Scheduler flags: None means "ScheduleSpec's default", which show_default states (checked by a test).
+# Scheduler flags: None means "PAPER_SPEC's value", which show_default states (checked by a test).
 B = Annotated[int | None, typer.Option("--b", help="Base minibatch size (prompts).", show_default="32")]
 KAPPA = Annotated[
     int | None, typer.Option("--kappa", help="Extra minibatch size allowed: sizes b..b+kappa.", show_default="2")
@@ -94,11 +94,14 @@ def _user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _spec(b: int | None, kappa: int | None, k: int | None, iterations: int | None, method: str | None) -> ScheduleSpec:
-    """The ScheduleSpec of the given flags; flags left out keep its defaults. ValueError on a bad value."""
-    from asp.schedule.spec import ScheduleSpec
+    """The ScheduleSpec of the given flags; flags left out keep the paper's (`PAPER_SPEC`). ValueError on a bad
+    value."""
+    from dataclasses import replace
+
+    from asp.schedule.spec import PAPER_SPEC
 
     given = {"b": b, "kappa": kappa, "k": k, "iterations": iterations, "method": method}
-    return ScheduleSpec(**{name: value for name, value in given.items() if value is not None})
+    return replace(PAPER_SPEC, **{name: value for name, value in given.items() if value is not None})
 
 
 def _source(path: Path | None, synthetic: int | None) -> str:

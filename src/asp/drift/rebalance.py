@@ -20,7 +20,6 @@ import numpy as np
 
 from asp.drift.monitor import cv
 from asp.schedule.balance import balance_groups, group_loads, shuffle_groups
-from asp.schedule.spec import DEFAULT_ITERATIONS
 
 UNBALANCED = "sorted"  # keep the given order (re-grouping only), as `build_schedule`'s method "sorted"
 
@@ -50,7 +49,7 @@ def rebalance(
     method: str = "asp",
     seed: int = 0,
     shuffle: bool = True,
-    iterations: int = DEFAULT_ITERATIONS,
+    iterations: int,
 ) -> tuple[list[list[Hashable]], list[int]]:
     """Re-group and re-order minibatches so that batch groups of `k` carry balanced `loads`.
 

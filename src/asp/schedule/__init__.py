@@ -1,7 +1,7 @@
 """ASP's offline rollout scheduler (paper §3.3-3.4, appendix E): a library, a CLI and the `schedule` stage core.
 
-    from asp.schedule import ScheduleSpec, build_schedule, schedule_metrics
-    spec = ScheduleSpec(b=32, kappa=2, k=6)                 # b, kappa, k, iterations, method in one object
+    from asp.schedule import PAPER_SPEC, ScheduleSpec, build_schedule, schedule_metrics
+    spec = PAPER_SPEC                 # or ScheduleSpec(b=, kappa=, k=, iterations=, method=): no defaults
     sched = build_schedule(prompt_ids, predicted_lengths, **spec.kwargs(), calibration=cal_map)
     schedule_metrics(true_lengths, sched)      # {"D", "P", "CV", "spread", ...} on true lengths
 
@@ -26,14 +26,14 @@ from asp.schedule.schedule import (
     schedule_summary,
     schedule_to_frame,
 )
-from asp.schedule.spec import BUILD_METHODS, DEFAULT_ITERATIONS, METHODS, PAPER_TAUS, ScheduleSpec
+from asp.schedule.spec import BUILD_METHODS, METHODS, PAPER_SPEC, PAPER_TAUS, ScheduleSpec
 
 __all__ = [
     "BUILD_METHODS",
     "CONDITION_NAMES",
     "CONDITIONS",
-    "DEFAULT_ITERATIONS",
     "METHODS",
+    "PAPER_SPEC",
     "PAPER_TAUS",
     "Schedule",
     "ScheduleSpec",

@@ -31,7 +31,6 @@ from asp.schedule.spec import PAPER_TAUS, ScheduleSpec
 from asp.schedule.validate import as_int, as_lengths
 
 CONDITIONS = CONDITION_NAMES  # public name of the table rows
-DEFAULT_SPEC = ScheduleSpec()
 METRICS = ("D", "P", "CV", "spread")
 LENGTH_CAP = 8192
 
@@ -130,7 +129,7 @@ def _table(runs: list[dict[str, dict[str, float]]]) -> pd.DataFrame:
 def ablation(
     true_lengths: object,
     predicted_lengths: object,
-    spec: ScheduleSpec = DEFAULT_SPEC,
+    spec: ScheduleSpec,
     *,
     seeds: Sequence[int] = (0, 1, 2),
     calibration: Calibration | None = None,
@@ -183,7 +182,7 @@ class SweepResult:
 
 def sweep(
     true_lengths: object,
-    spec: ScheduleSpec = DEFAULT_SPEC,
+    spec: ScheduleSpec,
     *,
     taus: Sequence[float] = PAPER_TAUS,
     seeds: Sequence[int] = (0, 1, 2),

@@ -27,7 +27,7 @@ import heapq
 import numpy as np
 
 from asp.schedule import anneal, kernels
-from asp.schedule.spec import DEFAULT_ITERATIONS, METHODS
+from asp.schedule.spec import METHODS
 from asp.schedule.validate import as_choice, as_int, as_lengths
 
 
@@ -118,7 +118,7 @@ def balance_groups(
     loads: object,
     k: int,
     *,
-    iterations: int = DEFAULT_ITERATIONS,
+    iterations: int,
     seed: int = 0,
     method: str = "asp",
     c: float = 1.0,
@@ -130,7 +130,8 @@ def balance_groups(
     Args:
         loads: (N_B,) load of each minibatch (e.g. summed expected lengths, tokens), finite and > 0.
         k: minibatches per batch group, >= 1.
-        iterations: annealing proposals for "asp" and "paper_sa" (ignored by the others).
+        iterations: annealing proposals for "asp" and "paper_sa" (ignored by the others; no default: the
+            `schedule.iterations` params, or `PAPER_SPEC.iterations`).
         seed: RNG seed; the result is a deterministic function of the arguments.
         method: "asp" (default), "paper_sa", "kk", "lpt" or "snake" (see the module docstring).
         c: Algorithm 2's temperature constant C (paper_sa only; the paper uses 1).

@@ -27,9 +27,9 @@ def condition_schedule(
     predicted_lengths: object,
     condition: str,
     *,
-    b: int = 32,
-    kappa: int = 2,
-    k: int = 6,
+    b: int,
+    kappa: int,
+    k: int,
     seed: int = 0,
     calibration: Any = None,
     loads: str | None = None,
@@ -41,7 +41,7 @@ def condition_schedule(
         prompt_ids, predicted_lengths: (n,) as in `build_schedule`.
         condition: "C0" .. "C4".
         b, kappa, k, seed, calibration, loads: as in `build_schedule` (C0/C1 use fixed size b).
-        **balance: C4 only: iterations, method, shuffle (see `build_schedule`).
+        **balance: C4 only: iterations (required for C4), method, shuffle (see `build_schedule`).
 
     Returns:
         A `Schedule` whose `info["condition"]` names the condition.

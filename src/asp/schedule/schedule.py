@@ -23,7 +23,7 @@ import pandas as pd
 from asp.schedule.balance import balance_groups, shuffle_groups
 from asp.schedule.dp import build_minibatches, is_feasible
 from asp.schedule.metrics import dispatch_metrics, schedule_metrics
-from asp.schedule.spec import BUILD_METHODS, DEFAULT_ITERATIONS
+from asp.schedule.spec import BUILD_METHODS
 from asp.schedule.validate import as_choice, as_int, as_lengths
 
 Calibration = Callable[[np.ndarray], np.ndarray] | tuple[Any, Any] | Mapping[str, Any]
@@ -158,10 +158,10 @@ def build_schedule(
     prompt_ids: object,
     predicted_lengths: object,
     *,
-    b: int = 32,
-    kappa: int = 2,
-    k: int = 6,
-    iterations: int = DEFAULT_ITERATIONS,
+    b: int,
+    kappa: int,
+    k: int,
+    iterations: int,
     seed: int = 0,
     method: str = "asp",
     calibration: Calibration | None = None,
@@ -169,7 +169,8 @@ def build_schedule(
     shuffle: bool = False,
     on_infeasible: str = "short",
 ) -> Schedule:
-    """Build the ASP rollout schedule for a dataset (defaults: paper appendix E.4, b=32, kappa=2, k=6).
+    """Build the ASP rollout schedule for a dataset (b, kappa, k, iterations: no defaults; `PAPER_SPEC.kwargs()`
+    gives the paper's appendix E.4 settings, the `schedule:` params a pipeline run's).
 
     Args:
         prompt_ids: (n,) unique ids (ints or strings).
@@ -192,7 +193,7 @@ def build_schedule(
 
     Example:
         >>> ids = [f"p{i}" for i in range(8)]
-        >>> s = build_schedule(ids, [100, 900, 120, 880, 500, 510, 480, 520], b=2, kappa=0, k=2)
+        >>> s = build_schedule(ids, [100, 900, 120, 880, 500, 510, 480, 520], b=2, kappa=0, k=2, iterations=2_000_000)
         >>> [m.tolist() for m in s.minibatches()]  # groups {p3 p1 | p0 p2} = 2000, {p5 p7 | p6 p4} = 2010 tokens
         [['p3', 'p1'], ['p0', 'p2'], ['p5', 'p7'], ['p6', 'p4']]
     """
