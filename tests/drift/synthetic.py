@@ -17,7 +17,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from asp.drift import DriftDetector, DriftEvent, DriftMonitor, MinibatchObservation
+from asp.config import DriftParams
+from asp.drift import SETTINGS, DriftDetector, DriftEvent, DriftMonitor, MinibatchObservation
+
+PARAMS = {name: getattr(DriftParams(), name) for name in SETTINGS}  # the detector at the params' defaults
 
 MINIBATCHES, PROMPTS, N = 8, 16, 8  # window of 8 minibatches x 16 prompts x 8 samples
 SAMPLE_SIGMA = 0.5
@@ -60,19 +63,19 @@ def stream(seed: int, windows: int, change_at: int = 0, **after: float) -> Itera
 
 
 def events(metrics: Iterator[dict[str, float]], **settings: float) -> list[DriftEvent]:
-    """What a fresh `DriftDetector(REFERENCE_TAU, **settings)` fires on `metrics`."""
-    detector = DriftDetector(REFERENCE_TAU, **settings)  # type: ignore[arg-type]
+    """What a fresh `DriftDetector(REFERENCE_TAU, **PARAMS)` with `settings` changed fires on `metrics`."""
+    detector = DriftDetector(REFERENCE_TAU, **{**PARAMS, **settings})  # type: ignore[arg-type]
     return [e for m in metrics if (e := detector.update(m)) is not None]
 
 
 def fired_windows(metrics: Iterator[dict[str, float]], **settings: float) -> list[int]:
-    """Window indices at which a fresh `DriftDetector(REFERENCE_TAU, **settings)` fires."""
+    """Window indices at which a fresh `DriftDetector(REFERENCE_TAU, **PARAMS)` with `settings` changed fires."""
     return [e.window_index for e in events(metrics, **settings)]
 
 
 def offending_rate(metrics: list[dict[str, float]]) -> dict[str, float]:
     """Fraction of windows in which each signal offends (before patience) at default settings."""
-    detector = DriftDetector(REFERENCE_TAU)
+    detector = DriftDetector(REFERENCE_TAU, **PARAMS)  # type: ignore[arg-type]
     hits = [detector.offending(m)[0] for m in metrics]
     return {s: sum(s in h for h in hits) / len(hits) for s in ("tau", "bias", "trend")}
 

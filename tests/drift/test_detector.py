@@ -1,5 +1,5 @@
 """The drift detector: each rule on hand-made window metrics (tau floor, bias band, trend with R^2,
-min_prompts, patience, cooldown), its defaults equal to `drift:` in the params, and on synthetic streams
+min_prompts, patience, cooldown), its settings being fields of `drift:` in the params, and on synthetic streams
 (tests/drift/synthetic.py, fixed seeds): no more than one firing in 1,000 stationary windows, a 20 % length
 shift confirmed within K_SHIFT windows and a tau drop of 0.15 within K_TAU windows. `drift:` values that cannot
 hold make `asp params check` exit 2 naming the key."""
@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asp.drift import DEFAULTS, DriftDetector
+from asp.drift import SETTINGS, DriftDetector
 from tests.drift import synthetic
+from tests.drift.synthetic import PARAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 K_SHIFT = 6  # windows after a 20 % length shift until the detector fires (measured: 3-6 over 20 seeds)
@@ -30,7 +31,7 @@ def _m(tau: float = 0.8, bias: float = 1.0, change: float = 0.0, r2: float = 0.0
 
 
 def test_each_rule_on_hand_made_windows() -> None:
-    d = DriftDetector(0.8)  # floor 0.8 - 0.08 = 0.72; bias band [1/1.12, 1.12]
+    d = DriftDetector(0.8, **PARAMS)  # floor 0.8 - 0.08 = 0.72; bias band [1/1.12, 1.12]
     assert d.offending(_m())[0] == {}
     assert d.offending(_m(tau=0.71))[0] == {"tau": 0.71} and d.offending(_m(tau=0.73))[0] == {}
     assert d.offending(_m(bias=1.13))[0] == {"bias": 1.13} and d.offending(_m(bias=1.11))[0] == {}
@@ -39,12 +40,12 @@ def test_each_rule_on_hand_made_windows() -> None:
     assert d.offending(_m(change=-0.2, r2=0.6))[0] == {"trend": -0.2}  # shrinking lengths count too
     assert d.offending(_m(change=0.2, r2=0.4))[0] == {}  # a change the line does not explain
     assert d.offending(_m(tau=float("nan"), change=float("nan"), r2=float("nan")))[0] == {}
-    assert DriftDetector(None).offending(_m(tau=-1.0))[0] == {}  # no reference: no tau rule
-    assert DriftDetector(0.8, reference_bias=0.9).offending(_m(bias=0.9))[0] == {}
+    assert DriftDetector(None, **PARAMS).offending(_m(tau=-1.0))[0] == {}  # no reference: no tau rule
+    assert DriftDetector(0.8, reference_bias=0.9, **PARAMS).offending(_m(bias=0.9))[0] == {}
 
 
 def test_patience_min_prompts_and_cooldown() -> None:
-    d = DriftDetector(0.8, patience=3, cooldown=2)
+    d = DriftDetector(0.8, **{**PARAMS, "patience": 3, "cooldown": 2})
     bad, good = _m(tau=0.5), _m()
     assert [d.update(m) for m in (bad, bad, good, bad, bad)] == [None] * 5  # a clean window resets the streak
     assert d.update(_m(tau=0.5, prompts=10)) is None and d.streak == 2  # too small: ignored, streak kept
@@ -56,13 +57,14 @@ def test_patience_min_prompts_and_cooldown() -> None:
     assert [d.update(bad) is None for _ in range(3)] == [True, True, False]  # then patience again
 
 
-def test_defaults_match_the_params_section() -> None:
+def test_settings_are_the_params_section_and_have_no_defaults_of_their_own() -> None:
     from asp.config import DriftParams
 
-    params = DriftParams()
-    assert {k: getattr(params, k) for k in DEFAULTS} == DEFAULTS
+    assert set(SETTINGS) <= set(DriftParams.model_fields)
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'action'"):
+        DriftDetector(0.8, **{k: v for k, v in PARAMS.items() if k != "action"})
     with pytest.raises(ValueError):
-        DriftDetector(0.8, trend_min_r2=1.5)
+        DriftDetector(0.8, **{**PARAMS, "trend_min_r2": 1.5})
 
 
 def test_stationary_stream_fires_at_most_once_in_1000_windows() -> None:

@@ -9,15 +9,15 @@ numpy/scipy only (import-linter's pure-core contract). docs/drift.md describes t
 Run the tests: ``.venv/bin/python -m pytest tests/drift -q``.
 """
 
-from asp.drift.detector import DEFAULTS, DriftDetector, DriftEvent
+from asp.drift.detector import SETTINGS, DriftDetector, DriftEvent
 from asp.drift.monitor import DriftMonitor, MinibatchObservation, length_trend, window_stats
 
 __all__ = [
-    "DEFAULTS",
     "DriftDetector",
     "DriftEvent",
     "DriftMonitor",
     "MinibatchObservation",
+    "SETTINGS",
     "length_trend",
     "window_stats",
 ]

@@ -10,9 +10,10 @@ offends when any of these holds:
 
 Windows with fewer than `min_prompts` prompts are ignored (they neither offend nor break a streak). After
 `patience` offending windows in a row the detector fires once, naming the signals of the firing window, then
-ignores `cooldown` windows. The defaults (DEFAULTS) fire at most once in 1,000 stationary windows of
-8 minibatches x 16 prompts in tests/drift/test_detector.py and confirm a 20 % length shift or a tau drop of
-0.15 within a few windows (docs/drift.md has the measured numbers).
+ignores `cooldown` windows. The settings (`SETTINGS`) have no defaults here: they are `drift:` in the params
+(`asp.config.DriftParams`), whose defaults fire at most once in 1,000 stationary windows of 8 minibatches x 16
+prompts in tests/drift/test_detector.py and confirm a 20 % length shift or a tau drop of 0.15 within a few
+windows (docs/drift.md has the measured numbers).
 
 Run the tests: `.venv/bin/python -m pytest tests/drift -q`.
 """
@@ -21,23 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 Action = Literal["warn", "recalibrate", "reprofile"]
 SIGNALS = ("tau", "bias", "trend")
 
-# The one set of detector defaults; asp.config.DriftParams repeats them (tests/drift/test_detector.py checks).
-DEFAULTS: dict[str, float | int | str] = {
-    "min_prompts": 64,
-    "tau_drop": 0.08,
-    "bias_tolerance": 0.12,
-    "trend": 0.1,
-    "trend_min_r2": 0.5,
-    "patience": 3,
-    "cooldown": 10,
-    "action": "reprofile",
-}
+# The detector's settings: fields of the params' `drift:` section (asp.config.DriftParams holds their defaults).
+SETTINGS = ("min_prompts", "tau_drop", "bias_tolerance", "trend", "trend_min_r2", "patience", "cooldown", "action")
 
 
 @dataclass(frozen=True)
@@ -56,10 +48,10 @@ class DriftEvent:
 
     window_index: int
     signals: tuple[str, ...]
-    values: dict[str, float] = field(default_factory=dict)
-    thresholds: dict[str, float] = field(default_factory=dict)
-    action: Action = "warn"
-    streak: int = 1
+    values: dict[str, float]
+    thresholds: dict[str, float]
+    action: Action
+    streak: int
 
     @property
     def message(self) -> str:
@@ -86,8 +78,9 @@ class DriftDetector:
     Args:
         reference_tau: held-out Kendall tau of the predictor (evaluate stage); None disables the tau signal.
         reference_bias: the bias that counts as calibrated (1.0, or the held-out median ratio when known).
-        min_prompts, tau_drop, bias_tolerance, trend, trend_min_r2, patience, cooldown, action: as DEFAULTS
-            and `asp.config.DriftParams`.
+        min_prompts, tau_drop, bias_tolerance, trend, trend_min_r2, patience, cooldown, action: `SETTINGS`, the
+            `drift:` params (`asp.config.DriftParams`, where their defaults live), e.g.
+            ``DriftDetector(tau, **{k: getattr(params.drift, k) for k in SETTINGS})``.
     """
 
     def __init__(
@@ -95,14 +88,14 @@ class DriftDetector:
         reference_tau: float | None,
         *,
         reference_bias: float = 1.0,
-        min_prompts: int = int(DEFAULTS["min_prompts"]),
-        tau_drop: float = float(DEFAULTS["tau_drop"]),
-        bias_tolerance: float = float(DEFAULTS["bias_tolerance"]),
-        trend: float = float(DEFAULTS["trend"]),
-        trend_min_r2: float = float(DEFAULTS["trend_min_r2"]),
-        patience: int = int(DEFAULTS["patience"]),
-        cooldown: int = int(DEFAULTS["cooldown"]),
-        action: Action = "reprofile",
+        min_prompts: int,
+        tau_drop: float,
+        bias_tolerance: float,
+        trend: float,
+        trend_min_r2: float,
+        patience: int,
+        cooldown: int,
+        action: Action,
     ) -> None:
         _check(reference_bias > 0 and tau_drop > 0 and bias_tolerance > 0 and trend > 0, "thresholds must be > 0")
         _check(0 <= trend_min_r2 <= 1 and patience >= 1 and cooldown >= 0 and min_prompts >= 0, "bad counts")
