@@ -74,6 +74,7 @@ def main() -> None:
         epochs=a.epochs,
         batch_size=a.batch_size,
         lr=a.lr,
+        weight_decay=0.0,
         loss=a.loss,
         rank_weight=a.rank_weight,
         patience=a.patience,

@@ -10,9 +10,14 @@ import pytest
 import torch
 from scipy import stats
 
+from asp.config import PredictorParams
 from asp.demo.task import simulated_profile
 from asp.predictor.model import LengthPredictor, encode_texts, load_backbone, pad_token_id
 from asp.predictor.train import predict_encoded, predict_lengths, train_predictor
+
+# train_predictor's settings have no defaults: these are the predictor params' (tests change what they study)
+SETTINGS = ("epochs", "batch_size", "lr", "weight_decay", "loss", "rank_weight", "patience")
+TRAIN = {name: getattr(PredictorParams(), name) for name in SETTINGS}
 
 
 def _fit(path: Path, n_train: int, n_val: int, **kw):
@@ -23,7 +28,7 @@ def _fit(path: Path, n_train: int, n_val: int, **kw):
     tr, va = slice(0, n_train), slice(n_train, None)
     enc = encode_texts(bb.tokenizer, texts[va], 64)  # raw log-scale outputs: the untrained head may be < 0
     before = predict_encoded(model, enc, batch_size=16, pad_id=pad_token_id(bb.tokenizer))
-    args = dict(epochs=2, batch_size=8, lr=3e-3, loss="mse+pairwise", patience=2, seed=0)
+    args = {**TRAIN, "epochs": 2, "batch_size": 8, "lr": 3e-3, "loss": "mse+pairwise", "patience": 2, "seed": 0}
     res = train_predictor(model, bb.tokenizer, texts[tr], lengths[tr], texts[va], lengths[va], **{**args, **kw})
     after = predict_lengths(model, bb.tokenizer, texts[va])
     return res, before, after, lengths[va]
@@ -70,7 +75,7 @@ def test_truncation_counted_in_training(tiny_qwen2_path: Path) -> None:
     texts, lengths, _ = simulated_profile(12, seed=1)
     texts = np.array(texts, dtype=object)
     res = train_predictor(
-        model, bb.tokenizer, texts[:8], lengths[:8], texts[8:], lengths[8:], epochs=1, batch_size=4, lr=1e-3, seed=0
+        model, bb.tokenizer, texts[:8], lengths[:8], texts[8:], lengths[8:], **{**TRAIN, "epochs": 1, "batch_size": 4}
     )
     n_long = sum(len(bb.tokenizer(t)["input_ids"]) > 16 for t in texts[:8])
     assert res.n_truncated_train == n_long and 0 < n_long < 8
@@ -80,12 +85,12 @@ def test_bad_training_input(tiny_qwen2_path: Path) -> None:
     bb = load_backbone(tiny_qwen2_path, max_length=32)
     model = LengthPredictor(bb, seed=0)
     t = ["add 1 + 2", "add 3", "add 4 + 5 + 6"]
-    kw = dict(epochs=1, batch_size=2, lr=1e-3)
+    kw = {**TRAIN, "epochs": 1, "batch_size": 2}
     with pytest.raises(ValueError, match="got 2 lengths for 3 prompts"):
         train_predictor(model, bb.tokenizer, t, [1.0, 2.0], t, [1.0, 2.0, 3.0], **kw)
     with pytest.raises(ValueError, match="val_lengths: length at index 1 is nan"):
         train_predictor(model, bb.tokenizer, t, [1.0, 2.0, 3.0], t, [1.0, math.nan, 3.0], **kw)
     with pytest.raises(ValueError, match="unknown loss"):
-        train_predictor(model, bb.tokenizer, t, [1.0, 2.0, 3.0], t, [1.0, 2.0, 3.0], loss="l1", **kw)
+        train_predictor(model, bb.tokenizer, t, [1.0, 2.0, 3.0], t, [1.0, 2.0, 3.0], **{**kw, "loss": "l1"})
     with pytest.raises(ValueError, match="at least 2 training and 2 validation"):
         train_predictor(model, bb.tokenizer, t[:1], [1.0], t, [1.0, 2.0, 3.0], **kw)

@@ -85,9 +85,7 @@ def listwise_loss(pred: torch.Tensor, target: torch.Tensor, temperature: float =
     return -(p_true * torch.log_softmax(pred, dim=0)).sum()
 
 
-def combined_loss(
-    pred: torch.Tensor, target: torch.Tensor, kind: str = "mse", rank_weight: float = 1.0
-) -> torch.Tensor:
+def combined_loss(pred: torch.Tensor, target: torch.Tensor, kind: str, rank_weight: float = 1.0) -> torch.Tensor:
     """The training objective selected by ``kind``.
 
     Args:

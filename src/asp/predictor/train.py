@@ -271,13 +271,13 @@ def train_predictor(
     val_texts: Sequence[str],
     val_lengths: Sequence[float] | np.ndarray,
     *,
-    epochs: int = 8,
-    batch_size: int = 16,
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    loss: str = "mse+pairwise",
-    rank_weight: float = 1.0,
-    patience: int = 3,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    loss: str,
+    rank_weight: float,
+    patience: int,
     max_length: int | None = None,
     seed: int = 0,
     init_bias: bool = True,
@@ -285,6 +285,9 @@ def train_predictor(
     on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> TrainResult:
     """Fine-tune ``model`` in place to predict log(1 + mean length); early stopping on validation Kendall tau.
+
+    The training settings have no defaults here: they are the ``predictor:`` params (`asp.config.PredictorParams`
+    holds the defaults; `asp.steps.fit.fit_predictor` passes them).
 
     Args:
         model: a fresh (or partly trained) ``LengthPredictor``.
