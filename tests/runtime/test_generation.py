@@ -100,5 +100,5 @@ def test_simulated_trainer_protocol_ledger_and_restore(tmp_path):
     assert result.weights == WeightUpdate(1, None, 0.5)
     line = json.loads((tmp_path / "l.jsonl").read_text())
     assert line["prompt_ids"] == ["a", "b"] and line["tokens"] == 10 and line["logprob_max"] == -1.0
-    fresh = SimulatedTrainer(refresh_delay_s=0.5)
+    fresh = SimulatedTrainer(step_time_s=0.0, refresh_delay_s=0.5)
     assert fresh.restore({"version": 4}) == WeightUpdate(4, None, 0.5) and fresh.version == 4

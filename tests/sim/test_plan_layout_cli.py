@@ -86,5 +86,5 @@ def test_count_candidates_matches_the_grid_and_stops_at_its_limit() -> None:
 def test_a_huge_grid_is_refused_without_being_built() -> None:
     t0 = time.perf_counter()
     with pytest.raises(GridTooLarge, match="more than max_candidates = 400 "):
-        search_layout(Cluster(devices=1_000_000), lambda c: {}, Grid(q_max=(32,), b=(16,), k=(4,)))
+        search_layout(Cluster(1_000_000, 1, 1, 0.0, 8), lambda c: {}, Grid(q_max=(32,), b=(16,), k=(4,)))
     assert time.perf_counter() - t0 < 10  # the old code built ~10^12 candidates first (never finished)

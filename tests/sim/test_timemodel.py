@@ -113,7 +113,7 @@ def test_generation_from_dict_rejects(change, message):
 
 
 def test_training_from_dict_rejects():
-    good = TrainingTimeModel(0.5, 1e-4).to_dict()
+    good = TrainingTimeModel(0.5, 1e-4, 0.0, 0.0, 0.0).to_dict()
     with pytest.raises(ValueError, match="save_s"):
         TrainingTimeModel.from_dict({**good, "save_s": -1})
     with pytest.raises(ValueError, match="load_s"):

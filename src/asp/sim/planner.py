@@ -11,8 +11,9 @@ generation to training. Pure (no I/O; the figure is `asp.plots.planner.scaling_f
   `scaling_curve` / `b6_curve`: the best (or B.6) layout per device count;
 * `asp.sim.evaluate.make_evaluator`: an `Evaluator` that simulates candidates and is a `Rates`.
 
-    cluster = Cluster(devices=64, devices_per_actor=8, tu_min_devices=8, tu_serial_fraction=0.2)
-    ev = make_evaluator(ids, predicted, workload, gen, train, RuntimeConfig(trainer="simulated"), cluster=cluster)
+    cluster = Cluster(devices=64, devices_per_actor=8, tu_min_devices=8, tu_serial_fraction=0.2, devices_per_node=8)
+    # settings: the Control Unit's (RuntimeConfig(...).control_settings()); kappa, iterations: the schedule params
+    ev = make_evaluator(ids, predicted, workload, gen, train, settings, cluster=cluster, kappa=2, iterations=200_000)
     b6 = b6_heuristic(cluster, ev, b=32, k=6, q_max=48); ev(b6)["runtime/summary/mean_iteration_time_s"]
     best, metrics = search_layout(cluster, ev, Grid(q_max=(32, 48), b=(32,), k=(6,)))[0]
 
@@ -25,12 +26,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from itertools import product
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    pass
 
 Evaluate = Callable[["Candidate"], Mapping[str, float]]
 ITER_TIME = "runtime/summary/mean_iteration_time_s_excl_first"
@@ -53,7 +51,8 @@ def amdahl_factor(devices: int, min_devices: int, serial_fraction: float) -> flo
 
 @dataclass(frozen=True)
 class Cluster:
-    """The accelerators to split between the TU and the generation actors.
+    """The accelerators to split between the TU and the generation actors (every field required: their defaults are
+    `simulate.plan`'s in asp.config).
 
     Attributes:
         devices: total accelerators.
@@ -66,10 +65,10 @@ class Cluster:
     """
 
     devices: int
-    devices_per_actor: int = 1
-    tu_min_devices: int = 1
-    tu_serial_fraction: float = 0.0
-    devices_per_node: int = 8
+    devices_per_actor: int
+    tu_min_devices: int
+    tu_serial_fraction: float
+    devices_per_node: int
 
     def __post_init__(self) -> None:
         for name in ("devices", "devices_per_actor", "tu_min_devices", "devices_per_node"):

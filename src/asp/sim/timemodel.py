@@ -255,13 +255,16 @@ class TrainingTimeModel:
         step_per_token_s: seconds per response token of the global batch.
         save_s, convert_s: snapshot export and conversion, paid on the trainer once per exported snapshot.
         load_s: reload of a snapshot, paid by each generation actor before its next minibatch (deferred reload).
+
+    No defaults: a pipeline run's are the ``simulate.training`` params (asp.config), `simulated` builds the
+    simulated trainer's, `fit_training_model` fits them.
     """
 
     step_base_s: float
     step_per_token_s: float
-    save_s: float = 0.0
-    convert_s: float = 0.0
-    load_s: float = 0.0
+    save_s: float
+    convert_s: float
+    load_s: float
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -270,7 +273,7 @@ class TrainingTimeModel:
     @classmethod
     def simulated(cls, trainer_step_s: float, refresh_delay_s: float) -> TrainingTimeModel:
         """The runtime's `SimulatedTrainer`: a fixed step time, reload = `refresh_delay_s` per actor, no export."""
-        return cls(step_base_s=trainer_step_s, step_per_token_s=0.0, load_s=refresh_delay_s)
+        return cls(step_base_s=trainer_step_s, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=refresh_delay_s)
 
     def step_seconds(self, tokens: float) -> float:
         """Seconds of one trainer step on a global batch of `tokens` response tokens (>= FLOOR_S)."""

@@ -20,13 +20,14 @@ class SimulatedTrainer:
     """Fixed-duration stand-in trainer.
 
     Args:
-        step_time_s: seconds each step sleeps.
-        refresh_delay_s: reload delay announced with every snapshot (paid by each actor, deferred).
+        step_time_s: seconds each step sleeps (``runtime.trainer_step_s``; no defaults here, they are the params').
+        refresh_delay_s: reload delay announced with every snapshot (paid by each actor, deferred;
+            ``runtime.refresh_delay_s``).
         ledger_path: if set, one JSON line per step is appended there (step, prompt_ids, task_ids, versions,
             lengths, token and log-prob counts): the record of exactly what reached the trainer.
     """
 
-    def __init__(self, step_time_s: float = 0.0, refresh_delay_s: float = 0.0, ledger_path: str | None = None):
+    def __init__(self, step_time_s: float, refresh_delay_s: float, ledger_path: str | None = None):
         self.step_time_s, self.refresh_delay_s = step_time_s, refresh_delay_s
         self.ledger = Path(ledger_path) if ledger_path else None
         self.version = 0
