@@ -1,5 +1,6 @@
 """The layering the design promises, enforced: import-linter's contracts (pyproject.toml) hold, the mlflow
-contract names every top-level module except `asp.tracking`, and `asp --help` loads no heavy library."""
+contract names every top-level module except `asp.tracking`, no module of `asp` is part of an import cycle, and
+`asp --help` loads no heavy library."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import grimp
 
 import asp
 
@@ -29,6 +32,67 @@ def test_mlflow_contract_covers_every_module_but_tracking() -> None:
     (contract,) = [c for c in config["contracts"] if c.get("forbidden_modules") == ["mlflow"]]
     modules = {f"asp.{m.name}" for m in pkgutil.iter_modules(asp.__path__) if m.name != "__main__"}
     assert set(contract["source_modules"]) == modules - {"asp.tracking"}
+
+
+def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The strongly connected components of more than one module in `graph` (Tarjan, iterative): each is a set of
+    modules that import each other, directly or through the others."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_import_cycles_are_found() -> None:
+    graph = grimp.ImportGraph()
+    for module in ("a", "a.b", "a.c", "a.d", "a.e"):
+        graph.add_module(module)
+    for importer, imported in (("a.b", "a.c"), ("a.c", "a.d"), ("a.d", "a.b"), ("a.d", "a.e"), ("a", "a.b")):
+        graph.add_import(importer=importer, imported=imported)
+    assert import_cycles(graph) == [["a.b", "a.c", "a.d"]]
+    graph.remove_import(importer="a.d", imported="a.b")
+    assert import_cycles(graph) == []
+
+
+def test_no_import_cycle_in_asp() -> None:
+    """Imports made at run time (module level or inside functions) form no cycle; `if TYPE_CHECKING:` imports are
+    left out (they never run, and are how annotations refer to a module that imports this one)."""
+    graph = grimp.build_graph("asp", exclude_type_checking_imports=True)
+    assert import_cycles(graph) == []
 
 
 def test_help_imports_no_heavy_library() -> None:
