@@ -250,7 +250,7 @@ class PipelineRun:
         return self.params.orchestration.timeout_s.get(name)
 
     def retry_policy(self, name: str) -> RetryPolicy:
-        """The stage's retries (`orchestration.retries`, none by default), for every door alike."""
+        """The stage's retries (`orchestration.retries`; 0 for a stage it does not list), for every door alike."""
         return RetryPolicy(retries=self.params.orchestration.retries.get(name, 0))
 
     def run_stage_with_retries(self, name: str) -> StageReport:
