@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     import numpy as np
 
     from asp.schedule.spec import ScheduleSpec
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 app = typer.Typer(
     help="Length-aware rollout scheduling (ASP steps 2-3): build schedules, run C0-C4 ablations.",
@@ -79,11 +82,11 @@ _LOCAL_FORMAT = {
 }
 
 
-def _user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+def _user_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn UserError/ValueError into one stderr line and exit code 2 (no traceback)."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except (UserError, ValueError) as exc:
