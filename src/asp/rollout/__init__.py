@@ -6,16 +6,12 @@
 decodes one minibatch. Both read a local checkpoint directory only and return `PromptResult`s with per-sample
 token ids, lengths, finish reasons and behaviour log-probs; see `asp.rollout.base` for the types and log-prob
 semantics.
+
+Modules: `base` (the protocol and message types), `factory` (`make_engine`), `hf`, `vllm` (+ `vllm_weights`,
+`weight_transfer`: weight reloads in bounded buckets), `model_dir` (checkpoint checks, the tokenizer). This
+package re-exports the types and `make_engine`; the engines themselves are imported when built.
 """
 
-from __future__ import annotations
-
-import inspect
-from dataclasses import fields
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from asp.errors import UserError
 from asp.rollout.base import (
     Engine,
     FinishReason,
@@ -28,13 +24,8 @@ from asp.rollout.base import (
     minibatch_timing,
     timed_generate,
 )
+from asp.rollout.factory import ENGINE_KINDS, make_engine
 from asp.rollout.model_dir import check_model_dir, load_tokenizer
-
-if TYPE_CHECKING:
-    from asp.rollout.hf import HFEngine
-    from asp.rollout.vllm import VLLMEngine
-
-ENGINE_KINDS = ("hf", "vllm")
 
 __all__ = [
     "ENGINE_KINDS",
@@ -52,37 +43,3 @@ __all__ = [
     "minibatch_timing",
     "timed_generate",
 ]
-
-
-def make_engine(kind: str, model_path: str | Path, **kwargs: Any) -> Engine:
-    """Build a generation engine.
-
-    Args:
-        kind: ``"hf"`` or ``"vllm"``.
-        model_path: local checkpoint directory (config.json, tokenizer files, *.safetensors).
-        **kwargs: engine options: `HFEngine` (device, dtype, logprobs_mode, attn_implementation, num_threads) or
-            `VLLMEngine` (the fields of `asp.rollout.vllm.VLLMOptions`: tensor_parallel_size,
-            gpu_memory_utilization, dtype, max_model_len, seed, logprobs_mode, enforce_eager).
-
-    Raises:
-        UserError: unknown kind, a missing or incomplete model directory, vLLM not installed, or an
-            option the engine does not take.
-    """
-    if kind not in ENGINE_KINDS:
-        raise UserError(f"unknown generation engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}.")
-    path = check_model_dir(model_path)
-    cls: type[HFEngine] | type[VLLMEngine]
-    if kind == "hf":
-        from asp.rollout.hf import HFEngine
-
-        cls = HFEngine
-        allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "model_path")]
-    else:
-        from asp.rollout.vllm import VLLMEngine, VLLMOptions
-
-        cls = VLLMEngine
-        allowed = [f.name for f in fields(VLLMOptions)]
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        raise UserError(f"engine {kind!r} does not take option(s) {unknown}; it takes {allowed}.")
-    return cls(path, **kwargs)
