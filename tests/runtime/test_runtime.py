@@ -18,8 +18,9 @@ from collections import Counter
 
 import pytest
 
+import asp.control.core as control_core
 from asp.errors import UserError
-from asp.runtime import EngineSpec, control, run_async
+from asp.runtime import EngineSpec, run_async
 from asp.runtime.queue import Backpressure
 from asp.trainers import SimulatedTrainer
 
@@ -164,7 +165,7 @@ def observe_backpressure(monkeypatch, gate: Gate) -> list[tuple[str, int]]:
                 gate.tick(kind)
             return changed
 
-    monkeypatch.setattr(control, "Backpressure", Observed)
+    monkeypatch.setattr(control_core, "Backpressure", Observed)  # the Control Unit core's (asp.control)
     return changes
 
 

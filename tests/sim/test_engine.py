@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-import asp.sim.engine as engine
+import asp.control.core as engine  # the Control Unit core the simulator drives (the Ledger patches its parts)
+from asp.control.settings import ControlSettings
 from asp.runtime import RuntimeConfig, WorkPlan
 from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.sim.engine import Resources, Workload, simulate
@@ -79,7 +80,7 @@ def make_workload(plan: WorkPlan, n: int = 2, seed: int | None = None, cap: int 
     return Workload.from_arrays(ids, lengths, np.full(len(ids), 3), max_new_tokens=cap)
 
 
-def config(**overrides) -> RuntimeConfig:
+def config(**overrides) -> ControlSettings:
     """As tests/runtime/helpers.fast_config: 1 GU x 2 actors, batches of 8 prompts, n = 2, one pass, no lag bound."""
     base = dict(
         iterations=None,
@@ -92,10 +93,10 @@ def config(**overrides) -> RuntimeConfig:
         n_samples=2,
         max_new_tokens=16,
     )
-    return RuntimeConfig(**(base | overrides))
+    return RuntimeConfig(**(base | overrides)).control_settings()
 
 
-def one_actor(**overrides) -> RuntimeConfig:
+def one_actor(**overrides) -> ControlSettings:
     """1 GU x 1 actor, a global batch = one minibatch of 2 prompts, the GU holds 2 + 1 minibatches."""
     return config(**({"actors_per_unit": 1, "gu_queue_target": 2, "global_batch_prompts": 2, "q_max": 4} | overrides))
 

@@ -37,13 +37,20 @@ from asp.sim.timemodel import FEATURES, GenerationTimeModel, TrainingTimeModel  
 ITER = "runtime/summary/mean_iteration_time_s_excl_first"
 
 
+def _cluster(**fields: float) -> Cluster:
+    """A `Cluster` of one-device actors, a one-device TU minimum with perfect scaling and 8 devices per node, but
+    for the `fields` given (Cluster has no defaults of its own: simulate.plan's live in asp.config)."""
+    base = {"devices_per_actor": 1, "tu_min_devices": 1, "tu_serial_fraction": 0.0, "devices_per_node": 8}
+    return Cluster(**{**base, **fields})
+
+
 # ---- Cluster / Candidate ------------------------------------------------------------------------------------
 def test_amdahl_by_hand() -> None:
     # s = 0.2, d_min = 8, d = 32: 0.2 + 0.8 * 8 / 32 = 0.4; at the minimum the factor is 1; s = 1: no scaling.
     assert amdahl_factor(32, 8, 0.2) == pytest.approx(0.4)
     assert amdahl_factor(8, 8, 0.2) == pytest.approx(1.0)
     assert amdahl_factor(64, 8, 1.0) == pytest.approx(1.0)
-    cluster = Cluster(devices=64, devices_per_actor=8, tu_min_devices=8, tu_serial_fraction=0.5)
+    cluster = _cluster(devices=64, devices_per_actor=8, tu_min_devices=8, tu_serial_fraction=0.5)
     assert cluster.train_factor(16) == pytest.approx(0.5 + 0.5 * 8 / 16)  # 0.75
     with pytest.raises(ValueError, match="tu_min_devices"):
         cluster.train_factor(4)
@@ -64,11 +71,11 @@ def test_amdahl_by_hand() -> None:
 )
 def test_cluster_validation_names_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        Cluster(**kwargs)
+        _cluster(**kwargs)
 
 
 def test_candidate_devices_fit_and_overlay() -> None:
-    cluster = Cluster(devices=32, devices_per_actor=2, tu_min_devices=8, devices_per_node=8)
+    cluster = _cluster(devices=32, devices_per_actor=2, tu_min_devices=8, devices_per_node=8)
     c = Candidate(generation_units=3, actors_per_unit=4, q_max=48, b=32, k=6, tu_devices=8)
     assert c.actors == 12 and c.devices(cluster) == 8 + 12 * 2
     assert c.misfit(cluster) is None
@@ -104,7 +111,7 @@ def test_balanced_actors_and_packing() -> None:
     assert balanced_actors(3.2) == 3  # 6% short: generation the mild bottleneck
     assert balanced_actors(3.95) == 4  # 3 would be 24% short
     assert balanced_actors(0.4) == 1
-    cluster = Cluster(devices=64, devices_per_node=8)
+    cluster = _cluster(devices=64, devices_per_node=8)
     assert pack_actors(7, cluster) == (1, 7)
     assert pack_actors(16, cluster) == (2, 8)
     assert pack_actors(9, cluster) == (3, 3)  # no 2-GU split of 9, so 3 GUs of 3
@@ -113,7 +120,7 @@ def test_balanced_actors_and_packing() -> None:
 def test_b6_hand_computed_three_actors() -> None:
     # TU consumes G / step = 32 / 1 s = 32 prompts/s; one actor makes 10 -> need 3.2 -> 3 actors (30 < 32).
     # The TU cannot grow: s = 1 (no speed-up), so 4 devices stay free.
-    cluster = Cluster(devices=8, tu_min_devices=1, tu_serial_fraction=1.0, devices_per_node=8)
+    cluster = _cluster(devices=8, tu_min_devices=1, tu_serial_fraction=1.0, devices_per_node=8)
     c = b6_heuristic(cluster, FixedRates(actor=10.0, step=1.0), b=16, k=4, q_max=64)
     assert (c.actors, c.tu_devices, c.q_max, c.b, c.k) == (3, 1, 64, 16, 4)
 
@@ -121,15 +128,15 @@ def test_b6_hand_computed_three_actors() -> None:
 def test_b6_capped_then_alternating_growth() -> None:
     rates = FixedRates(actor=10.0, step=1.0)
     # Too small a cluster: 2 devices after the TU, generation is the (strong) bottleneck.
-    small = Cluster(devices=3, tu_min_devices=1, devices_per_node=8)
+    small = _cluster(devices=3, tu_min_devices=1, devices_per_node=8)
     assert b6_heuristic(small, rates, b=16, k=4, q_max=64).actors == 2
     # Perfect scaling, TU grows one node (4) at a time: TU 1 -> 32/s, 3 actors; TU 5 -> 160/s, 16 actors (21
     # devices); TU 9 -> 288/s needs 28 actors but only 23 fit: capped 230/s beats 160/s, so TU 9 + 23 actors.
-    big = Cluster(devices=32, tu_min_devices=1, tu_serial_fraction=0.0, devices_per_node=4)
+    big = _cluster(devices=32, tu_min_devices=1, tu_serial_fraction=0.0, devices_per_node=4)
     c = b6_heuristic(big, rates, b=16, k=4, q_max=64)
     assert (c.tu_devices, c.actors, c.actors_per_unit <= 4) == (9, 23, True)
     # Plateau: s = 0.9 -> TU 5 consumes 32 / 0.92 = 34.8/s, +8.7%; with min_tu_gain 0.1 the TU stays at 1.
-    flat = Cluster(devices=32, tu_min_devices=1, tu_serial_fraction=0.9, devices_per_node=4)
+    flat = _cluster(devices=32, tu_min_devices=1, tu_serial_fraction=0.9, devices_per_node=4)
     assert b6_heuristic(flat, rates, b=16, k=4, q_max=64, min_tu_gain=0.1).tu_devices == 1
 
 
@@ -148,7 +155,7 @@ def toy_evaluate(c: Candidate) -> dict[str, float]:
 
 
 def test_search_picks_known_optimum() -> None:
-    cluster = Cluster(devices=8, tu_min_devices=1, devices_per_node=4)
+    cluster = _cluster(devices=8, tu_min_devices=1, devices_per_node=4)
     grid = Grid(q_max=(32, 128), b=(16, 32), k=(4,), tu_devices=(1, 2))
     ranked = search_layout(cluster, toy_evaluate, grid, limits=Limits(depth_batches=4.0, policy_lag=3.0), prune=False)
     assert len(ranked) == len(grid_candidates(cluster, grid))
@@ -173,7 +180,7 @@ def test_bottleneck_labels() -> None:
 
 
 def test_grid_too_large_is_refused() -> None:
-    cluster = Cluster(devices=64, tu_min_devices=1, devices_per_node=8)
+    cluster = _cluster(devices=64, tu_min_devices=1, devices_per_node=8)
     with pytest.raises(ValueError, match="max_candidates"):
         search_layout(cluster, toy_evaluate, Grid(q_max=(32,), b=(16, 32), k=(4,)), max_candidates=50)
 
@@ -189,9 +196,11 @@ def evaluator():
     ids = np.arange(P)
     workload = Workload.from_arrays(ids, np.full((P, N), 100), np.full(P, 10), 200)
     gen = GenerationTimeModel("continuous", (1.0, 0.0, 0.0, 0.0, 0.0), FEATURES["continuous"])
-    train = TrainingTimeModel(step_base_s=1.0, step_per_token_s=0.0)
-    cfg = RuntimeConfig(trainer="simulated", iterations=20, global_batch_prompts=G, n_samples=N, q_max=32)
-    cluster = Cluster(devices=8, tu_min_devices=1, tu_serial_fraction=0.5, devices_per_node=4)
+    train = TrainingTimeModel(step_base_s=1.0, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0)
+    cfg = RuntimeConfig(
+        trainer="simulated", iterations=20, global_batch_prompts=G, n_samples=N, q_max=32
+    ).control_settings()
+    cluster = _cluster(devices=8, tu_min_devices=1, tu_serial_fraction=0.5, devices_per_node=4)
     return make_evaluator(ids, np.full(P, 100.0), workload, gen, train, cfg, cluster=cluster, kappa=0, iterations=500)
 
 

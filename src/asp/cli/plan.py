@@ -102,7 +102,6 @@ def evaluator_for(params: Any, cluster: Any) -> Any:
     from asp.io import read_json
     from asp.pipeline import simulate as stage
     from asp.predictor.calibration import CalibrationMap
-    from asp.runtime.config import RuntimeConfig
     from asp.sim.evaluate import make_evaluator
 
     paths = stage.Paths()
@@ -110,10 +109,7 @@ def evaluator_for(params: Any, cluster: Any) -> Any:
     preds = pd.read_parquet(paths.predictions, columns=["prompt_id", "predicted_length"])
     cal = CalibrationMap.from_dict(read_json(paths.calibration)) if paths.calibration.is_file() else None
     load = stage.workload(params, models, preds, cal)
-    runtime = dict(params.runtime)
-    if params.simulate.iterations is not None:
-        runtime["iterations"] = params.simulate.iterations
-    base = RuntimeConfig(**runtime, seed=params.common.seed)
+    base = stage.control_settings(params)
     s = params.schedule
     ev = make_evaluator(
         preds["prompt_id"].to_numpy(),

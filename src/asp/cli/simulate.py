@@ -2,6 +2,7 @@
 
     asp simulate                                    # runtime: + simulate: of params.yaml, C0 and C4
     asp simulate -c C4 --set runtime.actors_per_unit=4 --set schedule.k=6 --out sim-out
+    asp simulate -c C0 --set runtime.mode=sync      # the synchronous baseline (rounds of one global batch, lag 0)
     asp simulate fit-training outputs/launch/iterations.parquet    # simulate.training params from a launch
 
 It needs the pipeline's outputs up to `schedule` (and metrics/profile_timings.csv); it fits the same models as
@@ -21,7 +22,7 @@ import typer
 from asp.errors import UserError
 
 app = typer.Typer(
-    help="Simulate the asynchronous run (asp.sim) from the pipeline's outputs.",
+    help="Simulate the launch run, async or sync (runtime.mode), with asp.sim from the pipeline's outputs.",
     add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
@@ -98,6 +99,7 @@ def simulate_command(
         f"generation-time model ({models.gen.form}): held-out R² {fit['r2_heldout']:.3f}, "
         f"MdAPE {100 * fit['mdape_heldout']:.1f} % over {int(fit['minibatches'])} profiled minibatches"
     )
+    typer.echo(f"runtime.mode: {p.runtime.mode}")
     typer.echo(markdown_table(metrics, list(results)))
     if out is not None:
         write_json(metrics, out / "simulate.json")

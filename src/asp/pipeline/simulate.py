@@ -1,8 +1,8 @@
 """`simulate` stage: the run that `launch` would make, predicted on a simulated clock, for C0-C4 side by side.
 
-Fits three models from what the pipeline already measured, then simulates `runtime:` (layout, batch, q_max,
-lag bound, iterations) with `asp.sim.engine.simulate`, which drives the runtime's own Database, sender,
-Training Queue, backpressure and lag bound:
+Fits three models from what the pipeline already measured, then simulates `runtime:` (mode async or sync, layout,
+batch, q_max, lag bound, iterations) with `asp.sim.engine.simulate`, which drives the runtime's own Control Unit
+core (`asp.control`):
 
 * generation time per minibatch (`asp.sim.timemodel`): fitted on metrics/profile_timings.csv, the profile
   stage's timed minibatches; its held-out fit (K-fold R², median absolute percentage error) is reported;
@@ -220,19 +220,26 @@ def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: A
     return Workload.from_arrays(preds["prompt_id"].tolist(), lengths, tokens, params.runtime.max_new_tokens)
 
 
+def control_settings(params: Params) -> Any:
+    """The simulated run's `asp.control.ControlSettings`: ``runtime:`` (``runtime.mode`` included: sync simulates
+    the synchronous baseline) with ``simulate.iterations`` when set, and ``common.seed``."""
+    from asp.runtime.config import RuntimeConfig
+
+    runtime = dict(params.runtime)
+    if params.simulate.iterations is not None:
+        runtime["iterations"] = params.simulate.iterations
+    return RuntimeConfig(**runtime, seed=params.common.seed).control_settings()
+
+
 def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[str, Any]:
     """condition -> `SimResult` of `runtime:` over that condition's plan."""
-    from asp.runtime.config import RuntimeConfig
     from asp.sim.engine import Resources, simulate
 
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
     load = workload(params, models, preds, calibration)
-    runtime = dict(params.runtime)
-    if params.simulate.iterations is not None:
-        runtime["iterations"] = params.simulate.iterations
-    config = RuntimeConfig(**runtime, seed=params.common.seed)
+    config = control_settings(params)
     resources = Resources(cores=params.simulate.cores, threads_per_actor=params.runtime.engine.num_threads or 1)
     results = {}
     for cond, plan in plans.items():

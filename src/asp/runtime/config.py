@@ -7,6 +7,7 @@ Validation happens at construction and raises pydantic's `ValidationError` namin
     from asp.runtime import RuntimeConfig
     cfg = RuntimeConfig(iterations=5, actors_per_unit=2, trainer_step_s=0.1)    # demo defaults otherwise
     cfg = RuntimeConfig.from_params(params)                                     # params: asp.config.Params
+    cfg.control_settings()          # the plain `asp.control.ControlSettings` the Control Unit core and asp.sim read
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from asp.config import Int, Params, RuntimeParams
+from asp.control.settings import ControlSettings
 
 
 class RuntimeConfig(RuntimeParams):
@@ -25,3 +27,24 @@ class RuntimeConfig(RuntimeParams):
     def from_params(cls, params: Params) -> RuntimeConfig:
         """The config of a pipeline run: its ``runtime:`` section and ``common.seed``."""
         return cls(**dict(params.runtime), seed=params.common.seed)
+
+    def control_settings(self) -> ControlSettings:
+        """What the Control Unit's decisions read (`asp.control`), as a plain dataclass."""
+        return ControlSettings(
+            mode=self.mode,
+            generation_units=self.generation_units,
+            actors_per_unit=self.actors_per_unit,
+            gu_queue_target=self.gu_queue_target,
+            global_batch_prompts=self.global_batch_prompts,
+            n_samples=self.n_samples,
+            q_max=self.q_max,
+            q_resume=self.q_resume,
+            max_policy_lag=self.max_policy_lag,
+            stale_samples=self.stale_samples,
+            iterations=self.iterations,
+            max_attempts=self.max_attempts,
+            checkpoint_interval=self.checkpoint_interval,
+            stall_timeout_s=self.stall_timeout_s,
+            poll_timeout_s=self.poll_timeout_s,
+            seed=self.seed,
+        )

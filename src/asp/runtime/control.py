@@ -1,5 +1,9 @@
 """The Control Unit (paper appendix B.2): Generation Sender, Ingestor and the training loop, in the driver.
 
+Every decision (what to send where, backpressure, the lag bound, when to train and what to take, sync rounds,
+stop / replan, the run summary) is `asp.control.core.ControlCore`'s, which the simulator `asp.sim` drives too;
+this module is its Ray driver: Ray futures, the wall clock, weight broadcasts, checkpoints and the logger.
+
 One single-threaded event loop, co-located with the Training Queue (so backpressure reads the depth
 directly) and the only place that logs:
 
@@ -39,52 +43,38 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import ray
 
-from asp.rl.lag import policy_lags
+from asp.control.core import ControlCore, GUSlot, RuntimeFailure
 from asp.runtime import wholerun
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.database import Database
-from asp.runtime.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate, WorkItem
-from asp.runtime.metrics import RunSummary, Window, iteration_metrics, minibatch_record
+from asp.runtime.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate
+from asp.runtime.metrics import RunSummary
 from asp.runtime.plan import WorkPlan
-from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.runtime.runlog import RunHistory, RunLog
-from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
 from asp.runtime.testhooks import kill_point
 
 log = logging.getLogger(__name__)
 
-
-class RuntimeFailure(RuntimeError):
-    """The run cannot continue (a minibatch failed on every attempt, all actors died, or it stalled)."""
+__all__ = ["ControlUnit", "GUState", "RunSummary", "RuntimeFailure"]
 
 
 @dataclass(slots=True)
 class GUState:
-    """The Control Unit's view of one Generation Unit."""
+    """The Ray side of one Generation Unit; the core's `GUSlot` of the same index keeps its live actors (the same
+    `alive` set), outstanding work and whether it is lost."""
 
     index: int
     handle: Any
     actor_ids: list[int]
     alive: set[int]
-    outstanding: int = 0
-    dead: bool = False
     collect_ref: Any = None
-
-
-@dataclass(slots=True)
-class _Inflight:
-    ref: Any
-    consumed: list[tuple[int, int]]
-    lags: np.ndarray
 
 
 @dataclass
@@ -98,81 +88,98 @@ class ControlUnit:
     logger: Any = None
     checkpointer: Checkpointer | None = None
     on_iteration: Callable[[ControlUnit, dict[str, float]], None] | None = None
-    step: int = 0
-    version: int = 0
     trainer_state: dict[str, Any] = field(default_factory=dict)
     actor_handles: dict[int, Any] = field(default_factory=dict)
     observer: Callable[[ControlUnit, MinibatchOutput], None] | None = None  # sees every first completion
     runlog: RunLog | None = None  # the run's log beside the checkpoint (`asp.runtime.runlog`)
 
     def __post_init__(self) -> None:
-        cfg = self.config
-        self.tq = TrainingQueue(cfg.global_batch_prompts, cfg.n_samples)
-        self.bp = Backpressure(cfg.q_max, cfg.resume_depth)
-        self.start_step = self.step
-        self.inflight: _Inflight | None = None
-        self.iterations: list[dict[str, float]] = []
-        self.records: list[dict[str, Any]] = []
-        self.events: list[tuple[float, str, int, int, int, int]] = []
-        self.by_gu: dict[int, int] = defaultdict(int)
-        self.by_actor: dict[int, int] = {a: 0 for g in self.gus for a in g.actor_ids}
-        self.tokens = 0
-        self.dead_actors = 0
-        self.prompts_trained = 0
-        self.stale_dropped = 0  # prompts removed for exceeding max_policy_lag (stale_samples = drop)
-        self.stale_regenerated = 0  # prompts sent again for it (stale_samples = regenerate)
-        self.reload_failures = 0  # minibatches whose actor could not load the offered snapshot
-        self.last_step_end: float | None = None
+        slots = [GUSlot(g.index, list(g.actor_ids), g.alive) for g in self.gus]
+        self.core = ControlCore(
+            self.config.control_settings(),
+            self.db,
+            slots,
+            checkpointing=self.checkpointer is not None,
+            on_pause=self._set_paused,
+            observer=self._observe,
+        )
+        self.core.begin(time.time())  # reset by run(); replans before it (on_start) are stamped from here
+        self.inflight_ref: Any = None
         self.unlogged: list[tuple[int, dict[str, float]]] = []  # (step, metrics) awaiting the next checkpoint
-        self.sync = cfg.mode == "sync"
         self.warned_unpublished = False
-        self.round_prompts = 0  # sync: new prompts issued in the current round
-        self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, float("nan")  # over every trained prompt
-        self.stop_reason = ""
-        self.t0 = time.time()  # reset by run(); replans before it (on_start) are stamped from here
         self.earlier = RunHistory()  # the run before this session (`resume_history`)
-        self.session = 0  # sessions of this run before this one
-        self.base_wall = 0.0  # run time at the position this session resumed from
         self.resume_reason = ""
         self.flushed = (0, 0)  # records and depth-trace entries already in the run log
+
+    # ---- the position, which lives in the core (`run._restore` sets it, observers read it) --------------------
+    @property
+    def step(self) -> int:
+        return self.core.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.core.step = value
+
+    @property
+    def version(self) -> int:
+        return self.core.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.core.version = value
+
+    @property
+    def start_step(self) -> int:
+        return self.core.start_step
+
+    @start_step.setter
+    def start_step(self, value: int) -> None:
+        self.core.start_step = value
+
+    @property
+    def t0(self) -> float:
+        """The session's start (time.time()); events are stamped from it."""
+        return self.core.t0
+
+    @property
+    def stop_reason(self) -> str:
+        return self.core.stop_reason
+
+    @property
+    def sync(self) -> bool:
+        return self.core.sync
 
     # ---- the whole run (asp.runtime.wholerun) ----------------------------------------------------------------
     def resume_history(self, history: RunHistory) -> None:
         """Continue the run `history` describes (see `asp.runtime.wholerun.resume`)."""
         wholerun.resume(self, history)
 
-    def _run_time(self, t: float) -> float:
-        return wholerun.run_time(self, t)
-
     def _segment(self, finished: bool) -> dict[str, Any]:
         return wholerun.segment(self, finished)
 
     # ---- loop ------------------------------------------------------------------------------------------
     def finished(self) -> bool:
-        if self.config.iterations is not None and self.step >= self.config.iterations:
-            return True
-        return self.db.exhausted and self.tq.depth == 0 and self.inflight is None
+        return self.core.finished()
 
     def run(self) -> RunSummary:
         """Run until the configured iterations (or the whole schedule) are trained; return the summary."""
-        self.t0 = self.last_progress = time.time()
-        self.window = Window(start=self.t0)
-        self.iter_times: list[float] = []
+        core = self.core
+        core.begin(time.time())
         for g in self.gus:
             g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
-        while not self.finished() and not self._stopped():
-            self._dispatch()
+        while not core.finished() and not core.stopped():
+            self._submit(core.dispatch(time.time()))
             self._maybe_train()
-            refs = [g.collect_ref for g in self.gus if not g.dead]
-            refs += [self.inflight.ref] if self.inflight else []
+            refs = [g.collect_ref for g in self.gus if not core.gus[g.index].dead]
+            refs += [self.inflight_ref] if self.inflight_ref is not None else []
             ready, _ = ray.wait(refs, num_returns=1, timeout=self.config.poll_timeout_s)
             for ref in ready:
-                if self.inflight is not None and ref == self.inflight.ref:
+                if self.inflight_ref is not None and ref == self.inflight_ref:
                     self._on_step(self._step_result(ref))
                 else:
                     self._on_report(next(g for g in self.gus if g.collect_ref == ref))
-            self._check_stall()
-        if self.stop_reason and not self.finished():
+            core.check_stall(time.time(), "Check the generation actors' logs.")
+        if core.stop_reason and not core.finished():
             self.save_checkpoint()  # unfinished: the run resumes from here
         self.flush_metrics()  # the final checkpoint already did, unless there is none
         return self._summary()
@@ -183,86 +190,23 @@ class ControlUnit:
         nothing new is dispatched or trained and the loop ends with an unfinished checkpoint. A step that is
         already there (or a run without checkpoints) stops after the step in flight. The first reason is kept
         (`RunSummary.stopped`)."""
-        if not self.stop_reason:
-            self.stop_reason = reason or "stop requested"
-            self.events.append((time.time() - self.t0, "stop", -1, -1, self.step, -1))
-            log.warning("runtime: stopping at the next checkpoint: %s", self.stop_reason)
-
-    def _at_checkpoint(self) -> bool:
-        """True when the position reached can be saved with matching trainer weights: a checkpoint step, the step
-        the session started from (its position is already saved), or no checkpointer at all."""
-        return (
-            self.checkpointer is None
-            or self.step == self.start_step
-            or self.step % self.config.checkpoint_interval == 0
-        )
-
-    def _stopped(self) -> bool:
-        """A stop was requested and the run reached a point to stop at (no step in flight, at a checkpoint)."""
-        return bool(self.stop_reason) and self.inflight is None and self._at_checkpoint()
+        if self.core.request_stop(reason, time.time()):
+            log.warning("runtime: stopping at the next checkpoint: %s", self.core.stop_reason)
 
     def replan(self, rest: WorkPlan | None, full: WorkPlan | None = None) -> int:
         """Swap the pending work for `rest` (later passes use `full`); see `Database.replan`. Returns the new
         plan version."""
-        version = self.db.replan(rest, full)
-        self.events.append((time.time() - self.t0, "replan", -1, -1, version, -1))
-        return version
-
-    def _check_stall(self) -> None:
-        idle = time.time() - self.last_progress
-        if idle > self.config.stall_timeout_s:
-            raise RuntimeFailure(
-                f"no minibatch arrived and no step finished for {idle:.0f} s (runtime.stall_timeout_s); "
-                f"pending={len(self.db.pending)} issued={self.db.n_issued} queue={self.tq.depth} prompts "
-                f"paused={self.bp.paused}. Check the generation actors' logs."
-            )
+        return self.core.replan(rest, full, time.time())
 
     # ---- sender ----------------------------------------------------------------------------------------
-    def _target(self, g: GUState) -> int:
-        return self.config.gu_queue_target + len(g.alive)
-
-    def _dispatch(self) -> None:
-        if self._stopped():
-            return
-        if self.sync:
-            self._dispatch_round()
-            return
-        if self.bp.paused:
-            return
-        live = [g for g in self.gus if not g.dead]
-        loads = [GULoad(g.index, g.outstanding, self._target(g)) for g in live]
-        batches = plan_dispatch(self.db, loads)
-        self._submit(live, loads, batches)
-
-    def _dispatch_round(self) -> None:
-        """Sync mode: fill the current round (and re-issue its failures), never while a step trains."""
-        if self.inflight is not None:
-            return
-        live = [g for g in self.gus if not g.dead]
-        loads = [GULoad(g.index, g.outstanding, len(g.alive)) for g in live]
-        batches, issued = plan_round(self.db, loads, self.config.global_batch_prompts - self.round_prompts)
-        self.round_prompts += issued
-        self._submit(live, loads, batches)
-
-    def _submit(self, live: list[GUState], loads: list[GULoad], batches: dict[int, list[WorkItem]]) -> None:
-        for g, load in zip(live, loads, strict=True):
-            g.outstanding = load.outstanding
-        now = time.time() - self.t0
+    def _submit(self, batches: dict[int, list[Any]]) -> None:
         for index, items in batches.items():
             self.gus[index].handle.submit.remote(items)
-            self.events.extend((now, "send", index, -1, it.task_id, it.attempt) for it in items)
 
-    def _update_backpressure(self) -> None:
-        """Feed the queue depth to backpressure (async mode only; a sync round is bounded by itself)."""
-        if not self.sync and self.bp.update(self.tq.depth):
-            self._set_paused()
-
-    def _set_paused(self) -> None:
-        kind = "pause" if self.bp.paused else "resume"
-        self.events.append((time.time() - self.t0, kind, -1, -1, -1, -1))
+    def _set_paused(self, paused: bool) -> None:
         for g in self.gus:
-            if not g.dead:
-                g.handle.set_paused.remote(self.bp.paused)
+            if not self.core.gus[g.index].dead:
+                g.handle.set_paused.remote(paused)
 
     # ---- ingestor --------------------------------------------------------------------------------------
     def _on_report(self, g: GUState) -> None:
@@ -271,94 +215,28 @@ class ControlUnit:
         except ray.exceptions.RayActorError as exc:
             self._gu_lost(g, f"generation unit {g.index} died: {exc!s:.300}")
             return
-        now = time.time()
-        for out in report.outputs:
-            g.outstanding -= 1
-            self._ingest(out, now)
-        for fail in report.failures:
-            g.outstanding -= 1
-            self.events.append((now - self.t0, "fail", g.index, fail.actor, fail.task_id, fail.attempt))
-            if not self.db.fail(fail.task_id, fail.attempt, fail.reason):
-                raise RuntimeFailure(
-                    f"minibatch task {fail.task_id} failed {self.config.max_attempts} times "
-                    f"(runtime.max_attempts); last error: {fail.reason}"
-                )
-        for actor in report.dead_actors:
-            g.alive.discard(actor)
-            self.dead_actors += 1
-        if not g.alive:
+        if not self.core.on_report(report, time.time()):
             self._gu_lost(g, f"all generation actors of unit {g.index} died")
             return
         g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
 
-    def _ingest(self, out: MinibatchOutput, now: float) -> None:
-        if not self.db.complete(out.task_id):
-            self.events.append((now - self.t0, "dup", out.gu, out.actor, out.task_id, out.attempt))
-            return
-        self.last_progress = now
-        before = self.tq.put(out, now)
-        depth_batches = before / self.config.global_batch_prompts
-        self.window.add(out, depth_batches)
-        self.by_gu[out.gu] += out.num_prompts
-        self.by_actor[out.actor] = self.by_actor.get(out.actor, 0) + out.num_prompts
-        self.tokens += out.total_tokens
-        self.reload_failures += bool(out.reload_error)
-        self.events.append((now - self.t0, "recv", out.gu, out.actor, out.task_id, out.attempt))
-        version = self.db.plan_version(out.task_id)
-        record = minibatch_record(out, self._run_time(now), depth_batches, self.t0 - self.base_wall, version)
-        self.records.append({**record, "session": self.session})
-        self._update_backpressure()
+    def _observe(self, out: MinibatchOutput) -> None:
         if self.observer is not None:
             self.observer(self, out)
 
     def _gu_lost(self, g: GUState, reason: str) -> None:
-        g.dead = True
-        for task in self.db.issued_to(g.index):
-            if not self.db.fail(task.task_id, task.attempt, reason):
-                raise RuntimeFailure(f"minibatch task {task.task_id} failed on every attempt; last error: {reason}")
-        for handle in [g.handle, *(self.actor_handles[a] for a in g.actor_ids if a in self.actor_handles)]:
-            with contextlib.suppress(Exception):
-                ray.kill(handle, no_restart=True)
-        if all(x.dead for x in self.gus):
-            raise RuntimeFailure(f"no generation unit is left: {reason}")
+        try:
+            self.core.lose_gu(g.index, reason)
+        finally:
+            for handle in [g.handle, *(self.actor_handles[a] for a in g.actor_ids if a in self.actor_handles)]:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
 
     # ---- training --------------------------------------------------------------------------------------
-    def _evict_stale(self) -> None:
-        """Enforce `max_policy_lag` on what the next batch can contain (the version is fixed until it trains)."""
-        cfg = self.config
-        dropped, regenerated = enforce_lag_bound(
-            self.tq, self.db, self.version, cfg.max_policy_lag, cfg.stale_samples, time.time()
-        )
-        self.stale_dropped += dropped
-        self.stale_regenerated += regenerated
-        self._update_backpressure()
-
     def _maybe_train(self) -> None:
-        if self.inflight is not None or self._stopped() or self.finished():
-            return
-        self._evict_stale()
-        take = self._round_take() if self.sync else self._async_take()
-        if take <= 0:
-            return
-        now = time.time()
-        batch, consumed = self.tq.take(self.step + 1, now, take)
-        lags = policy_lags(self.version, batch.versions)
-        self.inflight = _Inflight(self.trainer.step.remote(batch), consumed, lags)
-        self.events.append((now - self.t0, "train", -1, -1, self.step + 1, -1))
-        self._update_backpressure()
-
-    def _async_take(self) -> int:
-        """Prompts the next step takes: a global batch once queued, the short rest at the end of a pass, else 0."""
-        if self.tq.ready():
-            return self.config.global_batch_prompts
-        return self.tq.depth if self.db.exhausted else 0  # the last, short batch of a single pass
-
-    def _round_take(self) -> int:
-        """Sync mode: the whole queue once the round is complete (all of it from the current policy), else 0."""
-        if not round_complete(self.db, self.round_prompts, self.config.global_batch_prompts):
-            return 0
-        self.round_prompts = 0  # the next round is issued once this step has finished
-        return self.tq.depth
+        batch = self.core.maybe_train(time.time())
+        if batch is not None:
+            self.inflight_ref = self.trainer.step.remote(batch)
 
     def _step_result(self, ref: Any) -> StepResult:
         """The finished step, or `RuntimeFailure` naming the trainer's own error (e.g. NaN losses in a row)."""
@@ -371,36 +249,13 @@ class ControlUnit:
             ) from exc
 
     def _on_step(self, result: StepResult) -> None:
-        inflight, self.inflight = self.inflight, None
-        for task_id, count in inflight.consumed:
-            self.db.mark_consumed(task_id, count)
-            self.prompts_trained += count
+        self.inflight_ref = None
         self._warn_unpublished(result)
-        self.step, self.version, self.trainer_state = result.step, result.version, dict(result.state)
+        self.trainer_state = dict(result.state)
         if result.weights is not None:
             self._publish(result.weights)
-        end = self.last_progress = self.last_step_end = time.time()
-        self.events.append((end - self.t0, "trained", -1, -1, self.step, -1))
-        self._count_lags(inflight.lags)
-        metrics = iteration_metrics(
-            self.window,
-            end,
-            queue_depth=self.tq.depth,
-            n_samples=self.config.n_samples,
-            actor_ids=sorted(self.by_actor),
-            prompts_by_gu=dict(self.by_gu),
-            prompts_by_actor=self.by_actor,
-            lags=inflight.lags,
-            paused=self.bp.paused,
-        )
-        metrics["runtime/train_step_s"] = result.duration_s
-        metrics["runtime/policy_version"] = float(self.version)
-        metrics.update(self._lag_counters())
-        metrics.update(result.metrics)
-        self.iter_times.append(metrics["runtime/iteration_time_s"])
-        self.window = Window(start=end)
+        metrics = self.core.on_step(result.step, result.version, result.duration_s, time.time(), result.metrics)
         self.unlogged.append((self.step, metrics))
-        self.iterations.append({"step": self.step, **metrics})
         if self.checkpointer is None:
             self.flush_metrics()
         elif self.step % self.config.checkpoint_interval == 0 or self.finished():
@@ -411,7 +266,7 @@ class ControlUnit:
     def _publish(self, update: WeightUpdate) -> None:
         """Announce a snapshot to every live GU; in sync mode wait until they hold it, so that the next round's
         minibatches (issued right after) are decoded with it."""
-        refs = [g.handle.set_weights.remote(update) for g in self.gus if not g.dead]
+        refs = [g.handle.set_weights.remote(update) for g in self.gus if not self.core.gus[g.index].dead]
         if self.sync:
             for ref in refs:
                 with contextlib.suppress(ray.exceptions.RayActorError):  # a dead GU is handled by its collect
@@ -426,12 +281,6 @@ class ControlUnit:
                 "the next round is generated by an older policy, so its lag is not 0",
                 result.step,
             )
-
-    def _count_lags(self, lags: np.ndarray) -> None:
-        if lags.size:
-            self.lag_sum += float(lags.sum())
-            self.lag_count += int(lags.size)
-            self.lag_max = float(np.nanmax([self.lag_max, float(lags.max())]))
 
     def save_checkpoint(self) -> None:
         """Write the run-log segment and the position reached (only trained prompts count as done), then log the
@@ -463,10 +312,6 @@ class ControlUnit:
                 self.logger.log_metrics(metrics, step=step)
 
     # ---- summary ---------------------------------------------------------------------------------------
-    def _lag_counters(self) -> dict[str, float]:
-        """Cumulative over the whole run (earlier sessions included)."""
-        return wholerun.lag_counters(self)
-
     def _summary(self) -> RunSummary:
         """The summary of the whole run: earlier sessions (from the run log) and this one."""
         return wholerun.summary(self)

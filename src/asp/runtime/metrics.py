@@ -210,7 +210,7 @@ def iteration_metrics(
 
 def summary_metrics(
     iteration_times: Sequence[float],
-    depth_trace: Sequence[tuple[float, int]],
+    depth_trace: Sequence[tuple[float, float]],
     depth_at_arrival: Sequence[float],
     gen_times: Sequence[float],
     padding: Sequence[float],

@@ -1,10 +1,9 @@
-"""Discrete-event simulation of the asynchronous runtime on a simulated clock (no Ray, no sleeping).
+"""Discrete-event simulation of the runtime (``runtime.mode`` async or sync) on a simulated clock (no Ray, no sleep).
 
-The Control Unit's logic is the runtime's own: `asp.runtime.database.Database` (what is issued, completed,
-retried), `asp.runtime.sender.plan_dispatch` (which GU gets which dispatch unit), `TrainingQueue` and
-`Backpressure` (global batches, depth at arrival, pause/resume), `enforce_lag_bound` (max_policy_lag) and
-`asp.runtime.metrics` (the iteration and summary metrics, under the same ``runtime/...`` names as a real
-run). What the simulator adds is what Ray and the engines do in a real run:
+Every decision of the Control Unit is the runtime's own: this module drives `asp.control.core.ControlCore`, the
+core the Ray Control Unit drives too (dispatch units or sync rounds, backpressure, the lag bound, when to train and
+what to take, the iteration and summary metrics under the same ``runtime/...`` names as a real run). What the
+simulator adds is what Ray and the engines do in a real run:
 
 * a Generation Unit is a FIFO input queue whose idle actors each take the head minibatch unless paused
   (as `asp.runtime.generation.GenerationUnit`); an actor holding older weights than the last announced
@@ -13,12 +12,14 @@ run). What the simulator adds is what Ray and the engines do in a real run:
   actors share CPU cores (`Resources.cores`, the CPU demo) they progress by processor sharing: with A actors
   decoding on C cores each runs at min(1, C / (A * threads)) of full speed;
 * a trainer step takes `TrainingTimeModel.step_seconds(tokens) + publish_seconds()`; its snapshot is
-  announced to every GU when it ends.
+  announced to every GU when it ends (in sync mode the next round starts then, and every actor reloads first);
+* the Control Unit's loop runs after every event and at least every ``poll_timeout_s`` (as `ray.wait` does).
 The GU's coalescing of millisecond minibatches and failures are not modelled (no failures happen). The
-inputs and the result (`Workload`, `Resources`, `SimResult`) live in `asp.sim.inputs`.
+inputs and the result (`Workload`, `Resources`, `SimResult`) live in `asp.sim.inputs`; the settings are the
+core's plain `asp.control.settings.ControlSettings` (the simulate stage builds them from the params).
 
     from asp.sim.engine import Resources, Workload, simulate
-    result = simulate(plan, workload, gen_model, train_model, RuntimeConfig(...), Resources(cores=2))
+    result = simulate(plan, workload, gen_model, train_model, settings, Resources(cores=2))
     result.metrics["runtime/summary/mean_iteration_time_s"]
 
 Deterministic: the same inputs give the same result (ties are broken by event order). Tests: tests/sim.
@@ -34,14 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asp.rl.lag import duty_cycle, lag_stats, policy_lags
-from asp.runtime.config import RuntimeConfig
+from asp.control.core import ControlCore, GUSlot
+from asp.control.settings import ControlSettings
+from asp.rl.lag import duty_cycle
 from asp.runtime.database import Database
-from asp.runtime.messages import MinibatchOutput, WorkItem
-from asp.runtime.metrics import Window, iteration_metrics, minibatch_record, summary_metrics
+from asp.runtime.messages import GUReport, MinibatchOutput, WorkItem
 from asp.runtime.plan import WorkPlan
-from asp.runtime.queue import Backpressure, TrainingQueue
-from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch
 from asp.sim.inputs import Resources, SimResult, Workload
 
 if TYPE_CHECKING:
@@ -64,7 +63,6 @@ class _GU:
     index: int
     actors: list[_Actor]
     queue: deque = field(default_factory=deque)
-    outstanding: int = 0
     weights: int = 0  # latest announced snapshot version
 
 
@@ -90,49 +88,44 @@ class _Sim:
         workload: Workload,
         gen: GenerationTimeModel,
         train: TrainingTimeModel,
-        cfg: RuntimeConfig,
+        cfg: ControlSettings,
         res: Resources,
+        record_events: bool = False,
     ) -> None:
         self.workload, self.gen, self.train, self.cfg, self.res = workload, gen, train, cfg, res
         epochs = 1 if cfg.iterations is None else None
-        self.db = Database(plan, _NoTexts(), epochs=epochs, max_attempts=cfg.max_attempts, seed=cfg.seed)
-        self.tq = TrainingQueue(cfg.global_batch_prompts, cfg.n_samples)
-        self.bp = Backpressure(cfg.q_max, cfg.resume_depth)
+        db = Database(plan, _NoTexts(), epochs=epochs, max_attempts=cfg.max_attempts, seed=cfg.seed)
         ids = itertools.count()
         self.gus = [
             _GU(g, [_Actor(next(ids), g) for _ in range(cfg.actors_per_unit)]) for g in range(cfg.generation_units)
         ]
+        slots = [GUSlot(g.index, [a.index for a in g.actors], {a.index for a in g.actors}) for g in self.gus]
+        self.core = ControlCore(cfg, db, slots, record_events=record_events, on_pause=self.on_pause)
         self.heap: list[tuple[float, int, str, Any]] = []
         self.seq = itertools.count()
         self.now = 0.0
         self.events = 0
-        self.step = self.version = 0
-        self.inflight: tuple[list[tuple[int, int]], np.ndarray, float, float] | None = None
+        self.inflight: tuple[float, float] | None = None  # (duration, start) of the step being trained
         self.decoding: dict[int, _Job] = {}  # processor sharing: actor -> job
         self.ps_epoch = 0
         self.ps_last = 0.0
-        self.window = Window(start=0.0)
-        self.iterations: list[dict[str, float]] = []
-        self.records: list[dict[str, Any]] = []
-        self.iter_times: list[float] = []
-        self.by_gu: dict[int, int] = {}
-        self.by_actor: dict[int, int] = {a.index: 0 for g in self.gus for a in g.actors}
-        self.tokens = self.prompts_trained = self.stale_dropped = self.stale_regenerated = 0
         self.train_busy = 0.0
-        self.lags: list[np.ndarray] = []
-        self.last_step_end = 0.0
-        self.last_tick = self.last_progress = 0.0
+        self.last_tick = 0.0
 
     # ---- event plumbing --------------------------------------------------------------------------------
     def push(self, at: float, kind: str, payload: Any) -> None:
         heapq.heappush(self.heap, (at, next(self.seq), kind, payload))
 
+    def done(self) -> bool:
+        return self.core.finished() or self.core.stopped()
+
     def run(self) -> None:
         """The Control Unit's loop: tick, then wait for the next event or `poll_timeout_s`, whichever comes first
         (as `ray.wait(..., timeout=poll_timeout_s)` does); one poll event is kept pending and moved lazily."""
+        self.core.begin(0.0)
         self.cu_tick()
         self.push(self.cfg.poll_timeout_s, "poll", None)
-        while not self.finished():
+        while not self.done():
             self.now, _, kind, payload = heapq.heappop(self.heap)
             if kind == "poll" and self.now < self.last_tick + self.cfg.poll_timeout_s:
                 self.push(self.last_tick + self.cfg.poll_timeout_s, "poll", None)  # a tick happened since
@@ -144,42 +137,29 @@ class _Sim:
     def on_poll(self, _: None) -> None:
         """The loop's timeout wake-up; the run fails like the runtime's stall check when nothing progresses."""
         self.push(self.now + self.cfg.poll_timeout_s, "poll", None)
-        if self.now - self.last_progress > self.cfg.stall_timeout_s:
-            raise RuntimeError(
-                f"simulation stalled at {self.now:.3f} s: nothing generated or trained for "
-                f"{self.now - self.last_progress:.0f} s (runtime.stall_timeout_s); pending={len(self.db.pending)} "
-                f"issued={self.db.n_issued} queue={self.tq.depth} paused={self.bp.paused}"
-            )
-
-    def finished(self) -> bool:
-        if self.cfg.iterations is not None and self.step >= self.cfg.iterations:
-            return True
-        return self.db.exhausted and self.tq.depth == 0 and self.inflight is None
+        self.core.check_stall(self.now, f"(simulated, at {self.now:.3f} s)")
 
     def cu_tick(self) -> None:
         """What one pass of the Control Unit's loop does: send, then start a step if one can start."""
         self.last_tick = self.now
-        if self.finished():
+        if self.done():
             return
-        self.dispatch()
-        self.maybe_train()
-
-    # ---- sender and GUs --------------------------------------------------------------------------------
-    def dispatch(self) -> None:
-        if self.bp.paused:
-            return
-        loads = [GULoad(g.index, g.outstanding, self.cfg.gu_queue_target + len(g.actors)) for g in self.gus]
-        sent = plan_dispatch(self.db, loads)
-        for g, load in zip(self.gus, loads, strict=True):
-            g.outstanding = load.outstanding
-        for index, items in sent.items():
+        for index, items in self.core.dispatch(self.now).items():
             self.gus[index].queue.extend(items)
             self.feed(self.gus[index])
+        self.maybe_train()
+
+    # ---- GUs -------------------------------------------------------------------------------------------
+    def on_pause(self, paused: bool) -> None:
+        """Backpressure changed: on resume, idle actors take queued minibatches again."""
+        if not paused:
+            for g in self.gus:
+                self.feed(g)
 
     def feed(self, g: _GU) -> None:
         """Idle actors take the head of the GU's queue unless paused (lowest actor index first)."""
         for actor in g.actors:
-            if self.bp.paused or not g.queue:
+            if self.core.bp.paused or not g.queue:
                 return
             if not actor.busy:
                 self.start(actor, g, g.queue.popleft())
@@ -219,8 +199,8 @@ class _Sim:
 
     # ---- processor sharing on shared cores -------------------------------------------------------------
     def ps_rate(self) -> float:
-        demand = len(self.decoding) * self.res.threads_per_actor
-        return min(1.0, self.res.cores / demand) if demand else 1.0
+        demand, cores = len(self.decoding) * self.res.threads_per_actor, self.res.cores
+        return min(1.0, cores / demand) if demand and cores is not None else 1.0
 
     def ps_advance(self) -> None:
         rate, dt = self.ps_rate(), self.now - self.ps_last
@@ -255,117 +235,49 @@ class _Sim:
             self.on_ingest(out)
         self.feed(g)
 
-    # ---- ingestor --------------------------------------------------------------------------------------
+    # ---- ingestor and trainer --------------------------------------------------------------------------
     def on_ingest(self, out: MinibatchOutput) -> None:
-        g = self.gus[out.gu]
-        g.outstanding -= 1
-        if not self.db.complete(out.task_id):
-            return
-        self.last_progress = self.now
-        before = self.tq.put(out, self.now)
-        depth = before / self.cfg.global_batch_prompts
-        self.window.add(out, depth)
-        self.by_gu[out.gu] = self.by_gu.get(out.gu, 0) + out.num_prompts
-        self.by_actor[out.actor] += out.num_prompts
-        self.tokens += out.total_tokens
-        self.records.append(minibatch_record(out, self.now, depth, t0=0.0))
-        self.update_pause()
+        self.core.on_report(GUReport(gu=out.gu, outputs=[out]), self.now)  # actors never die here
 
-    def update_pause(self) -> None:
-        if self.bp.update(self.tq.depth) and not self.bp.paused:
-            for g in self.gus:
-                self.feed(g)
-
-    # ---- trainer ---------------------------------------------------------------------------------------
     def maybe_train(self) -> None:
-        if self.inflight is not None:
+        batch = self.core.maybe_train(self.now)
+        if batch is None:
             return
-        dropped, regenerated = enforce_lag_bound(
-            self.tq, self.db, self.version, self.cfg.max_policy_lag, self.cfg.stale_samples, self.now
-        )
-        self.stale_dropped += dropped
-        self.stale_regenerated += regenerated
-        self.update_pause()
-        if self.tq.ready():
-            limit = None
-        elif self.tq.depth and self.db.exhausted:
-            limit = self.tq.depth
-        else:
-            return
-        batch, consumed = self.tq.take(self.step + 1, self.now, limit)
         duration = self.train.step_seconds(int(batch.lengths.sum())) + self.train.publish_seconds()
-        self.inflight = (consumed, policy_lags(self.version, batch.versions), duration, self.now)
-        self.update_pause()
+        self.inflight = (duration, self.now)
         self.push(self.now + duration, "step", None)
 
     def on_step(self, _: None) -> None:
-        consumed, lags, duration, _start = self.inflight
+        assert self.inflight is not None  # a "step" event is pushed only with a step in flight
+        duration, _start = self.inflight
         self.inflight = None
-        for task_id, count in consumed:
-            self.db.mark_consumed(task_id, count)
-            self.prompts_trained += count
-        self.step += 1
-        self.version = self.step
-        self.last_progress = self.now
         self.train_busy += duration
-        self.lags.append(lags)
+        step = self.core.step + 1
+        self.core.on_step(step, step, duration, self.now)
         for g in self.gus:
-            g.weights = self.version
-        metrics = iteration_metrics(
-            self.window,
-            self.now,
-            queue_depth=self.tq.depth,
-            n_samples=self.cfg.n_samples,
-            actor_ids=sorted(self.by_actor),
-            prompts_by_gu=self.by_gu,
-            prompts_by_actor=self.by_actor,
-            lags=lags,
-            paused=self.bp.paused,
-        )
-        metrics["runtime/train_step_s"] = duration
-        metrics["runtime/policy_version"] = float(self.version)
-        self.iter_times.append(metrics["runtime/iteration_time_s"])
-        self.iterations.append({"step": self.step, **metrics})
-        self.window = Window(start=self.now)
-        self.last_step_end = self.now
+            g.weights = step
 
     # ---- summary ---------------------------------------------------------------------------------------
     def summary(self) -> dict[str, float]:
-        base = summary_metrics(
-            self.iter_times,
-            self.tq.trace,
-            [r["depth_at_arrival_batches"] for r in self.records],
-            [r["gen_s"] for r in self.records],
-            [r["padding_rate"] for r in self.records],
-            self.by_actor,
-            n_samples=self.cfg.n_samples,
-            tokens=self.tokens,
-            wall_s=self.last_step_end,
-            end=self.last_step_end,
-        )
-        base["runtime/minibatches"] = float(len(self.records))
-        base["runtime/prompts_trained"] = float(self.prompts_trained)
-        base["runtime/pauses"] = float(self.bp.pauses)
-        base["runtime/stale_dropped_prompts"] = float(self.stale_dropped)
-        base["runtime/stale_regenerated_prompts"] = float(self.stale_regenerated)
-        metrics = {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}
+        metrics = self.core.summary_metrics()
         metrics.update(self.sim_metrics())
         return metrics
 
     def sim_metrics(self) -> dict[str, float]:
-        wall = self.last_step_end
+        core = self.core
+        wall = core.last_step_end or 0.0
         actors = [a for g in self.gus for a in g.actors]
-        lag_mean, lag_max = lag_stats(np.concatenate(self.lags) if self.lags else np.zeros(0))
-        gen = float(np.mean([r["gen_s"] for r in self.records])) if self.records else float("nan")
-        arrivals = [r["depth_at_arrival_batches"] for r in self.records]
-        steps = [it["runtime/train_step_s"] for it in self.iterations]
+        lag_mean = core.lag_sum / core.lag_count if core.lag_count else float("nan")
+        gen = float(np.mean([r["gen_s"] for r in core.records])) if core.records else float("nan")
+        arrivals = [r["depth_at_arrival_batches"] for r in core.records]
+        steps = [it["runtime/train_step_s"] for it in core.iterations]
         t_train = float(np.mean(steps)) if steps else float("nan")
         refresh = self.train.save_s + self.train.convert_s + self.train.load_s
         ongoing = [wall - a.decoding_since for a in actors if a.decoding_since is not None]
         gen_busy = sum(a.busy_s for a in actors) + sum(max(0.0, t) for t in ongoing)
         return {
             "sim/policy_lag_mean": lag_mean,
-            "sim/policy_lag_max": lag_max,
+            "sim/policy_lag_max": core.lag_max,
             "sim/d_off_estimate": (float(np.mean(arrivals)) + (refresh + gen) / t_train)
             if arrivals and t_train > 0
             else float("nan"),
@@ -412,24 +324,27 @@ def simulate(
     workload: Workload,
     gen: GenerationTimeModel,
     train: TrainingTimeModel,
-    config: RuntimeConfig,
+    settings: ControlSettings,
     resources: Resources | None = None,
+    *,
+    record_decisions: bool = False,
 ) -> SimResult:
-    """Simulate one run of `config` over `plan` (see the module docstring).
+    """Simulate one run over `plan` (see the module docstring).
 
     Args:
         plan: the schedule in dispatch order (e.g. `asp.runtime.WorkPlan.from_frame` of a condition).
         workload: realized lengths of every scheduled prompt.
         gen, train: the time models.
-        config: the runtime settings (layout, batch, q_max, lag bound, iterations); the trainer kind and
-            engine settings are ignored (the time models stand for them).
+        settings: the Control Unit's settings (mode, layout, batch, q_max, lag bound, iterations); the trainer
+            kind and engine settings are not among them (the time models stand for them).
         resources: shared cores etc. (default: one device per actor).
+        record_decisions: keep the core's decision log (`SimResult.decisions`; memory grows with the run).
 
     Returns:
         The `SimResult`.
 
     Raises:
-        ValueError: a scheduled prompt has no realized lengths, or their n differs from `config.n_samples`.
+        ValueError: a scheduled prompt has no realized lengths, or their n differs from `settings.n_samples`.
     """
     missing = [p for p in plan.prompt_ids() if p not in workload.index]
     if missing:
@@ -437,10 +352,11 @@ def simulate(
             f"{len(missing)} scheduled prompts have no lengths in the workload, e.g. {missing[:3]}; the schedule "
             "does not match the predictions it was built from"
         )
-    if workload.lengths.shape[1] != config.n_samples:
+    if workload.lengths.shape[1] != settings.n_samples:
         raise ValueError(
-            f"workload has n={workload.lengths.shape[1]} samples per prompt, runtime.n_samples is {config.n_samples}"
+            f"workload has n={workload.lengths.shape[1]} samples per prompt, runtime.n_samples is {settings.n_samples}"
         )
-    sim = _Sim(plan, workload, gen, train, config, resources or Resources())
+    sim = _Sim(plan, workload, gen, train, settings, resources or Resources(), record_decisions)
     sim.run()
-    return SimResult(sim.summary(), sim.iterations, sim.records, sim.events)
+    core = sim.core
+    return SimResult(sim.summary(), core.iterations, core.records, sim.events, core.events)

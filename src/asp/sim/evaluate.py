@@ -1,7 +1,8 @@
 """Simulated evaluation of planner candidates: `Evaluator` runs `asp.sim.engine.simulate` for a `Candidate`
 (schedules cached per (b, k), results per candidate) and measures the B.6 `Rates` from the time models.
 
-    ev = make_evaluator(ids, predicted, workload, gen, train, RuntimeConfig(trainer="simulated"), cluster=cluster)
+    # settings: ControlSettings; kappa, iterations: the schedule params
+    ev = make_evaluator(ids, predicted, workload, gen, train, settings, cluster=cluster, kappa=2, iterations=200_000)
     ev(candidate)["runtime/summary/mean_iteration_time_s"]
 
 Tests: ``.venv/bin/python -m pytest tests/sim/test_planner.py -q``.
@@ -21,7 +22,7 @@ from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.planner import Candidate, Cluster
 
 if TYPE_CHECKING:
-    from asp.runtime.config import RuntimeConfig
+    from asp.control.settings import ControlSettings
     from asp.schedule.schedule import Schedule
     from asp.sim.timemodel import GenerationTimeModel, TrainingTimeModel
 
@@ -40,7 +41,7 @@ class Evaluator:
     workload: Workload
     gen: GenerationTimeModel
     train: TrainingTimeModel
-    base: RuntimeConfig
+    base: ControlSettings
     cluster: Cluster
     resources: Resources | None = None
     schedule_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -58,14 +59,13 @@ class Evaluator:
             self._schedules[b, k] = (sched, WorkPlan.from_schedule(sched))
         return self._schedules[b, k]
 
-    def config(self, c: Candidate) -> RuntimeConfig:
+    def config(self, c: Candidate) -> ControlSettings:
         """`base` with the candidate's layout and q_max (its q_resume kept only where it stays valid)."""
-        data = self.base.model_dump()
-        resume = data.get("q_resume")
+        resume = self.base.q_resume
         if resume is not None and not self.global_batch_prompts - 1 <= resume <= c.q_max:
             resume = None
-        data.update(generation_units=c.generation_units, actors_per_unit=c.actors_per_unit, q_max=c.q_max)
-        return type(self.base)(**{**data, "q_resume": resume})
+        units, actors = c.generation_units, c.actors_per_unit
+        return replace(self.base, generation_units=units, actors_per_unit=actors, q_max=c.q_max, q_resume=resume)
 
     def __call__(self, c: Candidate) -> dict[str, float]:
         if c not in self._results:
@@ -103,12 +103,12 @@ def make_evaluator(
     workload: Workload,
     gen: GenerationTimeModel,
     train: TrainingTimeModel,
-    base_config: RuntimeConfig,
+    base_config: ControlSettings,
     *,
     cluster: Cluster,
     resources: Resources | None = None,
     condition: str = "C4",
-    iterations: int = 20_000,
+    iterations: int,
     **schedule: Any,
 ) -> Evaluator:
     """An `Evaluator` over `condition_schedule(prompt_ids, predicted, condition, b=, k=, ...)` per (b, k).
@@ -117,10 +117,11 @@ def make_evaluator(
         prompt_ids, predicted: (P,) prompt ids and predicted lengths (tokens).
         workload: realized lengths of every prompt (e.g. `asp.sim.lengths.sample_lengths` of the calibrated
             expected lengths); gen, train: the time models, train at the TU's minimum size.
-        base_config: the runtime settings every candidate starts from (iterations, batch, lag bound, seed).
+        base_config: the Control Unit settings every candidate starts from (iterations, batch, lag bound, seed;
+            `RuntimeConfig.control_settings()` of the params).
         cluster: the TU's Amdahl scaling; resources: the simulator's `Resources` (default: one device per actor).
-        condition: C0..C4; iterations: C4's annealing iterations; **schedule: more `condition_schedule`
-            keywords (kappa, seed (default: base_config.seed), calibration, loads).
+        condition: C0..C4; iterations: C4's annealing iterations (`schedule.iterations`); **schedule: more
+            `condition_schedule` keywords (kappa, required; seed (default: base_config.seed), calibration, loads).
     """
     kwargs = {"condition": condition, "iterations": iterations, "seed": base_config.seed, **schedule}
     ids, pred = np.asarray(prompt_ids), np.asarray(predicted, np.float64)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -76,9 +76,12 @@ class SimResult:
         iterations: per-step metric dicts with their ``step``.
         minibatches: one record per ingested minibatch.
         events: processed simulation events.
+        decisions: the Control Unit core's event log (`asp.control.core.ControlCore.events`: send, recv, train,
+            trained, pause, resume, ...) when `simulate` was asked to record it, else empty.
     """
 
     metrics: dict[str, float]
     iterations: list[dict[str, float]]
     minibatches: list[dict[str, Any]]
     events: int
+    decisions: list[tuple[float, str, int, int, int, int]] = field(default_factory=list)

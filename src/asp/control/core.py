@@ -1,0 +1,441 @@
+"""`ControlCore`: every decision of the Control Unit (paper appendix B.2), on whatever clock its driver keeps.
+
+Two drivers run it: the Ray Control Unit (`asp.runtime.control`, wall clock, Ray futures) and the discrete-event
+simulator (`asp.sim.engine`, simulated clock, time models). The core owns the Database, the Training Queue,
+backpressure, the step counter, the sync round and the run's records; a driver owns only how work reaches the
+Generation Units and how steps run. A driver calls, with its own `now` (seconds on its clock):
+
+* `begin(now)` once at the start of the loop;
+* each pass of its loop: `dispatch(now)` (work items per GU index to submit; the core counts them outstanding),
+  then `maybe_train(now)` (the `GlobalBatch` to hand to the trainer, or None); then it waits for something;
+* `on_report(report, now)` for what a Generation Unit sent back (`GUReport`: completed minibatches, failures, dead
+  actors); False means the GU has no live actor left and the driver calls `lose_gu(index, reason)`;
+* `on_step(step, version, duration_s, now, metrics)` when the step in flight finished; it returns the iteration's
+  metric dict;
+* `request_stop(reason, now)` / `replan(rest, full, now)` from an observer; `check_stall(now)` on a timeout;
+* `finished()` / `stopped()` to end its loop, then `summary_metrics()` for the run summary.
+
+The core calls back `on_pause(paused)` when backpressure flips (the runtime tells its GUs; the simulator lets idle
+actors start again) and `observer(out)` for every first completion. Decisions:
+
+* **dispatch** (async): keep each live GU at ``gu_queue_target + live actors`` outstanding minibatches, whole
+  dispatch units from the Database (`plan_dispatch`), nothing while backpressure pauses; **sync**: rounds of single
+  minibatches up to one global batch (`plan_round`), none while a step trains;
+* **lag bound**: before a batch is cut, evict queued minibatches older than ``max_policy_lag`` (`enforce_lag_bound`);
+* **when to train, what to take**: async: a global batch once queued, the short rest at the end of a pass; sync:
+  the whole queue once the round is back (`round_complete`);
+* **backpressure**: the queue depth after every change (async only);
+* **stop / replan**: after a stop nothing new is dispatched or trained; the loop ends at a checkpoint step (when the
+  driver checkpoints) once no step is in flight;
+* **the run summary** (`summary_metrics`): Table 4(b) columns and counters over the whole run (earlier sessions of a
+  resumed run included through `earlier_*`).
+
+Pure: no Ray, no config, no I/O, no tracking. Tests: tests/control.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from asp.control.settings import ControlSettings
+from asp.rl.lag import policy_lags
+from asp.runtime.database import Database
+from asp.runtime.messages import GlobalBatch, GUReport, MinibatchOutput, WorkItem
+from asp.runtime.metrics import Window, comparison_summary, iteration_metrics, minibatch_record, summary_metrics
+from asp.runtime.plan import WorkPlan
+from asp.runtime.queue import Backpressure, TrainingQueue
+from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
+
+Event = tuple[float, str, int, int, int, int]  # (session time, kind, gu, actor, task id | step | version, attempt)
+
+
+class RuntimeFailure(RuntimeError):
+    """The run cannot continue (a minibatch failed on every attempt, all actors died, or it stalled)."""
+
+
+@dataclass(slots=True)
+class GUSlot:
+    """The core's view of one Generation Unit: its actors, which are alive, and its outstanding minibatches."""
+
+    index: int
+    actor_ids: list[int]
+    alive: set[int]
+    outstanding: int = 0
+    dead: bool = False
+
+
+@dataclass(slots=True)
+class InFlight:
+    """The step being trained: per contributing task (task id, prompts taken), and each prompt's policy lag."""
+
+    consumed: list[tuple[int, int]]
+    lags: np.ndarray
+
+
+def gu_slots(generation_units: int, actors_per_unit: int) -> list[GUSlot]:
+    """GU g holds actors ``g * actors_per_unit ...`` (global actor indices, as the runtime numbers them)."""
+    slots = []
+    for g in range(generation_units):
+        ids = list(range(g * actors_per_unit, (g + 1) * actors_per_unit))
+        slots.append(GUSlot(g, ids, set(ids)))
+    return slots
+
+
+@dataclass
+class ControlCore:
+    """The Control Unit's decisions and book-keeping (see the module docstring).
+
+    Args:
+        settings: the decisions' parameters.
+        db: the Database of the run's plan.
+        gus: one `GUSlot` per Generation Unit, index = position.
+        checkpointing: whether the driver saves positions (a stop then waits for a checkpoint step).
+        record_events: keep the `events` list (the simulator turns it off for long runs).
+    """
+
+    settings: ControlSettings
+    db: Database
+    gus: list[GUSlot]
+    checkpointing: bool = False
+    record_events: bool = True
+    on_pause: Callable[[bool], None] | None = None
+    observer: Callable[[MinibatchOutput], None] | None = None
+    step: int = 0
+    version: int = 0
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.tq = TrainingQueue(s.global_batch_prompts, s.n_samples)
+        self.bp = Backpressure(s.q_max, s.resume_depth)
+        self.sync = s.sync
+        self.start_step = self.step
+        self.inflight: InFlight | None = None
+        self.round_prompts = 0  # sync: new prompts issued in the current round
+        self.stop_reason = ""
+        self.iterations: list[dict[str, float]] = []  # this session's steps
+        self.records: list[dict[str, Any]] = []  # this session's minibatch records
+        self.by_gu: dict[int, int] = defaultdict(int)
+        self.by_actor: dict[int, int] = {a: 0 for g in self.gus for a in g.actor_ids}
+        self.tokens = self.dead_actors = self.prompts_trained = 0
+        self.stale_dropped = self.stale_regenerated = self.reload_failures = 0
+        self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, float("nan")  # over every trained prompt
+        self.t0 = 0.0  # the session's start on the driver's clock
+        self.base = 0.0  # run time at the position this session resumed from
+        self.session = 0  # sessions of this run before this one
+        self.last_progress = 0.0
+        self.last_step_end: float | None = None
+        self.window = Window(start=0.0)
+        # the run before this session (a resumed runtime run; see asp.runtime.wholerun)
+        self.earlier_totals: dict[str, float] = {}
+        self.earlier_records: list[dict[str, Any]] = []
+        self.earlier_iterations: list[dict[str, float]] = []
+        self.earlier_trace: list[tuple[float, float]] = []
+
+    # ---- clock -----------------------------------------------------------------------------------------
+    def begin(self, now: float) -> None:
+        """Start the session's clock (events are stamped from here; replans before it from the construction)."""
+        self.t0 = self.last_progress = now
+        self.window = Window(start=now)
+
+    def run_time(self, t: float) -> float:
+        """A time on the driver's clock as run time (seconds over the run's sessions)."""
+        return t - self.t0 + self.base
+
+    def _event(self, now: float, kind: str, gu: int = -1, actor: int = -1, ident: int = -1, attempt: int = -1) -> None:
+        if self.record_events:
+            self.events.append((now - self.t0, kind, gu, actor, ident, attempt))
+
+    # ---- state -----------------------------------------------------------------------------------------
+    def finished(self) -> bool:
+        """The configured iterations are trained, or (one pass) every task is done and trained."""
+        if self.settings.iterations is not None and self.step >= self.settings.iterations:
+            return True
+        return self.db.exhausted and self.tq.depth == 0 and self.inflight is None
+
+    def at_checkpoint(self) -> bool:
+        """True when the position reached can be saved with matching trainer weights: a checkpoint step, the step
+        the session started from (its position is already saved), or a driver that does not checkpoint."""
+        return (
+            not self.checkpointing
+            or self.step == self.start_step
+            or self.step % self.settings.checkpoint_interval == 0
+        )
+
+    def stopped(self) -> bool:
+        """A stop was requested and the run reached a point to stop at (no step in flight, at a checkpoint)."""
+        return bool(self.stop_reason) and self.inflight is None and self.at_checkpoint()
+
+    def request_stop(self, reason: str, now: float) -> bool:
+        """Stop dispatching and training at the next point to stop at; the first reason is kept. True when this
+        call stopped the run (False when it was stopping already)."""
+        if self.stop_reason:
+            return False
+        self.stop_reason = reason or "stop requested"
+        self._event(now, "stop", ident=self.step)
+        return True
+
+    def replan(self, rest: WorkPlan | None, full: WorkPlan | None, now: float) -> int:
+        """Swap the pending work for `rest` (later passes use `full`); see `Database.replan`. Returns the new
+        plan version."""
+        version = self.db.replan(rest, full)
+        self._event(now, "replan", ident=version)
+        return version
+
+    def check_stall(self, now: float, hint: str = "") -> None:
+        """Raise `RuntimeFailure` when nothing arrived and no step finished for ``stall_timeout_s``."""
+        idle = now - self.last_progress
+        if idle > self.settings.stall_timeout_s:
+            raise RuntimeFailure(
+                f"no minibatch arrived and no step finished for {idle:.0f} s (runtime.stall_timeout_s); "
+                f"pending={len(self.db.pending)} issued={self.db.n_issued} queue={self.tq.depth} prompts "
+                f"paused={self.bp.paused}.{' ' + hint if hint else ''}"
+            )
+
+    # ---- sender ----------------------------------------------------------------------------------------
+    def dispatch(self, now: float) -> dict[int, list[WorkItem]]:
+        """The work items to submit now, per GU index (in order); empty when stopped, paused (async) or while a
+        step trains (sync)."""
+        if self.stopped():
+            return {}
+        live = [g for g in self.gus if not g.dead]
+        if self.sync:
+            if self.inflight is not None:
+                return {}
+            loads = [GULoad(g.index, g.outstanding, len(g.alive)) for g in live]
+            batches, issued = plan_round(self.db, loads, self.settings.global_batch_prompts - self.round_prompts)
+            self.round_prompts += issued
+        else:
+            if self.bp.paused:
+                return {}
+            loads = [GULoad(g.index, g.outstanding, self.settings.gu_queue_target + len(g.alive)) for g in live]
+            batches = plan_dispatch(self.db, loads)
+        for g, load in zip(live, loads, strict=True):
+            g.outstanding = load.outstanding
+        for index, items in batches.items():
+            for it in items:
+                self._event(now, "send", index, -1, it.task_id, it.attempt)
+        return batches
+
+    def _update_backpressure(self, now: float) -> None:
+        """Feed the queue depth to backpressure (async mode only; a sync round is bounded by itself)."""
+        if not self.sync and self.bp.update(self.tq.depth):
+            self._event(now, "pause" if self.bp.paused else "resume")
+            if self.on_pause is not None:
+                self.on_pause(self.bp.paused)
+
+    # ---- ingestor --------------------------------------------------------------------------------------
+    def on_report(self, report: GUReport, now: float) -> bool:
+        """Take one GU's report: record completions (duplicates dropped) in the queue, send failures back to the
+        Database, mark dead actors. Returns False when the GU has no live actor left (call `lose_gu`).
+
+        Raises:
+            RuntimeFailure: a minibatch failed ``max_attempts`` times.
+        """
+        g = self.gus[report.gu]
+        for out in report.outputs:
+            g.outstanding -= 1
+            self._ingest(out, now)
+        for fail in report.failures:
+            g.outstanding -= 1
+            self._event(now, "fail", g.index, fail.actor, fail.task_id, fail.attempt)
+            if not self.db.fail(fail.task_id, fail.attempt, fail.reason):
+                raise RuntimeFailure(
+                    f"minibatch task {fail.task_id} failed {self.settings.max_attempts} times "
+                    f"(runtime.max_attempts); last error: {fail.reason}"
+                )
+        for actor in report.dead_actors:
+            g.alive.discard(actor)
+            self.dead_actors += 1
+        return bool(g.alive)
+
+    def _ingest(self, out: MinibatchOutput, now: float) -> None:
+        if not self.db.complete(out.task_id):
+            self._event(now, "dup", out.gu, out.actor, out.task_id, out.attempt)
+            return
+        self.last_progress = now
+        before = self.tq.put(out, now)
+        depth_batches = before / self.settings.global_batch_prompts
+        self.window.add(out, depth_batches)
+        self.by_gu[out.gu] += out.num_prompts
+        self.by_actor[out.actor] = self.by_actor.get(out.actor, 0) + out.num_prompts
+        self.tokens += out.total_tokens
+        self.reload_failures += bool(out.reload_error)
+        self._event(now, "recv", out.gu, out.actor, out.task_id, out.attempt)
+        version = self.db.plan_version(out.task_id)
+        record = minibatch_record(out, self.run_time(now), depth_batches, self.t0 - self.base, version)
+        self.records.append({**record, "session": self.session})
+        self._update_backpressure(now)
+        if self.observer is not None:
+            self.observer(out)
+
+    def lose_gu(self, index: int, reason: str) -> None:
+        """GU `index` is gone: its issued tasks go back to the Database for re-issue.
+
+        Raises:
+            RuntimeFailure: a task used its last attempt, or no GU is left.
+        """
+        g = self.gus[index]
+        g.dead = True
+        for task in self.db.issued_to(index):
+            if not self.db.fail(task.task_id, task.attempt, reason):
+                raise RuntimeFailure(f"minibatch task {task.task_id} failed on every attempt; last error: {reason}")
+        if all(x.dead for x in self.gus):
+            raise RuntimeFailure(f"no generation unit is left: {reason}")
+
+    # ---- training --------------------------------------------------------------------------------------
+    def maybe_train(self, now: float) -> GlobalBatch | None:
+        """The batch of the next step, or None when no step can start (one in flight, stopped, finished, or not
+        enough queued). The lag bound is enforced first."""
+        if self.inflight is not None or self.stopped() or self.finished():
+            return None
+        s = self.settings
+        dropped, regenerated = enforce_lag_bound(
+            self.tq, self.db, self.version, s.max_policy_lag, s.stale_samples, now
+        )
+        self.stale_dropped += dropped
+        self.stale_regenerated += regenerated
+        self._update_backpressure(now)
+        take = self._round_take() if self.sync else self._async_take()
+        if take <= 0:
+            return None
+        batch, consumed = self.tq.take(self.step + 1, now, take)
+        self.inflight = InFlight(consumed, policy_lags(self.version, batch.versions))
+        self._event(now, "train", ident=self.step + 1)
+        self._update_backpressure(now)
+        return batch
+
+    def _async_take(self) -> int:
+        """Prompts the next step takes: a global batch once queued, the short rest at the end of a pass, else 0."""
+        if self.tq.ready():
+            return self.settings.global_batch_prompts
+        return self.tq.depth if self.db.exhausted else 0  # the last, short batch of a single pass
+
+    def _round_take(self) -> int:
+        """Sync mode: the whole queue once the round is complete (all of it from the current policy), else 0."""
+        if not round_complete(self.db, self.round_prompts, self.settings.global_batch_prompts):
+            return 0
+        self.round_prompts = 0  # the next round is issued once this step has finished
+        return self.tq.depth
+
+    def on_step(
+        self, step: int, version: int, duration_s: float, now: float, metrics: dict[str, float] | None = None
+    ) -> dict[str, float]:
+        """The step in flight finished at `now` (trainer step `step`, policy `version`, `duration_s` inside the
+        trainer): its prompts count as trained; returns the iteration's metric dict (`metrics` added last)."""
+        inflight, self.inflight = self.inflight, None
+        if inflight is None:
+            raise RuntimeError("on_step without a step in flight")
+        for task_id, count in inflight.consumed:
+            self.db.mark_consumed(task_id, count)
+            self.prompts_trained += count
+        self.step, self.version = step, version
+        self.last_progress = self.last_step_end = now
+        self._event(now, "trained", ident=step)
+        self._count_lags(inflight.lags)
+        out = iteration_metrics(
+            self.window,
+            now,
+            queue_depth=self.tq.depth,
+            n_samples=self.settings.n_samples,
+            actor_ids=sorted(self.by_actor),
+            prompts_by_gu=dict(self.by_gu),
+            prompts_by_actor=self.by_actor,
+            lags=inflight.lags,
+            paused=self.bp.paused,
+        )
+        out["runtime/train_step_s"] = duration_s
+        out["runtime/policy_version"] = float(version)
+        out.update(self.lag_counters())
+        out.update(metrics or {})
+        self.window = Window(start=now)
+        self.iterations.append({"step": step, **out})
+        return out
+
+    def _count_lags(self, lags: np.ndarray) -> None:
+        if lags.size:
+            self.lag_sum += float(lags.sum())
+            self.lag_count += int(lags.size)
+            self.lag_max = float(np.nanmax([self.lag_max, float(lags.max())]))
+
+    # ---- whole-run counters and the summary ------------------------------------------------------------
+    def total(self, name: str, session_value: float) -> float:
+        """A counter over the whole run: the earlier sessions' (at the resumed position) plus this session's."""
+        return float(self.earlier_totals.get(name, 0.0)) + float(session_value)
+
+    def totals(self) -> dict[str, float]:
+        """The run's cumulative counters (earlier sessions up to the resumed position, plus this one)."""
+        session_wall = self.last_step_end - self.t0 if self.last_step_end is not None else 0.0
+        counters = {
+            "prompts_trained": self.prompts_trained,
+            "failed_attempts": self.db.failed_attempts,
+            "duplicates": self.db.duplicates,
+            "pauses": self.bp.pauses,
+            "dead_actors": self.dead_actors,
+            "stale_dropped": self.stale_dropped,
+            "stale_regenerated": self.stale_regenerated,
+            "reload_failures": self.reload_failures,
+            "lag_sum": self.lag_sum,
+            "lag_count": self.lag_count,
+        }
+        out = {name: self.total(name, value) for name, value in counters.items()}
+        out.update(sessions=float(self.session + 1), wall_s=self.base + session_wall, lag_max=self.lag_max)
+        return out
+
+    def lag_counters(self) -> dict[str, float]:
+        """The stale-sample and reload counters of the per-iteration metrics, cumulative over the whole run."""
+        return {
+            "runtime/stale_dropped_prompts": self.total("stale_dropped", self.stale_dropped),
+            "runtime/stale_regenerated_prompts": self.total("stale_regenerated", self.stale_regenerated),
+            "runtime/reload_failures": self.total("reload_failures", self.reload_failures),
+        }
+
+    def all_records(self) -> list[dict[str, Any]]:
+        return self.earlier_records + self.records
+
+    def all_iterations(self) -> list[dict[str, float]]:
+        return self.earlier_iterations + self.iterations
+
+    def summary_metrics(self) -> dict[str, float]:
+        """The run summary, ``runtime/summary/...`` (Table 4(b) columns first), over the whole run."""
+        counts = self.totals()
+        wall = counts["wall_s"]
+        records, iterations = self.all_records(), self.all_iterations()
+        trace = self.earlier_trace + [(self.run_time(t), d) for t, d in self.tq.trace]
+        base = summary_metrics(
+            [it["runtime/iteration_time_s"] for it in iterations],
+            trace,
+            [r["depth_at_arrival_batches"] for r in records],
+            [r["gen_s"] for r in records],
+            [r["padding_rate"] for r in records],
+            self.by_actor,
+            n_samples=self.settings.n_samples,
+            tokens=sum(int(r["tokens"]) for r in records),
+            wall_s=wall,
+            end=self.run_time(self.last_step_end) if self.last_step_end is not None else None,
+        )
+        base.update(
+            {
+                "runtime/minibatches": float(len(records)),
+                "runtime/prompts_trained": counts["prompts_trained"],
+                "runtime/failed_attempts": counts["failed_attempts"],
+                "runtime/duplicates_dropped": counts["duplicates"],
+                "runtime/pauses": counts["pauses"],
+                "runtime/dead_actors": counts["dead_actors"],
+                **self.lag_counters(),
+                **comparison_summary(
+                    records,
+                    [it["runtime/train_step_s"] for it in iterations],
+                    (counts["lag_sum"], int(counts["lag_count"]), self.lag_max),
+                    actors=len(self.by_actor),
+                    wall_s=wall,
+                    sync=self.sync,
+                ),
+            }
+        )
+        return {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}

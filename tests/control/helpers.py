@@ -1,0 +1,74 @@
+"""Helpers of the control-core tests: settings, a plan, and hand-made minibatch outputs for a work item."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asp.control.core import ControlCore, gu_slots
+from asp.control.settings import ControlSettings
+from asp.runtime.database import Database
+from asp.runtime.messages import MinibatchOutput, WorkItem
+from asp.runtime.plan import WorkPlan
+
+
+def settings(**overrides) -> ControlSettings:
+    """2 GUs x 2 actors, batches of 4 prompts, n = 2, one pass, no lag bound, no checkpoints to wait for."""
+    base = dict(
+        mode="async",
+        generation_units=2,
+        actors_per_unit=2,
+        gu_queue_target=1,
+        global_batch_prompts=4,
+        n_samples=2,
+        q_max=12,
+        q_resume=None,
+        max_policy_lag=None,
+        stale_samples="drop",
+        iterations=None,
+        max_attempts=3,
+        checkpoint_interval=2,
+        stall_timeout_s=60.0,
+        poll_timeout_s=1.0,
+        seed=0,
+    )
+    return ControlSettings(**(base | overrides))
+
+
+def plan(n_minibatches: int = 12, size: int = 2, k: int = 2) -> WorkPlan:
+    """Minibatches of `size` consecutive int prompt ids, batch groups of `k` minibatches."""
+    mbs = [list(range(s, s + size)) for s in range(0, n_minibatches * size, size)]
+    return WorkPlan.from_lists(mbs, [p // k for p in range(n_minibatches)])
+
+
+def core(s: ControlSettings | None = None, p: WorkPlan | None = None, **kwargs) -> ControlCore:
+    s = s or settings()
+    p = p or plan()
+    texts = {pid: f"prompt {pid}" for pid in p.prompt_ids()}
+    epochs = 1 if s.iterations is None else None
+    db = Database(p, texts, epochs=epochs, max_attempts=s.max_attempts, seed=s.seed)
+    c = ControlCore(s, db, gu_slots(s.generation_units, s.actors_per_unit), **kwargs)
+    c.begin(0.0)
+    return c
+
+
+def output(item: WorkItem, gu: int, actor: int, version: int, start: float, end: float, n: int = 2) -> MinibatchOutput:
+    """The completed minibatch of `item`: every sample (3 + prompt id) tokens long."""
+    lengths = np.repeat(np.asarray([3 + int(p) for p in item.prompt_ids], np.int32), n)
+    return MinibatchOutput(
+        task_id=item.task_id,
+        minibatch_id=item.minibatch_id,
+        attempt=item.attempt,
+        gu=gu,
+        actor=actor,
+        policy_version=version,
+        prompt_ids=list(item.prompt_ids),
+        n=n,
+        lengths=lengths,
+        stopped=np.ones(lengths.size, bool),
+        token_ids=np.zeros(0, np.int32),
+        logprobs=np.zeros(0, np.float32),
+        prompt_tokens=np.full(len(item.prompt_ids), 5, np.int32),
+        texts=[],
+        gen_start=start,
+        gen_end=end,
+    )
