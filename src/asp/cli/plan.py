@@ -27,11 +27,16 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from asp.errors import UserError
+
+if TYPE_CHECKING:
+    from asp.config import Params
+    from asp.sim.evaluate import Evaluator
+    from asp.sim.planner import Candidate, Cluster, Grid
 
 app = typer.Typer(
     help="Plan a cluster layout from simulated runs (paper appendix B.6) and check that it fits in memory.",
@@ -54,7 +59,7 @@ def _ints(text: str | None, default: tuple[int, ...], name: str) -> tuple[int, .
     return values
 
 
-def _row(label: str, c: Any, m: dict[str, float]) -> str:
+def _row(label: str, c: Candidate, m: dict[str, float]) -> str:
     from asp.sim.planner import bottleneck, objective_s
 
     return (
@@ -71,7 +76,7 @@ HEADER = (
 )
 
 
-def cluster_for(params: Any) -> Any:
+def cluster_for(params: Params) -> Cluster:
     """The `Cluster` of `simulate.plan` (the TU minimum raised to what the memory estimate needs); `UserError` when
     the numbers do not make a cluster."""
     from asp.sim.planner import Cluster
@@ -95,7 +100,7 @@ def cluster_for(params: Any) -> Any:
         raise UserError(f"simulate.plan: {exc}") from None
 
 
-def evaluator_for(params: Any, cluster: Any) -> Any:
+def evaluator_for(params: Params, cluster: Cluster) -> Evaluator:
     """The evaluator that simulates candidates on `cluster` (fits the `simulate` stage's models: seconds)."""
     import pandas as pd
 
@@ -201,7 +206,7 @@ def layout(
     if not metrics["planner/feasible"]:
         typer.echo("warning: no layout met the queue-depth and lag bounds; the best infeasible one is shown", err=True)
     if out is not None:
-        overlay = best.overlay()
+        overlay: dict[str, dict[str, Any]] = best.overlay()
         overlay["plan"]["predicted_iteration_s"] = round(float(metrics["planner/objective_s"]), 4)
         with atomic_path(out) as tmp:
             head = f"# asp plan layout, {cluster.devices} devices\n"
@@ -241,7 +246,7 @@ def _check_devices(n: int | None, what: str) -> None:
         )
 
 
-def _resized(cluster: Any, devices: int, curve: str | None) -> Any:
+def _resized(cluster: Cluster, devices: int, curve: str | None) -> Cluster:
     """`cluster` with `devices` devices (a `--curve` point); `UserError` naming the point when it does not fit."""
     try:
         return replace(cluster, devices=devices)
@@ -249,7 +254,7 @@ def _resized(cluster: Any, devices: int, curve: str | None) -> Any:
         raise UserError(f"--curve {curve}: at {devices} devices, {exc}") from None
 
 
-def _check_grid_size(cluster: Any, grid: Any, max_candidates: int, where: str) -> None:
+def _check_grid_size(cluster: Cluster, grid: Grid, max_candidates: int, where: str) -> None:
     """Refuse, before any model is fitted, a search grid of more than `max_candidates` layouts."""
     from asp.sim.planner import count_candidates
 
@@ -263,7 +268,7 @@ def _check_grid_size(cluster: Any, grid: Any, max_candidates: int, where: str) -
     )
 
 
-def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> Any:
+def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> Params:
     """params.yaml with a preset in configs/ overlaid, then `--set` overrides, validated."""
     from asp.config import deep_merge, read_yaml, validate_params
     from asp.orchestration.request import parse_set_args, preset_path, set_dotted

@@ -15,11 +15,14 @@ exit 2 with one message.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from asp.errors import UserError
+
+if TYPE_CHECKING:
+    from asp.config import Params
 
 app = typer.Typer(
     help="Simulate the launch run, async or sync (runtime.mode), with asp.sim from the pipeline's outputs.",
@@ -47,7 +50,7 @@ COLUMNS = {
 }
 
 
-def load_with_overrides(params_path: Path, overrides: list[str], conditions: list[str]) -> Any:
+def load_with_overrides(params_path: Path, overrides: list[str], conditions: list[str]) -> Params:
     """params.yaml with `--set` overrides (and the conditions) applied and validated."""
     from asp.config import read_yaml, validate_params
     from asp.orchestration.request import parse_set_args, set_dotted
