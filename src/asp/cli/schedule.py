@@ -103,7 +103,7 @@ def _spec(b: int | None, kappa: int | None, k: int | None, iterations: int | Non
 
     from asp.schedule.spec import PAPER_SPEC
 
-    given = {"b": b, "kappa": kappa, "k": k, "iterations": iterations, "method": method}
+    given: dict[str, Any] = {"b": b, "kappa": kappa, "k": k, "iterations": iterations, "method": method}
     return replace(PAPER_SPEC, **{name: value for name, value in given.items() if value is not None})
 
 
@@ -112,18 +112,19 @@ def _source(path: Path | None, synthetic: int | None) -> str:
     return str(path) if path is not None else f"--synthetic {synthetic}"
 
 
-def _true_lengths(path: Path | None, synthetic: int | None, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+def _true_lengths(path: Path | None, synthetic: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+    """(true lengths, the file's predicted lengths or None) of a lengths file or `--synthetic N`."""
     from asp.io.schedule import read_lengths
     from asp.schedule.ablation import synthetic_lengths
 
-    if (path is None) == (synthetic is None):
+    if synthetic is not None and path is None:
+        return synthetic_lengths(synthetic, seed), None
+    if path is None or synthetic is not None:
         raise UserError("give exactly one of a lengths file or --synthetic N")
-    if synthetic is not None:
-        return synthetic_lengths(synthetic, seed), {}
     data = read_lengths(path, need_predictions=False)
     if data["true_length"] is None:
         raise UserError(f"{path}: needs a 'true_length' or 'length' column for this command")
-    return data["true_length"], data
+    return data["true_length"], data["predicted_length"]
 
 
 @app.command()
@@ -160,11 +161,13 @@ def build(
     spec = _spec(b, kappa, k, iterations, method)
     outputs = _check_outputs(out, summary or out.with_suffix(".json"), plot)
     data = read_lengths(input, need_predictions=True)
+    predicted = data["predicted_length"]
+    assert predicted is not None  # need_predictions: read_lengths refuses a file without them
     _check_feasible(len(data["prompt_id"]), spec, str(input), allow_partial)
     cal = read_calibration(calibration) if calibration else None
     sched = build_schedule(
         data["prompt_id"],
-        data["predicted_length"],
+        predicted,
         **spec.kwargs(),
         seed=seed,
         calibration=cal,
@@ -250,11 +253,13 @@ def _write_build(outputs: tuple[Path, Path, Path | None], frame: Any, summary_te
 
     out, summary, plot = outputs
     paths = [out, summary] + ([plot] if plot is not None else [])
-    writers = [
+    writers: list[Callable[[Path], object]] = [
         lambda tmp: frame.to_parquet(tmp, index=False),
         lambda tmp: tmp.write_text(summary_text),
-        lambda tmp: figure.savefig(tmp, format=plot.suffix.lstrip(".").lower() or "png", dpi=120),
     ]
+    if plot is not None:
+        image = plot.suffix.lstrip(".").lower() or "png"
+        writers.append(lambda tmp: figure.savefig(tmp, format=image, dpi=120))
     current = ", ".join(map(str, paths))  # while the temporary files are created
     try:
         with io.atomic_paths(*paths) as tmps:
@@ -291,13 +296,13 @@ def ablation_cmd(
 
     spec = _spec(b, kappa, k, iterations, method)
     _check_table_out(out)
-    true, data = _true_lengths(input, synthetic)
+    true, file_preds = _true_lengths(input, synthetic)
     _check_feasible(true.size, spec, _source(input, synthetic), allow_partial)
     seed_list = list(range(seeds))
     if tau is not None:
         preds = np.stack([perturb_predictions(true, tau, s)[0] for s in seed_list])
-    elif data.get("predicted_length") is not None:
-        preds = data["predicted_length"]
+    elif file_preds is not None:
+        preds = file_preds
     else:
         raise UserError("no predictions: give a file with 'predicted_length' or pass --tau")
     cal = read_calibration(calibration) if calibration else None

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
 from asp.errors import UserError
+
+
+class Lengths(TypedDict):
+    """What `read_lengths` reads: (n,) prompt ids and the length columns the file has (None where it has not)."""
+
+    prompt_id: np.ndarray
+    predicted_length: np.ndarray | None
+    true_length: np.ndarray | None
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -56,7 +65,7 @@ def _numeric(df: pd.DataFrame, column: str, path: Path) -> np.ndarray:
     return values
 
 
-def read_lengths(path: str | Path, *, need_predictions: bool) -> dict[str, np.ndarray | None]:
+def read_lengths(path: str | Path, *, need_predictions: bool) -> Lengths:
     """Load prompt ids, predicted and true lengths from a file.
 
     Args:
