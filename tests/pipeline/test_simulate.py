@@ -225,3 +225,29 @@ def test_plan_layout_searches_the_narrowed_grid(project: Path) -> None:
     rows = [line for line in res.stdout.splitlines() if line.startswith("| search")]
     assert rows and all(" x 4 |" in row for row in rows)  # every layout searched has 4 actors per GU
     assert "layouts simulated" in res.stdout
+
+
+def test_runtime_mode_sync_is_simulated(inputs: tuple[Params, simulate.Paths]) -> None:
+    """``runtime.mode: sync`` reaches the simulator (the Control Unit core's sync rounds): lag 0, one round of a
+    global batch at a time, so slower than the asynchronous run of the same schedule."""
+    params, paths = inputs
+    models = simulate.fit_models(params, paths)
+    runs = {}
+    for mode in ("async", "sync"):
+        p = params.model_copy(update={"runtime": params.runtime.model_copy(update={"mode": mode})})
+        runs[mode] = simulate.simulate_conditions(p, paths, models)["C0"].metrics
+    sync, asyn = runs["sync"], runs["async"]
+    assert sync["runtime/summary/mode_sync"] == 1 and asyn["runtime/summary/mode_sync"] == 0
+    assert sync["sim/policy_lag_max"] == 0 and asyn["sim/policy_lag_max"] > 0
+    assert sync["runtime/summary/pauses"] == 0
+    assert sync["runtime/summary/mean_iteration_time_s"] > asyn["runtime/summary/mean_iteration_time_s"]
+
+
+def test_cli_set_runtime_mode_sync_simulates_sync(project: Path) -> None:
+    res = _asp(["simulate", "-c", "C0", "--set", "runtime.mode=sync", "--out", "sim-sync"], project)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0].endswith("runtime.mode: sync")
+    lag_row = next(line for line in res.stdout.splitlines() if line.startswith("| policy lag max |"))
+    assert lag_row == "| policy lag max | 0 |"
+    saved = json.loads((project / "sim-sync/simulate.json").read_text())
+    assert saved["simulate/C0/policy_lag_mean"] == 0

@@ -100,9 +100,9 @@ def simulate_command(
     fit = models.gen_report
     typer.echo(
         f"generation-time model ({models.gen.form}): held-out R² {fit['r2_heldout']:.3f}, "
-        f"MdAPE {100 * fit['mdape_heldout']:.1f} % over {int(fit['minibatches'])} profiled minibatches"
+        f"MdAPE {100 * fit['mdape_heldout']:.1f} % over {int(fit['minibatches'])} profiled minibatches; "
+        f"runtime.mode: {p.runtime.mode}"
     )
-    typer.echo(f"runtime.mode: {p.runtime.mode}")
     typer.echo(markdown_table(metrics, list(results)))
     if out is not None:
         write_json(metrics, out / "simulate.json")
