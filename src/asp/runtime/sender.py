@@ -1,7 +1,7 @@
 """The Generation Sender's policy and the policy-lag bound (paper appendix B.2, B.4), as pure functions.
 
-Both the Control Unit (real clock, Ray) and the simulator `asp.sim` (simulated clock) call these, so the two
-cannot disagree about what is sent where or what is evicted:
+The Control Unit core `asp.control.core.ControlCore` calls these; the Ray runtime and the simulator `asp.sim` both
+drive that core, so the two cannot disagree about what is sent where or what is evicted:
 
 * `plan_dispatch` fills each live Generation Unit up to its target of outstanding minibatches (its input
   queue target plus one per live actor), handing out whole dispatch units from the Database (a failed task
