@@ -49,6 +49,7 @@ def _table_line(md: str, part: str) -> list[str]:
     return [cell.strip() for cell in lines[0].strip("|").split("|")]
 
 
+@pytest.mark.slow  # the dry run: a subprocess, 20-40 s
 def test_dry_run_measures_every_part_and_writes_the_table(dry_run):
     proc, record, md = dry_run
     gc = _load_script()
@@ -72,6 +73,7 @@ def test_dry_run_measures_every_part_and_writes_the_table(dry_run):
     assert parts["generate"]["details"]["sequences"] == 8 and parts["generate"]["details"]["generated_tokens"] > 0
 
 
+@pytest.mark.slow  # the dry run: a subprocess, 20-40 s
 def test_estimate_column_is_asp_plan_memorys_estimate_for_the_preset(dry_run):
     _, record, md = dry_run
     gc = _load_script()

@@ -28,6 +28,8 @@ import yaml
 
 from tests.conftest import Background, prefect_api, start_prefect_server
 
+pytestmark = pytest.mark.slow  # every test runs the loop in a subprocess against a Prefect server: 10-20 s
+
 ROOT = Path(__file__).resolve().parents[2]
 CONDITION = "C4"
 
@@ -327,7 +329,6 @@ except RuntimeError as exc:
 
 
 # -- asp serve --------------------------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_asp_serve_serves_the_drift_loop_and_a_triggered_run_completes(server: dict[str, str], tmp_path: Path) -> None:
     root = _git_dvc_project(tmp_path / "toy", drift_at=[5])
     bg = Background()

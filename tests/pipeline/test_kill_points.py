@@ -49,6 +49,8 @@ from asp.tracking import PARENT_ENV
 
 from .conftest import Built, chat_template, make_params, write_prompts
 
+pytestmark = pytest.mark.slow  # each test runs a stage process to its kill point, then the rerun: 7-30 s
+
 ROOT = Path(__file__).resolve().parents[2]
 N_TRAIN, BATCH, STEPS = 24, 4, 6  # one pass: 12 minibatches of 2 prompts, 6 steps of 4 prompts
 RUNTIME = {
