@@ -1,9 +1,10 @@
 """The layering the design promises, enforced: import-linter's contracts (pyproject.toml) hold, the mlflow
-contract names every top-level module except `asp.tracking`, no module of `asp` is part of an import cycle, and
-`asp --help` loads no heavy library."""
+contract names every top-level module except `asp.tracking`, no module of `asp` is part of an import cycle, every
+package's `__init__` follows the one convention, and `asp --help` loads no heavy library."""
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import shutil
 import subprocess
@@ -93,6 +94,30 @@ def test_no_import_cycle_in_asp() -> None:
     left out (they never run, and are how annotations refer to a module that imports this one)."""
     graph = grimp.build_graph("asp", exclude_type_checking_imports=True)
     assert import_cycles(graph) == []
+
+
+# The package convention (README, "Layout"): a package's __init__.py is a docstring saying what the package is and how
+# to use it, then nothing, or re-exports of its public names listed in __all__ (eager imports, or a PEP 562
+# __getattr__/__dir__ that loads them lazily). Functions and classes live in the package's modules.
+LAZY_LOADERS = {"__getattr__", "__dir__"}
+INIT_WITH_CODE = {"asp.cli"}  # the typer app and its top-level commands: to move into a module of asp.cli
+
+
+def init_problems(init: Path) -> list[str]:
+    """What in the package `__init__` at `init` breaks the convention."""
+    tree = ast.parse(init.read_text())
+    problems = [] if ast.get_docstring(tree) else ["no docstring"]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name not in LAZY_LOADERS:
+            problems.append(f"defines {node.name} (line {node.lineno})")
+    return problems
+
+
+def test_package_inits_follow_the_convention() -> None:
+    inits = sorted((ROOT / "src" / "asp").rglob("__init__.py"))
+    found = {".".join(init.parent.relative_to(ROOT / "src").parts): init_problems(init) for init in inits}
+    assert {name: problems for name, problems in found.items() if problems and name not in INIT_WITH_CODE} == {}
+    assert [name for name in INIT_WITH_CODE if not found[name]] == []  # an exception that no longer is: drop it
 
 
 def test_help_imports_no_heavy_library() -> None:
