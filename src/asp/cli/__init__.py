@@ -110,8 +110,8 @@ def _simulate_check(params: Params) -> str:
 def _memory_check(params: Params) -> str:
     """`runtime.memory.check` with the grpo trainer: `UserError` on a misfit, else a one-line summary (or why the
     check was skipped, or that a CPU trainer is not checked)."""
-    from asp.steps.memory_check import enforce, skip_note
     from asp.sim.memory import gib
+    from asp.steps.memory_check import enforce, skip_note
 
     rt = params.runtime
     if not rt.memory.check or rt.trainer != "grpo":
