@@ -15,11 +15,20 @@ import numpy as np
 import pytest
 
 from asp.drift import rebalance as rebalance_module
-from asp.drift.rebalance import group_load_cv, minibatch_loads, rebalance
+from asp.drift.monitor import cv
+from asp.drift.rebalance import minibatch_loads, rebalance
 from asp.predictor.calibration import fit_calibration
 from asp.schedule import build_schedule
+from asp.schedule.balance import group_loads
 
 N, B, K, ITERATIONS = 1536, 16, 4, 20_000
+
+
+def group_load_cv(minibatches: list, loads: dict, k: int) -> float:
+    """CV (std / mean) of the loads of the complete batch groups of `k` consecutive minibatches (dispatch order);
+    a trailing partial group is left out (as the drift monitor does), NaN with fewer than two complete groups."""
+    full = len(minibatches) // k * k
+    return cv(group_loads(minibatch_loads(minibatches[:full], loads), k)) if full else float("nan")
 
 
 def _stream(seed: int) -> dict:

@@ -6,7 +6,6 @@ so the batch groups are rebuilt: `rebalance(minibatches, loads, k)` sums each mi
 orders the minibatches with `asp.schedule.balance.balance_groups` (the scheduler's own balancing, same method,
 iterations and seed semantics) and returns them in dispatch order with their group ids (group g = dispatch
 positions g*k .. g*k+k-1, the last one possibly partial), ready for `WorkPlan.from_lists`.
-`group_load_cv` measures a dispatch order against any loads (e.g. the realized lengths) the same way.
 
 Pure numpy (+ the scheduler's numba kernels), no I/O. Run the tests:
 `.venv/bin/python -m pytest tests/drift/test_rebalance.py -q`.
@@ -18,8 +17,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from asp.drift.monitor import cv
-from asp.schedule.balance import balance_groups, group_loads, shuffle_groups
+from asp.schedule.balance import balance_groups, shuffle_groups
 
 UNBALANCED = "sorted"  # keep the given order (re-grouping only), as `build_schedule`'s method "sorted"
 
@@ -87,12 +85,3 @@ def rebalance(
         perm = balance_groups(per_mb, k, iterations=iterations, seed=seed, method=method, shuffle=shuffle)
     ordered = [list(minibatches[int(i)]) for i in perm]
     return ordered, [p // k for p in range(len(ordered))]
-
-
-def group_load_cv(minibatches: Sequence[Sequence[Hashable]], loads: Mapping[Hashable, float], k: int) -> float:
-    """CV (std / mean) of the loads of the complete batch groups of `k` consecutive minibatches (dispatch order).
-
-    A trailing partial group is left out (as the drift monitor does); NaN with fewer than two complete groups.
-    """
-    full = len(minibatches) // k * k
-    return cv(group_loads(minibatch_loads(minibatches[:full], loads), k)) if full else float("nan")
