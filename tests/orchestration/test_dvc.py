@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from asp.orchestration.dvc import (
@@ -94,6 +95,7 @@ def test_stage_seconds_run_from_one_stage_message_to_the_next() -> None:
     assert stage_seconds(marks, 5.0) == {"policy": 0.5, "schedule": 3.5}
 
 
+@pytest.mark.slow  # six DVC commands: 27 s on a loaded 2-core machine
 def test_dvcs_status_says_when_dvc_repro_skips_a_stage(tmp_path: Path) -> None:
     """A real DVC project (no git) with one cached stage: `up_to_date` (DVC's Python API) is true exactly when the
     `dvc repro --single-item` that follows says it skipped the stage: not for a new stage, a deleted output
