@@ -38,6 +38,7 @@ import time
 
 import numpy as np
 
+from asp.control.settings import ControlSettings
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.plan import WorkPlan
 from asp.schedule import CONDITION_NAMES, condition_schedule, kendall_tau, perturb_predictions
@@ -72,7 +73,8 @@ def synthetic_workload(n_prompts: int, seed: int = 0) -> tuple[np.ndarray, Workl
     return ids, Workload.from_arrays(ids, lengths, prompt_tokens, max_new_tokens=CAP)
 
 
-def runtime_config(iterations: int | None) -> RuntimeConfig:
+def runtime_config(iterations: int | None) -> ControlSettings:
+    """The paper-scale setting as the simulator's `ControlSettings` (the runtime params' defaults otherwise)."""
     return RuntimeConfig(
         generation_units=16,
         actors_per_unit=8,
@@ -83,7 +85,7 @@ def runtime_config(iterations: int | None) -> RuntimeConfig:
         max_new_tokens=CAP,
         max_policy_lag=None,
         iterations=iterations,
-    )
+    ).control_settings()
 
 
 def build_plans(ids: np.ndarray, predicted: np.ndarray) -> tuple[dict[str, WorkPlan], dict[str, float]]:
@@ -97,7 +99,7 @@ def build_plans(ids: np.ndarray, predicted: np.ndarray) -> tuple[dict[str, WorkP
     return plans, seconds
 
 
-def timed_simulation(plan: WorkPlan, work: Workload, gen: GenerationTimeModel, cfg: RuntimeConfig):
+def timed_simulation(plan: WorkPlan, work: Workload, gen: GenerationTimeModel, cfg: ControlSettings):
     wall, cpu = time.perf_counter(), time.process_time()
     result = simulate(plan, work, gen, TRAIN, cfg)
     return result, time.perf_counter() - wall, time.process_time() - cpu

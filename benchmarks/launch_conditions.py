@@ -7,6 +7,7 @@ the Table 4(b) setting below (simulated trainer, 0.5 s steps, 30 iterations of 1
 
     .venv/bin/python benchmarks/launch_conditions.py            # C0 and C4
     .venv/bin/python benchmarks/launch_conditions.py C0 C1 C2 C3 C4
+    .venv/bin/python benchmarks/launch_conditions.py C0 --iterations 3     # a quick smoke (not the table)
 """
 
 from __future__ import annotations
@@ -45,13 +46,15 @@ COLUMNS = {
 }
 
 
-def table_4b_params(params: Params, condition: str) -> Params:
-    """params with the Table 4(b) runtime setting above and `runtime.condition` set."""
-    runtime = params.runtime.model_copy(update={**TABLE_4B, "condition": condition})
+def table_4b_params(params: Params, condition: str, iterations: int | None = None) -> Params:
+    """params with the Table 4(b) runtime setting above and `runtime.condition` set (`iterations`: fewer steps for a
+    quick look; None: the setting's 30)."""
+    extra = {} if iterations is None else {"iterations": iterations}
+    runtime = params.runtime.model_copy(update={**TABLE_4B, "condition": condition, **extra})
     return params.model_copy(update={"runtime": runtime})
 
 
-def measure(params: Params, condition: str) -> dict[str, float]:
+def measure(params: Params, condition: str, iterations: int | None = None) -> dict[str, float]:
     """One real launch (Ray, the demo policy generating, simulated training) in a temporary directory; its
     ``runtime/summary/...`` metrics."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,15 +62,15 @@ def measure(params: Params, condition: str) -> dict[str, float]:
         paths = replace(
             launch.Paths(), out_dir=t / "launch", state_dir=t / "state", metrics=t / "m.json", plot=t / "p.png"
         )
-        return launch.run(table_4b_params(params, condition), paths, NullTracker())
+        return launch.run(table_4b_params(params, condition, iterations), paths, NullTracker())
 
 
-def main(conditions: list[str]) -> None:
+def main(conditions: list[str], iterations: int | None = None) -> None:
     set_offline_defaults()
     params = load_params("params.yaml")
     rows = {}
     for cond in conditions:
-        metrics = measure(params, cond)
+        metrics = measure(params, cond, iterations)
         rows[cond] = {k: metrics[f"runtime/summary/{k}"] for k in COLUMNS}
         print(f"{cond} done", file=sys.stderr)
     print("| metric | " + " | ".join(conditions) + " |")
@@ -77,4 +80,7 @@ def main(conditions: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["C0", "C4"])
+    args = sys.argv[1:]
+    steps = int(args[args.index("--iterations") + 1]) if "--iterations" in args else None
+    names = [a for i, a in enumerate(args) if a != "--iterations" and (i == 0 or args[i - 1] != "--iterations")]
+    main(names or ["C0", "C4"], steps)
