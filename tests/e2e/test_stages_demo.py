@@ -22,7 +22,7 @@ from asp.steps.engine import profile_engine
 from asp.steps.launch_state import HISTORY_FILE, RUN_FILE, Recorder
 from asp.steps.loaders import policy_model_path
 from asp.steps.paths import rebase
-from asp.tracking import NullTracker, open_tracker
+from asp.tracking import open_tracker
 
 from .conftest import TINY, tiny_params
 
@@ -97,14 +97,10 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
     assert sim["simulate/C4/mean_iteration_time_s"] > 0 and sim["simulate/gen_fit/minibatches"] == len(timings)
     assert MlflowClient().get_run(run_ids["profile"]).data.params["profile.n_samples"] == "2"
 
-    # resume: a finished chunk is kept, a missing one is regenerated, a corrupt one is named
-    work_params = validate_params(tiny_params(LEARNING_POLICY, {"common": {"seed": 5}}))
-    p = paths["profile"]
-    profile.run(work_params, p, NullTracker())
-    full = pd.read_parquet(tmp_path / "outputs/profile/samples.parquet")
+    # resume, on the profile run above: a finished chunk is kept, a missing one is regenerated, a corrupt one is named
     key_dir = tmp_path / "outputs/.work/profile"
     assert not any(key_dir.rglob("chunk_*.parquet"))  # cleaned after success
-    _resume_keeps_chunks(work_params, p, full)
+    _resume_keeps_chunks(params, paths["profile"], samples)
     _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path, paths["launch"])
 
 
