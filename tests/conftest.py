@@ -1,8 +1,10 @@
 """Shared test setup: offline env, quiet progress bars, MLflow in a temporary SQLite store; ONE local Ray
-cluster for the whole session and a tiny random Qwen2 (runtime and trainer tests).
+cluster per pytest process and a tiny random Qwen2 (runtime and trainer tests).
 
-Ray starts once (about 5 s, dashboard off) with 4 logical CPUs; every `run_async` call joins it and kills
-its own actors on exit. `tiny_qwen` builds a random 2-layer Qwen2 with a word-level tokenizer.
+Ray starts once per process (about 5 s, dashboard off) with 4 logical CPUs; every `run_async` call joins it and
+kills its own actors on exit. Under pytest-xdist (`make test`: 2 workers) each worker is such a process: session
+fixtures run once per worker, in its own temporary directory, and every server takes a free port, so nothing here
+assumes one pytest process per machine. `tiny_qwen` builds a random 2-layer Qwen2 with a word-level tokenizer.
 `background` starts helper processes and stops them at teardown; `prefect_server` is a Prefect server on a
 free 127.0.0.1 port (`start_prefect_server` starts one, e.g. with its web UI on).
 """
