@@ -239,12 +239,16 @@ def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], se
     assert kinds.get("asp-schedule") == "markdown" and kinds.get("asp-schedule-metrics") == "table"
 
 
-def test_a_bad_override_fails_the_flow_run_at_once(served: dict[str, str]) -> None:
+def test_a_bad_override_fails_the_flow_run_at_once(project: dict[str, Any], served: dict[str, str]) -> None:
+    schedule_runs = [r.info.run_id for r in _runs(project["experiment"]) if r.info.run_name == "schedule"]
     run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.kk": 3}})
     assert run["state_type"] == "FAILED"
     assert "unknown key 'schedule.kk'" in run["state"]["message"]
     print(f"bad override: flow run failed after {run['total_run_time']:.2f} s")
-    assert run["total_run_time"] < 5.0
+    # at once = before any stage ran (no new schedule run); the time bound is loose: a busy machine (another
+    # pytest-xdist worker) stretches the validation, a stage run through DVC would take longer still
+    assert [r.info.run_id for r in _runs(project["experiment"]) if r.info.run_name == "schedule"] == schedule_runs
+    assert run["total_run_time"] < 30.0
 
 
 @pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (run `make browser`)")
