@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from asp.control.core import ControlCore, gu_slots
+from asp.control.database import Database
+from asp.control.messages import MinibatchOutput, WorkItem
+from asp.control.plan import WorkPlan
 from asp.control.settings import ControlSettings
-from asp.runtime.database import Database
-from asp.runtime.messages import MinibatchOutput, WorkItem
-from asp.runtime.plan import WorkPlan
 
 
 def settings(**overrides) -> ControlSettings:

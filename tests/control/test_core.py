@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from asp.control.core import RuntimeFailure
+from asp.control.messages import Failure, GUReport
 from asp.control.settings import default_resume_depth
-from asp.runtime.messages import Failure, GUReport
 
 from .helpers import core, output, plan, settings
 

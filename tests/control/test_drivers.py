@@ -30,10 +30,10 @@ from ray import exceptions as ray_exceptions
 
 import asp.runtime.control as control
 from asp.control.core import ControlCore
+from asp.control.database import Database
+from asp.control.messages import GUReport, StepResult, WeightUpdate, WorkItem
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.control import GUState
-from asp.runtime.database import Database
-from asp.runtime.messages import GUReport, StepResult, WeightUpdate, WorkItem
 from asp.sim.engine import Workload, simulate
 
 from .helpers import core, output, plan, settings

@@ -42,14 +42,14 @@ from typing import Any
 
 import numpy as np
 
+from asp.control.database import Database
+from asp.control.messages import GlobalBatch, GUReport, MinibatchOutput, WorkItem
+from asp.control.metrics import Window, comparison_summary, iteration_metrics, minibatch_record, summary_metrics
+from asp.control.plan import WorkPlan
+from asp.control.queue import Backpressure, TrainingQueue
+from asp.control.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
 from asp.control.settings import ControlSettings
 from asp.rl.lag import policy_lags
-from asp.runtime.database import Database
-from asp.runtime.messages import GlobalBatch, GUReport, MinibatchOutput, WorkItem
-from asp.runtime.metrics import Window, comparison_summary, iteration_metrics, minibatch_record, summary_metrics
-from asp.runtime.plan import WorkPlan
-from asp.runtime.queue import Backpressure, TrainingQueue
-from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
 
 Event = tuple[float, str, int, int, int, int]  # (session time, kind, gu, actor, task id | step | version, attempt)
 

@@ -8,9 +8,10 @@ Training Queue and Training Unit.
                         logger=tracker, checkpoint_dir="runs/launch/ckpt")
     summary.metrics["runtime/summary/mean_iteration_time_s"]
 
-The pure parts (Database, sender policy, Training Queue, backpressure, lag bound, metrics) import no Ray; the
-names below are loaded lazily, so `import asp.runtime.database` (as the simulator `asp.sim` does) stays
-Ray-free. See docs/runtime.md for the design, the metrics and the overhead benchmark; tests in tests/runtime.
+The pure parts (Database, sender policy, Training Queue, backpressure, lag bound, messages, metrics) are the
+Control Unit core's and live in `asp.control` (the simulator `asp.sim` drives that core too); `asp.runtime.database`
+and the like are their former names, kept for existing imports. The names below are loaded lazily. See
+docs/runtime.md for the design, the metrics and the overhead benchmark; tests in tests/runtime and tests/control.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ _EXPORTS = {
     "asp.runtime.checkpoint": ["Checkpointer"],
     "asp.runtime.config": ["RuntimeConfig"],
     "asp.runtime.control": ["ControlUnit", "RunSummary", "RuntimeFailure"],
-    "asp.runtime.database": ["Database", "TaskState"],
+    "asp.control.database": ["Database", "TaskState"],
     "asp.runtime.engines": ["EngineSpec", "StandInEngine"],
-    "asp.runtime.messages": [
+    "asp.runtime.messages": [  # = asp.control.messages + the rollout layer's SamplingParams
         "Failure",
         "GlobalBatch",
         "GUReport",
@@ -34,7 +35,7 @@ _EXPORTS = {
         "WeightUpdate",
         "WorkItem",
     ],
-    "asp.runtime.metrics": [
+    "asp.control.metrics": [
         "busy_fraction",
         "grpo_summary",
         "iteration_metrics",
@@ -42,10 +43,10 @@ _EXPORTS = {
         "time_weighted_stats",
         "trend",
     ],
-    "asp.runtime.plan": ["WorkPlan", "as_plan", "check_prompts"],
-    "asp.runtime.queue": ["Backpressure", "TrainingQueue"],
+    "asp.control.plan": ["WorkPlan", "as_plan", "check_prompts"],
+    "asp.control.queue": ["Backpressure", "TrainingQueue"],
     "asp.runtime.run": ["make_checkpointer", "ray_session", "run_async"],
-    "asp.runtime.sender": ["GULoad", "enforce_lag_bound", "plan_dispatch"],
+    "asp.control.sender": ["GULoad", "enforce_lag_bound", "plan_dispatch"],
     "asp.runtime.trainer": ["Trainer", "TrainingUnit"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -8,7 +8,7 @@ One single-threaded event loop, co-located with the Training Queue (so backpress
 directly) and the only place that logs:
 
 * **Sender** keeps each GU's outstanding work at ``gu_queue_target + live actors`` minibatches, handing out
-  whole batch groups (retries first) to the least-loaded GU (`asp.runtime.sender.plan_dispatch`), unless
+  whole batch groups (retries first) to the least-loaded GU (`asp.control.sender.plan_dispatch`), unless
   backpressure pauses it; pause/resume and new weight snapshots are broadcast to the GUs.
 * **Ingestor** takes each GU's batched report: completed minibatches are recorded once in the Database
   (duplicates dropped) and put in the Training Queue, recording depth at arrival and send/receive events;
@@ -17,7 +17,7 @@ directly) and the only place that logs:
   the iteration's metric dict, marks its prompts trained, and is checkpointed every interval.
 
 **Synchronous mode** (``runtime.mode: sync``, the baseline of the paper's Table 3): rounds of single minibatches
-(`asp.runtime.sender.plan_round`) up to one global batch, none while a step trains; once the whole round is back
+(`asp.control.sender.plan_round`) up to one global batch, none while a step trains; once the whole round is back
 the trainer takes the whole queue (lag 0), and the snapshot reaches every GU before the next round. No
 backpressure. Details: docs/runtime.md.
 
@@ -50,13 +50,13 @@ from typing import Any
 import ray
 
 from asp.control.core import ControlCore, GUSlot, RuntimeFailure
+from asp.control.database import Database
+from asp.control.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate
+from asp.control.metrics import RunSummary
+from asp.control.plan import WorkPlan
 from asp.runtime import wholerun
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
-from asp.runtime.database import Database
-from asp.runtime.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate
-from asp.runtime.metrics import RunSummary
-from asp.runtime.plan import WorkPlan
 from asp.runtime.runlog import RunHistory, RunLog
 from asp.runtime.testhooks import kill_point
 

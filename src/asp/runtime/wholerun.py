@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from asp.runtime.metrics import RunSummary
+from asp.control.metrics import RunSummary
 from asp.runtime.runlog import RunHistory
 
 if TYPE_CHECKING:

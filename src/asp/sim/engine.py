@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asp.control.core import ControlCore, GUSlot
+from asp.control.database import Database
+from asp.control.messages import GUReport, MinibatchOutput, WorkItem
+from asp.control.plan import WorkPlan
 from asp.control.settings import ControlSettings
 from asp.rl.lag import duty_cycle
-from asp.runtime.database import Database
-from asp.runtime.messages import GUReport, MinibatchOutput, WorkItem
-from asp.runtime.plan import WorkPlan
 from asp.sim.inputs import Resources, SimResult, Workload
 
 if TYPE_CHECKING:

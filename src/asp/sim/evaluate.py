@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asp.runtime.plan import WorkPlan
+from asp.control.plan import WorkPlan
 from asp.schedule.conditions import condition_schedule
 from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.planner import Candidate, Cluster
