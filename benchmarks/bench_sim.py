@@ -38,9 +38,9 @@ import time
 
 import numpy as np
 
+from asp.control.plan import WorkPlan
 from asp.control.settings import ControlSettings
 from asp.runtime.config import RuntimeConfig
-from asp.runtime.plan import WorkPlan
 from asp.schedule import CONDITION_NAMES, condition_schedule, kendall_tau, perturb_predictions
 from asp.sim.engine import Workload, simulate
 from asp.sim.timemodel import FEATURES, GenerationTimeModel, TrainingTimeModel

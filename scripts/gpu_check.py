@@ -282,10 +282,10 @@ def grpo_batch(step: int, prompts: dict[int, str], n: int, response: int, vocab:
     """
     import numpy as np
 
+    from asp.control.messages import WorkItem
+    from asp.control.queue import TrainingQueue
     from asp.rollout.base import PromptResult, Sample
     from asp.runtime.generation import pack_output
-    from asp.runtime.messages import WorkItem
-    from asp.runtime.queue import TrainingQueue
 
     rng = np.random.default_rng(step)
     lp = [-math.log(vocab)] * response

@@ -24,15 +24,15 @@ from asp.adaptation import launch_drift
 from asp.adaptation.predictions import Predictions
 from asp.adaptation.summary import drift_summary
 from asp.adaptation.watch import HISTORY_FILE, DriftWatch
+from asp.control.database import Database
+from asp.control.messages import MinibatchOutput
+from asp.control.metrics import RunSummary
+from asp.control.plan import WorkPlan
 from asp.drift.rebalance import rebalance
 from asp.io import write_json, write_parquet
 from asp.plots import save_figure
 from asp.plots.drift import drift_figure
 from asp.predictor.calibration import CalibrationMap
-from asp.runtime.database import Database
-from asp.runtime.messages import MinibatchOutput
-from asp.runtime.metrics import RunSummary
-from asp.runtime.plan import WorkPlan
 from asp.schedule import build_schedule, schedule_to_frame
 from asp.tracking import MlflowTracker
 

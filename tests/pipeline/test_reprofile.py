@@ -26,12 +26,12 @@ from safetensors.torch import load_file, save_file
 
 from asp.adaptation import reprofile
 from asp.adaptation.versions import Accepted, latest_accepted, rest_plan_for
+from asp.control.database import Database
 from asp.demo.task import generate_problems, intended_length
 from asp.errors import UserError
 from asp.io import read_json
 from asp.pipeline import evaluate, launch
 from asp.runtime import RuntimeConfig, WorkPlan, make_checkpointer
-from asp.runtime.database import Database
 from asp.schedule import build_schedule, schedule_to_frame
 from asp.steps.launch_state import fingerprint_extra
 from asp.steps.loaders import load_policy_tokenizer, policy_model_path

@@ -132,7 +132,7 @@ def test_policy_lags_and_their_summary():
 
 def test_runtime_reports_the_same_lag():
     """The Control Unit's per-iteration metrics summarise lags with the same function (one implementation)."""
-    from asp.runtime.metrics import Window, iteration_metrics
+    from asp.control.metrics import Window, iteration_metrics
 
     m = iteration_metrics(
         Window(start=0.0),

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import torch
 
+from asp.control.messages import MinibatchOutput, WeightUpdate, WorkItem
 from asp.rollout import SamplingParams
 from asp.rollout.vllm import VLLMEngine, VLLMOptions
 from asp.rollout.vllm_weights import AspWorkerExtension, BucketedLoader, IpcUnavailable
 from asp.rollout.weight_transfer import plan_buckets, tensor_metas
 from asp.runtime.generation import GenerationActor
-from asp.runtime.messages import MinibatchOutput, WeightUpdate, WorkItem
 from tests.rollout.conftest import build_tokenizer
 from tests.rollout.test_weight_transfer import StandInVllmModel, tiny_qwen
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from asp.control.metrics import Window, time_weighted_stats
 from asp.runtime import busy_fraction, iteration_metrics, summary_metrics, trend
-from asp.runtime.metrics import Window, time_weighted_stats
 
 from .helpers import output
 

@@ -19,9 +19,9 @@ from collections import Counter
 import pytest
 
 import asp.control.core as control_core
+from asp.control.queue import Backpressure
 from asp.errors import UserError
 from asp.runtime import EngineSpec, run_async
-from asp.runtime.queue import Backpressure
 from asp.trainers import SimulatedTrainer
 
 from .helpers import Gate, GatedStandIn, GatedTrainer, fast_config, make_plan, only_while_paused, read_ledger

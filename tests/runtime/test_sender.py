@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from asp.control.sender import GULoad, enforce_lag_bound, plan_dispatch
 from asp.runtime import Database, TaskState, TrainingQueue, WorkPlan
-from asp.runtime.sender import GULoad, enforce_lag_bound, plan_dispatch
 
 from .helpers import output
 

@@ -15,10 +15,10 @@ from collections import Counter
 
 import pytest
 
+from asp.control.database import Database
+from asp.control.metrics import comparison_summary, generation_utilization
+from asp.control.sender import GULoad, plan_round, round_complete
 from asp.runtime import EngineSpec, WorkPlan, run_async
-from asp.runtime.database import Database
-from asp.runtime.metrics import comparison_summary, generation_utilization
-from asp.runtime.sender import GULoad, plan_round, round_complete
 from asp.trainers import SimulatedTrainer
 
 from .helpers import fast_config, read_ledger

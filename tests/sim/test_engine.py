@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import asp.control.core as engine  # the Control Unit core the simulator drives (the Ledger patches its parts)
+from asp.control.queue import Backpressure, TrainingQueue
 from asp.control.settings import ControlSettings
 from asp.runtime import RuntimeConfig, WorkPlan
-from asp.runtime.queue import Backpressure, TrainingQueue
 from asp.sim.engine import Resources, Workload, simulate
 
 # ---- stand-in time models and small inputs -------------------------------------------------------------------

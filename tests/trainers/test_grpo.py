@@ -12,12 +12,13 @@ import torch
 from pydantic import ValidationError
 
 from asp.config import GRPOParams
+from asp.control.messages import WeightUpdate
 from asp.errors import UserError
 from asp.rl import register_reward
+from asp.rollout.base import SamplingParams
 from asp.rollout.hf import HFEngine
 from asp.runtime import RuntimeConfig, TrainingQueue, WorkItem
 from asp.runtime.generation import GenerationActor, pack_output, resolve_weights
-from asp.runtime.messages import SamplingParams, WeightUpdate
 from asp.trainers import SimulatedTrainer, make_trainer_factory
 from asp.trainers.grpo import GRPOSpec, LagMonitor, NonFiniteLossError
 from asp.trainers.weights import latest_checkpoint

@@ -56,8 +56,8 @@ def read_position(params: Params, paths: LaunchPaths, state_dir: Path, prompts_b
     Raises:
         UserError: no checkpoint, a checkpoint of other params, or a finished run (nothing left to re-schedule).
     """
+    from asp.control.database import Database
     from asp.runtime import RuntimeConfig, make_checkpointer
-    from asp.runtime.database import Database
 
     check_checkpoint(state_dir)
     plan = load_plan(params, paths)

@@ -6,8 +6,8 @@
   `RuntimeConfig.control_settings()`, the simulate stage / CLI for the simulator);
 * the pure parts it is made of: `database` (scheduled tasks and their states), `queue` (Training Queue,
   backpressure), `sender` (dispatch policy, sync rounds, lag bound), `messages` (typed messages), `plan`
-  (`WorkPlan`), `metrics` (iteration and summary metrics, `RunSummary`). `asp.runtime.<name>` re-exports each
-  under its former name.
+  (`WorkPlan`), `metrics` (iteration and summary metrics, `RunSummary`). `asp.runtime` re-exports their public names
+  (`from asp.runtime import WorkPlan, Database, ...`).
 
 Drivers: `asp.runtime.control.ControlUnit` (Ray futures, wall clock) and `asp.sim.engine` (event queue, time
 models). Pure: no Ray, no config, no I/O, no tracking. Tests: tests/control (and tests/runtime for the parts).

@@ -6,9 +6,9 @@ minibatch, cheap to pickle, and the trainer can slice it without copying per tok
 its prompt ids, task / minibatch id, generation unit and actor, and the policy version that produced it.
 `GlobalBatch` is the same layout over the prompts of one training step.
 
-`SamplingParams` (the rollout layer's `asp.rollout.SamplingParams`) is re-exported by `asp.runtime.messages`, not
-here: the runtime sends it once to each generation actor, and the actor sets each minibatch's seed from its
-`WorkItem`. This module is part of the Control Unit core (`asp.control`); `asp.runtime.messages` re-exports it.
+`SamplingParams` is not here: it is the rollout layer's (`asp.rollout.base.SamplingParams`, also re-exported by
+`asp.runtime`); the runtime sends it once to each generation actor, and the actor sets each minibatch's seed from its
+`WorkItem`. This module is part of the Control Unit core (`asp.control`); `asp.runtime` re-exports its names.
 
 This module imports neither torch nor ray, so the Control Unit and Generation Unit processes stay light.
 """

@@ -188,7 +188,7 @@ def fit_models(params: Params, paths: Paths) -> Models:
 
 def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibration: Any) -> dict[str, Any]:
     """The work plan of every simulated condition: C4 = the schedule stage's output, C0-C3 rebuilt."""
-    from asp.runtime.plan import WorkPlan
+    from asp.control.plan import WorkPlan
 
     plans: dict[str, Any] = {}
     for cond in params.simulate.conditions:

@@ -2,7 +2,7 @@
 
 * measured lag of a sample = trainer version when it is trained - version of the weights that generated it
   (`policy_lags`; `lag_stats` summarises a batch; `measured_lag` does both). The project's one lag computation:
-  the Control Unit (`asp.runtime.control`, `asp.runtime.metrics`) and the GRPO Training Unit both call it;
+  the Control Unit (`asp.runtime.control`, `asp.control.metrics`) and the GRPO Training Unit both call it;
 * estimate per arriving minibatch (eq. 4): ``d_off ~ Q_arrival + (T_save + T_convert + T_load + T_gen) / T_train``
   with Q_arrival the Training Queue depth in global batches just before it arrived;
 * generation duty cycle (D.6): ``eta ~ T_gen / (T_gen + T_load)``.

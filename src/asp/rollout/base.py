@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # annotations only: importing asp.rollout (and asp.runtime.messages) stays torch-free
+if TYPE_CHECKING:  # annotations only: importing asp.rollout (and the runtime, for SamplingParams) stays torch-free
     import torch
 
 FinishReason = Literal["stop", "length"]

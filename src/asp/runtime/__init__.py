@@ -9,9 +9,9 @@ Training Queue and Training Unit.
     summary.metrics["runtime/summary/mean_iteration_time_s"]
 
 The pure parts (Database, sender policy, Training Queue, backpressure, lag bound, messages, metrics) are the
-Control Unit core's and live in `asp.control` (the simulator `asp.sim` drives that core too); `asp.runtime.database`
-and the like are their former names, kept for existing imports. The names below are loaded lazily. See
-docs/runtime.md for the design, the metrics and the overhead benchmark; tests in tests/runtime and tests/control.
+Control Unit core's and live in `asp.control` (the simulator `asp.sim` drives that core too); their public names
+are re-exported here (`from asp.runtime import WorkPlan, Database, ...`), loaded lazily, as are the runtime's own.
+See docs/runtime.md for the design, the metrics and the overhead benchmark; tests in tests/runtime and tests/control.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ _EXPORTS = {
     "asp.runtime.control": ["ControlUnit", "RunSummary", "RuntimeFailure"],
     "asp.control.database": ["Database", "TaskState"],
     "asp.runtime.engines": ["EngineSpec", "StandInEngine"],
-    "asp.runtime.messages": [  # = asp.control.messages + the rollout layer's SamplingParams
+    "asp.control.messages": [
         "Failure",
         "GlobalBatch",
         "GUReport",
         "MinibatchOutput",
-        "SamplingParams",
         "StepResult",
         "WeightUpdate",
         "WorkItem",
@@ -46,6 +45,7 @@ _EXPORTS = {
     "asp.control.plan": ["WorkPlan", "as_plan", "check_prompts"],
     "asp.control.queue": ["Backpressure", "TrainingQueue"],
     "asp.runtime.run": ["make_checkpointer", "ray_session", "run_async"],
+    "asp.rollout.base": ["SamplingParams"],  # the rollout layer's sampling settings, sent to each generation actor
     "asp.control.sender": ["GULoad", "enforce_lag_bound", "plan_dispatch"],
     "asp.runtime.trainer": ["Trainer", "TrainingUnit"],
 }

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from asp.runtime.messages import Failure, GUReport, MinibatchOutput, SamplingParams, WeightUpdate, WorkItem
+from asp.control.messages import Failure, GUReport, MinibatchOutput, WeightUpdate, WorkItem
+from asp.rollout.base import SamplingParams
 from asp.runtime.trainer import work_in
 
 log = logging.getLogger(__name__)

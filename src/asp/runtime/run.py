@@ -26,16 +26,17 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from asp.control.database import Database
+from asp.control.messages import MinibatchOutput
+from asp.control.plan import as_plan, check_prompts
 from asp.errors import UserError
+from asp.rollout.base import SamplingParams
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.control import ControlUnit, GUState, RunSummary
-from asp.runtime.database import Database
 from asp.runtime.engines import EngineSpec
 from asp.runtime.generation import GenerationActor, GenerationUnit
-from asp.runtime.messages import MinibatchOutput, SamplingParams
 from asp.runtime.placement import Placement, create_placement, trainer_ranks
-from asp.runtime.plan import as_plan, check_prompts
 from asp.runtime.raysession import forget_local_ray, reap_dead_sessions, record_local_ray
 from asp.runtime.runlog import RunHistory, RunLog
 from asp.runtime.trainer import build_training_unit, rank_handles

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from asp.runtime.messages import GlobalBatch, StepResult, WeightUpdate
+from asp.control.messages import GlobalBatch, StepResult, WeightUpdate
 
 
 @runtime_checkable

@@ -38,11 +38,11 @@ import numpy as np
 import torch
 
 from asp.config import GRPOParams
+from asp.control.messages import GlobalBatch, StepResult, WeightUpdate
 from asp.rl import compute_rewards, get_reward, group_advantages, grpo_loss, loss_denominator, token_logprobs
 from asp.rl.advantages import zero_signal_groups
 from asp.rl.batching import pack_rows, plan_micro_batches
 from asp.rl.lr import lr_factor
-from asp.runtime.messages import GlobalBatch, StepResult, WeightUpdate
 from asp.trainers import distributed as dist
 from asp.trainers.lag import LagMonitor
 from asp.trainers.weights import SnapshotPublisher, convert, cpu_snapshot, load_checkpoint, save_checkpoint

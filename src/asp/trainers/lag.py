@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asp.control.messages import GlobalBatch
 from asp.rl.lag import d_off_estimate, duty_cycle, measured_lag
-from asp.runtime.messages import GlobalBatch
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from asp.runtime.messages import GlobalBatch, StepResult, WeightUpdate
+from asp.control.messages import GlobalBatch, StepResult, WeightUpdate
 
 
 class SimulatedTrainer:
