@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from pydantic import ValidationError
 from ray import cloudpickle as ray_cloudpickle
 
 from asp.errors import UserError
@@ -46,7 +47,11 @@ def test_bundle_leaves_out_zero_amounts():
 
 def test_trainer_ranks_follow_the_grpo_world_size():
     assert trainer_ranks(RuntimeConfig(trainer="grpo", grpo={"world_size": 4})) == 4
-    assert trainer_ranks(RuntimeConfig(trainer="simulated", grpo={"world_size": 4})) == 1
+    assert trainer_ranks(RuntimeConfig(trainer="simulated")) == 1
+    # the simulated trainer runs on one rank: params validation refuses a grpo.world_size > 1 beside it, so a
+    # config that would ask trainer_ranks for more than one simulated rank cannot be built
+    with pytest.raises(ValidationError, match="'simulated' runs on one rank"):
+        RuntimeConfig(trainer="simulated", grpo={"world_size": 4})
     declared = functools.partial(SimulatedTrainer, 0.0, 0.0)
     declared.world_size = 2  # a factory that says how many ranks it starts wins (build_training_unit uses it)
     assert trainer_ranks(RuntimeConfig(trainer="grpo"), declared) == 2
