@@ -9,9 +9,13 @@ engine from (`asp.runtime.EngineSpec`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asp.config import ProfileParams, RuntimeParams, VllmParams, VllmRuntimeParams
+
+if TYPE_CHECKING:
+    from asp.rollout import Engine
+    from asp.runtime.engines import EngineSpec
 
 
 def engine_options(
@@ -34,7 +38,7 @@ def engine_options(
     return opts
 
 
-def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Any:
+def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Engine:
     """The engine `profile.engine` names for `model_path` (vLLM seeded with `seed`)."""
     from asp.rollout import make_engine
 
@@ -42,7 +46,7 @@ def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Any:
     return make_engine(prof.engine, str(model_path), **opts)
 
 
-def engine_spec(runtime: RuntimeParams, model_path: Path) -> Any:
+def engine_spec(runtime: RuntimeParams, model_path: Path) -> EngineSpec:
     """The picklable `EngineSpec` every generation actor of the launch builds its engine from."""
     from asp.runtime import EngineSpec
 

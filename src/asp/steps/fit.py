@@ -7,16 +7,22 @@ one for `drift.reprofile_epochs`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from asp.config import PredictorParams
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from asp.predictor.model import LengthPredictor
+    from asp.predictor.train import EpochRecord, TrainResult
+
 
 def fit_predictor(
-    model: Any,
-    tokenizer: Any,
+    model: LengthPredictor,
+    tokenizer: PreTrainedTokenizerBase,
     train: tuple[list[str], np.ndarray],
     val: tuple[list[str], np.ndarray],
     predictor: PredictorParams,
@@ -24,8 +30,8 @@ def fit_predictor(
     epochs: int,
     seed: int,
     progress: Callable[[int, int], None] | None = None,
-    on_epoch: Callable[[Any], None] | None = None,
-) -> Any:
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+) -> TrainResult:
     """Train `model` on the (texts, mean lengths) of `train`, early stopping on `val`; at most `epochs` epochs.
 
     Returns `asp.predictor.train.train_predictor`'s result (history, best validation tau and epoch, ...).

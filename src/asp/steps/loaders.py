@@ -6,7 +6,7 @@ each other; they share these loaders instead.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -14,6 +14,12 @@ import pandas as pd
 from asp.config import PredictorParams
 from asp.errors import UserError
 from asp.io import read_json
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from asp.predictor.calibration import CalibrationMap
+    from asp.predictor.model import LengthPredictor
 
 BUILTIN_MINILM = "builtin:minilm"
 
@@ -45,7 +51,7 @@ def policy_context_length(policy_dir: str | Path) -> int | None:
     return None
 
 
-def load_policy_tokenizer(policy_dir: str | Path) -> Any:
+def load_policy_tokenizer(policy_dir: str | Path) -> PreTrainedTokenizerBase:
     """The policy's tokenizer (local files only; `tokenizer.json` kept as saved, see `asp.rollout.load_tokenizer`)."""
     from asp.rollout import load_tokenizer
 
@@ -80,7 +86,9 @@ def profiled_texts(prompts_dir: Path, profile_dir: Path, role: str, text_field: 
     return df[text_field].tolist(), df["mean_length"].to_numpy(dtype=np.float64)
 
 
-def load_trained_predictor(pred_dir: Path, predictor: PredictorParams) -> tuple[Any, Any, dict[str, Any]]:
+def load_trained_predictor(
+    pred_dir: Path, predictor: PredictorParams
+) -> tuple[LengthPredictor, PreTrainedTokenizerBase, dict[str, Any]]:
     """Load the saved predictor on `predictor.device`, resolving the backbone from params (paths move)."""
     from asp.predictor.checkpoint import load_predictor
 
@@ -89,7 +97,7 @@ def load_trained_predictor(pred_dir: Path, predictor: PredictorParams) -> tuple[
     return model.to(predictor.device), tokenizer, meta
 
 
-def load_calibration(path: Path) -> Any:
+def load_calibration(path: Path) -> CalibrationMap | None:
     """The evaluate stage's `CalibrationMap` from `path`; None when the file is absent (raw loads)."""
     from asp.predictor.calibration import CalibrationMap
 

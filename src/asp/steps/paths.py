@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 P = TypeVar("P")
 ROLE = "role"  # the field metadata key: "dep", "out" or "untracked"
@@ -159,7 +159,7 @@ def rebase(paths: P, root: str | Path) -> P:
 
 def declared(paths_class: type, role: str) -> dict[str, Path]:
     """Field name -> default path of every field of `role` ("dep", "out" or "untracked") in a paths class."""
-    return {f.name: f.default for f in dataclasses.fields(paths_class) if f.metadata.get(ROLE) == role}
+    return {f.name: _default(f) for f in dataclasses.fields(paths_class) if f.metadata.get(ROLE) == role}
 
 
 def dep_files(paths_class: type) -> list[Path]:
@@ -168,5 +168,10 @@ def dep_files(paths_class: type) -> list[Path]:
     for f in dataclasses.fields(paths_class):
         if f.metadata.get(ROLE) == "dep":
             reads = f.metadata.get(READS) or ()
-            files += [f.default / name for name in reads] if reads else [f.default]
+            files += [_default(f) / name for name in reads] if reads else [_default(f)]
     return files
+
+
+def _default(f: dataclasses.Field[Any]) -> Path:
+    """A path field's default (`dep`, `output` and `untracked` give every field a Path)."""
+    return cast(Path, f.default)

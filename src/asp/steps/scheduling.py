@@ -8,7 +8,7 @@ scheduler's arguments (b, kappa, k, iterations, method, the seed, calibrated or 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -18,8 +18,13 @@ from asp.errors import UserError
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import LaunchPaths
 
+if TYPE_CHECKING:
+    from asp.control.plan import WorkPlan
+    from asp.predictor.calibration import CalibrationMap
+    from asp.schedule import Schedule, ScheduleSpec
 
-def schedule_spec(schedule: ScheduleParams) -> Any:
+
+def schedule_spec(schedule: ScheduleParams) -> ScheduleSpec:
     """The scheduler's `ScheduleSpec` (b, kappa, k, iterations, method) from the ``schedule:`` params."""
     from asp.schedule import ScheduleSpec
 
@@ -28,7 +33,9 @@ def schedule_spec(schedule: ScheduleParams) -> Any:
     )
 
 
-def schedule_predictions(params: Params, preds: pd.DataFrame, calibration: Any, condition: str = "C4") -> Any:
+def schedule_predictions(
+    params: Params, preds: pd.DataFrame, calibration: CalibrationMap | None, condition: str = "C4"
+) -> Schedule:
     """The `Schedule` of `preds`' prompts (columns prompt_id, predicted_length) under the ``schedule:`` params.
 
     C4 (the schedule stage's): DP minibatches in balanced, shuffled (`schedule.shuffle_groups`) batch groups;
@@ -53,7 +60,7 @@ def schedule_predictions(params: Params, preds: pd.DataFrame, calibration: Any, 
     return condition_schedule(ids, predicted, condition, **common)
 
 
-def load_plan(params: Params, paths: LaunchPaths) -> Any:
+def load_plan(params: Params, paths: LaunchPaths) -> WorkPlan:
     """The work plan of `runtime.condition`: the schedule stage's output for C4, rebuilt from the predictions (and
     the calibration map, when there is one) for C0-C3."""
     from asp.runtime import WorkPlan
