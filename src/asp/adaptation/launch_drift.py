@@ -27,7 +27,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -41,6 +41,9 @@ from asp.io import read_json, write_json
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import LaunchPaths
 from asp.tracking import Tracker
+
+if TYPE_CHECKING:
+    from asp.control.metrics import RunSummary
 
 HANDOFF_ENV = "ASP_DRIFT_HANDOFF"
 PENDING_FILE = "drift_pending.json"
@@ -135,14 +138,19 @@ def consume_pending(directory: Path) -> None:
     (directory / PENDING_FILE).unlink(missing_ok=True)
 
 
-def stopped_for_drift(watch: DriftWatch, summary: Any) -> bool:
+def stopped_for_drift(watch: DriftWatch, summary: RunSummary) -> bool:
     """True when the session ended early, unfinished, because the watch asked for a re-profile."""
     return watch.stop_event is not None and bool(summary.stopped) and not summary.finished
 
 
 def resume_after_drift(
-    params: Params, paths: LaunchPaths, watch: DriftWatch, summary: Any, tracker: Tracker, resume: Callable[[], Any]
-) -> Any:
+    params: Params,
+    paths: LaunchPaths,
+    watch: DriftWatch,
+    summary: RunSummary,
+    tracker: Tracker,
+    resume: Callable[[], RunSummary],
+) -> RunSummary:
     """Re-profile in-process (from the launch's `paths`) and resume while the watch stopped the session (not in
     hand-off mode).
 
@@ -154,17 +162,17 @@ def resume_after_drift(
     """
     from asp.adaptation.reprofile import reprofile
 
-    while stopped_for_drift(watch, summary) and not handoff():
-        event, step = watch.stop_event, summary.trainer_step
+    while (event := watch.stop_event) is not None and stopped_for_drift(watch, summary) and not handoff():
+        step = summary.trainer_step
         print(f"[drift] re-profiling at step {step}: {event.message}", file=sys.stderr, flush=True)
-        result = reprofile(params, watch.state_dir, tracker, reason=event.message, paths=paths)
+        result = reprofile(params, watch.state_path(), tracker, reason=event.message, paths=paths)
         watch.record_reprofile(result, step)
         summary = resume()
     return summary
 
 
 def finish(
-    watch: DriftWatch, summary: Any, directory: Path, plot: Path, tracker: Tracker, log: bool = True
+    watch: DriftWatch, summary: RunSummary, directory: Path, plot: Path, tracker: Tracker, log: bool = True
 ) -> dict[str, Any]:
     """The ``drift/summary/...`` metrics (logged at the last step unless `log` is false: the launch stage logs them
     with its other end-of-run metrics); the hand-off file when the run stopped for a re-profile in hand-off mode; the
@@ -176,8 +184,8 @@ def finish(
     label_predictor_versions(summary.minibatches, watch.rows)
     stopped = stopped_for_drift(watch, summary)
     metrics["drift/summary/handoff"] = int(stopped and handoff())
-    if stopped and handoff():
-        event = watch.stop_event
+    event = watch.stop_event
+    if stopped and handoff() and event is not None:
         pending = {
             "step": summary.trainer_step,
             "message": event.message,

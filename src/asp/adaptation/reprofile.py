@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -59,9 +59,15 @@ from asp.steps.loaders import load_trained_predictor
 from asp.steps.paths import LaunchPaths
 from asp.tracking import Tracker, register_predictor
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from asp.predictor.model import LengthPredictor
+    from asp.predictor.train import TrainResult
+
 # report keys logged as reprofile/<key> (with reprofile/accepted and reprofile/<timing>_s)
-REPORT_METRICS = ("version", "kendall_tau", "previous_kendall_tau", "min_tau", "policy_step", "remaining_prompts")
-REPORT_METRICS += ("prompts", "fit_prompts", "eval_prompts", "mean_length", "truncation_rate")
+REPORT_METRICS: tuple[str, ...] = ("version", "kendall_tau", "previous_kendall_tau", "min_tau", "policy_step")
+REPORT_METRICS += ("remaining_prompts", "prompts", "fit_prompts", "eval_prompts", "mean_length", "truncation_rate")
 MIN_EVAL, MIN_FIT = 3, 4  # held-out prompts for a tau; fit prompts for a train + validation split
 
 
@@ -115,8 +121,14 @@ def split_roles(n: int, eval_fraction: float, val_fraction: float, seed: int) ->
 
 
 def fine_tune(
-    model: Any, tokenizer: Any, texts: list[str], lengths: np.ndarray, roles: np.ndarray, params: Params, seed: int
-) -> Any:
+    model: LengthPredictor,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    lengths: np.ndarray,
+    roles: np.ndarray,
+    params: Params,
+    seed: int,
+) -> TrainResult:
     """Continue training the loaded predictor (its LoRA adapters made trainable again) on the 'train' prompts,
     early stopping on the 'val' ones; `drift.reprofile_epochs` epochs at most."""
     for name, p in model.backbone.named_parameters():

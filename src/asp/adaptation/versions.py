@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pandas as pd
 
 from asp.config import Params
 from asp.io import read_json
 from asp.steps.scheduling import schedule_predictions
+
+if TYPE_CHECKING:
+    from asp.control.plan import WorkPlan
+    from asp.predictor.calibration import CalibrationMap
 
 VERSIONS_DIR = "predictors"
 REPORT = "report.json"
@@ -29,10 +33,10 @@ class Accepted(NamedTuple):
     (prompt_id, predicted_length, calibrated_length) and the calibration map."""
 
     version: int
-    rest: Any
-    full: Any
+    rest: WorkPlan | None
+    full: WorkPlan
     predictions: pd.DataFrame
-    calibration: Any
+    calibration: CalibrationMap | None
 
 
 def version_dir(state_dir: Path, version: int) -> Path:
@@ -74,17 +78,17 @@ def latest_accepted(state_dir: Path) -> Accepted | None:
     )
 
 
-def schedule_frame(params: Params, preds: pd.DataFrame, calibration: Any) -> pd.DataFrame:
+def schedule_frame(params: Params, preds: pd.DataFrame, calibration: CalibrationMap | None) -> pd.DataFrame:
     """The C4 schedule (`schedule:` params, calibrated loads) of `preds`' prompts in the schedule Parquet layout."""
     from asp.schedule import schedule_to_frame
 
     return schedule_to_frame(schedule_predictions(params, preds, calibration))
 
 
-def rest_plan_for(params: Params, accepted: Accepted, pending: list[Any]) -> Any:
+def rest_plan_for(params: Params, accepted: Accepted, pending: list[Any]) -> WorkPlan:
     """The plan to replan `pending` with: the accepted `rest` when it covers exactly these prompts, else (the run
     trained on after the re-profile) a C4 schedule of `pending` from the accepted predictions and calibration."""
-    from asp.runtime import WorkPlan
+    from asp.control.plan import WorkPlan
 
     if accepted.rest is not None and set(accepted.rest.prompt_ids()) == set(pending):
         return accepted.rest

@@ -132,9 +132,16 @@ class DriftWatch:
         self.stop_event: DriftEvent | None = None
         self.groups: dict[tuple, int] = {}
 
+    def state_path(self) -> Path:
+        """The run's state directory; RuntimeError for a watch that keeps nothing on disk (re-profiled predictors
+        live there, so re-profiling needs one)."""
+        if self.state_dir is None:
+            raise RuntimeError("this drift watch keeps no state directory: it cannot re-profile or switch predictors")
+        return self.state_dir
+
     def _apply_switch_row(self, row: Mapping[str, Any]) -> None:
         if row["action"] == "reprofile":
-            directory = self.state_dir / VERSIONS_DIR / f"v{int(row['predictor_version'])}"
+            directory = self.state_path() / VERSIONS_DIR / f"v{int(row['predictor_version'])}"
             cal = read_json(directory / "calibration.json")
             frame = pd.read_parquet(directory / "predictions.parquet")
             self.predictions = Predictions.from_frame(
@@ -203,7 +210,7 @@ class DriftWatch:
         self._say(f"applied re-profiled predictor v{version} (plan version {plan_version}) at step {cu.step}")
 
     def _reprofile_tau(self, version: int) -> float | None:
-        report = self.state_dir / VERSIONS_DIR / f"v{version}" / "report.json"
+        report = self.state_path() / VERSIONS_DIR / f"v{version}" / "report.json"
         try:
             return float(read_json(report)["kendall_tau"])
         except (OSError, ValueError, KeyError, TypeError):
