@@ -17,7 +17,7 @@ Run: `asp stage evaluate` (what `dvc repro evaluate` calls).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,8 +29,11 @@ from asp.steps.loaders import load_trained_predictor, profiled_texts
 from asp.steps.paths import EvaluatePaths as Paths
 from asp.tracking import Tracker, register_predictor
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def scatter_figure(pred: np.ndarray, true: np.ndarray, calibrated: np.ndarray, tau: float) -> Any:
+
+def scatter_figure(pred: np.ndarray, true: np.ndarray, calibrated: np.ndarray, tau: float) -> Figure:
     """Figure: predicted (raw and out-of-fold calibrated) versus true mean response length, log-log, with y = x."""
     import matplotlib.pyplot as plt
 

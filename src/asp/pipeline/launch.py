@@ -40,7 +40,7 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -58,6 +58,19 @@ from asp.steps.paths import LaunchPaths as Paths
 from asp.steps.scheduling import load_plan
 from asp.tracking import Tracker
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from matplotlib.figure import Figure
+
+    from asp.adaptation.watch import DriftWatch
+    from asp.control.metrics import RunSummary
+    from asp.control.plan import WorkPlan
+    from asp.runtime.config import RuntimeConfig
+    from asp.runtime.engines import EngineSpec
+    from asp.runtime.runlog import RunHistory
+    from asp.runtime.trainer import Trainer
+
 HELDOUT_NOTE = "heldout"  # the run-log note that keeps the measured held-out reward for a rerun
 
 
@@ -68,14 +81,14 @@ class ResumePoint:
     `finished` is (summary, run history) of a run that finished but whose end-of-run work a kill cut short
     (`asp.runtime.run.finished_run`): the stage finishes that work and trains nothing."""
 
-    plan: Any
-    config: Any
+    plan: WorkPlan
+    config: RuntimeConfig
     extra: dict[str, Any]
     directory: Path
     state: dict[str, Any] | None
     reason: str
     fingerprint: str = ""
-    finished: tuple[Any, Any] | None = None
+    finished: tuple[RunSummary, RunHistory] | None = None
 
     @property
     def step(self) -> int:
@@ -110,7 +123,7 @@ def resume_run_id(params: Params, paths: Paths) -> str | None:
 
 def trainer_factory(
     params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, prompts_by_id: dict[Any, str]
-) -> Any:
+) -> Callable[[], Trainer]:
     """The Training Unit's factory for `runtime.trainer` (checked here, before any actor starts)."""
     from asp.trainers import make_trainer_factory
 
@@ -118,7 +131,9 @@ def trainer_factory(
     if runtime.trainer != "grpo":
         factory = make_trainer_factory(runtime.trainer, point.config)
         ledger = trainer_ledger()  # test hook: what the simulated trainer trained, step by step
-        return factory if ledger is None else functools.partial(factory, ledger_path=ledger)
+        if ledger is None:
+            return factory
+        return functools.partial(cast("Callable[..., Trainer]", factory), ledger_path=ledger)  # SimulatedTrainer arg
     if "answer" not in prompts.columns:
         raise UserError(
             f"{paths.prompts}: no 'answer' column; the grpo trainer needs each prompt's reference answer "
@@ -138,7 +153,7 @@ def trainer_factory(
     )
 
 
-def timeline_figure(iterations: list[dict[str, float]]) -> Any:
+def timeline_figure(iterations: list[dict[str, float]]) -> Figure:
     """Figure: iteration time and Training Queue depth per trainer step; with GRPO, reward and policy lag."""
     import matplotlib.pyplot as plt
 
@@ -189,12 +204,12 @@ def begin(point: ResumePoint, runtime: RuntimeParams, tracker: Tracker) -> None:
 def run_session(
     point: ResumePoint,
     prompts_by_id: dict[Any, str],
-    engine: Any,
-    factory: Any,
+    engine: EngineSpec,
+    factory: Callable[[], Trainer],
     runtime: RuntimeParams,
     tracker: Tracker,
-    watch: Any = None,
-) -> Any:
+    watch: DriftWatch | None = None,
+) -> RunSummary:
     """`asp.runtime.run_async` from `point`, every iteration logged to `tracker` and appended to the history
     (and every ingested minibatch shown to the drift `watch`, when there is one)."""
     from asp.runtime import run_async
@@ -273,7 +288,7 @@ def heldout_metrics(
         (final is None, f"no trainer checkpoint in {point.directory}"),
     )
     reason = next((why for hit, why in reasons if hit), None)
-    if reason is not None:
+    if reason is not None or final is None:
         return {"grpo/heldout_measured": 0, "grpo/heldout_note": f"not measured: {reason}"}
     try:
         records, skipped = heldout_problems(runtime.heldout_problems, seed=seed, exclude=set(prompts["problem"]))
@@ -305,7 +320,7 @@ def heldout_metrics(
     }
 
 
-def drift_watch(params: Params, paths: Paths, point: ResumePoint, tracker: Tracker) -> Any:
+def drift_watch(params: Params, paths: Paths, point: ResumePoint, tracker: Tracker) -> DriftWatch | None:
     """The `DriftWatch` of this run (None when ``drift.enabled`` is false); a fresh run forgets old drift state,
     a resumed one consumes a pending hand-off, a finished one reads its history back."""
     if not params.drift.enabled:
@@ -326,7 +341,7 @@ def train(
     prompts: pd.DataFrame,
     prompts_by_id: dict[Any, str],
     tracker: Tracker,
-) -> tuple[Any, Any, ResumePoint]:
+) -> tuple[RunSummary, DriftWatch | None, ResumePoint]:
     """Run (or resume) the training sessions, re-profiling in between while drift stops them; returns the last
     session's `RunSummary` (covering the whole run), the drift watch (or None) and the last `ResumePoint`."""
     runtime = params.runtime
@@ -339,7 +354,7 @@ def train(
     summary = run_session(point, prompts_by_id, engine, factory, runtime, tracker, watch)
     if watch is not None:  # re-profile and resume in-process while the watch stops the run (not in hand-off mode)
 
-        def resume() -> Any:
+        def resume() -> RunSummary:
             nonlocal point
             point = resume_point(params, paths)
             begin(point, runtime, tracker)
@@ -349,11 +364,15 @@ def train(
     return summary, watch, point
 
 
-def finish_pending(params: Params, paths: Paths, point: ResumePoint, tracker: Tracker) -> tuple[Any, Any]:
+def finish_pending(
+    params: Params, paths: Paths, point: ResumePoint, tracker: Tracker
+) -> tuple[RunSummary, DriftWatch | None]:
     """A run that finished but was killed before the end of this stage: log what the kill kept from MLflow (steps,
     summary) and return its summary and drift watch; nothing is trained again."""
     from asp.runtime.run import log_finished
 
+    if point.finished is None:
+        raise ValueError("finish_pending: the resume point holds no finished run")
     summary, history = point.finished
     runtime = params.runtime
     print(
@@ -367,7 +386,7 @@ def finish_pending(params: Params, paths: Paths, point: ResumePoint, tracker: Tr
 
 
 def measured_heldout(
-    params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, summary: Any
+    params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, summary: RunSummary
 ) -> dict[str, Any]:
     """`heldout_metrics` of a finished run, measured once: kept in the run log (a rerun after a kill reuses it)."""
     from asp.runtime.runlog import RunLog
@@ -382,7 +401,13 @@ def measured_heldout(
 
 
 def end_of_run(
-    params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, summary: Any, watch: Any, tracker: Tracker
+    params: Params,
+    paths: Paths,
+    point: ResumePoint,
+    prompts: pd.DataFrame,
+    summary: RunSummary,
+    watch: DriftWatch | None,
+    tracker: Tracker,
 ) -> dict[str, Any]:
     """Metrics, the held-out reward (grpo), outputs, metrics file and plots; the end-of-run metrics go to MLflow in
     one call at the end, then the run log is closed (a rerun starts a new run)."""

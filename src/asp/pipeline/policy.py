@@ -156,6 +156,8 @@ def make_policy(
         metrics, losses = build_demo_policy(policy, seed, out / "model")
         files, recorded = out / "model", final_out / "model"  # relative: the repo may be cloned elsewhere
     else:
+        if not policy.path:  # PolicyParams refuses this already (source 'path' without a path)
+            raise UserError("policy.source is 'path' but no policy.path is set; give the local checkpoint directory")
         metrics, losses = {}, []
         files = recorded = check_checkpoint(policy.path)
     record = CheckpointRecord(recorded, policy.source, content_hash(files))

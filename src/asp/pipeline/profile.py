@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -47,6 +47,9 @@ from asp.steps.engine import profile_engine
 from asp.steps.loaders import policy_model_path
 from asp.steps.paths import ProfilePaths as Paths
 from asp.tracking import Tracker
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 KEY_RE = re.compile(r"[0-9a-f]{16}")  # what `run_key` names work directories
@@ -193,7 +196,7 @@ def per_prompt_stats(samples: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def length_histogram(samples: pd.DataFrame, cap: int) -> Any:
+def length_histogram(samples: pd.DataFrame, cap: int) -> Figure:
     """Figure: distribution of sampled response lengths (the paper's Figure 8), cap marked."""
     import matplotlib.pyplot as plt
 

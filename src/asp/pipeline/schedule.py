@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,10 @@ from asp.steps.loaders import load_calibration
 from asp.steps.paths import SchedulePaths as Paths
 from asp.steps.scheduling import schedule_predictions, schedule_spec
 from asp.tracking import Tracker
+
+if TYPE_CHECKING:
+    from asp.predictor.calibration import CalibrationMap
+    from asp.schedule import Schedule
 
 
 def load_inputs(paths: Paths) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
@@ -130,7 +134,7 @@ def heldout_ablation(
     return table, flat
 
 
-def build(preds: pd.DataFrame, calibration: Any, params: Params, paths: Paths) -> Any:
+def build(preds: pd.DataFrame, calibration: CalibrationMap | None, params: Params, paths: Paths) -> Schedule:
     """The `Schedule` of every predicted prompt: DP minibatches in balanced batch groups, in dispatch order."""
     try:
         return schedule_predictions(params, preds, calibration)

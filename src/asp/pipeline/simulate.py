@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -38,6 +38,13 @@ from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
 from asp.steps.scheduling import schedule_predictions
 from asp.tracking import Tracker
+
+if TYPE_CHECKING:
+    from asp.control.settings import ControlSettings
+    from asp.predictor.calibration import CalibrationMap
+    from asp.sim.engine import Workload
+    from asp.sim.lengths import EmpiricalLengthModel, LengthModel
+    from asp.sim.timemodel import TrainingTimeModel
 
 # the Table 4(b) columns and the simulator's own, as reported per condition
 REPORTED = (
@@ -78,10 +85,10 @@ def _need(path: Path, stage: str) -> Path:
     return path
 
 
-def generation_form(params: Params) -> str:
+def generation_form(params: Params) -> Literal["static", "continuous"]:
     """static for the hf engine (static batches), continuous for vLLM, unless `simulate.generation_form` says."""
     form = params.simulate.generation_form
-    if form != "auto":
+    if form == "static" or form == "continuous":
         return form
     return "continuous" if params.profile.engine == "vllm" else "static"
 
@@ -138,7 +145,7 @@ def check_gpu_gaps(params: Params) -> None:
         )
 
 
-def training_model(params: Params) -> Any:
+def training_model(params: Params) -> TrainingTimeModel:
     """The Training Unit's times: the simulated trainer's fixed ones, or `simulate.training` for GRPO."""
     from asp.sim.timemodel import TrainingTimeModel
 
@@ -178,6 +185,7 @@ def fit_models(params: Params, paths: Paths) -> Models:
     row = pd.Series(np.arange(len(joined)), index=joined["prompt_id"])
     sample_lengths, index = samples["length"].to_numpy(np.int64), row.loc[samples["prompt_id"]].to_numpy()
     cap = params.profile.max_new_tokens
+    lengths: LengthModel | EmpiricalLengthModel
     if params.simulate.lengths == "empirical":
         lengths, length_report = fit_empirical_length_model(calibrated, sample_lengths, index, cap)
     else:
@@ -208,7 +216,7 @@ def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibrati
     return plans
 
 
-def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: Any) -> Any:
+def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: CalibrationMap | None) -> Workload:
     """Realized lengths of every predicted prompt, sampled once (seeded) so every condition sees the same."""
     from asp.sim.engine import Workload
 
@@ -220,7 +228,7 @@ def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: A
     return Workload.from_arrays(preds["prompt_id"].tolist(), lengths, tokens, params.runtime.max_new_tokens)
 
 
-def control_settings(params: Params) -> Any:
+def control_settings(params: Params) -> ControlSettings:
     """The simulated run's `asp.control.ControlSettings`: ``runtime:`` (``runtime.mode`` included: sync simulates
     the synchronous baseline) with ``simulate.iterations`` when set, and ``common.seed``."""
     from asp.runtime.config import RuntimeConfig

@@ -15,7 +15,7 @@ Run: `asp stage train_predictor` (what `dvc repro train_predictor` calls).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,13 @@ from asp.steps.fit import fit_predictor
 from asp.steps.loaders import backbone_path, profiled_texts
 from asp.steps.paths import TrainPredictorPaths as Paths
 from asp.tracking import Tracker
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from transformers import PreTrainedTokenizerBase
+
+    from asp.predictor.model import LengthPredictor
+    from asp.predictor.train import EpochRecord, TrainResult
 
 # wall-clock values of a training run: in the metrics file and MLflow, never in the saved predictor
 WALL_CLOCK_KEYS = frozenset({"seconds", "predictor/train_wall_s"})
@@ -52,7 +59,7 @@ def build_predictor(predictor: PredictorParams, seed: int) -> tuple[Any, Any]:
     return model.to(predictor.device), bb.tokenizer
 
 
-def curves_figure(history: list[dict[str, float]]) -> Any:
+def curves_figure(history: list[dict[str, float]]) -> Figure:
     """Figure: train / validation loss and validation τ per epoch."""
     import matplotlib.pyplot as plt
 
@@ -91,13 +98,20 @@ def load_split(paths: Paths, predictor: PredictorParams, seed: int) -> Split:
     return Split(texts, lengths, train=order[n_val:], val=order[:n_val])
 
 
-def fit(model: Any, tokenizer: Any, split: Split, predictor: PredictorParams, seed: int, tracker: Tracker) -> Any:
+def fit(
+    model: LengthPredictor,
+    tokenizer: PreTrainedTokenizerBase,
+    split: Split,
+    predictor: PredictorParams,
+    seed: int,
+    tracker: Tracker,
+) -> TrainResult:
     """`asp.steps.fit.fit_predictor` for `predictor.epochs` with a progress bar; each epoch's record is logged as it
     ends."""
     steps = predictor.epochs * -(-len(split.train) // predictor.batch_size)
     bar = progress_bar(total=steps, desc="train predictor", unit="step")
 
-    def on_epoch(rec: Any) -> None:
+    def on_epoch(rec: EpochRecord) -> None:
         tracker.log_metrics({f"predictor/{k}": v for k, v in asdict(rec).items() if k != "epoch"}, step=rec.epoch)
         bar.set_postfix(val_tau=f"{rec.val_tau:.3f}")
 
@@ -141,7 +155,7 @@ def predictor_meta(history: list[dict[str, Any]], text_field: str, metrics: dict
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Train on the profiled prompts, save the predictor, log curves and the model."""
-    from asp.predictor.checkpoint import save_predictor
+    from asp.steps.checkpoint import save_predictor
 
     predictor, seed = params.predictor, params.common.seed
     split = load_split(paths, predictor, seed)
