@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from asp.errors import UserError
-from asp.predictor.checkpoint import load_predictor, save_predictor
 from asp.predictor.model import LengthPredictor, load_backbone
 from asp.predictor.train import predict_lengths
+from asp.steps.checkpoint import load_predictor, save_predictor
 
 TEXTS = ["Add mod 10: a=3 b=7", "Add mod 10: a=1 b=2 c=3 d=4 e=5 f=6", "Add mod 10: a=9", "add 1 + 2 + 3"]
 

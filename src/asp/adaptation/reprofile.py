@@ -343,7 +343,7 @@ def finish(
 
 def save_accepted(params: Params, saved: dict[str, Any], out: Path) -> None:
     """predictor/, calibration.json, predictions.parquet, full.parquet and (when prompts remain) rest.parquet."""
-    from asp.predictor.checkpoint import save_predictor
+    from asp.steps.checkpoint import save_predictor
 
     save_predictor(
         saved["model"], saved["tokenizer"], out / "predictor", saved["meta"], backbone_ref=params.predictor.backbone

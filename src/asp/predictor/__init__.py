@@ -8,7 +8,8 @@ for torch/transformers when they only need the calibration map):
 * ``metrics``     - Kendall tau, Spearman, MAE, pairwise accuracy, per-bucket errors
 * ``calibration`` - monotone isotonic map from predicted to expected true length
 * ``train``       - ``train_predictor`` (early stopping on validation tau) and ``predict_lengths``
-* ``checkpoint``  - ``save_predictor`` / ``load_predictor`` (adapter + head + tokenizer, safetensors)
+
+Saving and loading a trained predictor is I/O and lives outside the pure core, in ``asp.steps.checkpoint``.
 
 Tests: ``.venv/bin/python -m pytest tests/predictor -q``; benchmark on demo-like prompts:
 ``.venv/bin/python benchmarks/bench_predictor.py``.

@@ -4,6 +4,8 @@
 * `loaders`: read earlier stages' outputs (policy checkpoint and tokenizer, profiled lengths, trained predictor,
   calibration map);
 * `engine`: build the generation engine from params (profile, re-profile, the launch's actors);
+* `checkpoint`: save / load a trained predictor (adapter + head + tokenizer, safetensors; train_predictor,
+  re-profile, the loaders);
 * `fit`: fit a predictor, its training arguments from params (train_predictor, re-profile);
 * `scheduling`: schedule these predictions from the ``schedule:`` params (schedule, simulate, launch,
   re-profile) and the launch's work plan;

@@ -90,7 +90,7 @@ def load_trained_predictor(
     pred_dir: Path, predictor: PredictorParams
 ) -> tuple[LengthPredictor, PreTrainedTokenizerBase, dict[str, Any]]:
     """Load the saved predictor on `predictor.device`, resolving the backbone from params (paths move)."""
-    from asp.predictor.checkpoint import load_predictor
+    from asp.steps.checkpoint import load_predictor
 
     backbone = backbone_path(predictor.backbone)
     model, tokenizer, meta = load_predictor(pred_dir, backbone_path=backbone, dtype=predictor.dtype)

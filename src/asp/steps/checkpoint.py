@@ -14,6 +14,7 @@ from ``backbone_path`` when the model moved or a reference was recorded).
 The same model and tokenizer always give the same bytes: peft's ``adapter_config.json`` is rewritten with its
 module lists sorted (peft keeps them as sets, written in hash order) and the recorded backbone reference, and
 peft's boilerplate model card (``README.md``, naming the backbone's absolute path) is not kept.
+A step, not part of the pure predictor package: it writes files (``asp.io.atomic_path``).
 Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_checkpoint.py -q``.
 """
 
