@@ -83,14 +83,15 @@ def as_lengths(values: object, name: str, *, need_sorted: bool = False, allow_em
 
 def as_int(value: object, name: str, *, minimum: int) -> int:
     """Return `value` as a Python int >= `minimum`, or raise a ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, numbers.Real) and float(value).is_integer():
-            value = int(value)
-        else:
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+    elif isinstance(value, numbers.Real) and float(value).is_integer():  # 3.0, np.float64(3.0), and True / False
+        number = int(float(value))
+    else:
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    return number
 
 
 def as_choice(value: str, name: str, choices: tuple[str, ...]) -> str:

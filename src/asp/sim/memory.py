@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from asp.sim.architecture import BUILTIN, Architecture, from_hf_config  # noqa: F401 (re-exported)
 
@@ -227,7 +228,8 @@ def _breakdown(est: MemoryEstimate) -> str:
 def _first_fit(arch: Architecture, s: TrainerSettings, values: range, key: str) -> tuple[int, int] | None:
     """The first value of `key` in `values` whose estimate fits, with its device total."""
     for v in values:
-        est = trainer_memory(arch, replace(s, **{key: v}))
+        change: dict[str, Any] = {key: v}
+        est = trainer_memory(arch, replace(s, **change))
         if est.fits:
             return v, est.device_total
     return None
@@ -258,7 +260,8 @@ def trainer_suggestions(arch: Architecture, s: TrainerSettings, max_world_size: 
     )
     for key, text, value in flags:
         if not getattr(s, key):
-            changed = replace(s, **{key: value}, **({"compute_bytes": 2} if key == "mixed_precision" else {}))
+            change: dict[str, Any] = {key: value, **({"compute_bytes": 2} if key == "mixed_precision" else {})}
+            changed = replace(s, **change)
             est = trainer_memory(arch, changed)
             if est.fits:
                 out.append(f"set runtime.grpo.{text} ({gib(est.device_total)} GiB)")
