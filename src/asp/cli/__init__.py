@@ -24,7 +24,7 @@ import os
 import runpy
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from asp.config import Params
 
 # Plain click help (no rich): rendering help through rich costs ~0.5 s of imports on every `asp --help`.
-PLAIN = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}
+PLAIN: dict[str, Any] = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}
 app = typer.Typer(help="Adaptive Scheduling Pipeline: length-aware rollout scheduling for RL.", **PLAIN)
 params_app = typer.Typer(help="Validate params files.", **PLAIN)
 preset_app = typer.Typer(help="Presets in configs/ overlaid on params.yaml.", **PLAIN)

@@ -56,9 +56,9 @@ def reprofile(
     else:
         with open_tracker(
             "reprofile", experiment=common.experiment, tracking_uri=common.tracking_uri, tags={"asp.kind": "reprofile"}
-        ) as tracker:
-            tracker.log_params({"drift": p.drift.model_dump(), "evaluate.min_tau": p.evaluate.min_tau})
-            result = run_reprofile(p, directory, tracker, reason=reason)
+        ) as new_run:
+            new_run.log_params({"drift": p.drift.model_dump(), "evaluate.min_tau": p.evaluate.min_tau})
+            result = run_reprofile(p, directory, new_run, reason=reason)
     rows = [
         ("version", f"v{result.version}"),
         ("accepted", str(result.accepted).lower()),

@@ -23,13 +23,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from asp.cli.procs import check_port_free, exit_like, run_server
 
-PLAIN = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}  # as asp.cli's
+# as asp.cli's
+PLAIN: dict[str, Any] = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}
 app = typer.Typer(help="Local web UIs (bound to 127.0.0.1 unless --host says otherwise).", **PLAIN)
 
 PortOpt = Annotated[int, typer.Option(min=1, max=65535, help="port to listen on (1-65535)")]
@@ -61,7 +62,7 @@ def is_loopback(host: str) -> bool:
         found = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except (OSError, UnicodeError):
         return False
-    return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
+    return bool(found) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in found)
 
 
 def announce(what: str, host: str, port: int, doing: str) -> None:
