@@ -444,7 +444,7 @@ class RuntimeParams(_Params):
         return self
 
 
-STAGE_TIMEOUTS_S = {
+STAGE_TIMEOUTS_S: dict[str, float] = {
     "policy": 7200,
     "prepare": 1800,
     "profile": 21600,
@@ -668,7 +668,11 @@ class Params(_Params):
     @classmethod
     def defaults(cls) -> Params:
         """Every section at its defaults: the demo preset that `params.yaml` spells out."""
-        return cls(**{name: field.annotation() for name, field in cls.model_fields.items()})
+        sections = {}
+        for name, field in cls.model_fields.items():
+            assert field.annotation is not None  # every section is annotated with its params class
+            sections[name] = field.annotation()
+        return cls(**sections)
 
 
 def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:

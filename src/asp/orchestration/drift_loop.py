@@ -70,8 +70,9 @@ class LoopRun(PipelineRun):
         prefect_run: tuple[str, str | None] | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> None:
-        extra = {"on_line": on_line} if on_line else {}
-        super().__init__(RunRequest(stages=("launch",)), params_path=params_path, root=root, runner="prefect", **extra)
+        super().__init__(
+            RunRequest(stages=("launch",)), params_path=params_path, root=root, runner="prefect", on_line=on_line
+        )
         self.prefect_run = prefect_run
         self.label = f"{self.label} drift-loop"
         self.handoff = False

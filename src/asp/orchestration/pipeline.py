@@ -166,7 +166,7 @@ class PipelineRun:
         root: str | Path = ".",
         runner: str = "cli",
         prefect_run: tuple[str, str | None] | None = None,
-        on_line: Callable[[str], None] = _print_line,
+        on_line: Callable[[str], None] | None = None,
     ) -> None:
         self.request = request
         self.root = Path(root).resolve()
@@ -179,7 +179,8 @@ class PipelineRun:
             if request.is_experiment
             else None
         )
-        self.runner, self.prefect_run, self.on_line = runner, prefect_run, on_line
+        self.runner, self.prefect_run = runner, prefect_run
+        self.on_line: Callable[[str], None] = on_line or _print_line  # None: print to stderr
         self.reports: dict[str, StageReport] = {}
         self._stack = contextlib.ExitStack()
         self.parent: Any = None
@@ -286,7 +287,9 @@ class PipelineRun:
             self.reports[name] = StageReport(name, "timeout" if result.timed_out else "failed", result.seconds)
             raise StageFailed(name, result.returncode, result.timed_out)
         # restored from the run cache: only DVC's message says so (asp.orchestration.dvc's docstring says why)
-        status = "skipped" if skips else "restored" if classify(result.lines).get(name) == "restored" else "ran"
+        status: StageStatus = (
+            "skipped" if skips else "restored" if classify(result.lines).get(name) == "restored" else "ran"
+        )
         return self._report(name, status, result.seconds)
 
     def _up_to_date(self, name: str) -> bool:
@@ -346,14 +349,14 @@ class PipelineRun:
         _, plots = stage_files(name, self.root / "dvc.yaml")
         report = StageReport(name, status, seconds, self._metrics_of(name), plots)
         common = self.params.common
+        uri = common.tracking_uri
         parent_id = self.parent.run_id if status == "ran" and self.parent is not None else None
-        look = {"tracking_uri": common.tracking_uri}
         try:
             found = None
             if parent_id:  # it ran in this run
-                found = find_stage_run(common.experiment, name, parent_run_id=parent_id, **look)
+                found = find_stage_run(common.experiment, name, parent_run_id=parent_id, tracking_uri=uri)
             if found is None:  # up to date or restored: the newest finished run of it (in the workspace)
-                found = find_stage_run(common.experiment, name, workspace_only=not self.exp_name, **look)
+                found = find_stage_run(common.experiment, name, workspace_only=not self.exp_name, tracking_uri=uri)
         except Exception as exc:  # a link is a convenience; the stage's outcome stands
             self.on_line(f"[asp] could not look up the MLflow run of {name}: {exc}")
             found = None

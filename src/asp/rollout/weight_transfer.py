@@ -21,13 +21,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     import torch
 
 WEIGHT_TRANSFERS = ("auto", "ipc", "rpc")
-DEFAULT_WEIGHT_TRANSFER = "auto"
+DEFAULT_WEIGHT_TRANSFER: Final = "auto"  # Final: read as Literal["auto"] where a Literal is expected
 DEFAULT_BUCKET_MB = 512  # 512 MiB: 32 buckets for an 8B model in bf16; < 1 % of an 80 GB GPU for staging
 ALIGN_BYTES = 256  # every tensor starts at a multiple of this (any dtype's view is aligned; CUDA likes 256)
 MIB = 1 << 20
