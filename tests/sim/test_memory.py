@@ -15,11 +15,12 @@ from asp.sim.memory import (
     Architecture,
     GenerationSettings,
     TrainerSettings,
-    check_fit,
     from_hf_config,
     generation_memory,
     trainer_memory,
 )
+
+from .helpers import check_fit
 
 Q15 = BUILTIN["qwen2.5-1.5b"]
 Q8 = BUILTIN["qwen3-8b"]

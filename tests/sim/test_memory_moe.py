@@ -18,11 +18,12 @@ from asp.sim.memory import (
     GenerationSettings,
     TrainerSettings,
     activation_bytes,
-    check_fit,
     generation_memory,
     moe_activation_bytes_per_token,
     trainer_memory,
 )
+
+from .helpers import check_fit
 
 Q30 = BUILTIN["qwen3-30b-a3b"]
 QMOE = BUILTIN["qwen1.5-moe-a2.7b"]

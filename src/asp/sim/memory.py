@@ -335,15 +335,3 @@ def generation_problem(arch: Architecture, s: GenerationSettings) -> str | None:
         f"weights {gib(est.weights)} + allowance {gib(est.allowance)} leave {gib(max(est.kv_cache, 0))} GiB of KV "
         f"cache, less than one {s.max_seq_len}-token sequence ({gib(kv_need)} GiB). To fit: {'; or '.join(fixes)}."
     )
-
-
-def check_fit(
-    arch: Architecture,
-    trainer: TrainerSettings | None = None,
-    generation: GenerationSettings | None = None,
-    max_world_size: int = MAX_WORLD_SIZE,
-) -> list[str]:
-    """Problems (empty when everything fits), each with the numbers and what to change."""
-    problems = [trainer_problem(arch, trainer, max_world_size) if trainer else None]
-    problems.append(generation_problem(arch, generation) if generation else None)
-    return [p for p in problems if p]
