@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from asp.control.core import ControlCore, gu_slots
+from asp.control.core import ControlCore, GUSlot
 from asp.control.database import Database
 from asp.control.messages import MinibatchOutput, WorkItem
 from asp.control.plan import WorkPlan
 from asp.control.settings import ControlSettings
+
+
+def gu_slots(generation_units: int, actors_per_unit: int) -> list[GUSlot]:
+    """GU g holds actors ``g * actors_per_unit ...`` (global actor indices, as the runtime numbers them)."""
+    slots = []
+    for g in range(generation_units):
+        ids = list(range(g * actors_per_unit, (g + 1) * actors_per_unit))
+        slots.append(GUSlot(g, ids, set(ids)))
+    return slots
 
 
 def settings(**overrides) -> ControlSettings:

@@ -77,15 +77,6 @@ class InFlight:
     lags: np.ndarray
 
 
-def gu_slots(generation_units: int, actors_per_unit: int) -> list[GUSlot]:
-    """GU g holds actors ``g * actors_per_unit ...`` (global actor indices, as the runtime numbers them)."""
-    slots = []
-    for g in range(generation_units):
-        ids = list(range(g * actors_per_unit, (g + 1) * actors_per_unit))
-        slots.append(GUSlot(g, ids, set(ids)))
-    return slots
-
-
 @dataclass
 class ControlCore:
     """The Control Unit's decisions and book-keeping (see the module docstring).
