@@ -83,14 +83,3 @@ def schedule_frame(params: Params, preds: pd.DataFrame, calibration: Calibration
     from asp.schedule import schedule_to_frame
 
     return schedule_to_frame(schedule_predictions(params, preds, calibration))
-
-
-def rest_plan_for(params: Params, accepted: Accepted, pending: list[Any]) -> WorkPlan:
-    """The plan to replan `pending` with: the accepted `rest` when it covers exactly these prompts, else (the run
-    trained on after the re-profile) a C4 schedule of `pending` from the accepted predictions and calibration."""
-    from asp.control.plan import WorkPlan
-
-    if accepted.rest is not None and set(accepted.rest.prompt_ids()) == set(pending):
-        return accepted.rest
-    preds = accepted.predictions.set_index("prompt_id").loc[list(pending)].reset_index()
-    return WorkPlan.from_frame(schedule_frame(params, preds, accepted.calibration))
