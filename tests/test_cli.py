@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -284,7 +285,11 @@ def test_serve_registers_the_deployment(tmp_path: Path, prefect_server: dict, ba
     flow = json.loads(background.wait_http(f"{api}/flows/{deployment['flow_id']}", serve, 30))
     assert flow["name"] == "asp-pipeline"
     assert serve.poll() is None  # still serving
-    assert f"/deployments/deployment/{deployment['id']}" in background.log(serve)  # it printed the URL
+    url = f"/deployments/deployment/{deployment['id']}"  # it prints the URL once the API has the deployment
+    deadline = time.monotonic() + 60
+    while url not in background.log(serve) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert url in background.log(serve)
     background.stop(serve, signal.SIGINT, timeout_s=120)
 
 

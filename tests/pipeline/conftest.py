@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from mlflow import MlflowClient
 
 from asp.config import Params, deep_merge, validate_params
@@ -42,6 +43,7 @@ TINY_POLICY = {
 }
 # MiniLM + LoRA, one epoch over ~20 prompts of at most 32 tokens.
 TINY_PREDICTOR = {"epochs": 1, "batch_size": 8, "max_length": 32}
+TRAIN_THREADS = 2  # torch threads of the session's train_predictor run and of test_determinism's rerun
 N_PROFILE, N_HELDOUT, N_TRAIN = 24, 12, 40
 
 
@@ -168,7 +170,15 @@ def trained_predictor(
     inputs = predictor_inputs["root"]
     paths = rebase(train_predictor.Paths(prompts=inputs / "prompts", profile=inputs / "profile"), root)
     tracker = new_tracker("train_predictor")
-    metrics = train_predictor.run(params, paths, tracker)
+    # torch's thread count changes float summation order, hence the bytes; tests that ran earlier in this process
+    # (an hf engine, an in-process GRPO trainer) may have changed it, so the run uses the count that
+    # test_determinism's fresh-process rerun uses (TRAIN_THREADS)
+    before = torch.get_num_threads()
+    torch.set_num_threads(TRAIN_THREADS)
+    try:
+        metrics = train_predictor.run(params, paths, tracker)
+    finally:
+        torch.set_num_threads(before)
     end_run(tracker)
     return Built(params, paths, metrics, tracker, predictor_inputs)
 

@@ -24,7 +24,7 @@ from asp.pipeline import profile, train_predictor
 from asp.steps.paths import rebase
 from asp.tracking import NullTracker
 
-from .conftest import Built
+from .conftest import TRAIN_THREADS, Built
 from .test_profile import PARAMS as PROFILE_PARAMS
 from .test_profile import _setup as setup_profile
 
@@ -36,6 +36,8 @@ from asp.config import validate_params
 from asp.pipeline import train_predictor
 from asp.tracking import NullTracker
 raw, paths = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+import torch
+torch.set_num_threads(int(sys.argv[3]))
 params = validate_params(raw, "test params")
 train_predictor.run(params, train_predictor.Paths(**{k: Path(v) for k, v in paths.items()}), NullTracker())
 """
@@ -53,7 +55,7 @@ def digests(root: Path) -> dict[str, str]:
 def train_in_subprocess(params: dict[str, Any], paths: train_predictor.Paths, hash_seed: int) -> None:
     """Run the train_predictor stage in a fresh Python process with `PYTHONHASHSEED=hash_seed`."""
     env = dict(os.environ, PYTHONHASHSEED=str(hash_seed), ASP_PROGRESS="0")
-    args = [json.dumps(params), json.dumps({k: str(v) for k, v in vars(paths).items()})]
+    args = [json.dumps(params), json.dumps({k: str(v) for k, v in vars(paths).items()}), str(TRAIN_THREADS)]
     done = subprocess.run([sys.executable, "-c", RUNNER, *args], env=env, capture_output=True, text=True)
     assert done.returncode == 0, f"train_predictor failed:\n{done.stdout}\n{done.stderr}"
 
