@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
-from asp.control.settings import default_resume_depth
+from asp.control.settings import resume_depth
 from asp.errors import UserError
 from asp.rollout.weight_transfer import DEFAULT_BUCKET_MB, DEFAULT_WEIGHT_TRANSFER
 from asp.sim.memory import DEVICE_GIB, GPU_MEMORY_UTILIZATION, MICRO_BATCH_TOKENS, RESERVE_GIB
@@ -398,9 +398,7 @@ class RuntimeParams(_Params):
     @property
     def resume_depth(self) -> int:
         """Queue depth (prompts) at or below which a paused sender resumes."""
-        if self.q_resume is not None:
-            return self.q_resume
-        return default_resume_depth(self.q_max, self.global_batch_prompts)
+        return resume_depth(self.q_resume, self.q_max, self.global_batch_prompts)
 
     @model_validator(mode="after")
     def _trainer_settings_agree(self) -> RuntimeParams:

@@ -18,6 +18,11 @@ def default_resume_depth(q_max: int, global_batch_prompts: int) -> int:
     return max(q_max - global_batch_prompts, global_batch_prompts - 1)
 
 
+def resume_depth(q_resume: int | None, q_max: int, global_batch_prompts: int) -> int:
+    """Queue depth (prompts) at or below which a paused sender resumes: ``q_resume``, or the default above."""
+    return q_resume if q_resume is not None else default_resume_depth(q_max, global_batch_prompts)
+
+
 @dataclass(frozen=True, slots=True)
 class ControlSettings:
     """The Control Unit's settings (see the module docstring).
@@ -69,6 +74,4 @@ class ControlSettings:
     @property
     def resume_depth(self) -> int:
         """Queue depth (prompts) at or below which a paused sender resumes."""
-        if self.q_resume is not None:
-            return self.q_resume
-        return default_resume_depth(self.q_max, self.global_batch_prompts)
+        return resume_depth(self.q_resume, self.q_max, self.global_batch_prompts)
