@@ -9,6 +9,7 @@ earlier attempt that died (SIGKILL) is marked KILLED when the stage starts again
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from asp.tracking import Tracker, dvc_parent, open_tracker, record_in_parent
 
 StageFn = Callable[[Params, Any, Tracker], dict[str, Any]]
 DVC_FILE = Path("dvc.yaml")
+HOLD_ENV = "ASP_HOLD_FILE"  # tests only: see `_hold`
 
 
 def stage_names(dvc_file: str | Path = DVC_FILE) -> list[str]:
@@ -76,6 +78,7 @@ def run_stage(
             resume_run_id=previous,
         ) as tracker,
     ):
+        _hold(name)
         metrics = fn(params, paths, tracker)
         elapsed = time.perf_counter() - t0
         tracker.log_metrics({f"{name}/stage_wall_s": elapsed})
@@ -84,6 +87,22 @@ def run_stage(
     shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in list(metrics.items())[:8])
     print(f"[{name}] done in {elapsed:.1f}s: {shown}", file=sys.stderr)
     return metrics
+
+
+def _hold(name: str, limit_s: float = 600.0) -> None:
+    """Tests only (unset elsewhere): while the file named by $ASP_HOLD_FILE exists and holds this stage's name, the
+    stage waits with its MLflow run open and its outputs deleted by DVC, so a test can cancel, interrupt or time
+    out a real stage at a known point (tests/e2e/test_three_doors.py, tests/orchestration/test_cancel.py). It
+    writes its pid to `<file>.held` when it starts waiting. Here, not in `asp.runtime.testhooks`, which is a
+    dependency of dvc.yaml stages; this module is none."""
+    hold = Path(os.environ.get(HOLD_ENV) or "")
+    if not os.environ.get(HOLD_ENV) or not hold.is_file() or hold.read_text().strip() != name:
+        return
+    print(f"[{name}] holding while {hold} exists ({HOLD_ENV}, tests only)", file=sys.stderr, flush=True)
+    Path(f"{hold}.held").write_text(str(os.getpid()))
+    deadline = time.monotonic() + limit_s
+    while hold.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _fmt(v: Any) -> str:

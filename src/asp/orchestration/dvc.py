@@ -3,7 +3,8 @@
 `dvc_repro_cmd` / `dvc_exp_cmd` build the command lines; `run_streaming` runs one, hands every output line
 to a callback (the terminal for `asp repro`, the Prefect run logger for the flow), enforces a timeout and
 turns SIGTERM / Ctrl-C / a Prefect cancellation into a clean stop of the running stage (it receives SIGTERM,
-so its MLflow run ends KILLED, and DVC releases its lock).
+so its MLflow run ends KILLED, and DVC releases its lock). It returns or re-raises only once DVC and every process
+under it have ended, so the caller can put the stage's outputs back (`asp.orchestration.workspace`).
 
 Whether DVC will skip a stage is read from its Python API (`dvc.repo.Repo.status`, what `dvc status --json
 STAGE` prints), asked right before `dvc repro --single-item STAGE` runs (`up_to_date`). Two things are still read
@@ -48,6 +49,10 @@ _MESSAGES: tuple[tuple[re.Pattern[str], StageStatus], ...] = (
     (re.compile(r"failed to reproduce '([^']+)'"), "failed"),
 )
 STOP_GRACE_S = 60.0
+# A SIGTERM'd orchestrator is SIGKILLed soon after (Prefect's runner: 30 s after a cancellation's SIGTERM; Docker
+# 10 s): its stage gets this long to end (its MLflow run KILLED) before it is killed, leaving time to put the
+# workspace back (asp.orchestration.workspace).
+INTERRUPT_GRACE_S = 16.0
 
 
 @dataclass(frozen=True)
@@ -147,30 +152,54 @@ def stage_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _signal_tree(pid: int, sig: int) -> None:
-    """Send `sig` to the descendants of `pid` (the stage processes under DVC), or to `pid` if it has none."""
+def _descendants(pid: int) -> list[Any]:
+    """The processes under `pid` (the stage command under DVC), as `psutil.Process` objects."""
     import psutil  # a dependency of dvc
 
     with contextlib.suppress(psutil.Error):
-        top = psutil.Process(pid)
-        for proc in top.children(recursive=True) or [top]:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def _signal(procs: Iterable[Any], sig: int) -> None:
+    import psutil
+
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+
+
+def _wait_all(proc: subprocess.Popen, others: list[Any], timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for DVC (`proc`) and the processes that were under it; True when all have ended."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        proc.wait(max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        return False
+    _, alive = psutil.wait_procs(others, timeout=max(deadline - time.monotonic(), 0))
+    return not alive
 
 
 def _stop(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the stage processes, then DVC itself; SIGKILL whatever is left after `grace_s`."""
-    _signal_tree(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s / 2)
-    except subprocess.TimeoutExpired:
+    """SIGTERM the stage processes (DVC's descendants), then DVC itself; SIGKILL whatever is left after
+    `grace_s`. Returns once DVC and every process that was under it have ended, so nothing writes into the
+    workspace after it (the orchestrator may then put the stage's outputs back)."""
+    tree = _descendants(proc.pid)
+    _signal(tree, signal.SIGTERM)
+    if not tree:
         proc.terminate()
-        try:
-            proc.wait(grace_s / 2)
-        except subprocess.TimeoutExpired:
-            _signal_tree(proc.pid, signal.SIGKILL)
-            proc.kill()
-            proc.wait()
+    if _wait_all(proc, tree, grace_s / 2):
+        return
+    if proc.poll() is None:
+        proc.terminate()
+    if _wait_all(proc, tree, grace_s / 2):
+        return
+    _signal([*tree, *_descendants(proc.pid)], signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+    _wait_all(proc, tree, 5.0)
 
 
 def run_streaming(
@@ -224,12 +253,15 @@ def run_streaming(
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Terminated):
             # Ctrl-C in a terminal reached the whole process group: the stage is already ending its run KILLED
             # and DVC then exits; a SIGTERM now would cut that short. A second Ctrl-C stops them at once.
+            tree = _descendants(proc.pid)
             try:
-                proc.wait()
+                if not _wait_all(proc, tree, grace_s):
+                    _stop(proc, INTERRUPT_GRACE_S)
             except KeyboardInterrupt:
-                _stop(proc, grace_s)
+                _stop(proc, INTERRUPT_GRACE_S)
         if proc.poll() is None:
-            _stop(proc, grace_s)
+            # a SIGTERM (a job scheduler, Prefect's cancellation) is followed by SIGKILL within ~30 s: stop sooner
+            _stop(proc, min(grace_s, INTERRUPT_GRACE_S))
         raise
     rc = proc.wait()
     reader.join(5)

@@ -29,7 +29,9 @@ from typing import Any
 import yaml
 
 from asp import vcs
+from asp.env import Terminated
 from asp.errors import UserError
+from asp.orchestration import workspace
 from asp.orchestration.dvc import (
     StageStatus,
     classify,
@@ -64,11 +66,13 @@ from asp.tracking import (
 
 
 class StageFailed(Exception):
-    """A stage failed (or timed out) under DVC; its own MLflow run says why, its output was streamed."""
+    """A stage failed (or timed out) under DVC; its own MLflow run says why, its output was streamed. `workspace`:
+    what became of the workspace (a timed-out stage's outputs are put back as they were)."""
 
-    def __init__(self, stage: str, returncode: int, timed_out: bool = False) -> None:
+    def __init__(self, stage: str, returncode: int, timed_out: bool = False, workspace: str | None = None) -> None:
         why = "timed out (orchestration.timeout_s)" if timed_out else f"failed (dvc exit code {returncode})"
-        super().__init__(f"stage '{stage}' {why}; its output is above and its MLflow run has the details")
+        where = f"; {workspace.rstrip('.')}" if workspace else ""
+        super().__init__(f"stage '{stage}' {why}; its output is above and its MLflow run has the details{where}")
         self.stage, self.returncode, self.timed_out = stage, returncode, timed_out
 
 
@@ -150,6 +154,15 @@ def _absolute_store(uri: str, root: Path) -> str:
     return uri
 
 
+def _stopped_by(exc: BaseException) -> str:
+    """How an interrupt stopped a stage, in words: Ctrl-C, SIGTERM, or Prefect's cancellation / termination."""
+    if isinstance(exc, Terminated):
+        return "was stopped by SIGTERM"
+    if isinstance(exc, KeyboardInterrupt):
+        return "was interrupted (Ctrl-C)"
+    return "was cancelled"  # prefect.exceptions.TerminationSignal: a cancellation (UI, API) or a SIGTERM to the run
+
+
 def _print_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -187,6 +200,9 @@ class PipelineRun:
         self.failed = False
         self.exp_ref: str | None = None
         self.parent_url: str | None = None
+        self.interrupted: BaseException | None = None  # the Ctrl-C / SIGTERM / cancellation that stopped a stage
+        self.stop_note: str | None = None  # what became of the workspace after that stop (or a timeout)
+        self._snapshots: dict[str, workspace.Snapshot] = {}  # outputs kept while a stage runs (put back on a stop)
 
     # -- the parent run -------------------------------------------------------------------------------------
     def __enter__(self) -> PipelineRun:
@@ -219,6 +235,9 @@ class PipelineRun:
                 end_run(self.parent, "KILLED" if killed else "FAILED")
                 exc_type = exc = tb = None  # the status is set; the exception still propagates (returns None)
         finally:
+            for snap in self._snapshots.values():
+                workspace.discard(snap)
+            self._snapshots.clear()
             for env in (PREFECT_RUN_ENV, PREFECT_URL_ENV):
                 os.environ.pop(env, None)
             self._stack.__exit__(exc_type, exc, tb)
@@ -262,35 +281,74 @@ class PipelineRun:
             self.failed = False  # the retry decides the run's outcome
             self.on_line(f"[asp] {line}")
 
-        return call_with_retries(
-            lambda: self.run_stage(name),
-            self.retry_policy(name),
-            retryable=lambda exc: isinstance(exc, StageFailed) and not exc.timed_out,
-            on_retry=again,
-        )
+        try:
+            return call_with_retries(
+                lambda: self.run_stage(name),
+                self.retry_policy(name),
+                retryable=lambda exc: isinstance(exc, StageFailed) and not exc.timed_out,
+                on_retry=again,
+            )
+        finally:  # the outputs as they were before the first attempt are kept across retries, then let go
+            snap = self._snapshots.pop(name, None)
+            if snap is not None:
+                workspace.discard(snap)
 
     def run_stage(self, name: str) -> StageReport:
-        """`dvc repro --single-item NAME` in the workspace (one attempt). Raises `StageFailed`."""
+        """`dvc repro --single-item NAME` in the workspace (one attempt). Raises `StageFailed`.
+
+        A stage stopped by Ctrl-C, SIGTERM or a Prefect cancellation, or past its timeout, leaves the workspace as
+        it was before it started: its outputs, metrics, plots and dvc.lock are put back (`workspace.restore`)
+        once its processes have ended, and `stop_note` says so; the interrupt is then re-raised. A stage that
+        fails keeps DVC's outcome (its outputs deleted; a rerun rebuilds them)."""
         if self.request.is_experiment:
             raise UserError("a run with a preset or overrides is a DVC experiment: use run_experiment()")
         self.on_line(f"[asp] stage {name}: dvc repro --single-item {name}")
         skips = not self.request.force and self._up_to_date(name)  # DVC's status, before it runs
-        result = run_streaming(
-            dvc_repro_cmd(name, self.request.force),
-            env=self.env(),
-            on_line=self.on_line,
-            timeout_s=self.timeout_s(name),
-            cwd=self.root,
-        )
+        try:
+            if not skips and name not in self._snapshots:  # DVC deletes the outputs before the command runs
+                self._snapshots[name] = self._take(name)
+            result = run_streaming(
+                dvc_repro_cmd(name, self.request.force),
+                env=self.env(),
+                on_line=self.on_line,
+                timeout_s=self.timeout_s(name),
+                cwd=self.root,
+            )
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM, a cancellation: DVC and the stage have ended
+                self.interrupted = exc
+                self._put_back(name, _stopped_by(exc))
+            raise
         if result.returncode != 0 or result.timed_out:
             self.failed = True
             self.reports[name] = StageReport(name, "timeout" if result.timed_out else "failed", result.seconds)
-            raise StageFailed(name, result.returncode, result.timed_out)
+            note = self._put_back(name, "timed out") if result.timed_out else None
+            raise StageFailed(name, result.returncode, result.timed_out, note)
+        snap = self._snapshots.pop(name, None)
+        if snap is not None:
+            workspace.discard(snap)
         # restored from the run cache: only DVC's message says so (asp.orchestration.dvc's docstring says why)
         status: StageStatus = (
             "skipped" if skips else "restored" if classify(result.lines).get(name) == "restored" else "ran"
         )
         return self._report(name, status, result.seconds)
+
+    def _take(self, name: str) -> workspace.Snapshot:
+        """`workspace.take` of the stage, after removing copies that killed runs (SIGKILL) left behind."""
+        for line in workspace.clear_stale(self.root):
+            self.on_line(f"[asp] {line}")
+        return workspace.take(self.root, name)
+
+    def _put_back(self, name: str, why: str) -> str | None:
+        """Put the stage's outputs and dvc.lock back as they were before it started; the line says so (or what to
+        run where that was impossible) and is kept in `stop_note`. None when nothing was kept (a skipped stage)."""
+        snap = self._snapshots.pop(name, None)
+        if snap is None:
+            return None
+        done = workspace.restore(snap)
+        self.stop_note = f"stage '{name}' {why}: {done.message}"
+        self.on_line(f"[asp] {self.stop_note}")
+        return done.message
 
     def _up_to_date(self, name: str) -> bool:
         """`up_to_date` (DVC's status of the stage); False with a note when DVC cannot say (the command then
@@ -318,7 +376,17 @@ class PipelineRun:
             marks.append((time.monotonic(), line))
             self.on_line(line)
 
-        result = run_streaming(cmd, env=self.env(), on_line=note, timeout_s=timeout, cwd=self.root)
+        try:
+            result = run_streaming(cmd, env=self.env(), on_line=note, timeout_s=timeout, cwd=self.root)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # the experiment ran in a temporary copy: the workspace is untouched
+                self.interrupted = exc
+                self.stop_note = (
+                    f"DVC experiment {self.exp_name} {_stopped_by(exc)}: it ran in a temporary copy, so the "
+                    "workspace is as it was (params.yaml, outputs/, dvc.lock untouched)."
+                )
+                self.on_line(f"[asp] {self.stop_note}")
+            raise
         seen = classify(result.lines)  # DVC's messages: it has no structured account of an experiment's stages
         seconds = stage_seconds(marks, time.monotonic())
         if result.returncode != 0 or result.timed_out:
