@@ -44,7 +44,7 @@ from prefect.runtime import flow_run
 from asp import vcs
 from asp.errors import UserError
 from asp.orchestration.dvc import run_streaming
-from asp.orchestration.flow import stage_task
+from asp.orchestration.flow import call_stage
 from asp.orchestration.pipeline import PipelineRun
 from asp.orchestration.request import RunRequest
 
@@ -162,8 +162,7 @@ def run_launch_stage(run: LoopRun, handoff: bool, resume: bool) -> str:
     name = f"launch ({'resume' if resume else 'start'}{', handoff' if handoff else ''})"
     force = " --force" if resume else ""
     run.on_line(f"[drift-loop] {name}: dvc repro{force} --single-item launch, {HANDOFF_ENV}={int(handoff)}")
-    state = stage_task.with_options(task_run_name=name)(run, "launch", return_state=True)
-    return str(state.result())  # the stage's status (ran / skipped / restored); raises when it failed
+    return call_stage(run, "launch", name)  # ran / skipped / restored; raises when it failed or was cancelled
 
 
 def versions(state_dir: Path) -> dict[int, Path]:

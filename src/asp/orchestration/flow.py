@@ -23,7 +23,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
-from prefect.states import Completed
+from prefect.states import Cancelled, Completed
 
 from asp import vcs
 from asp.errors import UserError
@@ -99,19 +99,50 @@ def _finish(report: StageReport) -> State[str]:
     return Completed(name=STATE_NAMES.get(report.status, "Completed"), message=message, data=report.status)
 
 
+def _cancelled(run: PipelineRun, exc: BaseException) -> State[Any]:
+    """A Cancelled state for a task whose stage `exc` stopped (the workspace already put back, `run.stop_note` says
+    so); re-raises anything else. The interrupt itself goes on to the flow through `reraise_stop`."""
+    if exc is not run.interrupted:
+        raise exc
+    return Cancelled(message=run.stop_note or "cancelled")
+
+
+def reraise_stop(run: PipelineRun) -> None:
+    """In the flow, after a task: re-raise the cancellation (or Ctrl-C / SIGTERM) that stopped its stage, so Prefect
+    ends the flow run Cancelled (its engine's handling of the runner's cancellation) and the MLflow parent KILLED."""
+    if run.interrupted is not None:
+        raise run.interrupted
+
+
 @task(name="stage", cache_policy=NONE, persist_result=False)
 def stage_task(run: PipelineRun, name: str) -> State[str]:
     """One stage through `dvc repro --single-item`, with the stage's retries (`asp.orchestration.retry`, the same
-    mechanism as `asp repro`; Prefect's own task retries stay off) and timeout from `orchestration:` params."""
+    mechanism as `asp repro`; Prefect's own task retries stay off) and timeout from `orchestration:` params. A
+    cancelled stage ends Cancelled, not Crashed, once the workspace is as it was before it (`call_stage`)."""
     run.on_line = get_run_logger().info
-    return _finish(run.run_stage_with_retries(name))
+    try:
+        return _finish(run.run_stage_with_retries(name))
+    except BaseException as exc:
+        return _cancelled(run, exc)
+
+
+def call_stage(run: PipelineRun, name: str, task_run_name: str | None = None) -> str:
+    """`stage_task` as a flow calls it: what DVC did (ran / skipped / restored); raises the stage's failure, and
+    the interrupt that stopped it (`reraise_stop`: the task Cancelled, then the flow run)."""
+    state = stage_task.with_options(task_run_name=task_run_name or name)(run, name, return_state=True)
+    reraise_stop(run)
+    return str(state.result())
 
 
 @task(name="dvc-experiment", cache_policy=NONE, persist_result=False)
-def experiment_task(run: PipelineRun) -> list[str]:
-    """The chosen stages as one DVC experiment in a temporary workspace (`dvc exp run --temp`)."""
+def experiment_task(run: PipelineRun) -> list[str] | State[Any]:
+    """The chosen stages as one DVC experiment in a temporary workspace (`dvc exp run --temp`); Cancelled (not
+    Crashed) when a cancellation stops it."""
     run.on_line = get_run_logger().info
-    reports = run.run_experiment()
+    try:
+        reports = run.run_experiment()
+    except BaseException as exc:
+        return _cancelled(run, exc)
     for report in reports:
         publish_stage(report)
     return [f"{r.stage}: {r.status}" for r in reports]
@@ -140,10 +171,12 @@ def asp_pipeline(
     with run:
         logger.info("run '%s': MLflow parent run %s", run.label, run.parent_url or "(tracking off)")
         if request.is_experiment:
-            experiment_task.with_options(task_run_name=f"dvc exp run {run.exp_name}")(run)
+            state = experiment_task.with_options(task_run_name=f"dvc exp run {run.exp_name}")(run, return_state=True)
+            reraise_stop(run)
+            state.result()  # raises the experiment's failure
         else:
             for name in run.stages:
-                stage_task.with_options(task_run_name=name)(run, name)
+                call_stage(run, name)
         summary = [
             {"stage": r.stage, "status": r.status, "seconds": round(r.seconds, 1), "mlflow": r.mlflow_url or ""}
             for r in run.reports.values()
