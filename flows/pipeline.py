@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         overrides = parse_set_args(args.sets)
         check_request(RunRequest(tuple(args.stages), args.preset, overrides, args.force))  # before Prefect starts
-        from asp.orchestration.flow import asp_pipeline
+        from asp.orchestration.flow import NO_PRESET, asp_pipeline
 
-        asp_pipeline(args.stages or None, args.preset, overrides or None, args.force)
+        asp_pipeline(args.stages, args.preset or NO_PRESET, overrides, args.force)
 
     return run_flow(run, "the pipeline")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from asp.stage import stage_names
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
 NUMBER = r"(\d+|" + "|".join(WORDS) + ")"
 CLAIMS = [  # phrases that state the pipeline's stage count
     rf"\ball {NUMBER} (?:pipeline |DVC )?stages\b",
@@ -32,12 +32,12 @@ def stage_counts(text: str) -> list[tuple[str, int]]:
 
 
 def test_the_stage_count_phrases_are_found() -> None:
-    text = "| all 8 stages, up to date | `asp repro` of all 8 | the nine stages | a 9-stage pipeline | 6 stages changed"
+    text = "| all 8 stages, up to date | `asp repro` of all 8 | the nine stages | a 9-stage DAG | 6 stages changed"
     assert stage_counts(text) == [
         ("all 8 stages", 8),
         ("of all 8", 8),
         ("the nine stages", 9),
-        ("9-stage pipeline", 9),
+        ("9-stage DAG", 9),
     ]
 
 

@@ -42,6 +42,7 @@ from prefect.events import emit_event
 from prefect.runtime import flow_run
 
 from asp import vcs
+from asp.config import DriftParams, load_params
 from asp.errors import UserError
 from asp.orchestration.dvc import run_streaming
 from asp.orchestration.flow import call_stage
@@ -121,6 +122,21 @@ class LoopResult:
 
 LaunchFn = Callable[[LoopRun, bool, bool], str]  # (run, handoff, resume) -> ran / skipped / restored
 ReprofileFn = Callable[[LoopRun, str], ReprofileOutcome]  # (run, reason) -> outcome
+
+
+TURN_ON = (
+    "To turn drift on, set drift.enabled: true and drift.action: reprofile in params.yaml (`asp preset apply "
+    "drift-demo` sets up the CPU drift demo), then run the loop again"
+)
+
+
+def drift_off(drift: DriftParams) -> str | None:
+    """Why launch never hands a drift event over to the loop with these params; None when it does."""
+    if not drift.enabled:
+        return "drift is off (drift.enabled: false)"
+    if drift.action != "reprofile":
+        return f"drift.action is {drift.action}, not reprofile (launch warns or recalibrates by itself)"
+    return None
 
 
 # -- the pending drift event ------------------------------------------------------------------------------------
@@ -303,14 +319,13 @@ def drift_loop(
     limit = drift.max_actions if max_actions is None else max_actions
     if limit < 0:
         raise UserError(f"max_actions = {limit}: expected 0 or more re-profiles.")
-    if not drift.enabled or drift.action != "reprofile":
-        on_line(
-            f"[drift-loop] drift.enabled={drift.enabled}, drift.action={drift.action}: launch never hands a "
-            "drift event over, so this is one launch"
-        )
+    off = drift_off(drift)
+    if off:
+        on_line(f"[drift-loop] {off}: launch never hands a drift event over, so this run is one launch. {TURN_ON}.")
     result = LoopResult()
     with run:
-        on_line(f"[drift-loop] '{run.label}': at most {limit} re-profile(s); MLflow {run.parent_url or '(off)'}")
+        plan = "one launch (drift off)" if off else f"at most {limit} re-profile(s)"
+        on_line(f"[drift-loop] '{run.label}': {plan}; MLflow {run.parent_url or '(off)'}")
         pending = claim_pending(run.state_dir)
         if pending:
             on_line(f"[drift-loop] {run.state_dir / PENDING_FILE} was left by an earlier loop: re-profiling first")
@@ -344,15 +359,18 @@ def drift_loop(
             result.timeline.append({"step": f"reprofile v{outcome.version}", "what": verdict, "handoff": ""})
             emit(REPROFILE_EVENT, run, _safe({"step": step, **asdict(outcome)}))
             pending = None
-        publish_summary(run, result)
+        publish_summary(run, result, off)
     return result
 
 
-def publish_summary(run: LoopRun, result: LoopResult) -> None:
-    """The loop's table artifact: one row per launch segment and re-profile, in order."""
+def publish_summary(run: LoopRun, result: LoopResult, off: str | None = None) -> None:
+    """The loop's table artifact: one row per launch segment and re-profile, in order (`off`: why drift was off)."""
+    if flow_run.id is None:  # outside a flow run there is nothing to attach it to
+        return
     rows = result.timeline or [{"step": "", "what": "", "handoff": ""}]
-    with contextlib.suppress(Exception):  # outside a flow run there is nothing to attach it to
-        create_table_artifact(table=rows, key="asp-drift-loop", description=f"Drift loop '{run.label}'")
+    note = f" ({off}: one launch; {TURN_ON})" if off else ""
+    with contextlib.suppress(Exception):
+        create_table_artifact(table=rows, key="asp-drift-loop", description=f"Drift loop '{run.label}'{note}")
 
 
 # -- the flow and its deployment ---------------------------------------------------------------------------------
@@ -373,6 +391,23 @@ def asp_drift_loop(max_actions: int | None = None) -> dict[str, Any]:
     return result.as_dict()
 
 
+def loop_description(params_path: str | Path = "params.yaml") -> str:
+    """The deployment's description: what the loop does, what it needs, and whether drift is on in `params_path`
+    when `asp serve` starts (so a user sees it before running a loop that would be one plain launch)."""
+    text = (
+        "launch through DVC; on drift: re-profile the current policy and resume (docs/drift_loop.md). Needs "
+        "drift.enabled: true and drift.action: reprofile in params.yaml, else a run is one plain launch."
+    )
+    try:
+        drift = load_params(params_path).drift
+    except (UserError, OSError):
+        return text
+    off = drift_off(drift)
+    if off:
+        return f"{text} In {params_path} when asp serve started: {off}. {TURN_ON}."
+    return f"{text} In {params_path} when asp serve started: on, at most {drift.max_actions} re-profile(s) a run."
+
+
 def loop_deployment(name: str = "asp-drift-loop") -> RunnerDeployment:
     """The deployment `asp serve` registers next to asp-pipeline (one run at a time)."""
     from prefect.deployments.runner import EntrypointType
@@ -380,7 +415,7 @@ def loop_deployment(name: str = "asp-drift-loop") -> RunnerDeployment:
     return asp_drift_loop.to_deployment(
         name=name,
         concurrency_limit=1,
-        description="launch through DVC; on drift: re-profile the current policy and resume (docs/drift_loop.md).",
+        description=loop_description(),
         tags=["asp", "drift"],
         entrypoint_type=EntrypointType.MODULE_PATH,
     )

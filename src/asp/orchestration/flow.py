@@ -17,7 +17,9 @@ time (concurrency limit 1), retries `profile` and `launch` (they resume) and sto
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -27,6 +29,7 @@ from prefect.states import Cancelled, Completed
 
 from asp import vcs
 from asp.errors import UserError
+from asp.orchestration.key_metrics import key_metrics
 from asp.orchestration.pipeline import PipelineRun, StageReport
 from asp.orchestration.request import RunRequest, run_label
 from asp.stage import stage_names
@@ -35,7 +38,6 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
 
 STATE_NAMES = {"ran": "Completed", "skipped": "Skipped", "restored": "Restored"}
-MAX_METRICS = 25
 
 
 def _stage_type() -> Any:
@@ -48,9 +50,23 @@ def _stage_type() -> Any:
 
 StageName = _stage_type()
 
+NO_PRESET = "none"  # the `preset` choice "params.yaml as it is"
+
+
+def _preset_type() -> Any:
+    """`Literal["none", <the presets in configs/>]`, so the UI offers them as a choice (read when the module is
+    imported: `asp serve` in the project root; a preset added later shows after `asp serve` restarts)."""
+    found = sorted(p.stem for p in Path("configs").glob("*.yaml") if p.stem != NO_PRESET)
+    return Literal[tuple([NO_PRESET, *found])]
+
+
+PresetName = _preset_type()
+
 
 def _request(stages: Any, preset: Any, overrides: Any, force: Any) -> RunRequest:
-    return RunRequest(tuple(stages or ()), preset or None, dict(overrides or {}), bool(force))
+    return RunRequest(
+        tuple(stages or ()), None if preset in (None, "", NO_PRESET) else preset, dict(overrides or {}), bool(force)
+    )
 
 
 def flow_run_name() -> str:
@@ -68,25 +84,58 @@ def _key(*parts: str) -> str:
     return "-".join(p.lower().replace("_", "-") for p in parts)
 
 
+WHAT = {"ran": "ran", "skipped": "was up to date (DVC skipped it)", "restored": "was restored from DVC's run cache"}
+
+
+def artifact_url(run_url: str, path: str) -> str:
+    """The MLflow UI address of artifact `path` (e.g. plots/x.png) of the run at `run_url` (`asp.tracking.run_url`)."""
+    base, sep, query = run_url.partition("?")
+    return f"{base}/artifacts/{quote(path)}{sep}{query}"
+
+
+def metrics_rows(report: StageReport) -> list[dict[str, Any]]:
+    """The stage's key metrics (`asp.orchestration.key_metrics`) as table rows."""
+    rows = [{"metric": k, "value": round(v, 6)} for k, v in key_metrics(report.stage, report.metrics)]
+    return rows or [{"metric": "(no metrics file)", "value": ""}]
+
+
+def stage_markdown(report: StageReport) -> str:
+    """The stage's note: what DVC did and where (workspace or DVC experiment), the MLflow run that made the outputs
+    and that run's own plots and tables, linked in MLflow."""
+    where = f" in the DVC experiment `{report.experiment}`" if report.experiment else ""
+    text = f"### {report.stage}: {WHAT.get(report.status, report.status)}{where}\n\n"
+    if report.mlflow_url:
+        whose = "made by this run" if report.status == "ran" else "the run that made these outputs"
+        text += f"[MLflow run of {report.stage}]({report.mlflow_url}) ({whose}). "
+    else:
+        text += "No MLflow run of it was found. "
+    text += f"Took {report.seconds:.1f} s.\n\n"
+    if report.mlflow_url and report.artifacts:
+        links = "\n".join(f"- [{p}]({artifact_url(report.mlflow_url, p)})" for p in report.artifacts)
+        text += f"Plots and tables of that MLflow run:\n{links}\n\n"
+    files = ", ".join(f"`{p}`" for p in report.plots) or "none"
+    if report.experiment:
+        text += (
+            f"The workspace's files ({files}) are not this run's: `dvc exp apply {report.experiment}` brings the "
+            "experiment's outputs into the workspace.\n"
+        )
+    else:
+        text += f"In the workspace: {files}.\n"
+    return text
+
+
 def publish_stage(report: StageReport) -> None:
-    """The stage's artifacts: a table of its key metrics and a note with its MLflow run and plots."""
-    what = {
-        "ran": "ran",
-        "skipped": "was up to date (DVC skipped it)",
-        "restored": "was restored from DVC's run cache",
-    }
-    rows = [{"metric": k, "value": round(v, 6)} for k, v in list(report.metrics.items())[:MAX_METRICS]]
+    """The stage's artifacts: a table of its key metrics and a note with its MLflow run and that run's plots."""
+    where = f" in DVC experiment {report.experiment}" if report.experiment else ""
+    what = WHAT.get(report.status, report.status) + where
+    shown = len(key_metrics(report.stage, report.metrics))
     create_table_artifact(
-        table=rows or [{"metric": "(no metrics file)", "value": ""}],
+        table=metrics_rows(report),
         key=_key("asp", report.stage, "metrics"),
-        description=f"**{report.stage}** {what.get(report.status, report.status)}: key metrics "
-        f"(first {MAX_METRICS}; all in MLflow)",
+        description=f"**{report.stage}** {what}: key metrics ({shown} of {len(report.metrics)}; all in MLflow)",
     )
-    link = f"[MLflow run of {report.stage}]({report.mlflow_url})" if report.mlflow_url else "no MLflow run found"
-    plots = "\n".join(f"- `{p}`" for p in report.plots) or "- none"
     create_markdown_artifact(
-        markdown=f"### {report.stage}: {what.get(report.status, report.status)}\n\n{link}\n\n"
-        f"Took {report.seconds:.1f} s.\n\nPlots (in the workspace, and as MLflow artifacts):\n{plots}\n",
+        markdown=stage_markdown(report),
         key=_key("asp", report.stage),
         description=f"{report.stage}: {report.status}; MLflow link",
     )
@@ -151,16 +200,18 @@ def experiment_task(run: PipelineRun) -> list[str] | State[Any]:
 @flow(name="asp-pipeline", flow_run_name=flow_run_name, log_prints=True, persist_result=False)
 def asp_pipeline(
     stages: list[StageName] = [],  # type: ignore[valid-type]  # noqa: B006 (shown as a multi-select; not mutated)
-    preset: str | None = None,
-    overrides: dict[str, Any] | None = None,
+    preset: PresetName = NO_PRESET,  # type: ignore[valid-type]  # shown as a choice of configs/'s presets
+    overrides: dict[str, Any] = {},  # noqa: B006 (typed `object` in the UI, not `None`; not mutated)
     force: bool = False,
 ) -> dict[str, str]:
     """Run the chosen stages (default: all, in dvc.yaml order) through DVC under one MLflow parent run.
 
     Args:
         stages: stage names from dvc.yaml; none means all.
-        preset: a preset in configs/ (e.g. gpu-cluster) applied on top of params.yaml for this run only.
-        overrides: params for this run only, as dotted keys, e.g. {"schedule.k": 3}.
+        preset: a preset in configs/ applied on top of params.yaml for this run only (the run is then a DVC
+            experiment); none: params.yaml as it is.
+        overrides: params for this run only, a JSON object of dotted keys, e.g. {"schedule.k": 3}; the run is then
+            a DVC experiment and params.yaml stays as it is. Checked against the params models before anything runs.
         force: rerun stages even when DVC finds them up to date.
     """
     logger = get_run_logger()

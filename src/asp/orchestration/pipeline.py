@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 import uuid
@@ -56,11 +57,13 @@ from asp.tracking import (
     PREFECT_RUN_ENV,
     PREFECT_URL_ENV,
     end_run,
+    find_run_made_with,
     find_stage_run,
     nested_statuses,
     open_tracker,
     record_in_parent,
     resolve_tracking_uri,
+    run_artifacts,
     run_url,
 )
 
@@ -88,6 +91,14 @@ class StageReport:
     plots: list[str] = field(default_factory=list)
     mlflow_run_id: str | None = None
     mlflow_url: str | None = None
+    artifacts: list[str] = field(default_factory=list)  # plots/ and tables/ files of that MLflow run
+    experiment: str | None = None  # the DVC experiment that holds the outputs (None: the workspace)
+
+
+def shown_cmd(cmd: list[str]) -> str:
+    """A DVC command as a person types it: `python -m dvc` shown as `dvc`, the arguments shell-quoted."""
+    head = 3 if cmd[:3] == [sys.executable, "-m", "dvc"] else 0
+    return shlex.join(["dvc", *cmd[head:]] if head else cmd)
 
 
 def stage_files(name: str, dvc_file: str | Path = "dvc.yaml") -> tuple[list[str], list[str]]:
@@ -302,13 +313,14 @@ class PipelineRun:
         fails keeps DVC's outcome (its outputs deleted; a rerun rebuilds them)."""
         if self.request.is_experiment:
             raise UserError("a run with a preset or overrides is a DVC experiment: use run_experiment()")
-        self.on_line(f"[asp] stage {name}: dvc repro --single-item {name}")
+        cmd = dvc_repro_cmd(name, self.request.force)
+        self.on_line(f"[asp] stage {name}: {shown_cmd(cmd)}")  # the command as it runs (--force included)
         skips = not self.request.force and self._up_to_date(name)  # DVC's status, before it runs
         try:
             if not skips and name not in self._snapshots:  # DVC deletes the outputs before the command runs
                 self._snapshots[name] = self._take(name)
             result = run_streaming(
-                dvc_repro_cmd(name, self.request.force),
+                cmd,
                 env=self.env(),
                 on_line=self.on_line,
                 timeout_s=self.timeout_s(name),
@@ -368,7 +380,7 @@ class PipelineRun:
         overrides = effective_overrides(self.request, self.root)
         copies = copy_paths(uncached_outputs(self.root / "dvc.yaml"), self.root)
         cmd = dvc_exp_cmd(self.exp_name, self.stages, overrides, self.request.force, copy_paths=copies)
-        self.on_line(f"[asp] DVC experiment {self.exp_name}: dvc exp run --temp " + " ".join(cmd[cmd.index("-n") :]))
+        self.on_line(f"[asp] DVC experiment {self.exp_name}: {shown_cmd(cmd)}")
         timeout = sum(self.timeout_s(s) or 0 for s in stage_names(self.root / "dvc.yaml")) or None
         marks: list[tuple[float, str]] = []  # when each line arrived: a stage's time runs to the next stage's
 
@@ -412,19 +424,28 @@ class PipelineRun:
         return out
 
     def _report(self, name: str, status: StageStatus, seconds: float) -> StageReport:
-        """The stage's metrics and plots and its MLflow run: the one this run made when the stage ran, else the
-        newest finished run of the stage (the one whose outputs DVC kept or restored)."""
+        """The stage's metrics and plots and the MLflow run that made its outputs: the one this run made when the
+        stage ran, else the newest finished run of it made with this run's params (`find_run_made_with`: the
+        outputs DVC kept or restored; in the workspace, one made outside an experiment), else the newest finished
+        run of it; with the plots and tables that MLflow run logged."""
         _, plots = stage_files(name, self.root / "dvc.yaml")
-        report = StageReport(name, status, seconds, self._metrics_of(name), plots)
+        report = StageReport(name, status, seconds, self._metrics_of(name), plots, experiment=self.exp_name)
         common = self.params.common
         uri = common.tracking_uri
         parent_id = self.parent.run_id if status == "ran" and self.parent is not None else None
+        workspace_only = not self.exp_name
         try:
             found = None
             if parent_id:  # it ran in this run
                 found = find_stage_run(common.experiment, name, parent_run_id=parent_id, tracking_uri=uri)
-            if found is None:  # up to date or restored: the newest finished run of it (in the workspace)
-                found = find_stage_run(common.experiment, name, workspace_only=not self.exp_name, tracking_uri=uri)
+            if found is None:  # up to date or restored: the run made with these params
+                found = find_run_made_with(
+                    common.experiment, name, self.params.model_dump(), tracking_uri=uri, workspace_only=workspace_only
+                )
+            if found is None:
+                found = find_stage_run(common.experiment, name, workspace_only=workspace_only, tracking_uri=uri)
+            if found:
+                report.artifacts = run_artifacts(found["run_id"], tracking_uri=uri)
         except Exception as exc:  # a link is a convenience; the stage's outcome stands
             self.on_line(f"[asp] could not look up the MLflow run of {name}: {exc}")
             found = None

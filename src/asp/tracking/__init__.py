@@ -8,6 +8,7 @@ mlflow (import-linter checks it).
 * `liveness` - the owner-process tags of a run and whether that process is still alive
 * `parents`  - the pipeline parent run of a plain `dvc repro` / `dvc exp run` (walking up to the DVC process)
 * `registry` - length predictors in the MLflow Model Registry
+* `artifacts` - which run made a stage's current outputs (`find_run_made_with`) and the plots / tables it logged
 
 Conventions (see shared/DESIGN.md):
 
@@ -32,6 +33,7 @@ Usage (callers import from `asp.tracking`; the submodules are its layout)::
 
 from __future__ import annotations
 
+from asp.tracking.artifacts import find_run_made_with, run_artifacts
 from asp.tracking.liveness import HOST_TAG, PID_TAG, START_TAG, owner_alive, owner_tags
 from asp.tracking.parents import dvc_group, dvc_parent, record_in_parent
 from asp.tracking.protocol import (
@@ -89,6 +91,7 @@ __all__ = [
     "dvc_parent",
     "end_run",
     "ensure_experiment",
+    "find_run_made_with",
     "find_stage_run",
     "flatten",
     "log_text",
@@ -102,6 +105,7 @@ __all__ = [
     "register_predictor",
     "reopen_run",
     "resolve_tracking_uri",
+    "run_artifacts",
     "run_url",
     "sqlite_damage",
     "sqlite_file",
