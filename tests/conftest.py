@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -163,7 +162,9 @@ def start_prefect_server(
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         **settings,
     )
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    from asp.cli.ui import PREFECT_SERVER_CMD  # `asp ui prefect`'s server: API requests answered 503 are retried
+
+    cmd = [*PREFECT_SERVER_CMD, "--host", "127.0.0.1", "--port", str(port)]
     proc = background.start(cmd, log=home / "server.log", env=env)
     background.wait_http(f"{env['PREFECT_API_URL']}/health", proc, 180)
     return env, port, proc

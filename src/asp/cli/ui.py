@@ -42,6 +42,61 @@ HostOpt = Annotated[
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
 CLASSIC_VIEW = "workflowType=machine_learning"  # MLflow 3's UI toggle; without it the UI opens the GenAI view
 
+# `prefect server start`, with the API running again a request Prefect answered 503 (its SQLite database busy)
+PREFECT_SERVER_CMD = [sys.executable, "-m", "asp.cli.prefect_server", "server", "start"]
+
+
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="PostgreSQL database for a server a team shares: postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE "
+        "(one database for Prefect, another for MLflow); default: the embedded SQLite file",
+    ),
+]
+POSTGRES_DRIVERS = {"prefect": "asyncpg", "mlflow": "psycopg2"}  # the driver each server's SQLAlchemy uses
+POSTGRES_EXTRA = "pip install -e '.[postgres]'"
+
+
+def redact(url: str) -> str:
+    """`url` with its password (if any) replaced by ***, for messages and banners."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def postgres_url(url: str, server: str) -> str:
+    """The SQLAlchemy URL through which `server` ("prefect" or "mlflow") reaches the PostgreSQL database `url`
+    (postgresql:// or postgres://, any +driver replaced by the server's own).
+
+    Raises:
+        UserError: `url` is not a PostgreSQL URL naming a database, or the server's driver is not installed.
+    """
+    from asp.errors import UserError
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.split("+")[0] not in ("postgresql", "postgres") or not parts.path.strip("/") or not parts.hostname:
+        raise UserError(
+            f"--database-url {redact(url)!r} is not a PostgreSQL database URL: give "
+            "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (one database for Prefect, another for MLflow)."
+        )
+    driver = POSTGRES_DRIVERS[server]
+    import importlib.util
+
+    if importlib.util.find_spec(driver) is None:
+        raise UserError(f"the {server} server needs the Python package {driver} for PostgreSQL: {POSTGRES_EXTRA}.")
+    return urllib.parse.urlunsplit(parts._replace(scheme=f"postgresql+{driver}"))
+
+
+def prefect_server_env(database_url: str | None = None) -> dict[str, str]:
+    """The Prefect server's database: its embedded SQLite file (PREFECT_HOME/prefect.db) without `database_url`,
+    else the PostgreSQL database at `database_url` (through asyncpg, Prefect's driver for it)."""
+    if not database_url:
+        return {}
+    return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres_url(database_url, "prefect")}
+
 
 def base_url(host: str, port: int) -> str:
     """The URL a browser on this machine uses for a server bound to `host`."""
@@ -117,21 +172,32 @@ def server_experiment_id(base: str, name: str, artifact_location: str | None) ->
 
 
 @app.command("mlflow")
-def ui_mlflow(port: PortOpt = 5000, host: HostOpt = "127.0.0.1") -> None:
-    """Start the MLflow UI on the project's store (one worker, no job runners) and print the experiment's URL."""
+def ui_mlflow(port: PortOpt = 5000, host: HostOpt = "127.0.0.1", database_url: DatabaseOpt = None) -> None:
+    """Start the MLflow UI on the project's store (one worker, no job runners) and print the experiment's URL.
+
+    With --database-url the store is that PostgreSQL database and the server keeps artifacts itself (under
+    ./mlartifacts, served as mlflow-artifacts:/): clients then log through the server (MLFLOW_TRACKING_URI=its URL).
+    """
     from asp.config import load_params
     from asp.tracking import ARTIFACT_DIR, check_store, resolve_tracking_uri
+    from asp.tracking.store import relocate_artifacts
 
     common = load_params().common if Path("params.yaml").is_file() else None
-    uri = resolve_tracking_uri(common.tracking_uri if common else None)
+    uri = postgres_url(database_url, "mlflow") if database_url else None
+    uri = uri or resolve_tracking_uri(common.tracking_uri if common else None)
     experiment = common.experiment if common else "asp"
     check_port_free(host, port, "the MLflow UI")
     check_store(uri, writable=False)
+    relocate_artifacts(uri)
     artifact_root = Path(ARTIFACT_DIR).resolve().as_uri()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--default-artifact-root"]
-    cmd += [artifact_root, "--host", host, "--port", str(port), "--workers", "1"]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
+    if database_url:  # a team's server: artifacts through the server (mlflow-artifacts:/), wherever clients run
+        cmd += ["--artifacts-destination", artifact_root]
+    else:
+        cmd += ["--default-artifact-root", artifact_root]
+    cmd += ["--host", host, "--port", str(port), "--workers", "1"]
     base = base_url(host, port)
-    announce("the MLflow server", host, port, f"(store {uri}) ")
+    announce("the MLflow server", host, port, f"(store {redact(uri)}) ")
 
     def show_url() -> None:
         try:
@@ -148,13 +214,18 @@ def ui_mlflow(port: PortOpt = 5000, host: HostOpt = "127.0.0.1") -> None:
 
 
 @app.command("prefect")
-def ui_prefect(port: PortOpt = 4200, host: HostOpt = "127.0.0.1") -> None:
-    """Start the Prefect server and UI (analytics off); `asp serve` in another shell makes the pipeline runnable."""
+def ui_prefect(port: PortOpt = 4200, host: HostOpt = "127.0.0.1", database_url: DatabaseOpt = None) -> None:
+    """Start the Prefect server and UI (analytics off); `asp serve` in another shell makes the pipeline runnable.
+
+    Its database is the embedded SQLite file, or with --database-url that PostgreSQL database (a team's server).
+    """
+    server_env = prefect_server_env(database_url)
     check_port_free(host, port, "the Prefect server")
     base = base_url(host, port)
-    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=f"{base}/api")
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port), "--analytics-off"]
-    announce("the Prefect server", host, port, "")
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=f"{base}/api", **server_env)
+    cmd = [*PREFECT_SERVER_CMD, "--host", host, "--port", str(port), "--analytics-off"]
+    store = f"(database {redact(database_url)}) " if database_url else ""
+    announce("the Prefect server", host, port, store)
 
     def show_url() -> None:
         typer.echo(f"Prefect UI: {base}")

@@ -4,13 +4,19 @@ before anything is computed, SQLite's failure words turned into one clear messag
     uri = resolve_tracking_uri(params.common.tracking_uri)   # env var, then params, then ./mlflow.db
     check_store(uri)                                         # UserError naming the file and what to do
     with store_errors(uri):
-        client = mlflow_client(uri)
+        client = mlflow_client(uri)                          # + relocate_artifacts(uri): a moved or copied project
+
+The project's own store (``mlflow.db`` beside ``mlartifacts/`` in the project root) names its artifact folder by an
+absolute path (MLflow resolves every local artifact location when it creates an experiment), so a moved or copied
+project would show and write the original's artifacts; `relocate_artifacts` points it at the project's own copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +27,7 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 ARTIFACT_DIR = "mlartifacts"
+log = logging.getLogger("asp.tracking")
 
 
 def resolve_tracking_uri(configured: str | None = None, root: str | Path = ".") -> str:
@@ -32,8 +39,9 @@ def resolve_tracking_uri(configured: str | None = None, root: str | Path = ".") 
 
 
 def mlflow_client(uri: str) -> MlflowClient:
-    """An `MlflowClient` for `uri`, after `check_store` (telemetry off unless set)."""
+    """An `MlflowClient` for `uri`, after `check_store` and `relocate_artifacts` (telemetry off unless set)."""
     check_store(uri)
+    relocate_artifacts(uri)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow import MlflowClient
 
@@ -152,3 +160,89 @@ def store_errors(uri: str) -> Iterator[None]:
         if found is None or isinstance(exc, UserError):
             raise
         raise UserError(f"the MLflow store {uri} failed ({found}): {STORE_FAILURES[found]}, {_OTHER_STORE}.") from None
+
+
+# ---- a moved or copied project: its store points at its own artifacts ----------------------------------------------
+# Every column of MLflow's schema (pinned mlflow==3.17.2) that holds an artifact URI of an experiment's runs;
+# tests/test_tracking_store_moved.py checks them through MLflow's own API after a move and a copy.
+ARTIFACT_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "source"),
+    ("model_versions", "storage_location"),
+)
+_RELOCATED: set[tuple[str, Path]] = set()
+
+
+def relocate_artifacts(uri: str, root: str | Path = ".") -> dict[str, str]:
+    """Point the experiments of the project's own store at the project's own artifact folder after a move or copy.
+
+    The project's own store is the SQLite file of `uri` when it lies in `root` (``mlflow.db`` beside
+    ``mlartifacts/``). An experiment of it whose artifact location is another folder's ``mlartifacts`` (the place
+    the project was created or copied from) is rewritten to ``<root>/mlartifacts``, with the artifact URIs of its
+    runs, logged models and registered model versions, when its artifacts came along (the folder of one of its runs
+    is in ``<root>/mlartifacts``) or the old folder is gone. Other stores (a server, a database service, an SQLite
+    file elsewhere, shared by several projects) are left alone. Once per process and store; a warning says what was
+    rewritten.
+
+    Returns:
+        {old location: new location} of the experiments rewritten (empty when nothing was).
+    """
+    path = sqlite_file(uri)
+    root = Path(root).resolve()
+    if path is None or (uri, root) in _RELOCATED or not path.is_file() or path.resolve().parent != root:
+        return {}
+    _RELOCATED.add((uri, root))
+    new = (root / ARTIFACT_DIR).as_uri()
+    import sqlite3
+
+    con = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        try:
+            experiments = con.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall()
+        except sqlite3.OperationalError:  # a store MLflow has not set up yet
+            return {}
+        moved = {}
+        for exp_id, old in experiments:
+            runs = con.execute(
+                "SELECT run_uuid FROM runs WHERE experiment_id = ? ORDER BY start_time DESC LIMIT 100", (exp_id,)
+            ).fetchall()
+            if _moved_here(old, [r[0] for r in runs], root, new):
+                moved[old] = new
+        if not moved:
+            return {}
+        if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+            log.warning(
+                "the MLflow store %s keeps artifacts in %s, not in this project's %s, and is read-only here; "
+                "the MLflow UI shows (and runs write) the artifacts there. Make it writable to relocate it.",
+                path,
+                ", ".join(sorted(moved)),
+                new,
+            )
+            return {}
+        con.execute("BEGIN IMMEDIATE")
+        for old in moved:
+            for table, column in ARTIFACT_COLUMNS:
+                con.execute(
+                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                    f"WHERE {column} = ? OR substr({column}, 1, ?) = ?",
+                    (new, len(old) + 1, old, len(old) + 1, old + "/"),
+                )
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    for old in sorted(moved):
+        log.warning("the MLflow store %s (moved or copied) kept artifacts in %s: now in %s", path, old, new)
+    return moved
+
+
+def _moved_here(location: str | None, run_ids: list[str], root: Path, new: str) -> bool:
+    """Whether an experiment's artifact `location` is another project's ``mlartifacts`` folder whose runs' artifacts
+    came along to `root` (a run's folder is in ``<root>/mlartifacts``), or that no longer exists."""
+    if not location or location == new or not location.startswith("file://"):
+        return False
+    old = Path(urllib.parse.unquote(urllib.parse.urlsplit(location).path))
+    if old.name != ARTIFACT_DIR:
+        return False
+    return not old.exists() or any((root / ARTIFACT_DIR / run_id).is_dir() for run_id in run_ids)

@@ -1,0 +1,120 @@
+"""`prefect server start` with the API answering a busy SQLite database itself, not with 503s the UI shows.
+
+    python -m asp.cli.prefect_server server start --host 127.0.0.1 --port 4200   (what `asp ui prefect` runs)
+
+Why: Prefect's embedded SQLite database lets one connection write at a time. A request whose transaction reads
+before it writes (the UI's *Run*: `create_flow_run`) is refused at once when another connection wrote meanwhile
+(a runner polling, the event persister): SQLite's busy timeout does not apply to that read-to-write upgrade, and
+Prefect answers 503 "Service Unavailable", a code its own Python client retries but its web UI does not ("Something
+went wrong"). On a loaded machine that is one click in six (benchmarks/prefect_sqlite_load.py).
+
+How: Prefect's own command runs unchanged, with `RetryBusy` around the app it serves. `RetryBusy` runs an API
+request that Prefect answered 503 again, up to `ATTEMPTS` times with a growing pause, exactly as Prefect's client
+would (the refused transaction was rolled back); any other answer, and the last 503, go to the caller as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
+
+ATTEMPTS = 8  # pauses 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2 s: up to ~5 s of retrying before a 503 gets through
+FIRST_PAUSE_S = 0.05
+MAX_PAUSE_S = 2.0
+
+
+class RetryBusy:
+    """ASGI middleware: an HTTP request under /api that `app` answers 503 is run again (its body replayed), up to
+    `attempts` times in all, with pauses doubling from `first_pause_s` up to `max_pause_s`. Other requests,
+    websockets and lifespan go straight to `app`. `retried` counts the requests run again (for tests)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        attempts: int = ATTEMPTS,
+        first_pause_s: float = FIRST_PAUSE_S,
+        max_pause_s: float = MAX_PAUSE_S,
+    ) -> None:
+        self.app = app
+        self.attempts = attempts
+        self.first_pause_s = first_pause_s
+        self.max_pause_s = max_pause_s
+        self.retried = 0
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope.get("path", "").startswith("/api"):
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        pause = self.first_pause_s
+        for attempt in range(1, self.attempts + 1):
+            if not await self._attempt(scope, bytes(body), receive, send, last=attempt == self.attempts):
+                return
+            self.retried += 1
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, self.max_pause_s)
+
+    async def _attempt(
+        self, scope: MutableMapping[str, Any], body: bytes, receive: Receive, send: Send, last: bool
+    ) -> bool:
+        """Run the request once; True when it was answered 503 and that answer was held back (to run it again)."""
+        replayed = False
+        status: int | None = None
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the client's own disconnect
+
+        async def forward(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            if status != 503 or last:
+                await send(message)
+
+        try:
+            await self.app(dict(scope), replay, forward)  # a copy: routing rewrites the scope (root_path, ...)
+        except Exception:
+            # Starlette re-raises a handled exception after its handler answered (Prefect's answers 503 for a busy
+            # database); when that answer was held back, the request is run again instead.
+            if status != 503 or last:
+                raise
+        return status == 503 and not last
+
+
+def install() -> None:
+    """Make Prefect's `create_app` (what `prefect server start` serves) return its app inside `RetryBusy`."""
+    import prefect.server.api.server as server
+
+    create_app = server.create_app
+    if getattr(create_app, "_asp_retry_busy", False):
+        return
+
+    def create_app_retrying(*args: Any, **kwargs: Any) -> Any:
+        return RetryBusy(create_app(*args, **kwargs))
+
+    create_app_retrying._asp_retry_busy = True  # type: ignore[attr-defined]
+    server.create_app = create_app_retrying
+
+
+if __name__ == "__main__":
+    install()
+    from prefect.cli import app
+
+    app()
