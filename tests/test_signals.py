@@ -160,7 +160,7 @@ def test_killed_stage_processes_end_their_runs(project: tuple[Path, str], monkey
     assert len(runs) == 3  # no new run: the first one was continued
     continued, swept = runs[run_ids[resumed.pid]], runs[run_ids[stale.pid]]
     assert (continued.info.status, continued.data.tags["asp.resumed"]) == ("FINISHED", "true")
-    assert continued.data.tags["asp.pid"] == str(os.getpid())
+    assert "asp.pid" not in continued.data.tags  # its owner (this process, while it ran) is bookkeeping: gone
     assert swept.info.status == "KILLED" and f"owner process {stale.pid} " in swept.data.tags["asp.killed_reason"]
 
 

@@ -26,6 +26,7 @@ from mlflow.artifacts import download_artifacts  # noqa: E402
 from asp.env import Terminated  # noqa: E402
 from asp.errors import UserError  # noqa: E402
 from asp.tracking import (  # noqa: E402
+    BOOKKEEPING_TAGS,
     HOST_TAG,
     PARENT_ENV,
     PID_TAG,
@@ -91,7 +92,9 @@ def test_nested_runs_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     child, parent_run = client.get_run(child_id), client.get_run(parent.run_id)
     assert child.info.experiment_id == parent_run.info.experiment_id == experiment.experiment_id
     assert experiment.artifact_location == (tmp_path / "mlartifacts").as_uri()
-    assert child.info.run_name == "prepare" and parent_run.info.run_name == "pipeline"
+    assert child.info.run_name == "prepare · pipeline" and parent_run.info.run_name == "pipeline"  # told apart
+    assert not set(BOOKKEEPING_TAGS) & set(child.data.tags)  # the owner's pid / host / start and key: gone once ended
+    assert child.data.tags["mlflow.source.type"] == "LOCAL" and child.data.tags["mlflow.source.name"]
     assert child.data.tags["mlflow.parentRunId"] == parent.run_id
     assert "mlflow.parentRunId" not in parent_run.data.tags and parent_run.data.tags["asp.kind"] == "pipeline"
     assert child.data.tags["asp.kind"] == "stage" and child.data.tags["asp.git_dirty"] == "False"

@@ -601,18 +601,19 @@ def _from_override(key: str, overrides: list[str]) -> bool:
 
 
 def format_validation_error(
-    err: ValidationError, source: str, raw: dict[str, Any], overrides: Iterable[str] = ()
+    err: ValidationError, source: str, raw: dict[str, Any], overrides: Iterable[str] = (), origin: str = "--set"
 ) -> str:
     """Turn a pydantic error into one readable paragraph naming key, value and what is allowed.
 
-    Errors of keys that `overrides` set (dotted keys given with `--set` or as a UI run's overrides) are marked
-    "(from --set)" and the hint asks to fix the override; the others, the file."""
+    Errors of keys that `overrides` set are marked with where the user typed them, `origin`: "(from --set)" on
+    the command line, "(from overrides)" for a Prefect run's `overrides` parameter, and the hint asks to fix that;
+    the others, the file."""
     lines, overrides, from_file, from_set = [], list(overrides), False, False
     for e in err.errors():
         key = _format_loc(e["loc"])
         overridden = _from_override(key, overrides)
         from_set, from_file = from_set or overridden, from_file or not overridden
-        mark = " (from --set)" if overridden else ""
+        mark = f" (from {origin})" if overridden else ""
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             parent = e["loc"][:-1]
             allowed = _allowed_keys(parent)
@@ -626,10 +627,11 @@ def format_validation_error(
             if isinstance(value, dict):  # a whole section: the message names the offending field
                 where = f"'{key}'"
             lines.append(f"{where}{mark}: {e['msg'].removeprefix('Value error, ')}")
+    typed = "--set value" if origin == "--set" else origin
     hint = {
         (True, False): "Fix the value in the file and run again.",
-        (False, True): "Fix the --set value and run again.",
-        (True, True): "Fix the values in the file and the --set values and run again.",
+        (False, True): f"Fix the {typed} and run again.",
+        (True, True): f"Fix the values in the file and the {typed}s and run again.",
     }.get((from_file, from_set), "Fix the value in the file and run again.")
     if any(e["type"] == "missing" for e in err.errors()):
         hint = "Add what is missing (the repository's params.yaml lists every section and key) and run again."
@@ -745,13 +747,16 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def validate_params(raw: dict[str, Any], source: str = "params", overrides: Iterable[str] = ()) -> Params:
+def validate_params(
+    raw: dict[str, Any], source: str = "params", overrides: Iterable[str] = (), origin: str = "--set"
+) -> Params:
     """Validate a raw mapping; raise `UserError` with a readable message on any problem (`overrides`: the dotted
-    keys set from the command line, so their errors point there rather than at the file)."""
+    keys the user set where `origin` says, `--set` or a Prefect run's `overrides`, so their errors point there
+    rather than at the file)."""
     try:
         return Params.model_validate(raw)
     except ValidationError as err:
-        raise UserError(format_validation_error(err, source, raw, overrides)) from None
+        raise UserError(format_validation_error(err, source, raw, overrides, origin)) from None
 
 
 def load_params(path: str | Path = "params.yaml", overlay: str | Path | None = None) -> Params:

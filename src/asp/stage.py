@@ -76,6 +76,8 @@ def run_stage(
             tracking_uri=common.tracking_uri,
             tags={"asp.stage": name},
             resume_run_id=previous,
+            description=describe_stage(name, fn),
+            source=(f"stages/{name}.py", "LOCAL"),  # the file dvc.yaml's `asp stage NAME` runs
         ) as tracker,
     ):
         _hold(name)
@@ -87,6 +89,15 @@ def run_stage(
     shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in list(metrics.items())[:8])
     print(f"[{name}] done in {elapsed:.1f}s: {shown}", file=sys.stderr)
     return metrics
+
+
+def describe_stage(name: str, fn: StageFn) -> str:
+    """A stage run's description: what the stage does (the first paragraph of its `asp.pipeline` module's
+    docstring) and how it runs."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    what = " ".join(((module.__doc__ if module else None) or "").split("\n\n")[0].split())
+    how = f"Run by `asp stage {name}` (dvc.yaml's command): params from the `{name}` section of params.yaml."
+    return f"{what}\n\n{how}" if what else how
 
 
 def _hold(name: str, limit_s: float = 600.0) -> None:

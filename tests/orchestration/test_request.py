@@ -3,6 +3,7 @@ models (the message `asp params check` gives); labels and DVC experiment names t
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from asp.errors import UserError
 from asp.orchestration.request import (
     RunRequest,
     check_request,
+    describe_run,
     effective_overrides,
     experiment_name,
     ordered_stages,
@@ -21,6 +23,7 @@ from asp.orchestration.request import (
     set_dotted,
 )
 from asp.stage import stage_names
+from asp.tracking import stamped
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +49,7 @@ def test_overrides_are_validated_with_the_params_message() -> None:
         check_request(RunRequest(stages=("shedule",)), root=ROOT)
     with pytest.raises(UserError, match=r"no preset 'gpu'.*gpu-cluster"):
         check_request(RunRequest(preset="gpu"), root=ROOT)
-    with pytest.raises(UserError, match="expected SECTION.KEY"):
+    with pytest.raises(UserError, match=r"--set k is not a dotted SECTION\.KEY"):
         check_request(RunRequest(overrides={"k": 3}), root=ROOT)
 
 
@@ -82,3 +85,42 @@ def test_labels_and_experiment_names() -> None:
     assert name == "abc1234-dirty-gpu-cluster-schedule-schedule.k-3-force-1a2b3c4d"
     ok = subprocess.run(["git", "check-ref-format", f"refs/exps/{name}"], capture_output=True)
     assert ok.returncode == 0
+
+
+INVALID = r"params\.yaml \+ {typed}: invalid params: "
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [  # (what the user typed, the message's start and end) as the Prefect UI's `overrides` and as `--set`
+        ({"schedule.kk": 3}, INVALID + r"unknown key 'schedule\.kk' \(from {field}\)"),
+        ({"schedule.k": "three"}, INVALID + r"'schedule\.k' = 'three' \(from {field}\)"),
+        ({"k": 3}, r"{head}k\W* is not a dotted SECTION\.KEY"),
+        ({"schedule.k": 3, "schedule.k.x": 1}, r"{head}schedule\.k\.x\W* sets a key inside .*schedule\.k\b"),
+    ],
+)
+def test_a_bad_override_names_the_field_it_was_typed_in(overrides: dict, message: str) -> None:
+    """`overrides` (the UI's field) or `--set` (the command line), never "the file": first words and last sentence."""
+    for origin, field, head, typed, fix in (
+        ("overrides", "overrides", 'overrides: "', r"overrides \{.*\}", "Fix the overrides and run again."),
+        ("--set", "--set", "--set ", r"--set schedule\.k\w*=\S+", "Fix the --set value and run again."),
+    ):
+        with pytest.raises(UserError) as err:
+            check_request(RunRequest(overrides=overrides, overrides_from=origin), root=ROOT)
+        text = str(err.value)
+        assert re.match(message.format(field=field, head=head, typed=typed), text), text
+        assert "in the file" not in text and (text.endswith(fix) or text.endswith("Keep one of them and run again."))
+
+
+def test_run_names_are_stamped_and_parent_runs_described() -> None:
+    stages = stage_names(ROOT / "dvc.yaml")
+    label = run_label(RunRequest(), "abc1234", stages)
+    t = time.mktime((2026, 5, 14, 10, 32, 7, 0, 0, -1))
+    assert stamped(label, t) == "abc1234 demo all @ 05-14 10:32:07"  # two up-to-date runs differ by their time
+    request = RunRequest(("schedule",), None, {"schedule.k": 4}, overrides_from="overrides")
+    text = describe_run(
+        request, "abc1234 demo schedule schedule.k=4", "prefect", exp_name="e-1", outcomes=[("schedule", "ran", 3.2)]
+    )
+    assert text.startswith("Pipeline run `abc1234 demo schedule schedule.k=4`, started by a Prefect flow run")
+    assert 'params.yaml + overrides `{"schedule.k": 4}`' in text and "`dvc exp apply e-1`" in text
+    assert text.endswith("- schedule: ran (3.2 s)")

@@ -8,8 +8,10 @@ A run without a preset or overrides runs each stage with `dvc repro --single-ite
 `dvc.lock`, DVC's cache and run cache and `dvc status` stay truthful. A run with a preset or overrides is a
 DVC experiment (`run_experiment`: `dvc exp run --temp -n LABEL -S ...`): it runs in a temporary copy, so
 `params.yaml` and `outputs/` are never rewritten; `dvc exp show` lists it and `dvc exp apply NAME` brings it
-into the workspace. Either way one MLflow parent run, named by `run_label`, holds the stage runs (nested
-through `$ASP_PARENT_RUN_ID`), the params file, the resolved params and every stage's metrics.
+into the workspace. Either way one MLflow parent run, named `run.name` (`run_label` stamped with the start time, or
+the name the user gave the Prefect run), holds the stage runs (nested through `$ASP_PARENT_RUN_ID`, named
+`<stage> · <run.name>`), the params file, the resolved params and every stage's metrics; its description says
+what the run is and, once it ended, what each stage did.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from asp.orchestration.dvc import (
 from asp.orchestration.request import (
     RunRequest,
     check_request,
+    describe_run,
     effective_overrides,
     experiment_name,
     ordered_stages,
@@ -53,6 +56,7 @@ from asp.orchestration.request import (
 from asp.orchestration.retry import RetryPolicy, call_with_retries
 from asp.stage import stage_names
 from asp.tracking import (
+    NOTE_TAG,
     PARENT_ENV,
     PREFECT_RUN_ENV,
     PREFECT_URL_ENV,
@@ -65,6 +69,7 @@ from asp.tracking import (
     resolve_tracking_uri,
     run_artifacts,
     run_url,
+    stamped,
 )
 
 
@@ -191,8 +196,13 @@ class PipelineRun:
         runner: str = "cli",
         prefect_run: tuple[str, str | None] | None = None,
         on_line: Callable[[str], None] | None = None,
+        name: str | None = None,
+        source: str | None = None,
     ) -> None:
+        """`name`: the run's name (the Prefect flow run's; default `run_label` stamped with now); `source`: what
+        MLflow shows as the parent run's Source (default `asp repro`, or `prefect` for the Prefect runner)."""
         self.request = request
+        self._name, self.started, self.source = name, time.time(), source
         self.root = Path(root).resolve()
         self.params_path = Path(params_path)
         self.params = check_request(request, params_path, self.root)
@@ -215,6 +225,19 @@ class PipelineRun:
         self.stop_note: str | None = None  # what became of the workspace after that stop (or a timeout)
         self._snapshots: dict[str, workspace.Snapshot] = {}  # outputs kept while a stage runs (put back on a stop)
 
+    @property
+    def name(self) -> str:
+        """The run's name: in MLflow (the parent run) and Prefect (the flow run) alike."""
+        return self._name or stamped(self.label, self.started)
+
+    def _description(self) -> str:
+        """The parent run's description (`describe_run`), with what each stage did so far."""
+        outcomes = [(r.stage, r.status, r.seconds) for r in self.reports.values()]
+        url = self.prefect_run[1] if self.prefect_run else None
+        return describe_run(
+            self.request, self.label, self.runner, exp_name=self.exp_name, prefect_url=url, outcomes=outcomes
+        )
+
     # -- the parent run -------------------------------------------------------------------------------------
     def __enter__(self) -> PipelineRun:
         common = self.params.common
@@ -224,6 +247,7 @@ class PipelineRun:
             "asp.stages": ",".join(self.stages),
             "asp.preset": self.request.preset or "",
             "asp.overrides": json.dumps(dict(self.request.overrides), sort_keys=True),
+            "asp.label": self.label,
         }
         if self.exp_name:
             tags["asp.dvc_exp"] = self.exp_name
@@ -231,8 +255,18 @@ class PipelineRun:
             os.environ[PREFECT_RUN_ENV] = self.prefect_run[0]
             if self.prefect_run[1]:
                 os.environ[PREFECT_URL_ENV] = self.prefect_run[1]
+        prefect = self.runner == "prefect"
+        source = (self.source or ("prefect" if prefect else "asp repro"), "JOB" if prefect else "LOCAL")
         self.parent = self._stack.enter_context(
-            open_tracker(self.label, experiment=common.experiment, tracking_uri=common.tracking_uri, tags=tags)
+            open_tracker(
+                self.name,
+                experiment=common.experiment,
+                tracking_uri=common.tracking_uri,
+                tags=tags,
+                key="pipeline",  # a new pipeline run sweeps parent runs whose process died
+                description=self._description(),
+                source=source,
+            )
         )
         self.parent_url = run_url(self.params.orchestration.mlflow_ui, self.parent)
         return self
@@ -261,6 +295,7 @@ class PipelineRun:
         with contextlib.suppress(Exception):  # the parent's bookkeeping never hides the run's own outcome
             record_in_parent(self.parent, self.params, self.root / self.params_path, metrics)
             self.parent.set_tags({f"asp.stage_status.{r.stage}": r.status for r in self.reports.values()})
+            self.parent.set_tags({NOTE_TAG: self._description()})  # now with what each stage did
 
     def env(self) -> dict[str, str]:
         """Environment of the DVC command: the parent run, the store (absolute), the Prefect run."""
@@ -465,7 +500,7 @@ def run_pipeline(
     """`asp repro`: every chosen stage through DVC under one parent run, with the configured retries.
     Raises `StageFailed` (after the retries) or `UserError`."""
     with PipelineRun(request, params_path=params_path, runner="cli", on_line=on_line) as run:
-        on_line(f"[asp] run '{run.label}'" + (f": MLflow {run.parent_url}" if run.parent_url else ""))
+        on_line(f"[asp] run '{run.name}'" + (f": MLflow {run.parent_url}" if run.parent_url else ""))
         if request.is_experiment:
             reports = run.run_experiment()
         else:

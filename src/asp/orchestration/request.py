@@ -2,17 +2,21 @@
 
 Pure apart from reading `dvc.yaml`, `params.yaml` and the preset file. `check_request` validates the chosen
 stages against `dvc.yaml` and the params with the preset and overrides applied against the params models, so
-a typo fails in well under a second with the same message `asp params check` prints. `run_label` is the
-name every door gives the run (MLflow parent run, Prefect flow run, DVC experiment).
+a typo fails in well under a second with the same message `asp params check` prints; a bad override's message
+names where it was typed (`--set` on the command line, `overrides` in the Prefect UI). `run_label` says what a
+run runs (commit, preset, stages, overrides); stamped with its start time (`asp.tracking.stamped`) it is the
+name of the MLflow parent run and the Prefect flow run, and it makes the DVC experiment's name. `describe_run` is
+the parent run's description (MLflow's `mlflow.note.content`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -25,12 +29,15 @@ from asp.tracking import flatten
 @dataclass(frozen=True)
 class RunRequest:
     """A pipeline run: `stages` in dvc.yaml order (empty: all), a preset in configs/ and dotted-key
-    overrides (`{"schedule.k": 3}`), both applied on top of params.yaml. `force` reruns up-to-date stages."""
+    overrides (`{"schedule.k": 3}`), both applied on top of params.yaml. `force` reruns up-to-date stages.
+    `overrides_from` is where the user typed the overrides, named by every message about them: `--set` (the
+    command line) or `overrides` (the Prefect run's parameter, in the UI's form)."""
 
     stages: tuple[str, ...] = ()
     preset: str | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
     force: bool = False
+    overrides_from: Literal["--set", "overrides"] = "--set"
 
     @property
     def is_experiment(self) -> bool:
@@ -75,19 +82,56 @@ def parse_set_args(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def set_dotted(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """`raw` with each dotted key set (a copy; missing levels are created, so validation names unknown keys)."""
+def _typed(origin: str, key: Any, value: Any = ...) -> str:
+    """An override as the user typed it: `--set schedule.k=3` on the command line, `"schedule.k": 3` in the
+    Prefect UI's `overrides` (JSON)."""
+    if origin == "--set":
+        return f"--set {key}" + ("" if value is ... else f"={_short(value)}")
+    return json.dumps(key, default=str) + ("" if value is ... else f": {json.dumps(value, default=str)}")
+
+
+def _head(origin: str) -> str:
+    """A message's first words naming the field: `--set ...` names itself; the UI's keys get `overrides: `."""
+    return "" if origin == "--set" else f"{origin}: "
+
+
+def _noun(origin: str) -> str:
+    """What to fix, in a message's last sentence: the `--set` value (command line) or the `overrides` (UI)."""
+    return "--set value" if origin == "--set" else "overrides"
+
+
+def _example(origin: str) -> str:
+    return "--set schedule.k=3" if origin == "--set" else '{"schedule.k": 3}'
+
+
+def set_dotted(raw: dict[str, Any], overrides: Mapping[str, Any], origin: str = "--set") -> dict[str, Any]:
+    """`raw` with each dotted key set (a copy; missing levels are created, so validation names unknown keys).
+    `origin` (`--set` or `overrides`) is where the user typed them; a bad key's message names it."""
     nested: dict[str, Any] = {}
+    owner: dict[tuple[str, ...], str] = {}  # which override set each value, for a conflict's message
     for key, value in overrides.items():
-        if not isinstance(key, str) or not key or "." not in key:
-            raise UserError(f"override key {key!r}: expected SECTION.KEY, e.g. schedule.k.")
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", key):
+            raise UserError(
+                f"{_head(origin)}{_typed(origin, key)} is not a dotted SECTION.KEY (e.g. {_example(origin)}). "
+                f"Fix the {_noun(origin)} and run again."
+            )
         node = nested
         *parents, leaf = key.split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise UserError(f"override key {key!r} conflicts with another override of {part!r}.")
+                other = owner[tuple(parents[: i + 1])]
+                raise UserError(
+                    f"{_head(origin)}{_typed(origin, key)} sets a key inside {_typed(origin, other)}, which is a "
+                    "value, not a section. Keep one of them and run again."
+                )
+        if isinstance(node.get(leaf), dict):
+            raise UserError(
+                f"{_head(origin)}{_typed(origin, key)} replaces a section that another override sets a key in. "
+                "Keep one of them and run again."
+            )
         node[leaf] = value
+        owner[tuple(key.split("."))] = key
     return deep_merge(raw, nested)
 
 
@@ -116,9 +160,13 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
         raw = deep_merge(raw, read_yaml(preset_path(request.preset, root)))
         source += f" + configs/{request.preset}.yaml"
     if request.overrides:
-        raw = set_dotted(raw, request.overrides)
-        source += " + overrides " + ", ".join(f"{k}={v}" for k, v in request.overrides.items())
-    return validate_params(raw, source, overrides=request.overrides)
+        origin = request.overrides_from
+        raw = set_dotted(raw, request.overrides, origin)
+        if origin == "--set":
+            source += " + " + " ".join(_typed(origin, k, v) for k, v in request.overrides.items())
+        else:
+            source += " + overrides " + json.dumps(dict(request.overrides), default=str)
+    return validate_params(raw, source, overrides=request.overrides, origin=request.overrides_from)
 
 
 def ordered_stages(request: RunRequest, root: str | Path = ".") -> list[str]:
@@ -134,8 +182,9 @@ def _short(value: Any) -> str:
 
 
 def run_label(request: RunRequest, commit: str, all_stages: Iterable[str]) -> str:
-    """A name that tells runs apart: `<commit> <preset> <stages> <overrides>`, e.g.
-    `111b05c demo schedule schedule.k=3` or `111b05c* gpu-cluster all` (`*`: uncommitted changes)."""
+    """What a run runs: `<commit> <preset> <stages> <overrides>`, e.g. `111b05c demo schedule schedule.k=3` or
+    `111b05c* gpu-cluster all` (`*`: uncommitted changes). Runs are named `stamped(label)` (`... @ 05-14 10:32:07`:
+    when it started), so two runs of the same thing are told apart too."""
     stages = "all" if not request.stages or set(request.stages) >= set(all_stages) else "+".join(request.stages)
     parts = [commit or "nogit", request.preset or "demo", stages]
     parts += [f"{k}={_short(v)}" for k, v in request.overrides.items()]
@@ -149,3 +198,39 @@ def experiment_name(label: str, suffix: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label.replace("*", "-dirty")).strip("-.")
     slug = re.sub(r"\.{2,}", ".", slug)[:80].rstrip("-.")
     return f"{slug}-{suffix}".lower()
+
+
+DOORS = {"cli": "`asp repro`", "prefect": "a Prefect flow run", "dvc": "plain `dvc repro`"}
+
+
+def describe_run(
+    request: RunRequest,
+    label: str,
+    runner: str,
+    *,
+    exp_name: str | None = None,
+    prefect_url: str | None = None,
+    outcomes: Iterable[tuple[str, str, float]] = (),
+) -> str:
+    """The description (Markdown) of a pipeline parent run: which door started it, what it runs with which params,
+    where its DVC experiment and Prefect flow run are, and, once it ended, what each stage did (`outcomes`:
+    (stage, ran / skipped / restored / failed / timeout, seconds))."""
+    stages = ", ".join(f"`{s}`" for s in request.stages) or "every stage"
+    params = "params.yaml" + (f" + preset `{request.preset}`" if request.preset else "")
+    if request.overrides:
+        params += f" + {request.overrides_from} `" + json.dumps(dict(request.overrides), default=str) + "`"
+    lines = [f"Pipeline run `{label}`, started by {DOORS.get(runner, runner)}: {stages} with {params}."]
+    if request.force:
+        lines.append("Forced: stages that DVC finds up to date run again.")
+    if exp_name:
+        lines.append(
+            f"A DVC experiment, `{exp_name}`: params.yaml and the workspace stay as they are; "
+            f"`dvc exp apply {exp_name}` brings its params and outputs into the workspace."
+        )
+    if prefect_url:
+        lines.append(f"Prefect flow run: {prefect_url}")
+    done = [f"- {stage}: {status} ({seconds:.1f} s)" for stage, status, seconds in outcomes]
+    if done:
+        legend = "Stages (ran: DVC ran it; skipped: up to date; restored: from DVC's run cache):"
+        lines.append("\n".join([legend, *done]))
+    return "\n\n".join(lines)

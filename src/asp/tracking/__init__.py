@@ -5,6 +5,7 @@ mlflow (import-linter checks it).
 * `store`    - the tracking URI, the SQLite store's health check (`check_store`, `store_errors`), the client
 * `runs`     - the MLflow adapter `MlflowTracker`; `open_tracker`, `start_run` / `reopen_run` / `attach_run` /
   `end_run`, how a run ends (`status_of`), run lookups and links, the sweep of runs whose owner died
+* `context`  - where a run comes from in MLflow's system tags (source, git, user), descriptions, `stamped` names
 * `liveness` - the owner-process tags of a run and whether that process is still alive
 * `parents`  - the pipeline parent run of a plain `dvc repro` / `dvc exp run` (walking up to the DVC process)
 * `registry` - length predictors in the MLflow Model Registry
@@ -20,9 +21,13 @@ Conventions (see shared/DESIGN.md):
 * length predictors are registered in the MLflow Model Registry (`register_predictor`): the evaluate stage's is
   version 1 of `drift.registry_model`, every accepted re-profile (`asp.pipeline.reprofile`) adds one;
 * a run ends FINISHED, FAILED (an exception) or KILLED (Ctrl-C, SIGTERM, a Prefect cancellation); a status set
-  with `end_run` inside the `open_tracker` block stays. Every run records its owner process (`asp.pid`,
-  `asp.host`, `asp.pid_start`); when a run opens, earlier RUNNING runs of the same name whose owner process on
-  this host is gone (killed with SIGKILL, out of memory) are marked KILLED.
+  with `end_run` inside the `open_tracker` block stays. While it runs, a run records its owner process (`asp.pid`,
+  `asp.host`, `asp.pid_start`) and its key (`asp.run_key`); when a run opens, earlier RUNNING runs of the same key
+  whose owner process on this host is gone (killed with SIGKILL, out of memory) are marked KILLED. These
+  bookkeeping tags are deleted when a run ends;
+* runs carry MLflow's own source tags (`mlflow.source.name` / `.type`, `mlflow.source.git.commit` / `.branch` /
+  `.repoURL` / `.dirty`, `mlflow.user`) and a description (`mlflow.note.content`); names tell runs apart: a
+  pipeline run is `stamped` with its start time, a nested run is named `<stage> · <parent's name>`.
 
 Usage (callers import from `asp.tracking`; the submodules are its layout)::
 
@@ -34,7 +39,8 @@ Usage (callers import from `asp.tracking`; the submodules are its layout)::
 from __future__ import annotations
 
 from asp.tracking.artifacts import find_run_made_with, run_artifacts
-from asp.tracking.liveness import HOST_TAG, PID_TAG, START_TAG, owner_alive, owner_tags
+from asp.tracking.context import NOTE_TAG, context_tags, stamped
+from asp.tracking.liveness import BOOKKEEPING_TAGS, HOST_TAG, PID_TAG, RUN_KEY_TAG, START_TAG, owner_alive, owner_tags
 from asp.tracking.parents import dvc_group, dvc_parent, record_in_parent
 from asp.tracking.protocol import (
     PARENT_ENV,
@@ -49,7 +55,6 @@ from asp.tracking.registry import predictor_versions, register_predictor
 from asp.tracking.runs import (
     MlflowTracker,
     attach_run,
-    context_tags,
     end_run,
     ensure_experiment,
     find_stage_run,
@@ -74,11 +79,14 @@ from asp.tracking.store import (
 
 __all__ = [
     "ARTIFACT_DIR",
+    "BOOKKEEPING_TAGS",
     "HOST_TAG",
+    "NOTE_TAG",
     "PARENT_ENV",
     "PID_TAG",
     "PREFECT_RUN_ENV",
     "PREFECT_URL_ENV",
+    "RUN_KEY_TAG",
     "START_TAG",
     "STORE_FAILURES",
     "MlflowTracker",
@@ -109,6 +117,7 @@ __all__ = [
     "run_url",
     "sqlite_damage",
     "sqlite_file",
+    "stamped",
     "start_run",
     "status_of",
     "store_errors",

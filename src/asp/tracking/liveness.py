@@ -3,6 +3,10 @@ tell a run whose owner died without ending it (SIGKILL, out of memory) from one 
 
     tags = owner_tags()          # {"asp.pid": "123", "asp.host": "h", "asp.pid_start": "1700000000.12"}
     owner_alive(tags)            # False only when the owner is provably gone (same host, pid dead or reused)
+
+These tags, and the run's key (`asp.run_key`: which earlier runs a new one may sweep), are bookkeeping of a RUNNING
+run: `asp.tracking.end_run` deletes them (`BOOKKEEPING_TAGS`) when the run ends, so a finished run shows the user
+only what describes it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import socket
 from collections.abc import Mapping
 
 PID_TAG, HOST_TAG, START_TAG = "asp.pid", "asp.host", "asp.pid_start"
+RUN_KEY_TAG = "asp.run_key"  # a stage's name, `pipeline` for parent runs: a new run sweeps dead runs of its key
+BOOKKEEPING_TAGS = (PID_TAG, HOST_TAG, START_TAG, RUN_KEY_TAG)
 
 
 def owner_tags() -> dict[str, str]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asp.tracking.context import stamped
 from asp.tracking.protocol import PARENT_ENV, Tracker
 from asp.tracking.runs import MlflowTracker, end_run, ensure_experiment, reopen_run, start_run, status_of
 from asp.tracking.store import mlflow_client, resolve_tracking_uri, store_errors
@@ -26,10 +27,8 @@ if TYPE_CHECKING:
 
 def dvc_group(max_depth: int = 8) -> tuple[str, str] | None:
     """The DVC command that started this stage process, as (group key, parent run name): `dvc exp run NAME`
-    (DVC_EXP_NAME) or the nearest ancestor `dvc repro` process (pid and start time). None when no DVC
-    command is above this process (a stage run by hand)."""
-    import time
-
+    (DVC_EXP_NAME) or the nearest ancestor `dvc repro` process (pid and start time; named `dvc repro <commit> @
+    <its start time>`). None when no DVC command is above this process (a stage run by hand)."""
     import psutil  # a dependency of dvc
 
     from asp import vcs
@@ -46,8 +45,7 @@ def dvc_group(max_depth: int = 8) -> tuple[str, str] | None:
             if "repro" in cmd and ("dvc" in cmd or any(a.startswith("dvc") for a in cmd[:3])):
                 started = proc.create_time()
                 key = f"dvc:{socket.gethostname()}:{proc.pid}:{started:.2f}"
-                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
-                return key, f"dvc repro {vcs.commit_label() or 'nogit'} {when}"
+                return key, stamped(f"dvc repro {vcs.commit_label() or 'nogit'}", started)
             proc = proc.parent()
     except psutil.Error:
         return None
@@ -77,7 +75,14 @@ def dvc_parent(experiment: str, tracking_uri: str | None = None) -> Iterator[Tra
             parent = reopen_run(client.tracking_uri, found[0].info.run_id)
         else:
             tags = {"asp.kind": "pipeline", "asp.runner": "dvc", "asp.group": key}
-            parent = start_run(client.tracking_uri, experiment, name, tags=tags)
+            command = "dvc exp run" if key.startswith("dvc-exp:") else "dvc repro"
+            note = (
+                f"Pipeline run of a plain `{command}` (not through `asp repro` or Prefect): the runs of the stages "
+                "this DVC command ran nest here, with the params file, the resolved params and every stage's metrics."
+            )
+            parent = start_run(
+                client.tracking_uri, experiment, name, tags=tags, description=note, source=(command, "LOCAL")
+            )
     assert parent is not None
     os.environ[PARENT_ENV] = parent.run_id
     try:

@@ -1,9 +1,14 @@
 """The MLflow adapter: `MlflowTracker` logs to one run through an explicit `MlflowClient`; runs are started, reopened,
 attached to and ended here, with their status following how the block ended (`status_of`), and stale RUNNING runs
-of dead owners are marked KILLED when a run of the same name opens (`sweep_stale_runs`).
+of dead owners are marked KILLED when a run of the same key opens (`sweep_stale_runs`).
 
     with open_tracker("prepare", experiment="asp") as tracker:   # nested under $ASP_PARENT_RUN_ID when set
         tracker.log_metrics({"prepare/prompts": 2000})
+
+A run nested under a parent is named `<name> · <parent's name>` (`prepare · 840e457 demo all @ 05-14 10:32:07`),
+so stage runs of different pipeline runs are told apart in MLflow's compare view. Every run carries MLflow's source
+and git tags (`asp.tracking.context`), a description when one is given, and while it runs the bookkeeping tags of
+its owner process; those are deleted when it ends.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asp.tracking.liveness import HOST_TAG, PID_TAG, owner_alive, owner_tags
-from asp.tracking.protocol import PARENT_ENV, PREFECT_RUN_ENV, PREFECT_URL_ENV, NullTracker, Tracker, flatten
+from asp.tracking.context import NOTE_TAG, context_tags
+from asp.tracking.liveness import BOOKKEEPING_TAGS, HOST_TAG, PID_TAG, RUN_KEY_TAG, owner_alive, owner_tags
+from asp.tracking.protocol import PARENT_ENV, NullTracker, Tracker, flatten
 from asp.tracking.store import ARTIFACT_DIR, mlflow_client, resolve_tracking_uri, store_errors
 
 if TYPE_CHECKING:
@@ -100,21 +106,48 @@ def ensure_experiment(client: MlflowClient, name: str, root: str | Path = ".") -
         return exp.experiment_id
 
 
+def nested_name(client: MlflowClient, run_name: str, parent_run_id: str | None) -> str:
+    """`run_name · <the parent run's name>` (the parent named when it has a name), else `run_name`."""
+    if not parent_run_id:
+        return run_name
+    try:
+        parent = client.get_run(parent_run_id).info.run_name
+    except Exception:  # MlflowException: the parent is not in this store; the run still nests under its id
+        parent = None
+    return f"{run_name} · {parent}" if parent else run_name
+
+
 def start_run(
-    uri: str, experiment: str, run_name: str, parent_run_id: str | None = None, tags: Mapping[str, str] | None = None
+    uri: str,
+    experiment: str,
+    run_name: str,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    *,
+    key: str | None = None,
+    description: str | None = None,
+    source: tuple[str, str] | None = None,
 ) -> MlflowTracker:
-    """Create a run (nested under `parent_run_id` when given) and return a tracker bound to it."""
+    """Create a run and return a tracker bound to it. Nested under `parent_run_id` when given, and then named
+    `run_name · <parent's name>`; `key` (default `run_name`) is the runs a later `sweep_stale_runs` looks at;
+    `description` (Markdown) is shown as the run's description; `source` (name, type) as its Source (default what
+    MLflow records itself, see `asp.tracking.context`)."""
     client = mlflow_client(uri)
     exp_id = ensure_experiment(client, experiment)
-    all_tags = {"mlflow.runName": run_name, **context_tags(), **(tags or {}), **owner_tags()}
+    name = nested_name(client, run_name, parent_run_id)
+    all_tags = {**context_tags(source=source), **(tags or {}), **owner_tags(), RUN_KEY_TAG: key or run_name}
+    all_tags["mlflow.runName"] = name
+    if description:
+        all_tags[NOTE_TAG] = description
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+    run = client.create_run(exp_id, run_name=name, tags=all_tags)
     return MlflowTracker(client, run.info.run_id)
 
 
-def reopen_run(uri: str, run_id: str) -> MlflowTracker | None:
-    """A tracker bound to an existing run, marked RUNNING again (to continue it); None if the store lacks it."""
+def reopen_run(uri: str, run_id: str, key: str | None = None) -> MlflowTracker | None:
+    """A tracker bound to an existing run, marked RUNNING again (to continue it), this process its owner (and `key`
+    its key, when given); None if the store lacks it."""
     client = mlflow_client(uri)
     try:
         client.get_run(run_id)
@@ -123,8 +156,15 @@ def reopen_run(uri: str, run_id: str) -> MlflowTracker | None:
         return None
     client.update_run(run_id, status="RUNNING")
     tracker = MlflowTracker(client, run_id, resumed=True)
-    tracker.set_tags({"asp.resumed": "true", **owner_tags()})  # this process owns it now
+    tracker.set_tags({"asp.resumed": "true", **owner_tags(), **({RUN_KEY_TAG: key} if key else {})})
     return tracker
+
+
+def drop_bookkeeping(client: MlflowClient, run_id: str) -> None:
+    """Delete the owner and key tags of a run that ended (`BOOKKEEPING_TAGS`; those it lacks are skipped)."""
+    for tag in BOOKKEEPING_TAGS:
+        with contextlib.suppress(Exception):  # MlflowException: no such tag
+            client.delete_tag(run_id, tag)
 
 
 def attach_run(run_id: str, tracking_uri: str | None = None) -> MlflowTracker | None:
@@ -147,6 +187,7 @@ def end_run(tracker: Tracker, status: str = "FINISHED") -> None:
     if isinstance(tracker, MlflowTracker):
         tracker.client.set_terminated(tracker.run_id, status=status)
         tracker.status = status
+        drop_bookkeeping(tracker.client, tracker.run_id)
 
 
 def status_of(exc: BaseException | None) -> str:
@@ -170,27 +211,6 @@ def nested_statuses(tracker: Tracker) -> list[str]:
     exp_id = tracker.client.get_run(tracker.run_id).info.experiment_id
     runs = tracker.client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{tracker.run_id}'")
     return [run.info.status for run in runs]
-
-
-def context_tags(cwd: str | Path = ".") -> dict[str, str]:
-    """Where a run comes from: the git commit (`mlflow.source.git.commit`) and whether tracked files were
-    changed (`asp.git_dirty`), the DVC experiment (`asp.dvc_exp`, set by `dvc exp run` in DVC_EXP_NAME) and the
-    Prefect flow run that started it (`asp.prefect_flow_run_id` / `_url`, set by the orchestrator)."""
-    from asp import vcs
-
-    tags: dict[str, str] = {}
-    sha = vcs.commit(cwd)
-    if sha:
-        tags["mlflow.source.git.commit"] = sha
-        tags["asp.git_dirty"] = str(vcs.dirty(cwd)).lower()
-    for env, tag in (
-        ("DVC_EXP_NAME", "asp.dvc_exp"),
-        (PREFECT_RUN_ENV, "asp.prefect_flow_run_id"),
-        (PREFECT_URL_ENV, "asp.prefect_flow_run_url"),
-    ):
-        if os.environ.get(env):
-            tags[tag] = os.environ[env]
-    return tags
 
 
 def run_url(ui: str, tracker_or_ids: Tracker | tuple[str, str]) -> str | None:
@@ -241,14 +261,15 @@ def find_stage_run(
     }
 
 
-def sweep_stale_runs(tracker: Tracker, run_name: str) -> list[str]:
-    """Mark KILLED the RUNNING runs named `run_name` (in `tracker`'s experiment, other than its own run) whose
-    owner process died without ending them (SIGKILL, out of memory, power loss on this host). Returns their ids."""
-    if not isinstance(tracker, MlflowTracker):
+def sweep_stale_runs(tracker: Tracker, key: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of `key` (`asp.run_key`: a stage's name; in `tracker`'s experiment, other than
+    its own run) whose owner process died without ending them (SIGKILL, out of memory, power loss on this host);
+    their bookkeeping tags give way to `asp.killed_reason`. Returns their ids."""
+    if not isinstance(tracker, MlflowTracker) or "'" in key:
         return []
     client = tracker.client
     exp_id = client.get_run(tracker.run_id).info.experiment_id
-    query = f"attributes.status = 'RUNNING' and attributes.run_name = '{run_name}'"
+    query = f"attributes.status = 'RUNNING' and tags.`{RUN_KEY_TAG}` = '{key}'"
     stale = [
         run
         for run in client.search_runs([exp_id], query, max_results=1000)
@@ -259,7 +280,8 @@ def sweep_stale_runs(tracker: Tracker, run_name: str) -> list[str]:
         why = f"owner process {tags[PID_TAG]} on {tags[HOST_TAG]} died; found by run {tracker.run_id}"
         client.set_tag(run.info.run_id, "asp.killed_reason", why)
         client.set_terminated(run.info.run_id, status="KILLED")
-        log.warning("MLflow run %s (%s) was left RUNNING: %s; marked KILLED", run.info.run_id, run_name, why)
+        drop_bookkeeping(client, run.info.run_id)
+        log.warning("MLflow run %s (%s) was left RUNNING: %s; marked KILLED", run.info.run_id, run.info.run_name, why)
     return [run.info.run_id for run in stale]
 
 
@@ -272,25 +294,33 @@ def open_tracker(
     enabled: bool = True,
     tags: Mapping[str, str] | None = None,
     resume_run_id: str | None = None,
+    key: str | None = None,
+    description: str | None = None,
+    source: tuple[str, str] | None = None,
 ) -> Iterator[Tracker]:
-    """Open a stage run nested under `$ASP_PARENT_RUN_ID` when set; it ends FAILED if the block raises an error,
-    KILLED if it is interrupted (see `status_of`), with the status given to `end_run` inside the block if any,
-    else FINISHED. Earlier runs of the same name left RUNNING by a dead process are marked KILLED first.
+    """Open a stage run nested under `$ASP_PARENT_RUN_ID` when set (named `run_name · <parent's name>` there); it
+    ends FAILED if the block raises an error, KILLED if it is interrupted (see `status_of`), with the status given
+    to `end_run` inside the block if any, else FINISHED. Earlier runs of the same `key` (default `run_name`) left
+    RUNNING by a dead process are marked KILLED first. `description` and `source`: see `start_run`.
 
     With `resume_run_id` (a run that was interrupted, e.g. a resumed `launch`), that run is continued
     instead: same run id, metrics logged at later steps extend its curves."""
     if not enabled or os.environ.get("ASP_TRACKING", "1") == "0":
         yield NullTracker()
         return
+    key = key or run_name
     uri = resolve_tracking_uri(tracking_uri)
     with store_errors(uri):
-        tracker = reopen_run(uri, resume_run_id) if resume_run_id else None
+        tracker = reopen_run(uri, resume_run_id, key) if resume_run_id else None
         if tracker is None:
-            tracker = start_run(uri, experiment, run_name, os.environ.get(PARENT_ENV), tags)
+            parent = os.environ.get(PARENT_ENV)
+            tracker = start_run(
+                uri, experiment, run_name, parent, tags, key=key, description=description, source=source
+            )
     try:
-        sweep_stale_runs(tracker, run_name)
+        sweep_stale_runs(tracker, key)
     except Exception as exc:  # never fail a stage over another run's bookkeeping
-        log.warning("could not check for stale MLflow runs of %s: %s", run_name, exc)
+        log.warning("could not check for stale MLflow runs of %s: %s", key, exc)
     try:
         yield tracker
     except BaseException as exc:
