@@ -40,6 +40,10 @@ def prefect_like_app(busy_times: int, bodies: list[bytes]) -> FastAPI:
     async def busy_handler(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"exception_message": "Service Unavailable"}, status_code=503)
 
+    @api.get("/ready")
+    async def ready() -> JSONResponse:  # a plain 503, no exception: not a busy database
+        return JSONResponse({"message": "not ready"}, status_code=503)
+
     api.add_exception_handler(Exception, busy_handler)  # Starlette answers, then re-raises it
     app = FastAPI()
     app.mount("/api", api)
@@ -79,3 +83,11 @@ def test_other_answers_and_paths_are_not_retried() -> None:
     assert _post(app, "/api/no/such/endpoint", {}).status_code == 404
     assert _post(app, "/deployments/d1/create_flow_run", {}).status_code == 404  # not under /api: passed through
     assert app.retried == 0 and len(bodies) == 1
+
+    async def get_ready() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/api/ready")
+
+    resp = asyncio.run(get_ready())
+    assert resp.status_code == 503 and resp.json() == {"message": "not ready"} and app.retried == 0

@@ -9,8 +9,9 @@ Prefect answers 503 "Service Unavailable", a code its own Python client retries 
 went wrong"). On a loaded machine that is one click in six (benchmarks/prefect_sqlite_load.py).
 
 How: Prefect's own command runs unchanged, with `RetryBusy` around the app it serves. `RetryBusy` runs an API
-request that Prefect answered 503 again, up to `ATTEMPTS` times with a growing pause, exactly as Prefect's client
-would (the refused transaction was rolled back); any other answer, and the last 503, go to the caller as they are.
+request again when Prefect's exception handler answered it 503 (Prefect's mark of a retryable database error; the
+refused transaction was rolled back), up to `ATTEMPTS` times with a growing pause, as Prefect's own client would;
+any other answer (a plain 503 such as /api/ready's too), and the last attempt's, go to the caller as they are.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 
-ATTEMPTS = 8  # pauses 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2 s: up to ~5 s of retrying before a 503 gets through
+ATTEMPTS = 10  # pauses 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2, 2 s: up to ~9 s of retrying before a 503 gets through
 FIRST_PAUSE_S = 0.05
 MAX_PAUSE_S = 2.0
 
 
 class RetryBusy:
-    """ASGI middleware: an HTTP request under /api that `app` answers 503 is run again (its body replayed), up to
-    `attempts` times in all, with pauses doubling from `first_pause_s` up to `max_pause_s`. Other requests,
-    websockets and lifespan go straight to `app`. `retried` counts the requests run again (for tests)."""
+    """ASGI middleware: an HTTP request under /api that `app` fails with a 503 answer (an exception handled into a
+    503, as Prefect's retryable database errors) is run again (its body replayed), up to `attempts` times in all,
+    with pauses doubling from `first_pause_s` up to `max_pause_s`. Other requests, websockets and lifespan go
+    straight to `app`. `retried` counts the requests run again (for tests)."""
 
     def __init__(
         self,
@@ -70,9 +72,10 @@ class RetryBusy:
     async def _attempt(
         self, scope: MutableMapping[str, Any], body: bytes, receive: Receive, send: Send, last: bool
     ) -> bool:
-        """Run the request once; True when it was answered 503 and that answer was held back (to run it again)."""
+        """Run the request once; True when it failed with a 503 answer that was held back (to run it again)."""
         replayed = False
         status: int | None = None
+        held: list[Message] = []
 
         async def replay() -> Message:
             nonlocal replayed
@@ -85,17 +88,22 @@ class RetryBusy:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-            if status != 503 or last:
+            if status == 503 and not last:
+                held.append(message)  # sent only if no exception follows (a plain 503, e.g. /api/ready)
+            else:
                 await send(message)
 
         try:
             await self.app(dict(scope), replay, forward)  # a copy: routing rewrites the scope (root_path, ...)
         except Exception:
-            # Starlette re-raises a handled exception after its handler answered (Prefect's answers 503 for a busy
-            # database); when that answer was held back, the request is run again instead.
+            # Prefect's handler answers 503 for a busy database, then Starlette re-raises the exception: that is
+            # the request to run again. Anything else, and the last attempt's, goes on as it came.
             if status != 503 or last:
                 raise
-        return status == 503 and not last
+            return True
+        for message in held:
+            await send(message)
+        return False
 
 
 def install() -> None:
