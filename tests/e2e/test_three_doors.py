@@ -164,6 +164,7 @@ def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
         env.pop("ASP_PARENT_RUN_ID", None)
         env["PREFECT_UI_URL"] = f"http://127.0.0.1:{port}"
         bg.wait_http(env["PREFECT_UI_URL"] + "/", server, 60)
+        env["ASP_HOLD_FILE"] = str(home / "hold")  # tests only: the stage this file names holds (asp.stage._hold)
         serve_env = dict(env, PREFECT_RUNNER_POLL_FREQUENCY="2")
         serve = bg.start(
             [sys.executable, "-m", "asp", "serve"], log=home / "serve.log", env=serve_env, cwd=project["repo"]
@@ -344,3 +345,82 @@ def test_a_changed_param_changes_its_stage_only(project: dict[str, Any]) -> None
     finally:
         path.write_text(original)
     assert "prepare" in changed and "policy" not in changed and "schedule" not in changed
+
+
+# --- cancel from the UI (issue 26 §1) ---------------------------------------------------------------------------
+
+
+def _workspace(repo: Path) -> dict[str, Any]:
+    """What a cancel must leave as it was: `dvc status`, `git status` and every byte of schedule's outputs, metrics,
+    plots and dvc.lock."""
+    files = [repo / "dvc.lock", *sorted(p for p in (repo / "outputs/schedule").rglob("*") if p.is_file())]
+    files += [repo / "metrics/schedule.json", repo / "plots/schedule_loads.png", repo / "plots/schedule_ablation.csv"]
+    return {
+        "dvc": json.loads(_sh([sys.executable, "-m", "dvc", "status", "--json"], repo)),
+        "git": _sh(["git", "status", "--porcelain"], repo),
+        "files": {str(p.relative_to(repo)): p.read_bytes() for p in files},
+    }
+
+
+def _final(env: dict[str, str], flow_run_id: str, timeout_s: float = 300) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while (run := prefect_api(env, f"/flow_runs/{flow_run_id}"))["state_type"] not in (
+        "COMPLETED",
+        "FAILED",
+        "CRASHED",
+        "CANCELLED",
+    ):
+        assert time.monotonic() < deadline, f"flow run still {run['state_type']} after {timeout_s} s"
+        time.sleep(0.5)
+    return run
+
+
+def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(project: dict[str, Any], served: dict[str, str]) -> None:
+    """A forced `schedule` cancelled while it runs (its outputs already deleted by DVC: the stage holds on
+    $ASP_HOLD_FILE): the flow run and its task end Cancelled (not Crashed), the stage and parent MLflow runs KILLED,
+    and `dvc status`, `git status`, the outputs, metrics, plots and dvc.lock are as before; the task's state message
+    and the run's log say so."""
+    repo = project["repo"]
+    before = _workspace(repo)
+    hold = Path(served["ASP_HOLD_FILE"])
+    held = Path(f"{hold}.held")
+    hold.write_text("schedule")
+    try:
+        t0 = time.monotonic()
+        body = {"parameters": {"stages": ["schedule"], "force": True}}
+        run = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}/create_flow_run", body)
+        while not held.is_file():
+            state = prefect_api(served, f"/flow_runs/{run['id']}")["state_type"]
+            assert state in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() - t0 < 300, state
+            time.sleep(0.5)
+        assert not (repo / "metrics/schedule.json").exists()  # DVC deleted the outputs: where the issue began
+        t1 = time.monotonic()
+        # what the UI's Cancel button sends (Prefect UI's FlowRunCancelModal: setFlowRunState, type cancelling)
+        cancelling = {"state": {"type": "CANCELLING", "name": "Cancelling"}}
+        assert prefect_api(served, f"/flow_runs/{run['id']}/set_state", cancelling)["status"] == "ACCEPT"
+        run = _final(served, run["id"])
+    finally:
+        hold.unlink(missing_ok=True)
+        held.unlink(missing_ok=True)
+    done = time.monotonic() - t1
+    print(f"cancel from the UI: stage held {t1 - t0:.1f} s after the run was created, Cancelled {done:.1f} s later")
+    put_back = "the workspace is as it was before stage 'schedule' started"
+    assert run["state_type"] == "CANCELLED" and put_back in run["state"]["message"], run["state"]
+    (task,) = prefect_api(served, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run["id"]]}}})
+    assert task["state"]["name"] == "Cancelled" and put_back in task["state"]["message"], task["state"]
+    body = {"logs": {"flow_run_id": {"any_": [run["id"]]}}, "limit": 200, "sort": "TIMESTAMP_ASC"}
+    deadline = time.monotonic() + 30  # the runner sends logs in batches
+    while put_back not in (logs := "\n".join(e["message"] for e in prefect_api(served, "/logs/filter", body))):
+        assert time.monotonic() < deadline, logs[-3000:]
+        time.sleep(1)
+    assert "Crash detected" not in logs, logs[-3000:]  # what the issue saw for a cancel the user asked for
+    assert logs.splitlines()[-1].startswith("Finished in state Cancelled("), logs[-3000:]
+    assert _workspace(repo) == before
+    runs = _runs(project["experiment"])
+    (parent,) = [
+        r
+        for r in runs
+        if r.data.tags.get("asp.kind") == "pipeline" and r.data.tags.get("asp.prefect_flow_run_id") == run["id"]
+    ]
+    (stage,) = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")

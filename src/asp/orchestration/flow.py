@@ -17,6 +17,8 @@ time (concurrency limit 1), retries `profile` and `launch` (they resume) and sto
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
@@ -24,6 +26,7 @@ from urllib.parse import quote
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Completed
 
@@ -163,6 +166,22 @@ def reraise_stop(run: PipelineRun) -> None:
         raise run.interrupted
 
 
+@contextlib.contextmanager
+def ends_cancelled(run: PipelineRun) -> Iterator[list[State[Any]]]:
+    """Around the flow's `with run:` block: the cancellation that stopped a stage (Prefect's termination signal,
+    re-raised by `reraise_stop`; the MLflow parent has ended KILLED) is caught here and a Cancelled state whose
+    message says what became of the workspace is yielded, for the flow to return: the flow run's message and last
+    log line then say it, where the engine's own handling would leave "Finished in state Running()". A Ctrl-C or
+    SIGTERM of a flow run outside a deployment goes on as it is (Ctrl-C exits 130)."""
+    outcome: list[State[Any]] = []
+    try:
+        yield outcome
+    except TerminationSignal as exc:
+        if exc is not run.interrupted:
+            raise
+        outcome.append(Cancelled(message=run.stop_note or "cancelled"))
+
+
 @task(name="stage", cache_policy=NONE, persist_result=False)
 def stage_task(run: PipelineRun, name: str) -> State[str]:
     """One stage through `dvc repro --single-item`, with the stage's retries (`asp.orchestration.retry`, the same
@@ -203,7 +222,7 @@ def asp_pipeline(
     preset: PresetName = NO_PRESET,  # type: ignore[valid-type]  # shown as a choice of configs/'s presets
     overrides: dict[str, Any] = {},  # noqa: B006 (typed `object` in the UI, not `None`; not mutated)
     force: bool = False,
-) -> dict[str, str]:
+) -> dict[str, str] | State[Any]:
     """Run the chosen stages (default: all, in dvc.yaml order) through DVC under one MLflow parent run.
 
     Args:
@@ -219,7 +238,7 @@ def asp_pipeline(
     run = PipelineRun(
         request, runner="prefect", prefect_run=(str(flow_run.id), flow_run.ui_url), on_line=logger.info
     )  # bad stages, preset or overrides fail here, before DVC or MLflow is touched
-    with run:
+    with ends_cancelled(run) as cancelled, run:
         logger.info("run '%s': MLflow parent run %s", run.label, run.parent_url or "(tracking off)")
         if request.is_experiment:
             state = experiment_task.with_options(task_run_name=f"dvc exp run {run.exp_name}")(run, return_state=True)
@@ -243,4 +262,6 @@ def asp_pipeline(
         create_markdown_artifact(
             markdown=f"### {run.label}\n\n{parent}{exp}", key="asp-pipeline-run", description="MLflow link"
         )
+    if cancelled:
+        return cancelled[0]
     return {r.stage: r.status for r in run.reports.values()}

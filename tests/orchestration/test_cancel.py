@@ -1,0 +1,193 @@
+"""A stage stopped half-way leaves the workspace as it was before it started (issue 26 §1): Ctrl-C of `asp repro`
+and a stage past its `orchestration.timeout_s`, on a real git + DVC project whose one stage writes a directory
+output, a metrics file and a plot, then holds (`$ASP_HOLD_FILE`) after DVC deleted its old outputs and it wrote a
+partial new one. After the stop, `dvc status`, `git status`, every output byte and dvc.lock are as before, the
+MLflow parent run is KILLED and the last lines say the workspace was put back. The Prefect cancellation (the UI's
+Cancel button) is tested on the real `schedule` stage in tests/e2e/test_three_doors.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from asp.orchestration.pipeline import StageFailed, run_pipeline
+from asp.orchestration.request import RunRequest
+from asp.tracking import PARENT_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+STAGE = """\
+import json, os, pathlib, sys, time
+
+run = os.environ.get("SLOW_RUN", "first")
+pathlib.Path("out/slow").mkdir(parents=True, exist_ok=True)
+pathlib.Path("out/slow/part.txt").write_text(run)  # a partial output of this run
+hold = os.environ.get("ASP_HOLD_FILE", "")
+try:
+    if hold and os.path.exists(hold):
+        pathlib.Path(hold + ".held").write_text(str(os.getpid()))
+        while os.path.exists(hold):
+            time.sleep(0.1)
+except KeyboardInterrupt:
+    sys.exit(130)
+for name, text in (("metrics/slow.json", json.dumps({"run": run})), ("plots/slow.csv", f"run\\n{run}\\n")):
+    pathlib.Path(name).parent.mkdir(exist_ok=True)
+    pathlib.Path(name).write_text(text)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (PARENT_ENV, "PREFECT_API_URL")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return dict(env, DVC_NO_ANALYTICS="1", **extra)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The project after a first `dvc repro` of `slow`, committed; `first_s`: how long that took (DVC's start)."""
+    root = tmp_path_factory.mktemp("cancel") / "repo"
+    root.mkdir()
+    experiment = f"cancel-{uuid.uuid4().hex[:8]}"
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["common"]["experiment"] = experiment
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (root / "slow.py").write_text(STAGE)
+    spec = {
+        "cmd": f"{sys.executable} slow.py",
+        "deps": ["slow.py"],
+        "outs": ["out/slow"],
+        "metrics": [{"metrics/slow.json": {"cache": False}}],
+        "plots": [{"plots/slow.csv": {"cache": False}}],
+    }
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"slow": spec}}))
+    (root / ".gitignore").write_text("__pycache__/\n/mlartifacts/\n")
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "t@e.com"],
+        ["git", "config", "user.name", "t"],
+    ):
+        subprocess.run(cmd, cwd=root, check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=root, env=_env(), check=True, timeout=120)
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "dvc", "repro", "-q"], cwd=root, env=_env(), check=True, timeout=300)
+    first_s = time.monotonic() - t0
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
+        subprocess.run(cmd, cwd=root, check=True, timeout=60)
+    return {"root": root, "experiment": experiment, "first_s": first_s, "params": params}
+
+
+def _state(root: Path) -> dict[str, Any]:
+    """What a user looks at: `dvc status` (DVC's Python API), `git status`, and every byte of the outputs + lock."""
+    from dvc.repo import Repo
+
+    with contextlib.chdir(root), Repo(".") as repo:
+        dvc = repo.status()
+    git = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
+    files = {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for top in ("out", "metrics", "plots", "dvc.lock")
+        for p in ([root / top] if (root / top).is_file() else sorted((root / top).rglob("*")))
+        if p.is_file()
+    }
+    return {"dvc": dvc, "git": git.stdout, "files": files}
+
+
+def _parent_status(experiment: str) -> str:
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs(
+        [exp.experiment_id], "tags.`asp.kind` = 'pipeline'", order_by=["attributes.start_time DESC"]
+    )
+    return runs[0].info.status
+
+
+def _terminal_signals() -> None:
+    """In the child: SIGINT at its default, as a terminal's shell starts a command (pytest may leave it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _held(hold: Path, proc: subprocess.Popen, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not Path(f"{hold}.held").is_file():
+        assert proc.poll() is None, f"exited with {proc.returncode} before the stage held"
+        assert time.monotonic() < deadline, "the stage did not start"
+        time.sleep(0.1)
+
+
+def test_ctrl_c_of_asp_repro_leaves_the_workspace_as_before(project: dict[str, Any], tmp_path: Path) -> None:
+    root = project["root"]
+    before = _state(root)
+    hold = tmp_path / "hold"
+    hold.write_text("hold")
+    log = tmp_path / "repro.log"
+    t0 = time.monotonic()
+    with log.open("w") as out:  # own session: killpg reaches what a terminal's Ctrl-C reaches
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asp", "repro", "--force", "slow"],
+            cwd=root,
+            env=_env(ASP_HOLD_FILE=str(hold), SLOW_RUN="second"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_terminal_signals,
+        )
+    try:
+        _held(hold, proc)
+        t_held = time.monotonic()
+        assert not (root / "metrics/slow.json").exists()  # DVC deleted the outputs: the state the issue reported
+        assert (root / "out/slow/part.txt").read_text() == "second"
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(120)
+        print(f"held after {t_held - t0:.1f} s; stopped {time.monotonic() - t_held:.1f} s after Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    assert code == 130 and "Traceback" not in text, text[-3000:]
+    *_, restored, last = text.strip().splitlines()
+    assert restored.startswith("[asp] stage 'slow' was interrupted (Ctrl-C): the workspace is as it was before"), text
+    assert "metrics/slow.json, out/slow, plots/slow.csv put back" in restored and last == "interrupted"
+    assert _state(root) == before
+    assert _parent_status(project["experiment"]) == "KILLED"
+
+
+def test_a_stage_past_its_timeout_leaves_the_workspace_as_before(
+    project: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = project["root"]
+    before = _state(root)
+    # twice what DVC took to start and run the stage once: the stage is holding when the timeout stops it
+    timeout_s = round(max(5.0, 2 * project["first_s"]), 1)
+    params = copy.deepcopy(project["params"])
+    params["orchestration"]["timeout_s"] = {"slow": timeout_s}
+    params_file = tmp_path / "params-timeout.yaml"  # outside the project: git status stays as it was
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    hold = tmp_path / "hold"
+    hold.write_text("hold")
+    for key, value in _env(ASP_HOLD_FILE=str(hold), SLOW_RUN="third").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(root)
+    lines: list[str] = []
+    with pytest.raises(StageFailed) as failed:
+        run_pipeline(RunRequest(("slow",), force=True), params_path=params_file, on_line=lines.append)
+    assert Path(f"{hold}.held").is_file(), f"the stage had not started within {timeout_s} s: {lines}"
+    assert failed.value.timed_out and lines[-1].startswith("[asp] stage 'slow' timed out: the workspace is as it")
+    assert "the workspace is as it was before stage 'slow' started" in str(failed.value)
+    assert _state(root) == before
+    assert _parent_status(project["experiment"]) == "KILLED"
