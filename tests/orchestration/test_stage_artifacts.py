@@ -103,7 +103,9 @@ def test_the_parameters_are_typed_for_the_ui() -> None:
 
     from asp.orchestration.flow import NO_PRESET, _request, asp_pipeline
 
-    props = parameter_schema(asp_pipeline.fn).model_dump_for_openapi()["properties"]
+    # the Flow object, as RunnerDeployment does: its annotations are evaluated in flow.py's globals, and one that
+    # cannot be (a name imported only for type checkers) leaves every parameter untyped
+    props = parameter_schema(asp_pipeline).model_dump_for_openapi()["properties"]
     presets = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
     assert props["preset"]["type"] == "string" and props["preset"]["enum"] == [NO_PRESET, *presets]
     assert props["preset"]["default"] == NO_PRESET and "configs/" in props["preset"]["description"]

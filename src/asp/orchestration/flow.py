@@ -20,12 +20,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
+from prefect.client.schemas.objects import State  # at run time: Prefect evaluates the flow's annotations
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Completed
@@ -36,9 +37,6 @@ from asp.orchestration.key_metrics import key_metrics
 from asp.orchestration.pipeline import PipelineRun, StageReport
 from asp.orchestration.request import RunRequest, run_label
 from asp.stage import stage_names
-
-if TYPE_CHECKING:
-    from prefect.client.schemas.objects import State
 
 STATE_NAMES = {"ran": "Completed", "skipped": "Skipped", "restored": "Restored"}
 
