@@ -3,7 +3,7 @@ dvc.yaml and the committed metrics files), a stage's note (a DVC experiment's st
 plots, not the workspace's files), the DVC command printed as it runs (`--force` included), the flow's parameter
 types (what Prefect derives from the signature for the Parameters tab and the Custom-run form), and the drift
 loop saying that drift is off and how to turn it on. The same through the Prefect API and a real run:
-tests/e2e/test_three_doors.py (`test_*typed*`, `test_*own_mlflow_run*`, `test_*prints_the_command*`).
+tests/e2e/test_three_doors.py (`test_*typed*`, `test_*own_mlflow_run*`).
 
     .venv/bin/python -m pytest tests/orchestration/test_stage_artifacts.py -q      (a few seconds)
 """
@@ -151,3 +151,27 @@ def test_the_drift_loop_says_drift_is_off_and_how_to_turn_it_on(
     assert "on, at most 3 re-profile(s)" in loop_description(on / "params.yaml")
     warn = _loop_project(tmp_path / "warn", {"enabled": True, "action": "warn"})
     assert "drift.action is warn, not reprofile" in loop_description(warn / "params.yaml")
+
+
+@pytest.mark.slow  # two DVC commands in a toy project: ~10 s on a loaded 2-core machine
+def test_a_forced_stage_logs_the_command_that_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PipelineRun.run_stage` (what `asp repro` and the Prefect stage task call; the task's log is its `on_line`)
+    prints `dvc repro --single-item --force NAME` when forced, the command it then runs: DVC reruns the stage."""
+    import subprocess
+
+    from asp.orchestration.pipeline import PipelineRun
+    from asp.orchestration.request import RunRequest
+
+    monkeypatch.setenv("ASP_TRACKING", "0")
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    (tmp_path / "make.py").write_text("import pathlib\npathlib.Path('out.txt').write_text('x')\n")
+    stage = {"cmd": f"{sys.executable} make.py", "deps": ["make.py"], "outs": ["out.txt"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"hello": stage}}))
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q", "--no-scm"], cwd=tmp_path, check=True)
+    lines: list[str] = []
+    with PipelineRun(RunRequest(("hello",), force=True), root=tmp_path, on_line=lines.append) as run:
+        report = run.run_stage("hello")
+    assert lines[0] == "[asp] stage hello: dvc repro --single-item --force hello", lines
+    assert "Running stage 'hello'" in "\n".join(lines) and report.status == "ran"
+    assert (tmp_path / "out.txt").read_text() == "x" and (tmp_path / "dvc.lock").is_file()
