@@ -32,10 +32,10 @@ run: install
 # The suite in WORKERS pytest-xdist processes (0: in this process), one test module per worker at a time
 # (--dist loadscope: a module's fixtures are built once). `make test-fast` skips the tests marked slow.
 test: install browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --durations=25
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
 
 test-fast: install
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope -m "not slow" --durations=10
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=10
 
 lint: install
 	$(VENV)/bin/ruff check src tests stages benchmarks scripts flows

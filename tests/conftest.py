@@ -194,3 +194,35 @@ def prefect_api(env: dict[str, str], path: str, body: dict[str, Any] | None = No
                 raise
             time.sleep(0.5 * 2**attempt)
     raise AssertionError("unreachable")
+
+
+# The longest test modules, longest first (module seconds of `pytest --durations=0`, summed over setup, call and
+# teardown; refresh when a module grows). `make test` runs modules whole on a worker (`--dist loadscope`) in
+# collection order (`--no-loadscope-reorder`): starting with the longest keeps a long module from starting last
+# while the other worker sits idle (xdist's own order, most tests first, ran the one-test e2e modules last).
+LONGEST_MODULES = (
+    "tests/pipeline/test_kill_points.py",
+    "tests/e2e/test_three_doors.py",
+    "tests/pipeline/test_drift_e2e.py",
+    "tests/trainers/test_grpo_run.py",
+    "tests/e2e/test_stages_demo.py",
+    "tests/trainers/test_fsdp.py",
+    "tests/orchestration/test_drift_loop.py",
+    "tests/test_signals.py",
+    "tests/test_cli.py",
+    "tests/orchestration/test_cancel.py",
+    "tests/test_team_server.py",
+    "tests/predictor/test_train.py",
+    "tests/runtime/test_runtime.py",
+    "tests/demo/test_demo_policy.py",
+    "tests/pipeline/test_determinism.py",
+    "tests/pipeline/test_reprofile.py",
+    "tests/pipeline/test_simulate.py",
+    "tests/test_ui_servers.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest modules first (`LONGEST_MODULES`), every other module after them in collection order."""
+    rank = {path: i for i, path in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: keeps order within

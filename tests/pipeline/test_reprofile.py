@@ -110,6 +110,7 @@ def _state_dir(pipeline: dict[str, Any], tmp_path: Path) -> Path:
     return state
 
 
+@pytest.mark.slow
 def test_accepted_reprofile_schedules_exactly_the_remaining_prompts_and_registers_v2(
     pipeline: dict[str, Any], tmp_path: Path, new_tracker: Callable[[str], MlflowTracker]
 ) -> None:

@@ -60,6 +60,7 @@ def ledger_lags(path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["drop", "regenerate"])
 def test_the_lag_bound_holds_end_to_end(ray_cluster, tmp_path, mode):
     # The trainer holds step 1 until the engines generated all 32 prompts, so every first attempt is generated
@@ -96,6 +97,7 @@ def test_the_lag_bound_holds_end_to_end(ray_cluster, tmp_path, mode):
         assert m["runtime/summary/prompts_trained"] == 8 and summary.finished
 
 
+@pytest.mark.slow
 def test_a_failing_trainer_stops_the_run_with_its_error(ray_cluster, tmp_path):
     plan, prompts = make_plan(4, 2)
     broken = functools.partial(SimulatedTrainer, 0.0, 0.0, str(tmp_path))  # its ledger "file" is a directory

@@ -33,6 +33,7 @@ with ray_session(RuntimeConfig(ray_num_cpus=1)):
 """
 
 
+@pytest.mark.slow
 def test_ray_left_by_a_sigkilled_owner_is_stopped_and_named(
     tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

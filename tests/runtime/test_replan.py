@@ -182,6 +182,7 @@ def stop_after(minibatches: int, reason: str):
     return observer
 
 
+@pytest.mark.slow
 def test_stop_resume_with_replan_trains_every_prompt_once(ray_cluster, tmp_path):
     plan, prompts = make_plan(12, 3)  # 36 prompts, batches of 8
     run = functools.partial(

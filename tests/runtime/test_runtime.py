@@ -207,6 +207,7 @@ def _while_paused(events):
             yield e
 
 
+@pytest.mark.slow
 def test_interrupt_then_resume_from_checkpoint_logs_each_step_once(ray_cluster, tmp_path):
     plan, prompts = make_plan(10, 4)  # 40 prompts, 5 steps of 8
     engine = EngineSpec("standin", options={"seconds_per_call": 0.01})

@@ -152,6 +152,7 @@ def test_sync_run_has_lag_0_no_overlap_and_trains_every_prompt_once(ray_cluster,
     assert [by_step[s] for s in (1, 2, 3, 4)] == [{0, 1}] * 4
 
 
+@pytest.mark.slow
 def test_sync_run_resumes_from_its_checkpoint(ray_cluster, tmp_path):
     plan, prompts = uneven_plan()
     cfg = sync_config(checkpoint_interval=2)
