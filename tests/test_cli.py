@@ -149,6 +149,8 @@ def _pipeline_runs(store: Path) -> list:
 
 @pytest.mark.slow
 def test_repro_runs_dvc_under_one_parent_run(tmp_path: Path) -> None:
+    import re
+
     import yaml
     from mlflow.artifacts import download_artifacts
 
@@ -160,7 +162,8 @@ def test_repro_runs_dvc_under_one_parent_run(tmp_path: Path) -> None:
     assert "hello" in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]  # DVC ran it and locked it
 
     (run,) = _pipeline_runs(store)  # the stage ran no tracker of its own: only the parent
-    assert run.info.run_name == "nogit demo all" and run.data.tags["asp.kind"] == "pipeline"  # no commit yet
+    assert re.fullmatch(r"nogit demo all @ \d\d-\d\d \d\d:\d\d:\d\d", run.info.run_name)  # no commit yet; its start
+    assert run.data.tags["asp.kind"] == "pipeline" and run.data.tags["mlflow.source.name"] == "asp repro"
     assert run.info.status == "FINISHED"
     assert (repo / "out.txt").read_text() == run.info.run_id  # the stage process saw its parent run's id
     logged = download_artifacts(run_id=run.info.run_id, artifact_path="params.yaml", tracking_uri=f"sqlite:///{store}")

@@ -75,11 +75,12 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]
 
 
 def _runs(experiment: str) -> dict[str, list]:
-    """The experiment's runs by name."""
+    """The experiment's runs by stage (a stage run under a parent is named `<stage> · <parent's name>`), others by
+    name."""
     client = MlflowClient()
     found: dict[str, list] = {}
     for run in client.search_runs([client.get_experiment_by_name(experiment).experiment_id]):
-        found.setdefault(run.info.run_name, []).append(run)
+        found.setdefault(run.data.tags.get("asp.stage") or run.info.run_name, []).append(run)
     return found
 
 

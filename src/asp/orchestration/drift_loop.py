@@ -47,6 +47,7 @@ from asp.errors import UserError
 from asp.orchestration.dvc import run_streaming
 from asp.orchestration.flow import call_stage
 from asp.orchestration.pipeline import PipelineRun
+from asp.orchestration.prefect_run import flow_run_name_for
 from asp.orchestration.request import RunRequest
 
 if TYPE_CHECKING:
@@ -375,7 +376,8 @@ def publish_summary(run: LoopRun, result: LoopResult, off: str | None = None) ->
 
 # -- the flow and its deployment ---------------------------------------------------------------------------------
 def flow_run_name() -> str:
-    return f"drift-loop {vcs.commit_label() or 'nogit'}"
+    """The Run Name the user typed, else `drift-loop <commit> @ <start time>` (`asp.orchestration.prefect_run`)."""
+    return flow_run_name_for(flow_run.name, f"drift-loop {vcs.commit_label() or 'nogit'}")
 
 
 @flow(name="asp-drift-loop", flow_run_name=flow_run_name, log_prints=True, persist_result=False)

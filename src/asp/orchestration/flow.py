@@ -28,13 +28,14 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.client.schemas.objects import State  # at run time: Prefect evaluates the flow's annotations
 from prefect.exceptions import TerminationSignal
-from prefect.runtime import flow_run
-from prefect.states import Cancelled, Completed
+from prefect.runtime import deployment, flow_run
+from prefect.states import Cancelled, Completed, Failed
 
 from asp import vcs
 from asp.errors import UserError
 from asp.orchestration.key_metrics import key_metrics
 from asp.orchestration.pipeline import PipelineRun, StageReport
+from asp.orchestration.prefect_run import flow_run_name_for, quiet_user_errors, tag_with_label
 from asp.orchestration.request import RunRequest, run_label
 from asp.stage import stage_names
 
@@ -66,18 +67,24 @@ PresetName = _preset_type()
 
 def _request(stages: Any, preset: Any, overrides: Any, force: Any) -> RunRequest:
     return RunRequest(
-        tuple(stages or ()), None if preset in (None, "", NO_PRESET) else preset, dict(overrides or {}), bool(force)
+        tuple(stages or ()),
+        None if preset in (None, "", NO_PRESET) else preset,
+        dict(overrides or {}),
+        bool(force),
+        overrides_from="overrides",  # the parameter's name, in the UI's form: messages name it
     )
 
 
 def flow_run_name() -> str:
-    """Name of a flow run: what ran, as `run_label` gives it (commit, preset, stages, overrides)."""
+    """Name of a flow run, and of its MLflow parent run: the Run Name the user typed in the UI, else what runs
+    (`run_label`: commit, preset, stages, overrides) stamped with the start time (`asp.orchestration.prefect_run`)."""
     p = flow_run.parameters
     request = _request(p.get("stages"), p.get("preset"), p.get("overrides"), p.get("force"))
     try:
-        return run_label(request, vcs.commit_label(), stage_names())
+        label = run_label(request, vcs.commit_label(), stage_names())
     except UserError:
-        return "asp-pipeline (no dvc.yaml)"
+        label = "asp-pipeline (no dvc.yaml)"
+    return flow_run_name_for(flow_run.name, label)
 
 
 def _key(*parts: str) -> str:
@@ -221,7 +228,8 @@ def asp_pipeline(
     overrides: dict[str, Any] = {},  # noqa: B006 (typed `object` in the UI, not `None`; not mutated)
     force: bool = False,
 ) -> dict[str, str] | State[Any]:
-    """Run the chosen stages (default: all, in dvc.yaml order) through DVC under one MLflow parent run.
+    """Run the chosen stages (default: all, in dvc.yaml order) through DVC under one MLflow parent run; a bad
+    request ends the run Failed with its message.
 
     Args:
         stages: stage names from dvc.yaml; none means all.
@@ -232,12 +240,23 @@ def asp_pipeline(
         force: rerun stages even when DVC finds them up to date.
     """
     logger = get_run_logger()
+    quiet_user_errors()
     request = _request(stages, preset, overrides, force)
-    run = PipelineRun(
-        request, runner="prefect", prefect_run=(str(flow_run.id), flow_run.ui_url), on_line=logger.info
-    )  # bad stages, preset or overrides fail here, before DVC or MLflow is touched
+    try:  # bad stages, preset or overrides fail here, before DVC or MLflow is touched
+        run = PipelineRun(
+            request,
+            runner="prefect",
+            prefect_run=(str(flow_run.id), flow_run.ui_url),
+            on_line=logger.info,
+            name=flow_run.name,  # the MLflow parent run is named as the flow run
+            source=f"{flow_run.flow_name}/{deployment.name}" if deployment.name else flow_run.flow_name,
+        )
+    except UserError as exc:  # what the user typed: one message, in the state, without a traceback
+        return Failed(message=str(exc), data=exc)
+    if not run.name.startswith(f"{run.label} @ "):  # the user named it: what runs goes to a tag
+        tag_with_label(str(flow_run.id), run.label)
     with ends_cancelled(run) as cancelled, run:
-        logger.info("run '%s': MLflow parent run %s", run.label, run.parent_url or "(tracking off)")
+        logger.info("run '%s': MLflow parent run %s", run.name, run.parent_url or "(tracking off)")
         if request.is_experiment:
             state = experiment_task.with_options(task_run_name=f"dvc exp run {run.exp_name}")(run, return_state=True)
             reraise_stop(run)

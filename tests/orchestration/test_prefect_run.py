@@ -1,0 +1,56 @@
+"""What a Prefect flow run shows its user (asp.orchestration.prefect_run): the Run Name typed in the UI is kept and
+a name Prefect made up is replaced by ours; a user error is logged without a traceback, and Prefect's generic
+line after the failed run is dropped. The flow run itself, through a real server and the UI, is tested in
+tests/e2e/test_three_doors.py."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+
+import pytest
+from prefect.utilities.names import generate_slug
+
+from asp.errors import UserError
+from asp.orchestration.prefect_run import ENGINE_EXIT, flow_run_name_for, generated_name, quiet_user_errors
+
+LABEL = "840e457 demo schedule schedule.k=4"
+# What Prefect 3.9's Custom run form suggests (its `runName` mock: greek letter [+ number] - star / place [- word])
+UI_SUGGESTIONS = ["alpha-andromedae", "theta42-canis-majoris", "omega512-barad-dur-nebula", "psi-orion-x"]
+TYPED = ["my-baseline-check", "k4", "baseline", "k=4 again", "Crimson-Otter", "run-2", "schedule-k4", "quick-test"]
+
+
+def test_names_prefect_made_up_are_replaced_and_typed_ones_kept() -> None:
+    made_up = [generate_slug(2) for _ in range(200)] + UI_SUGGESTIONS  # the server's names: a Quick run, the API
+    assert all(generated_name(name) for name in made_up), [n for n in made_up if not generated_name(n)]
+    assert not any(generated_name(name) for name in TYPED), [n for n in TYPED if generated_name(n)]
+    when = time.mktime((2026, 5, 14, 10, 32, 7, 0, 0, -1))
+    assert flow_run_name_for("my-baseline-check", LABEL, when) == "my-baseline-check"
+    assert flow_run_name_for(made_up[0], LABEL, when) == f"{LABEL} @ 05-14 10:32:07"
+    assert flow_run_name_for(None, LABEL, when) == f"{LABEL} @ 05-14 10:32:07"
+    assert not generated_name(f"{LABEL} @ 05-14 10:32:07")  # a rerun of a named run keeps its name
+
+
+def _record(logger: logging.Logger, exc: BaseException, message: str, *args: object) -> None:
+    try:
+        raise exc
+    except BaseException:
+        logger.error(message, *args, exc_info=True)
+
+
+def test_user_errors_reach_the_flow_runs_log_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    quiet_user_errors()
+    quiet_user_errors()  # once is enough: a second call adds no second filter
+    logger = logging.getLogger("prefect.flow_runs")
+    assert len([f for f in logger.filters if type(f).__name__ == "_UserErrorRecords"]) == 1
+    bad = UserError("params.yaml + overrides {...}: invalid params: ... Fix the overrides and run again.")
+    with caplog.at_level(logging.INFO, logger="prefect.flow_runs"):
+        _record(logger, bad, "Encountered exception during execution: %r", bad)  # Prefect's words
+        _record(logger, bad, ENGINE_EXIT)  # Prefect's line after the failed run: dropped, the state says it all
+        _record(logger, RuntimeError("a bug"), ENGINE_EXIT)  # anything else keeps its traceback
+    kept = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert kept == [(f"Encountered exception during execution: {bad!r}", False), (ENGINE_EXIT, True)]
+    assert "Traceback" not in caplog.text.split(ENGINE_EXIT)[0] and "RuntimeError: a bug" in caplog.text
+    assert re.search(r"Fix the overrides and run again", caplog.text) and sys.exc_info() == (None, None, None)
