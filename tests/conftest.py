@@ -30,6 +30,12 @@ from asp.env import set_offline_defaults
 
 set_offline_defaults()
 os.environ.setdefault("ASP_PROGRESS", "0")
+# One compute thread per process (torch/OpenMP, inherited by every stage subprocess, DVC stage and Ray actor).
+# The suite runs two pytest workers on two cores, each starting stage processes and Ray actors: with torch's
+# default (a thread per core) they oversubscribe the cores and OpenMP's spinning threads waste them. Measured:
+# two concurrent policy + train_predictor runs took 186 s with the default threads, 89 s with one each.
+for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
