@@ -107,6 +107,25 @@ def _runs(experiment: str) -> list[Any]:
     return client.search_runs([exp.experiment_id], max_results=1000, order_by=["attributes.start_time ASC"])
 
 
+def _parent_of(run: Any, flow_run_id: str) -> bool:
+    """Whether MLflow `run` is the pipeline parent run of the Prefect flow run `flow_run_id`."""
+    tags = run.data.tags
+    return tags.get("asp.kind") == "pipeline" and tags.get("asp.prefect_flow_run_id") == flow_run_id
+
+
+def _stage_runs(experiment: str, stage: str) -> list[Any]:
+    """The MLflow runs of `stage` (named `<stage> · <pipeline run>`), oldest first."""
+    return [r for r in _runs(experiment) if r.data.tags.get("asp.stage") == stage]
+
+
+STAMP = r" @ \d\d-\d\d \d\d:\d\d:\d\d"  # a run's start time in its name (asp.tracking.stamped)
+
+
+def _head(repo: Path) -> str:
+    """The short commit the project's runs are made at now (after the fixture committed its outputs)."""
+    return _sh(["git", "rev-parse", "--short", "HEAD"], repo).strip()
+
+
 def test_asp_repro_runs_each_stage_through_dvc_under_one_named_parent(project: dict[str, Any]) -> None:
     text = project["first"]
     for stage in STAGES:
@@ -114,17 +133,24 @@ def test_asp_repro_runs_each_stage_through_dvc_under_one_named_parent(project: d
     print(f"first asp repro of {len(STAGES)} stages: {project['first_s']:.1f} s")
     runs = _runs(project["experiment"])
     (parent,) = [r for r in runs if r.data.tags.get("asp.kind") == "pipeline"]
-    assert parent.info.run_name == f"{project['commit'][:7]} demo {'+'.join(STAGES)}"
+    assert re.fullmatch(f"{project['commit'][:7]} demo {re.escape('+'.join(STAGES))}{STAMP}", parent.info.run_name)
     assert parent.info.status == "FINISHED" and parent.data.tags["asp.runner"] == "cli"
-    assert parent.data.tags["mlflow.source.git.commit"] == project["commit"]
-    assert parent.data.tags["asp.git_dirty"] == "false"
+    assert parent.data.tags["mlflow.source.git.commit"] == project["commit"]  # MLflow's Version column
+    assert parent.data.tags["mlflow.source.git.dirty"] == "false"
+    assert (parent.data.tags["mlflow.source.name"], parent.data.tags["mlflow.source.type"]) == ("asp repro", "LOCAL")
+    note = parent.data.tags["mlflow.note.content"]  # the run's description: what it is and what each stage did
+    assert note.startswith("Pipeline run `") and all(f"- {s}: ran (" in note for s in STAGES), note
+    assert not {"asp.pid", "asp.host", "asp.pid_start", "asp.run_key"} & set(parent.data.tags)  # bookkeeping: gone
     assert parent.data.params["schedule.k"] == "3"  # the resolved params
     assert {"schedule/predicted_CV", "predictor/kendall_tau", "prepare/prompts"} <= set(parent.data.metrics)
     client = MlflowClient()
     assert "params.yaml" in [a.path for a in client.list_artifacts(parent.info.run_id)]
-    stages = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    stages = {r.data.tags["asp.stage"]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert set(stages) == set(STAGES)
+    assert all(r.info.run_name == f"{s} · {parent.info.run_name}" for s, r in stages.items())  # told apart
     assert all(r.data.tags["mlflow.source.git.commit"] == project["commit"] for r in stages.values())
+    assert stages["schedule"].data.tags["mlflow.source.name"] == "stages/schedule.py"
+    assert stages["schedule"].data.tags["mlflow.note.content"].startswith("`schedule` stage: ")
 
 
 def test_a_second_repro_skips_every_stage_and_dvc_status_is_clean(project: dict[str, Any]) -> None:
@@ -142,9 +168,11 @@ def test_plain_dvc_repro_stage_runs_are_grouped_under_a_parent(project: dict[str
     repo = project["repo"]
     _sh([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "schedule"], repo)
     runs = _runs(project["experiment"])
-    stage = [r for r in runs if r.info.run_name == "schedule"][-1]
+    stage = _stage_runs(project["experiment"], "schedule")[-1]
     parent = next(r for r in runs if r.info.run_id == stage.data.tags["mlflow.parentRunId"])
-    assert parent.data.tags["asp.runner"] == "dvc" and parent.info.run_name.startswith("dvc repro ")
+    assert parent.data.tags["asp.runner"] == "dvc" and parent.data.tags["mlflow.source.name"] == "dvc repro"
+    assert re.fullmatch(f"dvc repro {_head(repo)}{STAMP}", parent.info.run_name), parent.info.run_name
+    assert stage.info.run_name == f"schedule · {parent.info.run_name}"
     assert parent.info.status == "FINISHED" and "schedule/predicted_CV" in parent.data.metrics
     assert _dvc_changed(repo) <= NOT_RUN  # deterministic outputs: a forced rerun changes nothing
     assert not _sh(["git", "status", "--porcelain", "--untracked-files=no"], repo).strip()
@@ -185,9 +213,13 @@ def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
             bg.stop(proc)
 
 
-def _trigger(env: dict[str, str], parameters: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
-    """Create a flow run of the deployment (what the UI's Run button does) and wait until it ends."""
-    run = prefect_api(env, f"/deployments/{env['DEPLOYMENT_ID']}/create_flow_run", {"parameters": parameters})
+def _trigger(
+    env: dict[str, str], parameters: dict[str, Any], timeout_s: float = 600, name: str | None = None
+) -> dict[str, Any]:
+    """Create a flow run of the deployment (what the UI's Run button does; `name`: the Custom run form's Run Name)
+    and wait until it ends."""
+    body = {"parameters": parameters, **({"name": name} if name else {})}
+    run = prefect_api(env, f"/deployments/{env['DEPLOYMENT_ID']}/create_flow_run", body)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         run = prefect_api(env, f"/flow_runs/{run['id']}")
@@ -195,6 +227,11 @@ def _trigger(env: dict[str, str], parameters: dict[str, Any], timeout_s: float =
             return run
         time.sleep(1)
     pytest.fail(f"flow run {run['id']} still {run['state_type']} after {timeout_s} s")
+
+
+def _log_text(env: dict[str, str], flow_run_id: str) -> str:
+    body = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200, "sort": "TIMESTAMP_ASC"}
+    return "\n".join(entry["message"] for entry in prefect_api(env, "/logs/filter", body))
 
 
 def _task_states(env: dict[str, str], flow_run_id: str) -> dict[str, str]:
@@ -212,6 +249,10 @@ def test_ui_run_of_everything_up_to_date_skips_every_stage(project: dict[str, An
     wall, flow_s = time.monotonic() - t0, run["total_run_time"]
     print(f"UI-triggered run, {len(STAGES)} stages up to date: {wall:.1f} s wall, flow run {flow_s:.1f} s")
     assert run["state_type"] == "COMPLETED", run["state"]
+    label = f"{_head(project['repo'])} demo {'+'.join(STAGES)}"  # what runs, at the commit it runs
+    assert re.fullmatch(re.escape(label) + STAMP, run["name"]), run["name"]
+    (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
+    assert parent.info.run_name == run["name"] and parent.data.tags["mlflow.source.type"] == "JOB"  # MLflow = Prefect
     assert _task_states(served, run["id"]) == dict.fromkeys(STAGES, "Skipped")
     assert _dvc_changed(project["repo"]) <= NOT_RUN
     links = [a for a in _artifacts(served, run["id"]) if a["type"] == "markdown" and "MLflow run of" in a["data"]]
@@ -228,8 +269,8 @@ def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], se
     assert run["name"] == f"{project['commit'][:7]} demo schedule schedule.k=4" or "schedule.k=4" in run["name"]
     assert (repo / "params.yaml").read_bytes() == params_before and _dvc_changed(repo) <= NOT_RUN
     runs = _runs(project["experiment"])
-    stage = [r for r in runs if r.info.run_name == "schedule"][-1]
-    assert stage.data.params["schedule.k"] == "4"
+    stage = _stage_runs(project["experiment"], "schedule")[-1]
+    assert stage.data.params["schedule.k"] == "4" and stage.info.run_name == f"schedule · {run['name']}"
     assert stage.data.tags["asp.prefect_flow_run_id"] == run["id"]
     assert run["id"] in stage.data.tags["asp.prefect_flow_run_url"]
     exp_name = stage.data.tags["asp.dvc_exp"]
@@ -242,15 +283,38 @@ def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], se
 
 
 def test_a_bad_override_fails_the_flow_run_at_once(project: dict[str, Any], served: dict[str, str]) -> None:
-    schedule_runs = [r.info.run_id for r in _runs(project["experiment"]) if r.info.run_name == "schedule"]
-    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.kk": 3}})
-    assert run["state_type"] == "FAILED"
-    assert "unknown key 'schedule.kk'" in run["state"]["message"]
+    schedule_runs = [r.info.run_id for r in _stage_runs(project["experiment"], "schedule")]
+    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.kk": 3}}, name="my-bad-override")
+    assert run["state_type"] == "FAILED" and run["name"] == "my-bad-override"  # the Run Name typed in the UI
+    message = run["state"]["message"]  # one message naming the field it came from, as typed
+    assert message.startswith('params.yaml + overrides {"schedule.kk": 3}: invalid params: unknown key'), message
+    assert "(from overrides)" in message and message.endswith("Fix the overrides and run again."), message
+    deadline = time.monotonic() + 30  # the runner sends logs in batches; Prefect's last line carries the message
+    while "Finished in state Failed" not in (logs := _log_text(served, run["id"])):
+        assert time.monotonic() < deadline, logs
+        time.sleep(1)
+    assert logs.count("invalid params") == 1 and "Traceback" not in logs, logs  # once: Prefect's own last line
     print(f"bad override: flow run failed after {run['total_run_time']:.2f} s")
     # at once = before any stage ran (no new schedule run); the time bound is loose: a busy machine (another
     # pytest-xdist worker) stretches the validation, a stage run through DVC would take longer still
-    assert [r.info.run_id for r in _runs(project["experiment"]) if r.info.run_name == "schedule"] == schedule_runs
+    assert [r.info.run_id for r in _stage_runs(project["experiment"], "schedule")] == schedule_runs
     assert run["total_run_time"] < 30.0
+
+
+def test_a_ui_run_keeps_the_run_name_the_user_typed(project: dict[str, Any], served: dict[str, str]) -> None:
+    """The Custom run form's Run Name stays the flow run's name and the MLflow parent run's, what runs goes to a
+    tag; a run without one (Quick run) is named after what runs and when (the up-to-date test above)."""
+    t0 = time.monotonic()
+    run = _trigger(served, {"stages": ["schedule"]}, name="my-baseline-check")  # up to date: DVC skips it
+    print(f"named UI run of schedule (up to date): {time.monotonic() - t0:.1f} s wall")
+    assert run["state_type"] == "COMPLETED", run["state"]
+    label = f"{_head(project['repo'])} demo schedule"
+    assert run["name"] == "my-baseline-check" and f"asp: {label}" in run["tags"], run
+    (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
+    assert parent.info.run_name == "my-baseline-check"
+    assert parent.data.tags["asp.label"] == label
+    assert parent.data.tags["mlflow.source.name"] == "asp-pipeline/asp-pipeline"  # flow/deployment, a JOB
+    assert "- schedule: skipped (" in parent.data.tags["mlflow.note.content"]
 
 
 def _ensure_ran(env: dict[str, str], parameters: dict[str, Any]) -> None:
@@ -264,7 +328,7 @@ def _ensure_ran(env: dict[str, str], parameters: dict[str, Any]) -> None:
 def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict[str, str], tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
     _ensure_ran(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})  # so the click's run is cached
-    schedule_before = [r for r in _runs(project["experiment"]) if r.info.run_name == "schedule"][-1].info.run_id
+    schedule_before = _stage_runs(project["experiment"], "schedule")[-1].info.run_id
     expect = sync_api.expect
     ui = served["PREFECT_UI_URL"]
     shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
@@ -297,8 +361,8 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             options.get_by_role("option", name="schedule", exact=True).click()
             page.get_by_role("heading", name="Parameters").click()  # closes the list
             expect(stages).to_contain_text("schedule")
+            page.locator(".flow-run-name-input input").fill("my-baseline-check")  # the form's Run Name, typed
             overrides = field(page, "overrides")
-            overrides.get_by_role("button", name="dict", exact=True).click()
             editor = overrides.get_by_role("textbox")
             editor.click()
             page.keyboard.press("ControlOrMeta+a")
@@ -316,6 +380,7 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 4}, new
             page.goto(f"{ui}/runs/flow-run/{new[0]['id']}")
             expect(page.get_by_role("banner").get_by_text("Completed", exact=True)).to_be_visible(timeout=240_000)
+            expect(page.get_by_role("banner").get_by_text("my-baseline-check").first).to_be_visible()  # kept
             page.get_by_role("tablist").get_by_text("Artifacts", exact=True).click()
             cards = page.get_by_role("tabpanel", name="Artifacts")
             expect(cards.get_by_role("link", name=re.compile("asp-pipeline-run"))).to_be_visible()
@@ -331,8 +396,9 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
         finally:
             browser.close()
     runs = _runs(project["experiment"])
-    assert [r for r in runs if r.info.run_name == "schedule"][-1].info.run_id == schedule_before  # not rerun
+    assert _stage_runs(project["experiment"], "schedule")[-1].info.run_id == schedule_before  # not rerun
     parent = [r for r in runs if r.data.tags.get("asp.runner") == "prefect"][-1]
+    assert parent.info.run_name == "my-baseline-check" == prefect_api(served, f"/flow_runs/{new[0]['id']}")["name"]
     assert parent.data.params["schedule.k"] == "4" and parent.data.tags["asp.prefect_flow_run_id"] == new[0]["id"]
     note = next(a for a in _artifacts(served, new[0]["id"]) if a["key"] == "asp-schedule")
     assert "run cache" in note["data"] or "up to date" in note["data"]
