@@ -419,6 +419,59 @@ def test_a_changed_param_changes_its_stage_only(project: dict[str, Any]) -> None
     assert "prepare" in changed and "policy" not in changed and "schedule" not in changed
 
 
+# --- what a run tells its user (issue 26 §4): typed parameters, the run's own plots ------------------------------
+
+
+def _table(artifact: dict[str, Any]) -> list[dict[str, Any]]:
+    data = artifact["data"]
+    return data if isinstance(data, list) else json.loads(data)
+
+
+def test_the_deployments_parameters_are_typed_and_the_drift_loop_says_drift_is_off(
+    project: dict[str, Any], served: dict[str, str]
+) -> None:
+    """What the UI reads: the Parameters tab shows each property's `type` (an optional `X | None` has none), the
+    Custom-run form offers configs/'s presets as a choice; the drift loop's description says drift is off here."""
+    props = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}")["parameter_openapi_schema"]["properties"]
+    types = {name: prop.get("type") for name, prop in props.items()}
+    assert types == {"stages": "array", "preset": "string", "overrides": "object", "force": "boolean"}
+    presets = sorted(p.stem for p in (project["repo"] / "configs").glob("*.yaml"))
+    assert props["preset"]["enum"] == ["none", *presets] and props["preset"]["default"] == "none"
+    assert props["overrides"]["default"] == {} and "dotted keys" in props["overrides"]["description"]
+    assert props["stages"]["items"]["enum"] == stage_names(project["repo"] / "dvc.yaml")
+    loop = prefect_api(served, "/deployments/name/asp-drift-loop/asp-drift-loop")["description"]
+    assert "drift is off (drift.enabled: false)" in loop and "asp preset apply drift-demo" in loop
+
+
+def test_an_override_runs_note_links_its_own_mlflow_run_and_plots(
+    project: dict[str, Any], served: dict[str, str]
+) -> None:
+    """A DVC experiment's stage note links the MLflow run that made the experiment's outputs (schedule.k = 4, ran
+    here or restored from DVC's run cache) and that run's logged plots, not the workspace's files; its metrics
+    table holds the schedule's key metrics with that run's values."""
+    t0 = time.monotonic()
+    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})
+    print(f"override run for its artifacts: {time.monotonic() - t0:.1f} s wall")
+    assert run["state_type"] == "COMPLETED", run["state"]
+    found = {a["key"]: a for a in _artifacts(served, run["id"])}
+    note = found["asp-schedule"]["data"]
+    exp = re.search(r"in the DVC experiment `([^`]+)`", note)
+    made_by = re.search(r"/runs/([0-9a-f]{32})", note)
+    assert exp and made_by, note
+    client = MlflowClient()
+    stage_run = client.get_run(made_by.group(1))
+    assert stage_run.data.tags["asp.stage"] == "schedule" and stage_run.data.params["schedule.k"] == "4"
+    logged = {f.path for f in client.list_artifacts(stage_run.info.run_id, "plots")}
+    linked = re.findall(r"\[(plots/[^\]]+)\]\(([^)]+)\)", note)
+    assert linked and "plots/schedule_loads.png" in dict(linked), note
+    for path, url in linked:
+        assert path in logged and f"/runs/{stage_run.info.run_id}/artifacts/{path}" in url
+    assert "In the workspace" not in note and f"dvc exp apply {exp.group(1)}" in note
+    rows = {r["metric"]: r["value"] for r in _table(found["asp-schedule-metrics"])}
+    assert list(rows)[:4] == ["schedule/prompts", "schedule/minibatches", "schedule/groups", "schedule/predicted_CV"]
+    assert rows["schedule/predicted_CV"] == pytest.approx(stage_run.data.metrics["schedule/predicted_CV"], abs=1e-6)
+
+
 # --- cancel from the UI (issue 26 §1) ---------------------------------------------------------------------------
 
 
@@ -496,56 +549,3 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(project: dict[str, An
     ]
     (stage,) = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
-
-
-# --- what a run tells its user (issue 26 §4): typed parameters, the run's own plots ------------------------------
-
-
-def _table(artifact: dict[str, Any]) -> list[dict[str, Any]]:
-    data = artifact["data"]
-    return data if isinstance(data, list) else json.loads(data)
-
-
-def test_the_deployments_parameters_are_typed_and_the_drift_loop_says_drift_is_off(
-    project: dict[str, Any], served: dict[str, str]
-) -> None:
-    """What the UI reads: the Parameters tab shows each property's `type` (an optional `X | None` has none), the
-    Custom-run form offers configs/'s presets as a choice; the drift loop's description says drift is off here."""
-    props = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}")["parameter_openapi_schema"]["properties"]
-    types = {name: prop.get("type") for name, prop in props.items()}
-    assert types == {"stages": "array", "preset": "string", "overrides": "object", "force": "boolean"}
-    presets = sorted(p.stem for p in (project["repo"] / "configs").glob("*.yaml"))
-    assert props["preset"]["enum"] == ["none", *presets] and props["preset"]["default"] == "none"
-    assert props["overrides"]["default"] == {} and "dotted keys" in props["overrides"]["description"]
-    assert props["stages"]["items"]["enum"] == stage_names(project["repo"] / "dvc.yaml")
-    loop = prefect_api(served, "/deployments/name/asp-drift-loop/asp-drift-loop")["description"]
-    assert "drift is off (drift.enabled: false)" in loop and "asp preset apply drift-demo" in loop
-
-
-def test_an_override_runs_note_links_its_own_mlflow_run_and_plots(
-    project: dict[str, Any], served: dict[str, str]
-) -> None:
-    """A DVC experiment's stage note links the MLflow run that made the experiment's outputs (schedule.k = 4, ran
-    here or restored from DVC's run cache) and that run's logged plots, not the workspace's files; its metrics
-    table holds the schedule's key metrics with that run's values."""
-    t0 = time.monotonic()
-    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})
-    print(f"override run for its artifacts: {time.monotonic() - t0:.1f} s wall")
-    assert run["state_type"] == "COMPLETED", run["state"]
-    found = {a["key"]: a for a in _artifacts(served, run["id"])}
-    note = found["asp-schedule"]["data"]
-    exp = re.search(r"in the DVC experiment `([^`]+)`", note)
-    made_by = re.search(r"/runs/([0-9a-f]{32})", note)
-    assert exp and made_by, note
-    client = MlflowClient()
-    stage_run = client.get_run(made_by.group(1))
-    assert stage_run.data.tags["asp.stage"] == "schedule" and stage_run.data.params["schedule.k"] == "4"
-    logged = {f.path for f in client.list_artifacts(stage_run.info.run_id, "plots")}
-    linked = re.findall(r"\[(plots/[^\]]+)\]\(([^)]+)\)", note)
-    assert linked and "plots/schedule_loads.png" in dict(linked), note
-    for path, url in linked:
-        assert path in logged and f"/runs/{stage_run.info.run_id}/artifacts/{path}" in url
-    assert "In the workspace" not in note and f"dvc exp apply {exp.group(1)}" in note
-    rows = {r["metric"]: r["value"] for r in _table(found["asp-schedule-metrics"])}
-    assert list(rows)[:4] == ["schedule/prompts", "schedule/minibatches", "schedule/groups", "schedule/predicted_CV"]
-    assert rows["schedule/predicted_CV"] == pytest.approx(stage_run.data.metrics["schedule/predicted_CV"], abs=1e-6)
