@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import pytest
 import yaml
 
@@ -355,6 +356,12 @@ def test_asp_serve_serves_the_drift_loop_and_a_triggered_run_completes(server: d
             run = prefect_api(server, f"/flow_runs/{run['id']}")
         assert run["state_type"] == "COMPLETED", (run["state"], bg.log(serve))
         assert run["name"].startswith("drift-loop ")
+        (parent,) = mlflow.search_runs(
+            search_all_experiments=True,
+            filter_string=f"tags.`asp.prefect_flow_run_id` = '{run['id']}'",
+            output_format="list",
+        )
+        assert parent.info.run_name == run["name"]  # MLflow names the loop's parent run as Prefect does
         sessions = (root / "outputs/launch_state" / CONDITION / "sessions.jsonl").read_text().splitlines()
         assert [json.loads(s)["handoff"] for s in sessions] == [False]  # max_actions 0: no handoff
         assert _dvc_status(root) == {}

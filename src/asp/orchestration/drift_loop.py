@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.events import emit_event
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 
 from asp import vcs
 from asp.config import DriftParams, load_params
@@ -71,9 +71,17 @@ class LoopRun(PipelineRun):
         root: str | Path = ".",
         prefect_run: tuple[str, str | None] | None = None,
         on_line: Callable[[str], None] | None = None,
+        name: str | None = None,
+        source: str | None = None,
     ) -> None:
         super().__init__(
-            RunRequest(stages=("launch",)), params_path=params_path, root=root, runner="prefect", on_line=on_line
+            RunRequest(stages=("launch",)),
+            params_path=params_path,
+            root=root,
+            runner="prefect",
+            on_line=on_line,
+            name=name,
+            source=source,
         )
         self.prefect_run = prefect_run
         self.label = f"{self.label} drift-loop"
@@ -308,14 +316,19 @@ def drift_loop(
     reprofile: ReprofileFn = run_reprofile,
     prefect_run: tuple[str, str | None] | None = None,
     on_line: Callable[[str], None] = _on_line_default,
+    name: str | None = None,
+    source: str | None = None,
 ) -> LoopResult:
-    """Launch until it finishes, re-profiling at most `max_actions` times (default `drift.max_actions`).
+    """Launch until it finishes, re-profiling at most `max_actions` times (default `drift.max_actions`). `name` and
+    `source`: the MLflow parent run's (the Prefect flow run's name and deployment, so both UIs name it alike).
 
     Raises:
         UserError: bad params or dvc.yaml (before anything runs), an unreadable drift_pending.json.
         StageFailed: a launch segment failed after its retries.
     """
-    run = LoopRun(params_path=params_path, root=root, prefect_run=prefect_run, on_line=on_line)
+    run = LoopRun(
+        params_path=params_path, root=root, prefect_run=prefect_run, on_line=on_line, name=name, source=source
+    )
     drift = run.params.drift
     limit = drift.max_actions if max_actions is None else max_actions
     if limit < 0:
@@ -389,7 +402,13 @@ def asp_drift_loop(max_actions: int | None = None) -> dict[str, Any]:
             runs without the handoff and finishes.
     """
     logger = get_run_logger()
-    result = drift_loop(max_actions=max_actions, prefect_run=(str(flow_run.id), flow_run.ui_url), on_line=logger.info)
+    result = drift_loop(
+        max_actions=max_actions,
+        prefect_run=(str(flow_run.id), flow_run.ui_url),
+        on_line=logger.info,
+        name=flow_run.name,  # the MLflow parent run is named as the flow run
+        source=f"{flow_run.flow_name}/{deployment.name}" if deployment.name else flow_run.flow_name,
+    )
     return result.as_dict()
 
 
