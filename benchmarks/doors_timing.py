@@ -447,7 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             procs.stop(proc)
         samples = [r.load1 for rs in results for r in rs]
         print(
-            f"\n{len(DOORS)} runs x {args.repeats} round(s) on a copy of {project} (its working tree at commit {commit}); "
+            f"\n{len(DOORS)} runs x {args.repeats} round(s) on a copy of {project} "
+            f"(its working tree at commit {commit}); "
             f"`asp ui prefect` + `asp serve` (runner polling every {args.poll_s:g} s); "
             f"{args.load} CPU-burning process(es); {os.cpu_count()} CPUs; setup {setup_s:.0f} s (not in the table)\n"
         )
