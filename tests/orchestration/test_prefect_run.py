@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from prefect.exceptions import CancelledRun
 from prefect.utilities.names import generate_slug
 
 from asp.errors import UserError
@@ -54,3 +55,18 @@ def test_user_errors_reach_the_flow_runs_log_without_a_traceback(caplog: pytest.
     assert kept == [(f"Encountered exception during execution: {bad!r}", False), (ENGINE_EXIT, True)]
     assert "Traceback" not in caplog.text.split(ENGINE_EXIT)[0] and "RuntimeError: a bug" in caplog.text
     assert re.search(r"Fix the overrides and run again", caplog.text) and sys.exc_info() == (None, None, None)
+
+
+def test_a_cancel_the_user_asked_for_is_not_logged_as_an_unexpected_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The flow returns a Cancelled state (asp.orchestration.flow.ends_cancelled); Prefect's engine then raises
+    `CancelledRun` from the run's result and logs its generic line with a traceback: dropped."""
+    quiet_user_errors()
+    logger = logging.getLogger("prefect.flow_runs")
+    cancelled = CancelledRun("stage 'schedule' was cancelled: the workspace is as it was before stage ...")
+    with caplog.at_level(logging.INFO, logger="prefect.flow_runs"):
+        logger.info("Finished in state Cancelled('stage ...')")
+        _record(logger, cancelled, ENGINE_EXIT)
+    assert [r.getMessage() for r in caplog.records] == ["Finished in state Cancelled('stage ...')"]
+    assert "Traceback" not in caplog.text

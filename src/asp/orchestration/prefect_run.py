@@ -22,6 +22,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from prefect.exceptions import CancelledRun
+
 from asp.errors import UserError
 from asp.tracking import stamped
 
@@ -89,10 +91,14 @@ def tag_with_label(flow_run_id: str, label: str) -> None:
 class _UserErrorRecords(logging.Filter):
     """On Prefect's run loggers: a record carrying a `UserError` loses its traceback, and Prefect's generic line
     after the failed run ("Engine execution exited with unexpected exception") is dropped: the run's state
-    message already says what was wrong."""
+    message already says what was wrong. The same generic line, with its traceback, after a run the user
+    cancelled (`CancelledRun`: the flow returned a Cancelled state saying what became of the workspace) is
+    dropped too: a cancel the user asked for is not an unexpected exception."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, CancelledRun):
+            return record.getMessage() != ENGINE_EXIT
         if not isinstance(exc, UserError):
             return True
         if record.getMessage() == ENGINE_EXIT:
