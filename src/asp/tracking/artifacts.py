@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from asp.tracking.protocol import flatten
+from asp.tracking.runs import found_run, stage_runs
 from asp.tracking.store import mlflow_client, resolve_tracking_uri
 
 
@@ -36,28 +37,15 @@ def find_run_made_with(
     """The newest FINISHED run of `stage` (among the newest `max_runs`) whose logged params agree with `params`
     (nested or dotted) on every key both have; with `workspace_only`, one not made inside a DVC experiment.
     Returns its experiment id, run id, status and metrics; None when there is none or MLflow is off."""
-    if os.environ.get("ASP_TRACKING", "1") == "0":
+    found = stage_runs(experiment, stage, tracking_uri=tracking_uri, workspace_only=workspace_only, max_runs=max_runs)
+    if found is None:
         return None
-    client = mlflow_client(resolve_tracking_uri(tracking_uri))
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
+    experiment_id, runs = found
     want = {k: _logged(v) for k, v in flatten(params).items()}
-    query = f"tags.`asp.stage` = '{stage}' and attributes.status = 'FINISHED'"
-    runs = client.search_runs(
-        [exp.experiment_id], query, max_results=max_runs, order_by=["attributes.start_time DESC"]
-    )
     for run in runs:
-        if workspace_only and "asp.dvc_exp" in run.data.tags:
-            continue
         logged = run.data.params
         if all(logged[k] == want[k] for k in logged.keys() & want.keys()):
-            return {
-                "experiment_id": exp.experiment_id,
-                "run_id": run.info.run_id,
-                "status": run.info.status,
-                "metrics": dict(run.data.metrics),
-            }
+            return found_run(experiment_id, run)
     return None
 
 

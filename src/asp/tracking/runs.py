@@ -225,17 +225,18 @@ def run_url(ui: str, tracker_or_ids: Tracker | tuple[str, str]) -> str | None:
     return f"{ui.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning"
 
 
-def find_stage_run(
+def stage_runs(
     experiment: str,
     stage: str,
     *,
     parent_run_id: str | None = None,
     tracking_uri: str | None = None,
     workspace_only: bool = False,
-) -> dict[str, Any] | None:
-    """The newest run of `stage`: under `parent_run_id` when given, else the newest FINISHED one (with
-    `workspace_only`, one not made inside a DVC experiment). Returns its ids, status and metrics, for links and
-    summaries; None when there is none or MLflow is off."""
+    max_runs: int = 50,
+) -> tuple[str, list[Any]] | None:
+    """The runs of `stage` in `experiment`, newest first (at most `max_runs`): under `parent_run_id` when given,
+    else the FINISHED ones (with `workspace_only`, those not made inside a DVC experiment). Returns the experiment's
+    id and the runs; None when MLflow is off or the experiment does not exist."""
     if os.environ.get("ASP_TRACKING", "1") == "0":
         return None
     client = mlflow_client(resolve_tracking_uri(tracking_uri))
@@ -247,18 +248,41 @@ def find_stage_run(
         query += f" and tags.mlflow.parentRunId = '{parent_run_id}'"
     else:
         query += " and attributes.status = 'FINISHED'"
-    runs = client.search_runs([exp.experiment_id], query, max_results=50, order_by=["attributes.start_time DESC"])
+    runs = client.search_runs(
+        [exp.experiment_id], query, max_results=max_runs, order_by=["attributes.start_time DESC"]
+    )
     if workspace_only and not parent_run_id:
         runs = [r for r in runs if "asp.dvc_exp" not in r.data.tags]
-    if not runs:
-        return None
-    run = runs[0]
+    return exp.experiment_id, runs
+
+
+def found_run(experiment_id: str, run: Any) -> dict[str, Any]:
+    """A run as `find_stage_run` and `find_run_made_with` return it: ids, status and metrics."""
     return {
-        "experiment_id": exp.experiment_id,
+        "experiment_id": experiment_id,
         "run_id": run.info.run_id,
         "status": run.info.status,
         "metrics": dict(run.data.metrics),
     }
+
+
+def find_stage_run(
+    experiment: str,
+    stage: str,
+    *,
+    parent_run_id: str | None = None,
+    tracking_uri: str | None = None,
+    workspace_only: bool = False,
+) -> dict[str, Any] | None:
+    """The newest run of `stage`: under `parent_run_id` when given, else the newest FINISHED one (with
+    `workspace_only`, one not made inside a DVC experiment). Returns its ids, status and metrics, for links and
+    summaries; None when there is none or MLflow is off."""
+    found = stage_runs(
+        experiment, stage, parent_run_id=parent_run_id, tracking_uri=tracking_uri, workspace_only=workspace_only
+    )
+    if found is None or not found[1]:
+        return None
+    return found_run(found[0], found[1][0])
 
 
 def sweep_stale_runs(tracker: Tracker, key: str) -> list[str]:
