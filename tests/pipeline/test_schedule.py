@@ -2,8 +2,9 @@
 The schedule holds every prompt exactly once in minibatches of 4-5 cut from the length-sorted order; the reported
 predicted D / P / CV / spread equal a recomputation from the written Parquet; balancing beats the sorted order;
 with a calibration map and profiled true lengths it balances calibrated loads and runs the C0-C4 ablation on the
-held-out prompts only, with cross-fitted calibrated loads (raw ones with `loads: raw`), and none without the
-held-out split."""
+held-out prompts only, with cross-fitted calibrated loads (raw ones with `loads: raw`) that every condition sees,
+mean and standard deviation over seeds that vary the prompts' order and the folds, and none without the held-out
+split."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import pytest
 from asp.errors import UserError
 from asp.io import write_json
 from asp.pipeline import schedule
-from asp.predictor.calibration import cross_fit_calibration
-from asp.schedule import ScheduleSpec, ablation
+from asp.schedule import ScheduleSpec
+from asp.schedule.ablation import FixedLoads, run_ablation
 from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, NullTracker, end_run
 
@@ -132,12 +133,13 @@ def _profiled_inputs(root: Path) -> schedule.Paths:
     return paths
 
 
-def _expected_table(loads: str) -> pd.DataFrame:
-    """The C0-C4 table of the held-out prompts, built here: cross-fitted calibrated loads (5 folds) or raw ones."""
+def _expected_table(loads: str, seeds: int = 1) -> pd.DataFrame:
+    """The C0-C4 table of the held-out prompts, built here: cross-fitted calibrated loads (5 folds) or raw ones,
+    every seed in its own order of the prompts; mean and standard deviation columns."""
     pred, true = LENGTHS[16:], _calibrate(LENGTHS[16:])
-    cal = schedule.FixedLoads(pred, cross_fit_calibration(pred, true, 5)) if loads == "calibrated" else None
     spec = ScheduleSpec(b=B, kappa=KAPPA, k=K, iterations=2000, method="asp")
-    return ablation(true, pred, spec, seeds=[0], calibration=cal, loads=loads)
+    res = run_ablation(true, pred, spec, seeds=range(seeds), loads="raw", cross_fit=5 if loads == "calibrated" else 0)
+    return res.mean.join(res.sd.add_suffix("_sd"))[[c for m in ("D", "P", "CV", "spread") for c in (m, f"{m}_sd")]]
 
 
 def test_calibrated_loads_and_ablation_on_heldout_prompts(
@@ -154,10 +156,15 @@ def test_calibrated_loads_and_ablation_on_heldout_prompts(
     np.testing.assert_allclose(sched["load_used"], _calibrate(sched["predicted_length"].to_numpy()))
 
     assert metrics["schedule/ablation/split"] == "heldout" and metrics["schedule/ablation/prompts"] == len(HELDOUT)
-    assert metrics["schedule/ablation/calibration_folds"] == 5
+    assert metrics["schedule/ablation/calibration_folds"] == 5 and metrics["schedule/ablation/seeds"] == 1
+    assert 0.9 < metrics["schedule/ablation/loads_tau"] <= 1  # the cross-fitted loads all conditions saw
+    assert "order" in metrics["schedule/ablation/seeds_vary"] and "folds" in metrics["schedule/ablation/seeds_vary"]
     table = pd.read_csv(paths.ablation_csv).set_index("condition")
-    assert table.index.tolist() == list(CONDITIONS) and table.columns.tolist() == ["D", "P", "CV", "spread"]
-    pd.testing.assert_frame_equal(table, _expected_table("calibrated"), check_names=False, rtol=1e-5)
+    columns = ["D", "D_sd", "P", "P_sd", "CV", "CV_sd", "spread", "spread_sd"]
+    assert table.index.tolist() == list(CONDITIONS) and table.columns.tolist() == columns
+    assert (table.filter(like="_sd") == 0).all().all()  # one seed
+    expected = _expected_table("calibrated")
+    pd.testing.assert_frame_equal(table, expected, check_names=False, check_dtype=False, rtol=1e-5)
     for c in CONDITIONS:
         for m in table.columns:
             assert metrics[f"schedule/ablation/{c}/{m}"] == pytest.approx(table.loc[c, m], rel=1e-5)
@@ -172,14 +179,17 @@ def test_calibrated_loads_and_ablation_on_heldout_prompts(
     assert json.loads(paths.metrics.read_text())["schedule/ablation/split"] == "heldout"
 
 
-def test_raw_loads_ablation_and_no_ablation_without_the_heldout_split(
+def test_raw_loads_ablation_over_seeds_and_no_ablation_without_the_heldout_split(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     paths = _profiled_inputs(tmp_path)
-    metrics = schedule.run(make_params({"schedule": {**SCHEDULE, "loads": "raw"}}), paths, NullTracker())
+    params = make_params({"schedule": {**SCHEDULE, "loads": "raw", "ablation_seeds": 3}})
+    metrics = schedule.run(params, paths, NullTracker())
     assert metrics["schedule/loads_calibrated"] == 0 and metrics["schedule/ablation/calibration_folds"] == 0
+    assert metrics["schedule/ablation/seeds"] == 3 and "folds" not in metrics["schedule/ablation/seeds_vary"]
     table = pd.read_csv(paths.ablation_csv).set_index("condition")
-    pd.testing.assert_frame_equal(table, _expected_table("raw"), check_names=False, rtol=1e-5)
+    pd.testing.assert_frame_equal(table, _expected_table("raw", 3), check_names=False, rtol=1e-5)
+    assert table.loc["C0", "CV_sd"] > 0  # the seeds vary the prompts' order, so C0's minibatches
 
     paths.heldout.unlink()
     paths.ablation_csv.unlink()
@@ -189,7 +199,7 @@ def test_raw_loads_ablation_and_no_ablation_without_the_heldout_split(
 
 
 def test_fixed_loads_refuse_other_predictions() -> None:
-    loads = schedule.FixedLoads(np.array([1.0, 2.0]), np.array([10.0, 20.0]))
+    loads = FixedLoads(np.array([1.0, 2.0]), np.array([10.0, 20.0]))
     np.testing.assert_array_equal(loads(np.array([1.0, 2.0])), [10.0, 20.0])
     with pytest.raises(ValueError, match="other predictions"):
         loads(np.array([2.0, 1.0]))

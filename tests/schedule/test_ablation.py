@@ -5,18 +5,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from asp.predictor.calibration import calibration_folds, cross_fit_calibration
 from asp.schedule import (
     CONDITIONS,
     PAPER_SPEC,
     ScheduleSpec,
+    SweepResult,
     ablation,
     kendall_tau,
     perturb_predictions,
     sweep,
     synthetic_lengths,
 )
+from asp.schedule.ablation import cross_fitted_loads, run_ablation, seeded_folds
 
 N = 20_010  # not a multiple of 32, so the DP has boundaries to move
 
@@ -112,3 +116,50 @@ def test_balancing_beats_shuffling_and_calibration_beats_c0(result) -> None:
         assert cv.loc[tau, "C4"] < cv.loc[tau, "C3"]
         assert cv.loc[tau, "C4_cal"] <= cv.loc[tau, "C0"]  # realized CV with calibrated loads
     assert result.local.loc[0.5, "tau_measured"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_seeds_vary_what_they_say() -> None:
+    """One prediction vector: with order="given" and raw loads the seeds change only C3's shuffle and C4's
+    annealing (C0-C2 identical, sd 0); "shuffled" varies the prompts' order (C0), cross-fitting the folds (C1-C4's
+    loads); `varies` says which."""
+    true = synthetic_lengths(1000, 4)
+    pred = perturb_predictions(true, 0.6, 0)[0]
+    spec = ScheduleSpec(b=16, kappa=2, k=4, iterations=5000, method="asp")
+    given = run_ablation(true, pred, spec, seeds=(0, 1, 2), loads="raw", order="given")
+    assert (given.sd.loc[["C0", "C1", "C2"]] < 1e-12).all().all() and (given.sd.loc[["C3", "C4"], "CV"] > 0).all()
+    assert given.varies == "C3's shuffle and C4's annealing"
+    shuffled = run_ablation(true, pred, spec, seeds=(0, 1, 2), loads="raw")
+    assert shuffled.sd.loc["C0", "CV"] > 0 and shuffled.sd.loc["C0", "P"] > 0
+    assert shuffled.sd.loc["C1", "D"] < 1e-9  # the same loads in another order: ties aside, the same sorted order
+    assert "order" in shuffled.varies and "folds" not in shuffled.varies
+    crossed = run_ablation(true, pred, spec, seeds=(0, 1, 2), cross_fit=5)
+    assert crossed.sd.loc["C1", "D"] > 0 and "folds" in crossed.varies
+    assert crossed.loads_tau == pytest.approx(0.6, abs=0.05)  # the loads every condition saw rank like pred
+    single = run_ablation(true, pred, spec, seeds=(5,), cross_fit=5)
+    assert (single.sd == 0).all().all()
+    with pytest.raises(ValueError, match="cross_fit must be 0 or a number of folds"):
+        run_ablation(true, pred, spec, seeds=(0,), cross_fit=1)
+    with pytest.raises(ValueError, match="order must be one of"):
+        run_ablation(true, pred, spec, seeds=(0,), order="sorted")
+
+
+def test_seeded_folds_interleave_ranks_and_seed_none_is_the_evaluate_stages() -> None:
+    rng = np.random.default_rng(0)
+    pred, true = rng.lognormal(5, 1, 103), rng.lognormal(5, 1, 103)
+    np.testing.assert_array_equal(seeded_folds(pred, 5, None), calibration_folds(pred, 5))
+    np.testing.assert_allclose(cross_fitted_loads(pred, true, 5), cross_fit_calibration(pred, true, 5))
+    a, b = seeded_folds(pred, 5, 1), seeded_folds(pred, 5, 2)
+    assert not np.array_equal(a, b)
+    ranked = a[np.argsort(pred, kind="stable")]
+    for start in range(0, 100, 5):  # every run of 5 consecutive ranks holds each fold once
+        assert sorted(ranked[start : start + 5]) == [0, 1, 2, 3, 4]
+    assert not np.allclose(cross_fitted_loads(pred, true, 5, 1), cross_fitted_loads(pred, true, 5, 2))
+
+
+def test_stops_helping_reads_the_cv_table() -> None:
+    cv = pd.DataFrame({"tau": [1.0, 0.5, 0.3, 0.2, 0.1], "C0": [0.05] * 5, "C4_cal": [0.0, 0.01, 0.04, 0.06, 0.03]})
+    res = SweepResult(local=pd.DataFrame(), cv=cv.set_index("tau"))
+    assert res.stops_helping() == (0.3, 0.2)  # 0.1 beats C0 again, but below a tau where it did not
+    assert SweepResult(pd.DataFrame(), cv.iloc[:2].set_index("tau")).stops_helping() == (0.5, None)
+    worse = cv.assign(C4_cal=0.1).set_index("tau")
+    assert SweepResult(pd.DataFrame(), worse).stops_helping() == (None, 1.0)

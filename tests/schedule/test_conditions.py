@@ -42,3 +42,23 @@ def test_unknown_condition(data) -> None:
     ids, lengths = data
     with pytest.raises(ValueError, match="condition"):
         condition_schedule(ids, lengths, "C9", b=8, kappa=2, k=6)
+
+
+def test_c1_to_c4_sort_the_same_loads(data) -> None:
+    """Per-prompt loads that are not a monotone map of the predictions (cross-fitted ones): C1 sorts them as C2-C4
+    do, so C1 and C2 differ only in the cut and C2-C4 share minibatches."""
+    from asp.schedule.ablation import FixedLoads
+
+    ids, lengths = data
+    loads = lengths * np.random.default_rng(1).lognormal(0, 0.5, lengths.size)  # reorders the predictions
+    kw = {"b": 8, "kappa": 2, "k": 3, "seed": 2, "calibration": FixedLoads(lengths, loads), "loads": "calibrated"}
+    s = {c: condition_schedule(ids, lengths, c, iterations=20000, **kw) for c in CONDITION_NAMES}
+    assert np.all(np.diff(loads[s["C1"].positions]) >= 0)  # sorted by the loads, not by the predictions
+    np.testing.assert_array_equal(s["C1"].positions, s["C2"].positions)
+    assert s["C1"].minibatch_sizes.tolist() == [8] * 25 + [3] and set(s["C2"].minibatch_sizes[:-1]) <= {8, 9, 10}
+    for c in ("C1", "C2", "C3"):
+        np.testing.assert_array_equal(s[c].loads, loads[s[c].positions])
+    by_id = {c: sorted(map(tuple, s[c].minibatches())) for c in ("C2", "C3", "C4")}
+    assert by_id["C2"] == by_id["C3"] == by_id["C4"]
+    monotone = condition_schedule(ids, lengths, "C1", b=8, kappa=2, k=3, calibration=np.sqrt, loads="calibrated")
+    np.testing.assert_array_equal(monotone.positions, np.argsort(lengths, kind="stable"))  # = the predictions' order

@@ -9,10 +9,13 @@ metrics/schedule.json.
 The C0-C4 ablation (paper §5.3: realized dispersion, padding and group-load balance, measured on true lengths)
 runs on the held-out prompts only (outputs/prompts/heldout.parquet), which the predictor never trained on. The
 deployed calibration map was fitted on those same prompts, so with `schedule.loads: calibrated` the ablation
-balances cross-fitted loads instead: each prompt's expected length comes from an isotonic map fitted on the other
-folds (`asp.predictor.calibration.cross_fit_calibration`, as the evaluate stage scores it). Metrics say so:
-`schedule/ablation/split` (heldout), `schedule/ablation/prompts` and `schedule/ablation/calibration_folds`
-(0: raw loads).
+uses cross-fitted loads instead: each prompt's expected length comes from an isotonic map fitted on the other
+folds (`asp.schedule.ablation.cross_fitted_loads`, as the evaluate stage scores it), and every condition (C1's
+sort included) sees those same loads. Each of `schedule.ablation_seeds` seeds shuffles the prompts' order (C0),
+draws the folds and seeds C3's shuffle and C4's annealing; the table has each metric's mean and standard deviation
+over seeds. Metrics say so: `schedule/ablation/split` (heldout), `schedule/ablation/prompts`,
+`schedule/ablation/calibration_folds` (0: raw loads), `schedule/ablation/loads_tau` (Kendall tau of the loads
+the conditions saw), `schedule/ablation/seeds` and the tag `schedule/ablation/seeds_vary`.
 
 Run: `asp stage schedule` (what `dvc repro schedule` calls).
 """
@@ -20,7 +23,6 @@ Run: `asp stage schedule` (what `dvc repro schedule` calls).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,31 +66,14 @@ def load_inputs(paths: Paths) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
     return preds, calibration, true[true["prompt_id"].isin(heldout["prompt_id"])]
 
 
-@dataclass(frozen=True)
-class FixedLoads:
-    """Calibration stand-in for the ablation: the given expected lengths [n] of exactly the given predictions [n].
-
-    The scheduler calls its calibration on the prediction vector it schedules; this one answers with per-prompt
-    (cross-fitted) loads, which no single map of the prediction gives, and refuses any other vector.
-    """
-
-    predicted: np.ndarray
-    loads: np.ndarray
-
-    def __call__(self, values: np.ndarray) -> np.ndarray:
-        if not np.array_equal(np.asarray(values, dtype=np.float64), self.predicted):
-            raise ValueError("FixedLoads is called on other predictions than the ones it holds loads for")
-        return self.loads.copy()
-
-
-def ablation_loads(pred: np.ndarray, true: np.ndarray, calibration: Any, loads: str) -> tuple[Any, str, int]:
-    """(calibration, loads mode, folds) for the held-out ablation: cross-fitted calibrated loads, or raw ones."""
-    from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
+def ablation_folds(pred: np.ndarray, calibration: Any, loads: str) -> int:
+    """Cross-fitting folds of the held-out ablation's loads: `CALIBRATION_FOLDS` (at most n) when the schedule
+    balances calibrated loads, 0 (raw predictions) with `loads: raw` or without a calibration map."""
+    from asp.predictor.calibration import CALIBRATION_FOLDS
 
     if calibration is None or loads == "raw":
-        return None, "raw", 0
-    folds = min(CALIBRATION_FOLDS, pred.size)
-    return FixedLoads(pred, cross_fit_calibration(pred, true, folds)), "calibrated", folds
+        return 0
+    return min(CALIBRATION_FOLDS, pred.size)
 
 
 def heldout_ablation(
@@ -96,9 +81,13 @@ def heldout_ablation(
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """C0-C4 on the held-out prompts (true = profiled mean lengths, predictions from the predictor).
 
-    Returns the table (empty when there are fewer than two batch groups' worth of prompts) and its metrics.
+    Every condition sees the same loads (`asp.schedule.ablation.run_ablation`): the cross-fitted calibrated
+    lengths (or the raw predictions with `loads: raw`); each of the `schedule.ablation_seeds` seeds presents the
+    prompts in its own random order (C0), draws its own cross-fitting folds and seeds C3's shuffle and C4's
+    annealing. Returns the table (mean and standard deviation over seeds per condition; empty when there are fewer
+    than two batch groups' worth of prompts) and its metrics.
     """
-    from asp.schedule import ablation
+    from asp.schedule.ablation import METRICS, run_ablation
 
     schedule_params = params.schedule
     joined = preds.merge(true, on="prompt_id", how="inner")
@@ -112,15 +101,17 @@ def heldout_ablation(
         return pd.DataFrame(), {}
     pred = joined["predicted_length"].to_numpy(np.float64)
     true_lengths = joined["mean_length"].to_numpy(np.float64)
-    cal, mode, folds = ablation_loads(pred, true_lengths, calibration, schedule_params.loads)
-    table = ablation(
+    folds = ablation_folds(pred, calibration, schedule_params.loads)
+    result = run_ablation(
         true_lengths,
         pred,
         schedule_spec(schedule_params),
         seeds=[params.common.seed + i for i in range(schedule_params.ablation_seeds)],
-        calibration=cal,
-        loads=mode,
+        loads="raw",  # with folds > 0 the loads are cross-fitted instead
+        cross_fit=folds,
+        order="shuffled",
     )
+    table = result.mean.join(result.sd.add_suffix("_sd"))[[c for m in METRICS for c in (m, f"{m}_sd")]]
     flat: dict[str, Any] = {
         f"schedule/ablation/{c}/{m}": float(v) for c, row in table.iterrows() for m, v in row.items()
     }
@@ -129,6 +120,9 @@ def heldout_ablation(
             "schedule/ablation/split": "heldout",
             "schedule/ablation/prompts": len(joined),
             "schedule/ablation/calibration_folds": folds,
+            "schedule/ablation/seeds": len(result.seeds),
+            "schedule/ablation/loads_tau": result.loads_tau,
+            "schedule/ablation/seeds_vary": result.varies,
         }
     )
     return table, flat

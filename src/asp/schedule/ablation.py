@@ -1,9 +1,15 @@
 """C0-C4 ablation and the controlled-tau sweep of paper §5.3 / appendix F.6.2, on any length vector.
 
 Conditions (metrics always on true lengths):
-  C0 fixed-size minibatches of b in original order      C1 sorted by prediction, fixed size b
-  C2 DP minibatches (b..b+kappa) in sorted order        C3 C2's minibatches randomly shuffled
+  C0 fixed-size minibatches of b in original order      C1 sorted by load, fixed size b
+  C2 DP minibatches (b..b+kappa) in the same order      C3 C2's minibatches randomly shuffled
   C4 C2's minibatches in ASP's balanced order
+
+Same inputs: within a seed every condition gets the prompts in one order and one load vector (raw predictions,
+calibrated ones, or K-fold cross-fitted calibrated ones: `cross_fitted_loads`), so C1 and C2 differ only in the
+cut and C2-C4 only in the minibatches' order. What a seed varies is stated (`AblationResult.varies`): the prompts'
+order (`order="shuffled"`, C0's schedule), the cross-fitting folds, C3's shuffle, C4's annealing and, for
+simulated predictions, the prediction noise; the prompt set itself is the same in every seed.
 
 Controlled predictions: l_hat = l * exp(nu * eps), eps ~ N(0, 1), with nu found by bisection so that Kendall's
 tau-b(l, l_hat) hits the target; tau = 1 is the oracle (l_hat = l) and tau = 0 the nu -> infinity limit, taken
@@ -22,17 +28,18 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from asp.predictor.calibration import fit_isotonic
+from asp.predictor.calibration import fit_calibration, fit_isotonic
 from asp.predictor.metrics import kendall_tau
 from asp.schedule.conditions import CONDITION_NAMES, condition_schedule
 from asp.schedule.metrics import dispatch_metrics
-from asp.schedule.schedule import Calibration
+from asp.schedule.schedule import Calibration, expected_lengths
 from asp.schedule.spec import PAPER_TAUS, ScheduleSpec
-from asp.schedule.validate import as_int, as_lengths
+from asp.schedule.validate import as_choice, as_int, as_lengths
 
 CONDITIONS = CONDITION_NAMES  # public name of the table rows
 METRICS = ("D", "P", "CV", "spread")
 LENGTH_CAP = 8192
+ORDERS = ("shuffled", "given")  # the prompts' order per seed: a seeded permutation, or as given
 
 
 def synthetic_lengths(n: int, seed: int = 0, cap: int = LENGTH_CAP) -> np.ndarray:
@@ -103,6 +110,71 @@ def perturb_predictions(true_lengths: object, tau: float, seed: int, *, tol: flo
     return predictions_at(true, nu, seed), nu
 
 
+@dataclass(frozen=True)
+class FixedLoads:
+    """Calibration stand-in: the given expected lengths [n] of exactly the given predictions [n].
+
+    The scheduler calls its calibration on the prediction vector it schedules; this one answers with per-prompt
+    loads (e.g. cross-fitted ones, which no single map of the prediction gives) and refuses any other vector, so
+    every condition built with it balances and sorts the same numbers.
+    """
+
+    predicted: np.ndarray
+    loads: np.ndarray
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        if not np.array_equal(np.asarray(values, dtype=np.float64), self.predicted):
+            raise ValueError("FixedLoads is called on other predictions than the ones it holds loads for")
+        return self.loads.copy()
+
+
+def seeded_folds(predicted: np.ndarray, folds: int, seed: int | None) -> np.ndarray:
+    """Fold of each prompt, interleaved by predicted rank: each run of `folds` consecutive ranks holds every fold
+    once (so each fold's complement covers the whole prediction range). seed None: rank r -> fold r mod `folds`
+    (`asp.predictor.calibration.calibration_folds`, what the evaluate stage uses); a seed permutes the folds
+    within each run of ranks, so different seeds cross-fit on different splits.
+
+    Returns:
+        int64 [n] fold index in 0..folds-1 per prompt (input order).
+    """
+    p = np.asarray(predicted, dtype=np.float64)
+    if isinstance(folds, bool) or not isinstance(folds, int | np.integer) or not 2 <= folds <= p.size:
+        raise ValueError(f"folds must be an integer in [2, n = {p.size}], got {folds!r}")
+    if seed is None:
+        labels = np.arange(p.size) % folds
+    else:
+        runs = -(-p.size // folds)
+        rng = np.random.default_rng([as_int(seed, "seed", minimum=0), 0xF0])
+        labels = np.argsort(rng.random((runs, folds)), axis=1).ravel()[: p.size]
+    fold = np.empty(p.size, dtype=np.int64)
+    fold[np.argsort(p, kind="stable")] = labels
+    return fold
+
+
+def cross_fitted_loads(predicted: object, true: object, folds: int, seed: int | None = None) -> np.ndarray:
+    """Out-of-fold calibrated lengths [n]: each prompt's prediction mapped by an isotonic fit on the other folds
+    (`seeded_folds`). seed None gives `asp.predictor.calibration.cross_fit_calibration`'s values."""
+    p = np.asarray(predicted, dtype=np.float64)
+    t = np.asarray(true, dtype=np.float64)
+    if p.ndim != 1 or p.shape != t.shape:
+        raise ValueError(f"predicted and true must be 1-D arrays of equal length; got {p.shape}, {t.shape}")
+    fold = seeded_folds(p, folds, seed)
+    out = np.empty_like(p)
+    for f in range(folds):
+        held = fold == f
+        out[held] = fit_calibration(p[~held], t[~held])(p[held])
+    return out
+
+
+def dataset_order(n: int, seed: int, order: str) -> np.ndarray:
+    """The order the prompts are presented in for one seed: as given, or a seeded random permutation (what a
+    shuffling data loader hands the scheduler; C0 dispatches it as is)."""
+    order = as_choice(order, "order", ORDERS)
+    if order == "given":
+        return np.arange(n)
+    return np.random.default_rng([seed, 0x0D]).permutation(n)
+
+
 def _conditions(
     true: np.ndarray,
     pred: np.ndarray,
@@ -110,20 +182,126 @@ def _conditions(
     seed: int,
     calibration: Calibration | None,
     loads: str | None,
+    conditions: Sequence[str] = CONDITION_NAMES,
 ) -> dict[str, dict[str, float]]:
-    """Metrics of C0..C4 for one prediction vector and seed: each condition's schedule is built by
-    `condition_schedule` (the same code the `launch` stage runs) and measured on the true lengths."""
+    """Metrics of the conditions for one prediction vector and seed, measured on the true lengths. The loads are
+    resolved once (`expected_lengths`) and handed to every condition as `FixedLoads`, so C1-C4 sort, cut and
+    balance the same numbers; each schedule is built by `condition_schedule` (the code the `launch` stage runs).
+    """
+    expected, mode = expected_lengths(pred, calibration, loads)
+    fixed = FixedLoads(pred, expected) if mode == "calibrated" else None
     ids = np.arange(true.size)
     out = {}
-    for name in CONDITION_NAMES:
-        s = condition_schedule(ids, pred, name, **spec.kwargs(), seed=seed, calibration=calibration, loads=loads)
+    for name in conditions:
+        s = condition_schedule(ids, pred, name, **spec.kwargs(), seed=seed, calibration=fixed, loads=mode)
         out[name] = dispatch_metrics(true[s.positions], s.offsets, spec.k)
+    out["loads"] = {"tau": kendall_tau(true, expected)}  # NaN for constant loads
     return out
 
 
-def _table(runs: list[dict[str, dict[str, float]]]) -> pd.DataFrame:
-    rows = {c: {m: float(np.mean([r[c][m] for r in runs])) for m in METRICS} for c in runs[0]}
+def _table(runs: list[dict[str, dict[str, float]]], stat: str = "mean") -> pd.DataFrame:
+    names = [c for c in runs[0] if c in CONDITION_NAMES]
+
+    def reduce(values: list[float]) -> float:
+        if stat == "mean":
+            return float(np.mean(values))
+        return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+    rows = {c: {m: reduce([r[c][m] for r in runs]) for m in METRICS} for c in names}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRICS)]
+
+
+@dataclass(frozen=True, slots=True)
+class AblationResult:
+    """C0-C4 over seeds.
+
+    Attributes:
+        mean: DataFrame indexed C0..C4, columns D (tokens), P, CV, spread: means over seeds.
+        sd: the same layout: sample standard deviation over seeds (0 with one seed).
+        loads_tau: mean over seeds of Kendall tau between the loads every condition saw and the true lengths.
+        seeds: the seeds.
+        varies: what the seeds varied, in words.
+    """
+
+    mean: pd.DataFrame
+    sd: pd.DataFrame
+    loads_tau: float
+    seeds: tuple[int, ...]
+    varies: str
+
+
+def run_ablation(
+    true_lengths: object,
+    predicted_lengths: object,
+    spec: ScheduleSpec,
+    *,
+    seeds: Sequence[int] = (0, 1, 2),
+    calibration: Calibration | None = None,
+    loads: str | None = None,
+    cross_fit: int = 0,
+    order: str = "shuffled",
+) -> AblationResult:
+    """C0-C4 (paper §5.3) over seeds: D, P, CV and spread measured on true lengths, their mean and spread.
+
+    Every condition of a seed sees the same inputs: the prompts in one order and one load vector (raw
+    predictions, `calibration` applied to them, or with `cross_fit` = K their K-fold cross-fitted calibrated
+    lengths); C1-C4 sort, cut and balance those loads. What a seed varies: the order the prompts come in
+    (`order="shuffled"`: a seeded permutation, which is C0's schedule; "given": the input order in every seed),
+    the cross-fitting folds (`cross_fit` > 0), C3's shuffle and C4's annealing, and the prediction vector when
+    `predicted_lengths` has one row per seed (simulated predictions). The prompt set is the same in every seed.
+
+    Args:
+        true_lengths: (n,) measured lengths.
+        predicted_lengths: (n,) predictions shared by all seeds, or (len(seeds), n), one row per seed.
+        spec: scheduler settings (C0/C1 use fixed size spec.b; iterations and method balance C4).
+        seeds: one run per seed.
+        calibration, loads: as in `build_schedule` (ignored when `cross_fit` > 0).
+        cross_fit: K >= 2: loads are K-fold cross-fitted isotonic calibrations of the predictions against the true
+            lengths (`cross_fitted_loads`, folds drawn per seed); 0: `calibration` / `loads` as given.
+        order: "shuffled" or "given" (see above).
+
+    Returns:
+        `AblationResult`.
+
+    Raises:
+        ValueError: bad lengths, mismatched sizes or parameters.
+    """
+    true = as_lengths(true_lengths, "true_lengths")
+    pred = np.asarray(predicted_lengths, dtype=np.float64)
+    seeds = [as_int(s, "seeds", minimum=0) for s in seeds]
+    order = as_choice(order, "order", ORDERS)
+    if not seeds:
+        raise ValueError("seeds is empty; give at least one seed")
+    rows = pred[None, :] if pred.ndim == 1 else pred
+    if rows.ndim != 2 or rows.shape[1] != true.size or rows.shape[0] not in (1, len(seeds)):
+        raise ValueError(
+            f"predicted_lengths has shape {pred.shape}; expected ({true.size},) or ({len(seeds)}, {true.size})"
+        )
+    cross_fit = as_int(cross_fit, "cross_fit", minimum=0)
+    if cross_fit == 1 or cross_fit > true.size:
+        raise ValueError(f"cross_fit must be 0 or a number of folds in [2, n = {true.size}], got {cross_fit}")
+    runs = []
+    for i, seed in enumerate(seeds):
+        perm = dataset_order(true.size, seed, order)
+        t = true[perm]
+        p = as_lengths(rows[i if rows.shape[0] > 1 else 0], "predicted_lengths")[perm]
+        if cross_fit:
+            runs.append(_conditions(t, p, spec, seed, FixedLoads(p, cross_fitted_loads(p, t, cross_fit, seed)), None))
+        else:
+            runs.append(_conditions(t, p, spec, seed, calibration, loads))
+    varies = [
+        "the prompts' order (C0's minibatches)" if order == "shuffled" else "",
+        "the cross-fitting folds (the loads of C1-C4)" if cross_fit else "",
+        "the predictions" if rows.shape[0] > 1 else "",
+        "C3's shuffle and C4's annealing",
+    ]
+    return AblationResult(
+        mean=_table(runs),
+        sd=_table(runs, "sd"),
+        loads_tau=float(np.mean([r["loads"]["tau"] for r in runs])),
+        seeds=tuple(seeds),
+        varies=", ".join(v for v in varies if v),
+    )
 
 
 def ablation(
@@ -134,50 +312,56 @@ def ablation(
     seeds: Sequence[int] = (0, 1, 2),
     calibration: Calibration | None = None,
     loads: str | None = None,
+    cross_fit: int = 0,
+    order: str = "shuffled",
 ) -> pd.DataFrame:
-    """C0-C4 table (paper §5.3): mean over seeds of D, P, CV and spread, measured on true lengths.
-
-    Args:
-        true_lengths: (n,) measured lengths.
-        predicted_lengths: (n,) predictions shared by all seeds, or (len(seeds), n), one row per seed.
-        spec: scheduler settings (C0/C1 use fixed size spec.b; iterations and method balance C4).
-        seeds: seeds for C3's shuffle and C4's balancing.
-        calibration, loads: as in `build_schedule` (C2-C4 are built on the resulting loads).
+    """C0-C4 table (paper §5.3): mean over seeds of D, P, CV and spread, measured on true lengths
+    (`run_ablation(...).mean`; see it for what each seed varies and `.sd` for the spread over seeds).
 
     Returns:
         DataFrame indexed C0..C4 with columns D (tokens), P, CV, spread.
-
-    Raises:
-        ValueError: bad lengths, mismatched sizes or parameters.
     """
-    true = as_lengths(true_lengths, "true_lengths")
-    pred = np.asarray(predicted_lengths, dtype=np.float64)
-    seeds = [as_int(s, "seeds", minimum=0) for s in seeds]
-    if not seeds:
-        raise ValueError("seeds is empty; give at least one seed")
-    rows = pred[None, :] if pred.ndim == 1 else pred
-    if rows.ndim != 2 or rows.shape[1] != true.size or rows.shape[0] not in (1, len(seeds)):
-        raise ValueError(
-            f"predicted_lengths has shape {pred.shape}; expected ({true.size},) or ({len(seeds)}, {true.size})"
-        )
-    runs = []
-    for i, seed in enumerate(seeds):
-        p = as_lengths(rows[i if rows.shape[0] > 1 else 0], "predicted_lengths")
-        runs.append(_conditions(true, p, spec, seed, calibration, loads))
-    return _table(runs)
+    return run_ablation(
+        true_lengths,
+        predicted_lengths,
+        spec,
+        seeds=seeds,
+        calibration=calibration,
+        loads=loads,
+        cross_fit=cross_fit,
+        order=order,
+    ).mean
 
 
 @dataclass(slots=True)
 class SweepResult:
-    """The two tables of the controlled-tau sweep (means over seeds).
+    """The tables of the controlled-tau sweep (means over seeds).
 
     Attributes:
         local: Table 9 analogue, one row per tau: tau_measured, MAE, D_C0, D_C1, D_C2-C4, P_C0, P_C1, P_C2-C4.
         cv: Table 10 analogue, one row per tau: group-load CV of C0..C4 (raw predicted loads) and C4_cal.
+        cv_sd: the same layout: sample standard deviation of the CVs over seeds (0 with one seed).
     """
 
     local: pd.DataFrame
     cv: pd.DataFrame
+    cv_sd: pd.DataFrame | None = None
+
+    def stops_helping(self, condition: str = "C4_cal", baseline: str = "C0") -> tuple[float | None, float | None]:
+        """Where `condition` stops beating `baseline` on group-load CV, going down the tau grid.
+
+        Returns:
+            (lowest, below): `lowest` is the smallest grid tau such that `condition`'s mean CV is below
+            `baseline`'s at it and at every larger grid tau (None if not even at the largest); `below` is the
+            next smaller grid tau, the first where it does not (None if it beats the baseline everywhere).
+        """
+        cv = self.cv.sort_index(ascending=False)
+        lowest = None
+        for tau, row in cv.iterrows():
+            if not row[condition] < row[baseline]:
+                return lowest, float(tau)
+            lowest = float(tau)
+        return lowest, None
 
 
 def sweep(
@@ -187,53 +371,61 @@ def sweep(
     taus: Sequence[float] = PAPER_TAUS,
     seeds: Sequence[int] = (0, 1, 2),
     calibration_size: int = 4000,
+    order: str = "shuffled",
 ) -> SweepResult:
     """Controlled-tau sweep (appendix F.6.2): Tables 9 and 10 for a length vector.
 
     For each tau and seed the same simulated prediction vector feeds every condition. C4_cal balances loads
     calibrated by isotonic regression fitted on an independent profile of `calibration_size` prompts (fresh
-    noise at the same nu), as a deployed predictor's held-out calibration would be.
+    noise at the same nu), as a deployed predictor's held-out calibration would be. A seed varies the simulated
+    predictions, C3's shuffle, C4's annealing and (`order="shuffled"`) the prompts' order, hence C0.
 
     Args:
         true_lengths: (n,) measured (or synthetic) lengths.
         spec: scheduler settings shared by every condition.
         taus: Kendall tau targets in [0, 1].
-        seeds: one simulated prediction vector (and C3/C4 seed) per seed.
-        calibration_size: prompts in the simulated profile the isotonic map is fitted on.
+        seeds: one simulated prediction vector (and prompt order, C3/C4 seed) per seed.
+        calibration_size: prompts in the simulated profile the isotonic map is fitted on (at most n).
+        order: "shuffled" (a seeded permutation of the prompts per seed) or "given" (their input order).
 
     Returns:
-        `SweepResult` (Tables 9 and 10, means over seeds).
+        `SweepResult` (Tables 9 and 10, means and standard deviations over seeds).
     """
     true = as_lengths(true_lengths, "true_lengths")
     seeds = [as_int(s, "seeds", minimum=0) for s in seeds]
+    order = as_choice(order, "order", ORDERS)
     if not seeds or not taus:
         raise ValueError("seeds and taus must be non-empty")
     m = min(as_int(calibration_size, "calibration_size", minimum=2), true.size)
-    local, cv = [], []
+    local, cv, cv_sd = [], [], []
     for tau in taus:
         runs, cal_cv, taus_hat, maes = [], [], [], []
         for seed in seeds:
-            pred, nu = perturb_predictions(true, float(tau), seed)
-            taus_hat.append(kendall_tau(true, pred))
-            maes.append(float(np.abs(pred - true).mean()))
-            runs.append(_conditions(true, pred, spec, seed, None, "raw"))
-            profile = np.random.default_rng([seed, 0xCA]).choice(true.size, size=m, replace=False)
-            prof_pred = predictions_at(true[profile], nu, seed + 10_007)
-            knots = fit_isotonic(prof_pred, true[profile])
-            cal_cv.append(_conditions(true, pred, spec, seed, knots, "calibrated")["C4"]["CV"])
-        t = _table(runs)
+            t = true[dataset_order(true.size, seed, order)]
+            pred, nu = perturb_predictions(t, float(tau), seed)
+            taus_hat.append(kendall_tau(t, pred))
+            maes.append(float(np.abs(pred - t).mean()))
+            runs.append(_conditions(t, pred, spec, seed, None, "raw"))
+            profile = np.random.default_rng([seed, 0xCA]).choice(t.size, size=m, replace=False)
+            prof_pred = predictions_at(t[profile], nu, seed + 10_007)
+            knots = fit_isotonic(prof_pred, t[profile])
+            cal_cv.append(_conditions(t, pred, spec, seed, knots, "calibrated", ("C4",))["C4"]["CV"])
+        mean, sd = _table(runs), _table(runs, "sd")
         local.append(
             {
                 "tau": tau,
                 "tau_measured": np.mean(taus_hat),
                 "MAE": np.mean(maes),
-                "D_C0": t.at["C0", "D"],
-                "D_C1": t.at["C1", "D"],
-                "D_C2-C4": t.at["C2", "D"],
-                "P_C0": t.at["C0", "P"],
-                "P_C1": t.at["C1", "P"],
-                "P_C2-C4": t.at["C2", "P"],
+                "D_C0": mean.at["C0", "D"],
+                "D_C1": mean.at["C1", "D"],
+                "D_C2-C4": mean.at["C2", "D"],
+                "P_C0": mean.at["C0", "P"],
+                "P_C1": mean.at["C1", "P"],
+                "P_C2-C4": mean.at["C2", "P"],
             }
         )
-        cv.append({"tau": tau, **{c: t.at[c, "CV"] for c in CONDITIONS}, "C4_cal": float(np.mean(cal_cv))})
-    return SweepResult(pd.DataFrame(local).set_index("tau"), pd.DataFrame(cv).set_index("tau"))
+        cv.append({"tau": tau, **{c: mean.at[c, "CV"] for c in CONDITIONS}, "C4_cal": float(np.mean(cal_cv))})
+        cal_sd = float(np.std(cal_cv, ddof=1)) if len(cal_cv) > 1 else 0.0
+        cv_sd.append({"tau": tau, **{c: sd.at[c, "CV"] for c in CONDITIONS}, "C4_cal": cal_sd})
+    frames = [pd.DataFrame(rows).set_index("tau") for rows in (local, cv, cv_sd)]
+    return SweepResult(*frames)

@@ -1,10 +1,16 @@
 """The paper's schedule conditions C0-C4 (§5.3) as dispatchable `Schedule`s, for runtime studies (Table 4(b)).
 
     C0  fixed-size minibatches of b prompts in the dataset's original order
-    C1  prompts sorted by predicted length, fixed size b
-    C2  sorted + DP minibatches (sizes in [b, b + kappa]), dispatched short to long
+    C1  prompts sorted by their load, fixed size b
+    C2  the same sorted order cut into DP minibatches (sizes in [b, b + kappa]), dispatched short to long
     C3  C2's minibatches in a seeded random order
     C4  C2's minibatches in balanced batch groups (the ASP schedule, `build_schedule`)
+
+C1-C4 all see the same numbers: the loads of `expected_lengths` (calibrated expected lengths, or the raw
+predictions with `loads="raw"`), sorted by (load, prediction, row) as `build_schedule` sorts them; so C1 and C2
+differ only in how the sorted order is cut, and C2-C4 only in how its minibatches are ordered. With a monotone
+calibration map (what the evaluate stage fits) this is the order of the raw predictions; with per-prompt loads
+(the ablation's cross-fitted ones) it is the order of those loads.
 
 `ablation` measures these on true lengths; this module builds them so the runtime can execute them.
 """
@@ -67,8 +73,10 @@ def condition_schedule(
         raise ValueError(f"prompt_ids has shape {ids.shape} but predicted_lengths has {predicted.shape[0]} values")
     b, k, seed = as_int(b, "b", minimum=1), as_int(k, "k", minimum=1), as_int(seed, "seed", minimum=0)
     expected, mode = expected_lengths(predicted, calibration, loads)
-    if condition in ("C0", "C1"):
-        order = np.arange(ids.size) if condition == "C0" else np.argsort(predicted, kind="stable")
+    if condition == "C0":
+        order, endpoints = np.arange(ids.size), fixed_minibatches(ids.size, b)
+    elif condition == "C1":  # C2-C4's sort (plan_minibatches), cut every b prompts
+        order = np.lexsort((np.arange(ids.size), predicted, expected))
         endpoints = fixed_minibatches(ids.size, b)
     else:
         order, endpoints, _ = plan_minibatches(predicted, expected, b, as_int(kappa, "kappa", minimum=0))
