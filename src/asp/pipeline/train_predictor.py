@@ -88,14 +88,25 @@ class Split:
         return [self.texts[i] for i in idx], self.lengths[idx]
 
 
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded (train, validation) indices of `n` prompts: `val_fraction` of them (at least 2) for validation."""
+    order = np.random.default_rng(seed + 3).permutation(n)
+    n_val = max(2, int(round(val_fraction * n)))
+    if n - n_val < 2:
+        raise UserError(f"only {n} profiled prompts; raise prepare.profile_prompts to train a predictor.")
+    return order[n_val:], order[:n_val]
+
+
+def make_split(texts: list[str], lengths: np.ndarray, predictor: PredictorParams, seed: int) -> Split:
+    """`Split` of prompts and their mean lengths with `split_indices`' seeded validation part."""
+    train, val = split_indices(len(texts), predictor.val_fraction, seed)
+    return Split(list(texts), np.asarray(lengths, dtype=np.float64), train=train, val=val)
+
+
 def load_split(paths: Paths, predictor: PredictorParams, seed: int) -> Split:
     """Read the profiled prompts and split off a seeded `predictor.val_fraction` (at least 2) for validation."""
     texts, lengths = profiled_texts(paths.prompts, paths.profile, "profile", predictor.text_field)
-    order = np.random.default_rng(seed + 3).permutation(len(texts))
-    n_val = max(2, int(round(predictor.val_fraction * len(texts))))
-    if len(texts) - n_val < 2:
-        raise UserError(f"only {len(texts)} profiled prompts; raise prepare.profile_prompts to train a predictor.")
-    return Split(texts, lengths, train=order[n_val:], val=order[:n_val])
+    return make_split(texts, lengths, predictor, seed)
 
 
 def fit(
@@ -130,6 +141,15 @@ def fit(
     return result
 
 
+def train(
+    split: Split, predictor: PredictorParams, seed: int, tracker: Tracker
+) -> tuple[LengthPredictor, PreTrainedTokenizerBase, TrainResult]:
+    """A fresh predictor (`build_predictor`) fitted on `split` (`fit`): what the stage and
+    benchmarks/predictor_real.py train."""
+    model, tokenizer = build_predictor(predictor, seed)
+    return model, tokenizer, fit(model, tokenizer, split, predictor, seed, tracker)
+
+
 def train_metrics(result: Any, n_train: int, n_val: int) -> dict[str, Any]:
     """Best validation τ and epoch, epochs run, prompt counts, truncated prompts and wall time."""
     return {
@@ -160,8 +180,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     predictor, seed = params.predictor, params.common.seed
     split = load_split(paths, predictor, seed)
     tracker.log_params({"predictor": predictor.model_dump(), "common.seed": seed})
-    model, tokenizer = build_predictor(predictor, seed)
-    result = fit(model, tokenizer, split, predictor, seed, tracker)
+    model, tokenizer, result = train(split, predictor, seed, tracker)
     history = [asdict(h) for h in result.history]
     metrics = train_metrics(result, len(split.train), len(split.val))
     meta = predictor_meta(history, predictor.text_field, metrics)
