@@ -33,6 +33,7 @@ DEMO_DATASET = "builtin:demo-arith"
 Int = Annotated[int, Strict()]  # YAML `true` or `2.0` is not an integer
 Float = Annotated[float, Strict()]  # accepts ints (2 -> 2.0), not booleans or strings
 Bool = Annotated[bool, Strict()]
+Actors = Annotated[int, Strict(), Field(ge=1)] | Literal["runtime"]  # engine / predictor actors: a count or launch's
 
 
 class _Params(BaseModel):
@@ -153,6 +154,12 @@ class ProfileParams(_Params):
     top_p: Float = Field(1.0, gt=0, le=1)
     minibatch_prompts: Int = Field(16, ge=1, description="Prompts per generate call (one timed minibatch).")
     chunk_minibatches: Int = Field(4, ge=1, description="Minibatches per saved chunk (the resume unit).")
+    actors: Actors = Field(
+        1,
+        description="Engines the minibatches fan out over: 1 = one engine in the stage's own process (the CPU "
+        "default); N > 1 = N Ray engine actors (runtime.ray_address; runtime.actor_num_cpus / actor_num_gpus each, "
+        "placed like one Generation Unit); 'runtime' = launch's layout (generation_units x actors_per_unit).",
+    )
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads (None: torch default).")
@@ -193,6 +200,11 @@ class EvaluateParams(_Params):
 
 class PredictParams(_Params):
     batch_size: Int = Field(64, ge=1)
+    actors: Actors = Field(
+        1,
+        description="Predictor copies the prompts are sharded over: 1 = in the stage's own process; N > 1 or "
+        "'runtime' = Ray actors laid out as profile.actors (the same predictions).",
+    )
 
 
 class ScheduleParams(_Params):

@@ -92,8 +92,10 @@ def test_profile_writes_consistent_samples_stats_timings_and_metrics(
     assert sorted(p.name for p in paths.out_dir.iterdir()) == ["prompts.parquet", "samples.parquet"]
     timings = pd.read_csv(paths.timings)
     assert list(timings.columns) == [
-        "minibatch", "wall_s", "num_prompts", "n", "max_new_tokens", "total_tokens", "max_length", "prompt_tokens"
+        "minibatch", "wall_s", "num_prompts", "n", "max_new_tokens", "total_tokens", "max_length", "prompt_tokens",
+        "actor",
     ]  # fmt: skip
+    assert (timings["actor"] == 0).all()  # one engine, in this process (profile.actors: 1)
     assert timings["minibatch"].tolist() == list(range(N_MINIBATCHES))
     assert (timings["num_prompts"] == MB).all() and (timings["wall_s"] > 0).all()
     assert timings["total_tokens"].sum() == samples["length"].sum()

@@ -29,6 +29,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,9 +42,9 @@ from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
 from asp.plots import save_figure
 from asp.progress import progress_bar
-from asp.rollout.base import MinibatchTiming, SamplingParams, timed_generate
+from asp.rollout.base import MinibatchResult, MinibatchTiming, SamplingParams, timed_generate
 from asp.runtime.testhooks import kill_point
-from asp.steps.engine import profile_engine
+from asp.steps.engine import profile_engine, profile_engine_spec
 from asp.steps.loaders import policy_model_path
 from asp.steps.paths import ProfilePaths as Paths
 from asp.tracking import Tracker
@@ -53,7 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 KEY_RE = re.compile(r"[0-9a-f]{16}")  # what `run_key` names work directories
-TIMING_COLUMNS = ["minibatch", *(f.name for f in fields(MinibatchTiming))]  # the timings CSV, in this order
+# the timings CSV, in this order; `actor` (last: readers select columns by name) is the engine actor that ran it
+TIMING_COLUMNS = ["minibatch", *(f.name for f in fields(MinibatchTiming)), "actor"]
 RUN_FILE = "mlflow_run.json"  # in the work directory: the MLflow run a resumed profile continues
 
 
@@ -71,7 +73,8 @@ def load_profile_prompts(prompts_dir: Path) -> pd.DataFrame:
 def run_key(prompts: pd.DataFrame, prof: ProfileParams, policy_ref: dict[str, Any], seed: int) -> str:
     """Identity of a profiling run: chunks from another key are never mixed in."""
     h = hashlib.sha256()
-    h.update(json.dumps([prof.model_dump(mode="json"), policy_ref.get("sha256"), seed], sort_keys=True).encode())
+    settings = prof.model_dump(mode="json", exclude={"actors"})  # any number of actors makes the same samples
+    h.update(json.dumps([settings, policy_ref.get("sha256"), seed], sort_keys=True).encode())
     h.update("\0".join(prompts["prompt_id"] + "\1" + prompts["prompt"]).encode())
     return h.hexdigest()[:16]
 
@@ -153,30 +156,53 @@ def check_chunks(prompts: pd.DataFrame, prof: ProfileParams, work: Path) -> list
     return [path for path, _, _ in damaged]
 
 
+def sampling_params(prof: ProfileParams) -> SamplingParams:
+    """The sampling settings of every profiling minibatch (its seed is set per minibatch)."""
+    return SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
+
+
+def generate_minibatches(
+    engine: Any, todo: list[tuple[int, list[str]]], sampling: SamplingParams, seed: int
+) -> Iterator[tuple[int, MinibatchResult, int]]:
+    """(minibatch, result, actor) of each (m, prompt texts) in `todo`, sampled with seed ``seed + m``: one timed
+    ``generate`` call each, in order, on an in-process engine (actor 0); on a `ProfileRunner` (Ray actors) in the
+    order they complete."""
+    if hasattr(engine, "run"):
+        yield from engine.run(todo, seed)
+        return
+    for m, texts in todo:
+        yield m, timed_generate(engine, texts, sampling.with_seed(seed + m)), 0
+
+
 def profile_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int, work: Path) -> list[Path]:
-    """Generate every missing chunk; return all chunk paths in order."""
+    """Generate every missing chunk (a chunk is written as soon as all its minibatches are done); return all chunk
+    paths in order. `engine`: an in-process engine or a `ProfileRunner` (`generate_minibatches`)."""
     mb = prof.minibatch_prompts
     layout = chunk_layout(len(prompts), prof, work)
     n_mb = sum(len(minibatches) for _, minibatches in layout)
     finished = sum(len(minibatches) for path, minibatches in layout if path.is_file())
     bar = progress_bar(total=n_mb, desc="profile", unit="minibatch", initial=finished)
-    sampling = SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
-    for c, (path, minibatches) in enumerate(layout):
-        if path.is_file():
-            continue
-        rows, timings = [], []
-        for m in minibatches:
-            part = prompts.iloc[m * mb : (m + 1) * mb]
-            done = timed_generate(engine, part["prompt"].tolist(), sampling.with_seed(seed + m))
-            rows += minibatch_rows(done.results, part["prompt_id"].tolist(), part["role"].tolist())
-            timings.append({"minibatch": m, **asdict(done.timing)})
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{done.timing.tokens_per_s:.0f}")
-        write_json(timings, path.with_suffix(".timings.json"))
-        write_parquet(pd.DataFrame(rows), path)  # written last: its presence marks the chunk complete
-        kill_point(f"profile:chunk@{c}")
+    missing = {c: minibatches for c, (path, minibatches) in enumerate(layout) if not path.is_file()}
+    todo = [(m, prompts["prompt"].iloc[m * mb : (m + 1) * mb].tolist()) for mbs in missing.values() for m in mbs]
+    done: dict[int, dict[int, tuple[list[dict[str, Any]], dict[str, Any]]]] = {c: {} for c in missing}
+    for m, result, actor in generate_minibatches(engine, todo, sampling_params(prof), seed):
+        part = prompts.iloc[m * mb : (m + 1) * mb]
+        c = m // prof.chunk_minibatches
+        rows = minibatch_rows(result.results, part["prompt_id"].tolist(), part["role"].tolist())
+        done[c][m] = (rows, {"minibatch": m, **asdict(result.timing), "actor": actor})
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{result.timing.tokens_per_s:.0f}")
+        if len(done[c]) == len(missing[c]):
+            write_chunk(layout[c][0], [done[c].pop(m) for m in missing[c]])
+            kill_point(f"profile:chunk@{c}")
     bar.close()
     return [path for path, _ in layout]
+
+
+def write_chunk(path: Path, minibatches: list[tuple[list[dict[str, Any]], dict[str, Any]]]) -> None:
+    """Save one chunk: its minibatches' sample rows (Parquet) and timings (JSON), in minibatch order."""
+    write_json([timing for _, timing in minibatches], path.with_suffix(".timings.json"))
+    write_parquet(pd.DataFrame([row for rows, _ in minibatches for row in rows]), path)  # last: marks it complete
 
 
 def per_prompt_stats(samples: pd.DataFrame) -> pd.DataFrame:
@@ -257,11 +283,27 @@ def run_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: in
         getattr(engine, "close", lambda: None)()
 
 
+def generate(params: Params, paths: Paths, prompts: pd.DataFrame, work: Path) -> list[Path]:
+    """Every chunk, generated by one engine in this process (``profile.actors: 1``) or fanned out over Ray engine
+    actors (`asp.runtime.profile_actors`; ``runtime.ray_address``, ``runtime.actor_num_cpus`` / ``actor_num_gpus``
+    and ``runtime.placement`` as for launch's Generation Units)."""
+    from asp.runtime import RuntimeConfig
+    from asp.runtime.profile_actors import pool_size, profile_runner
+
+    prof, seed = params.profile, params.common.seed
+    runtime = RuntimeConfig.from_params(params)
+    if pool_size(runtime, prof.actors) == 1 and prof.actors != "runtime":
+        return run_chunks(profile_engine(prof, policy_model_path(paths.policy), seed), prompts, prof, seed, work)
+    spec = profile_engine_spec(prof, policy_model_path(paths.policy), seed)
+    with profile_runner(runtime, prof.actors, spec, sampling_params(prof)) as runner:
+        return profile_chunks(runner, prompts, prof, seed, work)
+
+
 def collect_chunks(chunk_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """All samples and minibatch timings of the saved chunks, in chunk order."""
     parts = [read_chunk(c) for c in chunk_paths]
     samples = pd.concat([s for s, _ in parts], ignore_index=True)
-    timings = pd.concat([t for _, t in parts], ignore_index=True)
+    timings = pd.concat([t if "actor" in t.columns else t.assign(actor=0) for _, t in parts], ignore_index=True)
     if samples.empty:
         raise UserError("profiling produced zero samples; check profile.n_samples and the prompt files.")
     return samples, timings
@@ -302,15 +344,16 @@ def profile_metrics(
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Profile the policy; write samples and per-prompt stats, then the timings, metrics and histogram."""
+    if params.profile.source == "file":  # bring your own lengths: read, not generated
+        return run_from_file(params, paths, tracker)
     prof, seed = params.profile, params.common.seed
     prompts, work = load_inputs(paths, prof, seed)
     if tracker.run_id:
         write_json({"run_id": tracker.run_id}, work / RUN_FILE)
     tracker.log_params({"profile": prof.model_dump(), "common.seed": seed})
     kill_point("profile:start")
-    engine = profile_engine(prof, policy_model_path(paths.policy), seed)
     t0 = time.perf_counter()
-    chunks = run_chunks(engine, prompts, prof, seed, work)
+    chunks = generate(params, paths, prompts, work)
     kill_point("profile:chunks")
     samples, timings = collect_chunks(chunks)
     stats = per_prompt_stats(samples)
@@ -322,4 +365,26 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     save_figure(length_histogram(samples, prof.max_new_tokens), paths.plot, tracker)
     tracker.log_metrics(metrics)
     shutil.rmtree(work, ignore_errors=True)
+    return metrics
+
+
+def run_from_file(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """`profile.source: file`: the lengths of rollouts the user has (`asp.pipeline.profile_import`), written as
+    `run` writes generated ones. Nothing was timed: the timings table holds its header only (simulate says so)."""
+    from asp.pipeline.profile_import import import_samples
+
+    prof = params.profile
+    tracker.log_params({"profile": prof.model_dump(), "common.seed": params.common.seed})
+    t0 = time.perf_counter()
+    samples, report = import_samples(params, paths.prompts, paths.policy)
+    stats = per_prompt_stats(samples)
+    save_outputs(samples, stats, paths.out_dir)
+    save_timings(pd.DataFrame(columns=TIMING_COLUMNS), paths.timings)
+    measured = profile_metrics(samples, stats, pd.DataFrame({"wall_s": [], "total_tokens": []}), 0.0)
+    untimed = ("profile/tokens_per_s", "profile/generation_s", "profile/minibatches")
+    metrics = {k: v for k, v in measured.items() if k not in untimed}
+    metrics |= {"profile/wall_s_this_run": time.perf_counter() - t0, **report}
+    write_json(metrics, paths.metrics)
+    save_figure(length_histogram(samples, prof.max_new_tokens), paths.plot, tracker)
+    tracker.log_metrics(metrics)
     return metrics

@@ -2,7 +2,8 @@
 ``profile:`` params (the profile stage and re-profiling) or from ``runtime.engine`` (the launch's actors).
 
 `engine_options` is the one mapping of params to engine keyword options; `profile_engine` builds the engine
-that profiles (`asp.rollout.make_engine`), `engine_spec` the picklable recipe every generation actor builds its
+that profiles (`asp.rollout.make_engine`), `profile_engine_spec` the same engine as a picklable recipe (the profiling
+actors', ``profile.actors`` > 1), `engine_spec` the picklable recipe every generation actor of the launch builds its
 engine from (`asp.runtime.EngineSpec`).
 """
 
@@ -39,11 +40,17 @@ def engine_options(
 
 
 def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Engine:
-    """The engine `profile.engine` names for `model_path` (vLLM seeded with `seed`)."""
-    from asp.rollout import make_engine
+    """The engine `profile.engine` names for `model_path` (vLLM seeded with `seed`), built in this process."""
+    return profile_engine_spec(prof, model_path, seed)()
+
+
+def profile_engine_spec(prof: ProfileParams, model_path: Path, seed: int) -> EngineSpec:
+    """The picklable recipe of `profile_engine` (the same engine and options), which each profiling actor of
+    ``profile.actors`` > 1 builds its engine from."""
+    from asp.runtime import EngineSpec
 
     opts = engine_options(prof.engine, prof.device, prof.dtype, prof.num_threads, prof.vllm, seed=seed)
-    return make_engine(prof.engine, str(model_path), **opts)
+    return EngineSpec(prof.engine, str(model_path), opts)
 
 
 def engine_spec(runtime: RuntimeParams, model_path: Path) -> EngineSpec:
