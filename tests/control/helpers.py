@@ -8,7 +8,9 @@ from asp.control.core import ControlCore, GUSlot
 from asp.control.database import Database
 from asp.control.messages import MinibatchOutput, WorkItem
 from asp.control.plan import WorkPlan
-from asp.control.settings import ControlSettings
+from asp.control.settings import ControlSettings, PartialSettings
+
+PARTIAL_OFF = PartialSettings(enabled=False, token_budget=64, order="online", max_rows=None)
 
 
 def gu_slots(generation_units: int, actors_per_unit: int) -> list[GUSlot]:
@@ -39,6 +41,8 @@ def settings(**overrides) -> ControlSettings:
         stall_timeout_s=60.0,
         poll_timeout_s=1.0,
         seed=0,
+        partial=PARTIAL_OFF,
+        max_new_tokens=160,
     )
     return ControlSettings(**(base | overrides))
 

@@ -25,6 +25,11 @@ actors start again) and `observer(out)` for every first completion. Decisions:
 * **when to train, what to take**: async: a global batch once queued, the short rest at the end of a pass; sync:
   the whole queue once the round is back (`round_complete`);
 * **backpressure**: the queue depth after every change (async only);
+* **partial rollouts** (``settings.partial``, `asp.control.partial`): a minibatch's first output with unfinished
+  responses is held by the Database; its unfinished responses are continued in continuation items (rows of several
+  tasks, ordered by the online length correction or in arrival order), which go out before new minibatches and count
+  as outstanding work; a task whose responses all finished enters the Training Queue whole. A lost GU's or failed
+  continuation item's rows are pooled again (a task whose continuations failed ``max_attempts`` times stops the run);
 * **stop / replan**: after a stop nothing new is dispatched or trained; the loop ends at a checkpoint step (when the
   driver checkpoints) once no step is in flight;
 * **the run summary** (`summary_metrics`): Table 4(b) columns and counters over the whole run (earlier sessions of a
@@ -42,9 +47,16 @@ from typing import Any
 
 import numpy as np
 
-from asp.control.database import Database
-from asp.control.messages import GlobalBatch, GUReport, MinibatchOutput, WorkItem
-from asp.control.metrics import Window, comparison_summary, iteration_metrics, minibatch_record, summary_metrics
+from asp.control.database import Database, task_seed
+from asp.control.messages import ContinuationRow, GlobalBatch, GUReport, MinibatchOutput, SegmentOutput, WorkItem
+from asp.control.metrics import (
+    Window,
+    comparison_summary,
+    iteration_metrics,
+    minibatch_record,
+    split_share,
+    summary_metrics,
+)
 from asp.control.plan import WorkPlan
 from asp.control.queue import Backpressure, TrainingQueue
 from asp.control.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
@@ -127,6 +139,11 @@ class ControlCore:
         self.earlier_records: list[dict[str, Any]] = []
         self.earlier_iterations: list[dict[str, float]] = []
         self.earlier_trace: list[tuple[float, float]] = []
+        # partial rollouts: continuation items out at GUs (id -> GU index, rows) and their count
+        self.cont_out: dict[int, tuple[int, list[ContinuationRow]]] = {}
+        self.continuations = 0
+        self.db.partials.cap = s.max_new_tokens
+        self.cont_rows = s.partial.max_rows or max(len(mb) for mb in self.db.original.minibatches) * s.n_samples
 
     # ---- clock -----------------------------------------------------------------------------------------
     def begin(self, now: float) -> None:
@@ -205,13 +222,36 @@ class ControlCore:
             if self.bp.paused:
                 return {}
             loads = [GULoad(g.index, g.outstanding, self.settings.gu_queue_target + len(g.alive)) for g in live]
-            batches = plan_dispatch(self.db, loads)
+            batches = self._plan_continuations(loads)
+            for index, items in plan_dispatch(self.db, loads).items():
+                batches.setdefault(index, []).extend(self._with_budget(it) for it in items)
         for g, load in zip(live, loads, strict=True):
             g.outstanding = load.outstanding
         for index, items in batches.items():
             for it in items:
                 self._event(now, "send", index, -1, it.task_id, it.attempt)
         return batches
+
+    def _with_budget(self, item: WorkItem) -> WorkItem:
+        item.budget = self.settings.partial.budget
+        return item
+
+    def _plan_continuations(self, loads: list[GULoad]) -> dict[int, list[WorkItem]]:
+        """Partial rollouts: pooled rows as continuation items, to the GU furthest below its target, before any new
+        minibatch; each item takes up to `cont_rows` rows in the configured order."""
+        sent: dict[int, list[WorkItem]] = {}
+        partial = self.settings.partial
+        while loads and self.db.partials.pool:
+            g = min(loads, key=lambda x: x.outstanding - x.target)
+            if g.outstanding >= g.target:
+                break
+            rows = self.db.partials.take(self.cont_rows, partial.order, self.db.prompts)
+            cont_id, self.continuations = self.continuations, self.continuations + 1
+            self.cont_out[cont_id] = (g.index, rows)
+            seed = task_seed(self.settings.seed, -1 - cont_id)
+            sent.setdefault(g.index, []).append(WorkItem(cont_id, -1, -1, 0, [], [], seed, partial.budget, rows))
+            g.outstanding += 1
+        return sent
 
     def _update_backpressure(self, now: float) -> None:
         """Feed the queue depth to backpressure (async mode only; a sync round is bounded by itself)."""
@@ -231,9 +271,17 @@ class ControlCore:
         g = self.gus[report.gu]
         for out in report.outputs:
             g.outstanding -= 1
-            self._ingest(out, now)
+            if isinstance(out, SegmentOutput):
+                self._ingest_segment(out, now)
+            elif not out.complete:
+                self._hold(out, now)
+            else:
+                self._ingest(out, now)
         for fail in report.failures:
             g.outstanding -= 1
+            if fail.continuation:
+                self._continuation_failed(fail.task_id, fail.reason, now)
+                continue
             self._event(now, "fail", g.index, fail.actor, fail.task_id, fail.attempt)
             if not self.db.fail(fail.task_id, fail.attempt, fail.reason):
                 raise RuntimeFailure(
@@ -265,6 +313,37 @@ class ControlCore:
         if self.observer is not None:
             self.observer(out)
 
+    def _hold(self, out: MinibatchOutput, now: float) -> None:
+        """A minibatch's first output with unfinished responses: held until all of them finished."""
+        if not self.db.hold(out):
+            self._event(now, "dup", out.gu, out.actor, out.task_id, out.attempt)
+            return
+        self.last_progress = now
+        self._event(now, "hold", out.gu, out.actor, out.task_id, out.attempt)
+
+    def _ingest_segment(self, seg: SegmentOutput, now: float) -> None:
+        """A continuation item came back: merge it; every task it completed enters the queue."""
+        if self.cont_out.pop(seg.cont_id, None) is None:
+            self.db.duplicates += 1
+            return
+        self.last_progress = now
+        self.reload_failures += bool(seg.reload_error)
+        self._event(now, "segment", seg.gu, seg.actor, seg.cont_id, seg.attempt)
+        for out in self.db.partials.merge(seg):
+            self._ingest(out, now)
+
+    def _continuation_failed(self, cont_id: int, reason: str, now: float) -> None:
+        sent = self.cont_out.pop(cont_id, None)
+        if sent is None:
+            return
+        self.db.failed_attempts += 1
+        self._event(now, "fail", sent[0], -1, cont_id, -1)
+        if self.db.partials.release(sent[1], failed=True) >= self.settings.max_attempts:
+            raise RuntimeFailure(
+                f"continuing partial responses failed {self.settings.max_attempts} times (runtime.max_attempts); "
+                f"last error: {reason}"
+            )
+
     def lose_gu(self, index: int, reason: str) -> None:
         """GU `index` is gone: its issued tasks go back to the Database for re-issue.
 
@@ -273,6 +352,8 @@ class ControlCore:
         """
         g = self.gus[index]
         g.dead = True
+        for cont_id in [c for c, (gu, _) in self.cont_out.items() if gu == index]:
+            self.db.partials.release(self.cont_out.pop(cont_id)[1], failed=False)
         for task in self.db.issued_to(index):
             if not self.db.fail(task.task_id, task.attempt, reason):
                 raise RuntimeFailure(f"minibatch task {task.task_id} failed on every attempt; last error: {reason}")
@@ -373,6 +454,7 @@ class ControlCore:
             "reload_failures": self.reload_failures,
             "lag_sum": self.lag_sum,
             "lag_count": self.lag_count,
+            "continuations": self.continuations,
         }
         out = {name: self.total(name, value) for name, value in counters.items()}
         out.update(sessions=float(self.session + 1), wall_s=self.base + session_wall, lag_max=self.lag_max)
@@ -418,6 +500,8 @@ class ControlCore:
                 "runtime/duplicates_dropped": counts["duplicates"],
                 "runtime/pauses": counts["pauses"],
                 "runtime/dead_actors": counts["dead_actors"],
+                "runtime/continuations": counts["continuations"],
+                "runtime/split_response_share": split_share(records),
                 **self.lag_counters(),
                 **comparison_summary(
                     records,

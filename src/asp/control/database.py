@@ -10,6 +10,12 @@ continue). States::
        |                              `--(max_attempts used)--> given up: the run stops with the last error
        `--replan--> replaced                  (its untrained prompts moved to a task of the new plan)
 
+With partial rollouts (`asp.control.partial`) a task whose first output came back with unfinished responses is
+*held* (`hold`): it stays issued (it counts in `n_issued`, so the pass is not exhausted) but belongs to no GU any
+more (losing a GU does not re-issue it), and its responses live in `partials` until every one finished; then it
+completes like any task. `state()` keeps the held tasks with their responses so far, and `restore` holds them again,
+so a resumed run continues them instead of generating them again.
+
 `next_unit` hands out dispatch units: a failed task alone (retries first), else the rest of the head
 batch group; the synchronous mode takes retries (`next_retry`) and single tasks (`next_task`) instead.
 Trained prompts are counted per task (`mark_consumed`); the checkpoint `state()` keeps only those counts, so
@@ -25,7 +31,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from asp.control.messages import WorkItem
+from asp.control.messages import MinibatchOutput, WorkItem
+from asp.control.partial import PartialStore
 from asp.control.plan import WorkPlan, check_prompts
 
 
@@ -94,6 +101,7 @@ class Database:
         self.failed_attempts = 0
         self.n_issued = 0
         self.given_up: list[Task] = []
+        self.partials = PartialStore()  # held tasks (partial rollouts)
         self.original = plan
         self._reset_plans()
 
@@ -182,6 +190,17 @@ class Database:
         return self._item(task)
 
     # ---- results ---------------------------------------------------------------------------------------
+    def hold(self, out: MinibatchOutput) -> bool:
+        """Partial rollouts: keep a task's first output, which has unfinished responses (`PartialStore.hold`); the
+        task stays issued, to no GU. False (a duplicate, dropped) unless the task is issued and not held yet."""
+        task = self.tasks.get(out.task_id)
+        if task is None or task.state != TaskState.ISSUED or out.task_id in self.partials.tasks:
+            self.duplicates += 1
+            return False
+        task.gu = -1
+        self.partials.hold(out)
+        return True
+
     def complete(self, task_id: int) -> bool:
         """Record a completed minibatch; True the first time, False for a duplicate (to be dropped)."""
         task = self.tasks.get(task_id)
@@ -201,7 +220,7 @@ class Database:
         """Record a failed attempt; the task is queued for retry. Stale attempts (already done / re-issued)
         are ignored. Returns False when the task has used all `max_attempts` (it is then given up)."""
         task = self.tasks.get(task_id)
-        if task is None or task.state != TaskState.ISSUED or attempt != task.attempt:
+        if task is None or task.state != TaskState.ISSUED or attempt != task.attempt or task_id in self.partials.tasks:
             return True
         self.failed_attempts += 1
         self.n_issued -= 1
@@ -338,16 +357,20 @@ class Database:
     # ---- checkpoint ------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """JSON-able position: epochs created and trained-prompt counts (tasks with none are omitted), plus the
-        replans (``replans``, only when there were any)."""
+        replans (``replans``, only when there were any) and the held tasks of partial rollouts (``partials``, only
+        when there are any)."""
         consumed = {str(t.task_id): t.consumed for t in self.tasks.values() if t.consumed}
         state: dict[str, Any] = {"epochs_created": self.epochs_created, "consumed": consumed}
         if self.replans:
             state["replans"] = [dict(r) for r in self.replans]
+        if self.partials.tasks:
+            state["partials"] = self.partials.state()
         return state
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Rebuild from `state()`: replans are replayed, fully trained tasks are done, all others (but replaced
-        ones) pending from their first untrained prompt, in dispatch order."""
+        ones) pending from their first untrained prompt, in dispatch order; held tasks (``partials``) are issued
+        again, to no GU, with their responses so far."""
         self.tasks.clear()
         self.pending.clear()
         self.retry.clear()
@@ -366,9 +389,22 @@ class Database:
             task.consumed = task.start = int(count)
             if count == size and task.state == TaskState.PENDING:
                 task.state = TaskState.DONE
+        self.n_issued = 0
+        self._restore_partials(state.get("partials", {}))
         pending = [t for t in self.tasks.values() if t.state == TaskState.PENDING]
         self.pending = deque(t.task_id for t in sorted(pending, key=lambda t: (t.epoch, t.task_id)))
-        self.n_issued = 0
+
+    def _restore_partials(self, partials: Mapping[str, Any]) -> None:
+        """Hold again the tasks a checkpoint kept in flight (each must be pending with exactly those prompts)."""
+        self.partials.restore(partials)
+        for task_id, held in self.partials.tasks.items():
+            task = self.tasks.get(task_id)
+            if task is None or task.state != TaskState.PENDING:
+                raise ValueError(f"checkpoint holds a partial task {task_id} that this run has no pending task for")
+            if list(held.head.prompt_ids) != self._untrained(task):
+                raise ValueError(f"checkpoint's partial task {task_id} has other prompts than the plan's task")
+            task.state, task.gu = TaskState.ISSUED, -1
+            self.n_issued += 1
 
     def _add_epochs(self, upto: int) -> None:
         while self.epochs_created < upto:

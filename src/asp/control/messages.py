@@ -33,6 +33,11 @@ class WorkItem:
         prompt_ids: (P,) prompt ids in schedule order (a resumed, partly trained minibatch keeps only the rest).
         prompts: (P,) chat-templated prompt texts, same order.
         seed: sampling seed; the same for every attempt, so a re-issued minibatch samples the same way.
+        budget: partial rollouts (``runtime.partial``): tokens per response this call may generate at most (None:
+            up to ``max_new_tokens``); a response that reaches it unfinished comes back as continuation work.
+        rows: a *continuation item* (partial rollouts): the unfinished responses to continue, from one or more
+            tasks; then `task_id` is the continuation's own id (`SegmentOutput.cont_id`), `prompt_ids` / `prompts`
+            are empty and `minibatch_id` / `group_id` are -1.
     """
 
     task_id: int
@@ -42,6 +47,32 @@ class WorkItem:
     prompt_ids: list[Any]
     prompts: list[str]
     seed: int
+    budget: int | None = None
+    rows: list[ContinuationRow] = field(default_factory=list)
+
+    @property
+    def is_continuation(self) -> bool:
+        return bool(self.rows)
+
+
+@dataclass(slots=True)
+class ContinuationRow:
+    """One unfinished response to continue (partial rollouts): its prompt and the tokens generated so far.
+
+    Attributes:
+        task_id: the task (minibatch) it belongs to.
+        sample: its sample index in that task's output (prompt ``sample // n``, response ``sample % n``).
+        prompt_id, prompt: its prompt id and chat-templated text.
+        token_ids: (g,) int32 response tokens generated so far (empty in the simulator, which counts only `generated`).
+        generated: g, the response's length so far in tokens.
+    """
+
+    task_id: int
+    sample: int
+    prompt_id: Any
+    prompt: str
+    token_ids: np.ndarray
+    generated: int
 
 
 @dataclass(slots=True)
@@ -80,6 +111,13 @@ class MinibatchOutput:
         reload_s: seconds spent reloading weights just before this minibatch (0 if none).
         reload_error: why loading the offered snapshot failed ("" if none; the actor kept its weights).
         depth_at_arrival: Training Queue depth in global batches just before it arrived (set by the queue).
+        finished: partial rollouts: (S,) bool, False for a response that reached the call's token budget unfinished
+            (its task is then held until every response finished); empty: all finished.
+        sample_versions: (S, 2) int64 oldest and newest policy version of each response's segments (a response
+            continued after a weight reload spans several); empty: all `policy_version`. For a response assembled
+            from segments `policy_version` is the oldest version of any segment (the lag is counted from it).
+        padded_slots: row-steps the engine calls spent on these responses (rows x longest new tokens of each call,
+            summed per response); -1: one call, ``S * max(lengths)`` (see `padding_rate`).
     """
 
     task_id: int
@@ -101,6 +139,9 @@ class MinibatchOutput:
     reload_s: float = 0.0
     reload_error: str = ""
     depth_at_arrival: float = float("nan")
+    finished: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    sample_versions: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
+    padded_slots: int = -1
 
     @property
     def num_prompts(self) -> int:
@@ -108,7 +149,8 @@ class MinibatchOutput:
 
     @property
     def gen_s(self) -> float:
-        """Wall-clock seconds of the engine call."""
+        """Wall-clock seconds of the engine call (of a response set assembled from segments: the engine seconds
+        attributed to it)."""
         return self.gen_end - self.gen_start
 
     @property
@@ -116,10 +158,67 @@ class MinibatchOutput:
         return int(self.lengths.sum())
 
     @property
+    def complete(self) -> bool:
+        """True unless some response reached the call's token budget unfinished (partial rollouts)."""
+        return not self.finished.size or bool(self.finished.all())
+
+    @property
+    def split_responses(self) -> int:
+        """Responses whose segments came from more than one policy version."""
+        v = self.sample_versions
+        return int((v[:, 0] != v[:, 1]).sum()) if v.size else 0
+
+    @property
     def padding_rate(self) -> float:
-        """Realized padding rate 1 - mean/max response length over all samples (0 for an empty batch)."""
+        """Realized padding rate 1 - tokens / row-steps of the engine calls (one call: 1 - mean/max response
+        length over all samples); 0 for an empty batch."""
+        if self.padded_slots > 0:
+            return 1.0 - self.total_tokens / self.padded_slots
         top = int(self.lengths.max(initial=0))
         return 1.0 - float(self.lengths.mean()) / top if top > 0 else 0.0
+
+
+@dataclass(slots=True)
+class SegmentOutput:
+    """What one continuation item (`WorkItem.rows`, partial rollouts) generated: the next segment of R responses.
+
+    Attributes:
+        cont_id, attempt: the continuation item's id and attempt.
+        gu, actor, policy_version: where and with which weights it was generated.
+        task_ids, samples: (R,) int64 the rows' task and sample index, in the item's order.
+        lengths: (R,) int32 new tokens per row; finished: (R,) bool (EOS or ``max_new_tokens`` reached);
+            stopped: (R,) bool (EOS).
+        token_ids: (T,) int32 new tokens of all rows concatenated; logprobs: (T,) float32 their behaviour log-probs
+            (empty if the engine gave none).
+        texts: (R,) the decoded whole response (earlier segments + this one) of each row.
+        gen_start, gen_end, reload_s, reload_error: as in `MinibatchOutput`.
+    """
+
+    cont_id: int
+    attempt: int
+    gu: int
+    actor: int
+    policy_version: int
+    task_ids: np.ndarray
+    samples: np.ndarray
+    lengths: np.ndarray
+    finished: np.ndarray
+    stopped: np.ndarray
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    texts: list[str]
+    gen_start: float
+    gen_end: float
+    reload_s: float = 0.0
+    reload_error: str = ""
+
+    @property
+    def gen_s(self) -> float:
+        return self.gen_end - self.gen_start
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.lengths.sum())
 
 
 @dataclass(slots=True)
@@ -131,6 +230,7 @@ class Failure:
     gu: int
     actor: int
     reason: str
+    continuation: bool = False  # the attempt was a continuation item (`task_id` is its continuation id)
 
 
 @dataclass(slots=True)
@@ -139,14 +239,14 @@ class GUReport:
 
     Attributes:
         gu: generation unit index.
-        outputs: completed minibatches.
+        outputs: completed minibatches (and, with partial rollouts, continuation segments).
         failures: attempts that failed (their tasks go back to the Database).
         dead_actors: global indices of actors that died for good (restarts exhausted or reload failed).
         queued: minibatches waiting in the unit's input queue when the report was made.
     """
 
     gu: int
-    outputs: list[MinibatchOutput] = field(default_factory=list)
+    outputs: list[MinibatchOutput | SegmentOutput] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     dead_actors: list[int] = field(default_factory=list)
     queued: int = 0

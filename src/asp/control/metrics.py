@@ -323,7 +323,16 @@ def minibatch_record(
         "reload_error": out.reload_error,
         "arrival_s": arrival,
         "depth_at_arrival_batches": depth_batches,
+        "responses": int(out.lengths.shape[0]),
+        "split_responses": out.split_responses,
     }
+
+
+def split_share(records: Sequence[dict[str, Any]]) -> float:
+    """Share of the responses (over minibatch records) whose segments came from more than one policy version
+    (partial rollouts; 0 without); NaN without responses. Records of older run logs without the columns count 0."""
+    total = sum(int(r.get("responses", 0)) for r in records)
+    return sum(int(r.get("split_responses", 0)) for r in records) / total if total else float("nan")
 
 
 def grpo_summary(rows: Sequence[dict[str, float]], fraction: float = 0.2) -> dict[str, float]:

@@ -24,6 +24,29 @@ def resume_depth(q_resume: int | None, q_max: int, global_batch_prompts: int) ->
 
 
 @dataclass(frozen=True, slots=True)
+class PartialSettings:
+    """Partial rollouts (``runtime.partial``; `asp.control.partial`).
+
+    Attributes:
+        enabled: generate at most `token_budget` tokens per response per engine call.
+        token_budget: tokens per response per engine call.
+        order: continuation rows handed out in arrival order ("fifo") or longest expected remainder first
+            ("online": the online length correction).
+        max_rows: most rows of one continuation item (None: the rows of the plan's largest minibatch).
+    """
+
+    enabled: bool
+    token_budget: int
+    order: Literal["fifo", "online"]
+    max_rows: int | None
+
+    @property
+    def budget(self) -> int | None:
+        """The budget work items carry (None when off)."""
+        return self.token_budget if self.enabled else None
+
+
+@dataclass(frozen=True, slots=True)
 class ControlSettings:
     """The Control Unit's settings (see the module docstring).
 
@@ -40,6 +63,8 @@ class ControlSettings:
         stall_timeout_s: the run fails when nothing is generated or trained this long.
         poll_timeout_s: longest wait of the driver's loop (the simulator models it too).
         seed: base sampling seed of the Database's tasks.
+        partial: partial rollouts (`PartialSettings`).
+        max_new_tokens: the per-response token cap (partial rollouts continue a response up to it).
     """
 
     mode: Literal["async", "sync"]
@@ -58,10 +83,14 @@ class ControlSettings:
     stall_timeout_s: float
     poll_timeout_s: float
     seed: int
+    partial: PartialSettings
+    max_new_tokens: int
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
             raise ValueError(f"mode must be 'async' or 'sync', got {self.mode!r}")
+        if self.partial.enabled and self.mode != "async":
+            raise ValueError("partial rollouts (runtime.partial.enabled) need runtime.mode: async")
 
     @property
     def sync(self) -> bool:

@@ -1,5 +1,9 @@
 """Typed results and the `Engine` protocol shared by every generation engine (hf, vllm).
 
+Partial rollouts (``runtime.partial``) use `ContinuingEngine.continue_responses`: the context of each row is the
+prompt's tokens followed by the response's tokens so far, and the new tokens' log-probs are those of the same
+positions of an uninterrupted response (tests/rollout/test_continuation.py).
+
 One `Engine.generate(prompts, params)` call decodes one minibatch: a list of already chat-templated prompt
 strings, each sampled ``params.n`` times with the `SamplingParams` (validated when built, so engines do not
 re-check them). Results come back as one `PromptResult` per prompt (same order as the input), each
@@ -160,6 +164,20 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release the model and any device memory."""
+        ...
+
+
+@runtime_checkable
+class ContinuingEngine(Protocol):
+    """An engine that can continue responses (partial rollouts, ``runtime.partial``): hf and vllm."""
+
+    def continue_responses(
+        self, prompts: list[str], partials: list[list[int]], params: SamplingParams, limits: list[int] | None = None
+    ) -> list[Sample]:
+        """Continue response i from ``prompts[i]`` + ``partials[i]`` (the prompt's tokens followed by the response's
+        tokens so far as the context): one new segment per row (``params.n`` is ignored), at most
+        ``min(params.max_new_tokens, limits[i])`` new tokens. Each `Sample` holds the *new* tokens, their behaviour
+        log-probs and length, the finish reason of this segment, and the decoded *whole* response as text."""
         ...
 
 

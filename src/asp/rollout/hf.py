@@ -10,6 +10,7 @@ checkpoint (never a hub download) and implements `asp.rollout.base.Engine`:
 * the RNG is seeded with ``params.seed`` inside `torch.random.fork_rng`, so the same seed and the same
   minibatch reproduce exactly and the caller's global RNG state is untouched (unlike vLLM's per-request seeds, a
   prompt's samples also depend on the rest of its minibatch, which shares one RNG stream);
+* `continue_responses` continues responses from prompt + tokens so far (partial rollouts, ``runtime.partial``);
 * per-token log-probs are recorded during decoding by a pass-through logits processor (one step of
   (rows, vocab) memory instead of storing every step's logits); see `asp.rollout.base` for the
   ``processed_logprobs`` / ``raw_logprobs`` semantics, which follow vLLM's ``logprobs_mode``.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -196,6 +198,14 @@ class HFEngine:
         self._check_lengths(enc["attention_mask"], max_new_tokens)
         input_ids = enc["input_ids"].repeat_interleave(n, dim=0).to(self.device)
         attention_mask = enc["attention_mask"].repeat_interleave(n, dim=0).to(self.device)
+        generated, logprobs = self._sample(input_ids, attention_mask, params)
+        return self._to_results(generated.cpu(), logprobs, enc["attention_mask"].sum(dim=1).tolist(), n)
+
+    def _sample(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One `generate` call over left-padded rows (one sample each): (generated ids, their log-probs)."""
+        max_new_tokens = params.max_new_tokens
         greedy = params.temperature < GREEDY_EPS
         procs, recorder = self._processors(greedy, params)
         config = GenerationConfig(
@@ -225,8 +235,50 @@ class HFEngine:
         finally:
             torch.set_num_threads(threads)
         generated = out[:, input_ids.shape[1] :]
-        logprobs = recorder.finish(generated)
-        return self._to_results(generated.cpu(), logprobs, enc["attention_mask"].sum(dim=1).tolist(), n)
+        return generated, recorder.finish(generated)
+
+    @torch.inference_mode()
+    def continue_responses(
+        self, prompts: list[str], partials: list[list[int]], params: SamplingParams, limits: list[int] | None = None
+    ) -> list[Sample]:
+        """Continue each response from its prompt + tokens so far (partial rollouts); see
+        `asp.rollout.base.ContinuingEngine`. Rows are left-padded into one `generate` call of
+        ``max(limits)`` new tokens (a row's extra tokens past its limit are cut off, which samples the same
+        distribution as stopping it there); the RNG is seeded with ``params.seed`` as in `generate`."""
+        if len(partials) != len(prompts) or (limits is not None and len(limits) != len(prompts)):
+            raise ValueError(f"{len(prompts)} prompts, {len(partials)} partial responses and limits {limits!r}")
+        if not prompts:
+            return []
+        top = params.max_new_tokens
+        caps = [top] * len(prompts) if limits is None else [max(1, min(top, int(x))) for x in limits]
+        enc = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        rows = [list(p) + [int(t) for t in q] for p, q in zip(enc, partials, strict=True)]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            attention_mask[i, width - len(r) :] = 1
+        self._check_lengths(attention_mask, max(caps))
+        generated, logprobs = self._sample(
+            input_ids.to(self.device), attention_mask.to(self.device), replace(params, n=1, max_new_tokens=max(caps))
+        )
+        generated = generated.cpu()
+        samples = []
+        for i, cap in enumerate(caps):
+            lengths, stopped = response_lengths(generated[i : i + 1, :cap], self.eos_ids)
+            k = int(lengths[0])
+            ids = generated[i, :k].tolist()
+            samples.append(
+                Sample(
+                    token_ids=ids,
+                    text=self.tokenizer.decode([int(t) for t in partials[i]] + ids, skip_special_tokens=True),
+                    length=k,
+                    finish_reason="stop" if bool(stopped[0]) else "length",
+                    logprobs=logprobs[i, :k].tolist(),
+                )
+            )
+        return samples
 
     def _to_results(
         self, generated: torch.Tensor, logprobs: torch.Tensor, prompt_tokens: list[int], n: int

@@ -17,6 +17,9 @@ when vLLM is installed):
 * `token_prompts(...)` -> ``TokensPrompt`` dicts: prompts are tokenised by `asp.rollout.load_tokenizer`
   exactly as `HFEngine` does, so both engines see identical prompt ids (and responses are decoded with
   that tokenizer too, vLLM's own detokenisation switched off);
+* `continuation_requests(prompt_ids, partials, params, limits)` / `continuation_samples(...)`: partial rollouts
+  (``runtime.partial``) continue a response with the prompt's token ids followed by the response's tokens so far
+  as a ``TokensPrompt`` (n=1, max_tokens = the row's limit), and decode the whole response as its text;
 * `parse_request_outputs(outputs)` -> `PromptResult`s from ``RequestOutput`` objects: ``.outputs[i]`` is a
   ``CompletionOutput`` with ``.index``, ``.token_ids`` (the EOS token included when it stopped on EOS),
   ``.text``, ``.finish_reason`` (``"stop"``/``"length"``/``"abort"``) and ``.logprobs`` (one mapping per
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +188,48 @@ def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:
 def token_prompts(prompt_token_ids: Sequence[Sequence[int]]) -> list[dict[str, list[int]]]:
     """``TokensPrompt`` dicts (``{"prompt_token_ids": [...]}``) for ``LLM.generate``."""
     return [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_token_ids]
+
+
+def continuation_requests(
+    prompt_ids: Sequence[Sequence[int]],
+    partials: Sequence[Sequence[int]],
+    params: SamplingParams,
+    limits: Sequence[int] | None = None,
+    *,
+    logprobs: int | None = 0,
+) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Requests that continue responses (partial rollouts): the context of row i is ``prompt_ids[i] + partials[i]``
+    and it samples one continuation (``n=1``) of at most ``min(params.max_new_tokens, limits[i])`` tokens, seeded
+    ``params.seed + i`` (no two rows of a call share a stream).
+
+    Returns:
+        (contexts, `sampling_kwargs` per row).
+    """
+    if len(partials) != len(prompt_ids) or (limits is not None and len(limits) != len(prompt_ids)):
+        raise ValueError(f"{len(prompt_ids)} prompts, {len(partials)} partial responses and limits {limits!r}")
+    top = params.max_new_tokens
+    caps = [top] * len(prompt_ids) if limits is None else [max(1, min(top, int(x))) for x in limits]
+    contexts = [[int(t) for t in p] + [int(t) for t in q] for p, q in zip(prompt_ids, partials, strict=True)]
+    requests = [
+        sampling_kwargs(
+            replace(params, n=1, max_new_tokens=cap, seed=params.seed + i), logprobs=logprobs, detokenize=False
+        )
+        for i, cap in enumerate(caps)
+    ]
+    return contexts, requests
+
+
+def continuation_samples(
+    results: Sequence[PromptResult], partials: Sequence[Sequence[int]], decode: Callable[[list[int]], str]
+) -> list[Sample]:
+    """One `Sample` per continued row from `parse_request_outputs`' results (one sample each): the new tokens and
+    log-probs, with the whole response (tokens so far + new) decoded as its text."""
+    samples = []
+    for res, partial in zip(results, partials, strict=True):
+        (s,) = res.samples
+        s.text = decode([int(t) for t in partial] + list(s.token_ids))
+        samples.append(s)
+    return samples
 
 
 def _finish_reason(value: Any, where: str) -> FinishReason:
@@ -331,6 +376,25 @@ class VLLMEngine:
         sampling = [self._sampling_cls(**kw) for kw in requests]
         outputs = llm.generate(token_prompts(ids), sampling_params=sampling, use_tqdm=False)
         return parse_request_outputs(outputs, decode=self._decode)
+
+    def continue_responses(
+        self, prompts: list[str], partials: list[list[int]], params: SamplingParams, limits: list[int] | None = None
+    ) -> list[Sample]:
+        """Continue each response (partial rollouts): one request per row whose ``TokensPrompt`` is the prompt's
+        token ids followed by the response's tokens so far, ``n=1`` and ``max_tokens`` = its limit; see
+        `asp.rollout.base.ContinuingEngine` and `continuation_requests`. Raises like `generate`."""
+        llm = self._live()
+        if self.loader.partial:
+            raise RuntimeError("the last weight reload failed part-way; generating waits for a reload that succeeds")
+        if not prompts:
+            return []
+        if self._sampling_cls is None:
+            raise RuntimeError("this vLLM engine was built without a SamplingParams class (from_llm sampling_cls)")
+        ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        contexts, requests = continuation_requests(ids, partials, params, limits)
+        sampling = [self._sampling_cls(**kw) for kw in requests]
+        outputs = llm.generate(token_prompts(contexts), sampling_params=sampling, use_tqdm=False)
+        return continuation_samples(parse_request_outputs(outputs), partials, self._decode)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

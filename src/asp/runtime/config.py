@@ -15,7 +15,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from asp.config import Int, Params, RuntimeParams
-from asp.control.settings import ControlSettings
+from asp.control.settings import ControlSettings, PartialSettings
 
 
 class RuntimeConfig(RuntimeParams):
@@ -47,4 +47,11 @@ class RuntimeConfig(RuntimeParams):
             stall_timeout_s=self.stall_timeout_s,
             poll_timeout_s=self.poll_timeout_s,
             seed=self.seed,
+            partial=PartialSettings(
+                enabled=self.partial.enabled,
+                token_budget=self.partial.token_budget,
+                order=self.partial.order,
+                max_rows=self.partial.max_rows,
+            ),
+            max_new_tokens=self.max_new_tokens,
         )

@@ -5,6 +5,11 @@ decodes one minibatch per call. Weight refresh is deferred: a `WeightUpdate` new
 weights is passed along with the actor's next minibatch and loaded *before* decoding it, i.e. after the
 previous minibatch finished; no actor is interrupted mid-decode.
 
+Partial rollouts (``runtime.partial``): a `WorkItem` with a ``budget`` is decoded with at most that many tokens per
+response (responses that did not stop come back unfinished, `MinibatchOutput.finished`); a continuation item
+(``WorkItem.rows``) continues its rows from prompt + tokens so far (`ContinuingEngine.continue_responses`) and comes
+back as a `SegmentOutput`. Both are decoded with whatever weights the actor loaded before the call.
+
 `GenerationUnit` is the GU's control process (an async Ray actor): it holds the GU's input queue, hands
 minibatches to idle actors one at a time unless generation is paused (backpressure: queued minibatches
 wait, decoding ones finish), and returns completed outputs, failures and dead actors to the Control Unit
@@ -22,12 +27,13 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from asp.control.messages import Failure, GUReport, MinibatchOutput, WeightUpdate, WorkItem
-from asp.rollout.base import SamplingParams
+from asp.control.messages import Failure, GUReport, MinibatchOutput, SegmentOutput, WeightUpdate, WorkItem
+from asp.rollout.base import ContinuingEngine, SamplingParams
 from asp.runtime.trainer import work_in
 
 log = logging.getLogger(__name__)
@@ -102,6 +108,47 @@ def pack_output(
     )
 
 
+def pack_segment(
+    item: WorkItem, samples: list[Any], cap: int, *, gu: int, actor: int, version: int, start: float, end: float
+) -> SegmentOutput:
+    """Flatten a continuation call's `Sample`s (one per row of `item`) into a `SegmentOutput`; a row is finished
+    when it stopped or reached `cap` tokens in all.
+
+    Raises:
+        ValueError: when the engine returned another number of rows.
+    """
+    rows = item.rows
+    if len(samples) != len(rows):
+        raise ValueError(
+            f"engine continued {len(samples)} responses for {len(rows)} rows of continuation {item.task_id}"
+        )
+    lengths = np.fromiter((s.length for s in samples), np.int32, len(samples))
+    stopped = np.fromiter((s.finish_reason == "stop" for s in samples), bool, len(samples))
+    total = np.fromiter((r.generated for r in rows), np.int64, len(rows)) + lengths
+    with_lp = all(len(s.logprobs) == s.length for s in samples)
+    return SegmentOutput(
+        cont_id=item.task_id,
+        attempt=item.attempt,
+        gu=gu,
+        actor=actor,
+        policy_version=version,
+        task_ids=np.fromiter((r.task_id for r in rows), np.int64, len(rows)),
+        samples=np.fromiter((r.sample for r in rows), np.int64, len(rows)),
+        lengths=lengths,
+        finished=stopped | (total >= cap),
+        stopped=stopped,
+        token_ids=np.fromiter(itertools.chain.from_iterable(s.token_ids for s in samples), np.int32),
+        logprobs=(
+            np.fromiter(itertools.chain.from_iterable(s.logprobs for s in samples), np.float32)
+            if with_lp
+            else np.zeros(0, np.float32)
+        ),
+        texts=[s.text for s in samples],
+        gen_start=start,
+        gen_end=end,
+    )
+
+
 class GenerationActor:
     """One engine instance; see the module docstring. Wrapped with `ray.remote` by the runtime.
 
@@ -159,26 +206,52 @@ class GenerationActor:
                 reload_error = f"{type(exc).__name__}: {exc!s:.300}"
                 log.warning("actor %d: reloading weights version %d failed: %s", self.actor, update.version, exc)
         results = [self._one(item) for item in items]
-        if results and isinstance(results[0], MinibatchOutput):
+        if results and not isinstance(results[0], Failure):
             results[0].reload_s, results[0].reload_error = reload_s, reload_error
         return results
 
-    def _one(self, item: WorkItem) -> MinibatchOutput | Failure:
-        n = self.sampling.n
+    def _one(self, item: WorkItem) -> MinibatchOutput | SegmentOutput | Failure:
+        n, cap = self.sampling.n, self.sampling.max_new_tokens
         try:
+            if item.is_continuation:
+                return self._continue(item)
+            budget = item.budget if item.budget is not None and item.budget < cap else None
+            params = replace(self.sampling, seed=item.seed, max_new_tokens=budget or cap)
             start = time.time()
-            results = self.engine.generate(item.prompts, self.sampling.with_seed(item.seed))
+            results = self.engine.generate(item.prompts, params)
             end = time.time()
-            return pack_output(
+            out = pack_output(
                 item, results, n, gu=self.gu, actor=self.actor, version=self.version, start=start, end=end
             )
+            if budget is not None:  # below the cap, a response that did not stop is unfinished
+                out.finished = out.stopped.copy()
+            return out
         except Exception as exc:
             return self._failure(item, exc)
+
+    def _continue(self, item: WorkItem) -> SegmentOutput:
+        """Partial rollouts: the next segment of each row (`asp.rollout.base.ContinuingEngine`)."""
+        if not isinstance(self.engine, ContinuingEngine):
+            raise TypeError(
+                f"{type(self.engine).__name__} cannot continue responses (runtime.partial needs hf or vllm)"
+            )
+        cap = self.sampling.max_new_tokens
+        limits = [cap - r.generated for r in item.rows]
+        params = replace(self.sampling, n=1, seed=item.seed, max_new_tokens=min(item.budget or cap, max(limits)))
+        start = time.time()
+        samples = self.engine.continue_responses(
+            [r.prompt for r in item.rows], [r.token_ids.tolist() for r in item.rows], params, limits
+        )
+        end = time.time()
+        return pack_segment(
+            item, samples, cap, gu=self.gu, actor=self.actor, version=self.version, start=start, end=end
+        )
 
     def _failure(self, item: WorkItem, exc: BaseException) -> Failure:
         last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
         where = f" (at {last.filename}:{last.lineno})" if last else ""
-        return Failure(item.task_id, item.attempt, self.gu, self.actor, f"{type(exc).__name__}: {exc}{where}")
+        reason = f"{type(exc).__name__}: {exc}{where}"
+        return Failure(item.task_id, item.attempt, self.gu, self.actor, reason, item.is_continuation)
 
 
 class GenerationUnit:
@@ -272,8 +345,9 @@ class GenerationUnit:
                 results = await handle.generate.remote(items, update)
             except ray.exceptions.RayActorError as exc:
                 for item in items:
+                    reason = f"actor died: {exc!s:.300}"
                     self._post(
-                        failure=Failure(item.task_id, item.attempt, self.gu, actor, f"actor died: {exc!s:.300}")
+                        failure=Failure(item.task_id, item.attempt, self.gu, actor, reason, item.is_continuation)
                     )
                 if not await self._await_restart(handle):
                     self._post(dead=actor)
@@ -302,7 +376,10 @@ class GenerationUnit:
         return False
 
     def _post(
-        self, output: MinibatchOutput | None = None, failure: Failure | None = None, dead: int | None = None
+        self,
+        output: MinibatchOutput | SegmentOutput | None = None,
+        failure: Failure | None = None,
+        dead: int | None = None,
     ) -> None:
         if output is not None:
             self.report.outputs.append(output)

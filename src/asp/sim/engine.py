@@ -14,6 +14,9 @@ simulator adds is what Ray and the engines do in a real run:
 * a trainer step takes `TrainingTimeModel.step_seconds(tokens) + publish_seconds()`; its snapshot is
   announced to every GU when it ends (in sync mode the next round starts then, and every actor reloads first);
 * the Control Unit's loop runs after every event and at least every ``poll_timeout_s`` (as `ray.wait` does).
+With partial rollouts (``settings.partial``) a minibatch decodes at most the token budget per response (the call's
+time from the capped lengths) and a continuation item decodes its rows' next segments as R prompts of one sample
+whose context (prompt + tokens so far) is prefilled again; what is held, pooled and handed out next is the core's.
 The GU's coalescing of millisecond minibatches and failures are not modelled (no failures happen). The
 inputs and the result (`Workload`, `Resources`, `SimResult`) live in `asp.sim.inputs`; the settings are the
 core's plain `asp.control.settings.ControlSettings` (the simulate stage builds them from the params).
@@ -37,7 +40,7 @@ import numpy as np
 
 from asp.control.core import ControlCore, GUSlot
 from asp.control.database import Database
-from asp.control.messages import GUReport, MinibatchOutput, WorkItem
+from asp.control.messages import GUReport, MinibatchOutput, SegmentOutput, WorkItem
 from asp.control.plan import WorkPlan
 from asp.control.settings import ControlSettings
 from asp.rl.lag import duty_cycle
@@ -77,6 +80,7 @@ class _Job:
     version: int
     remaining: float = 0.0  # full-speed seconds of decoding left (processor sharing)
     decode_start: float = 0.0
+    final: np.ndarray | None = None  # partial rollouts: realized final lengths of what `lengths` generates now
 
 
 class _Sim:
@@ -165,19 +169,38 @@ class _Sim:
                 self.start(actor, g, g.queue.popleft())
 
     def start(self, actor: _Actor, g: _GU, item: WorkItem) -> None:
-        rows = [self.workload.index[p] for p in item.prompt_ids]
-        lengths = self.workload.lengths[rows]
+        lengths, prompt_tokens, final = self.job_lengths(item)
         reload_s = 0.0
         if g.weights > actor.version:
             reload_s = self.train.load_s
             actor.version = g.weights
             actor.reload_total_s += reload_s
         actor.busy = True
-        job = _Job(actor, item, lengths, self.workload.prompt_tokens[rows], self.now, reload_s, actor.version)
+        job = _Job(actor, item, lengths, prompt_tokens, self.now, reload_s, actor.version, final=final)
         if reload_s > 0:
             self.push(self.now + reload_s, "decode", job)
         else:
             self.on_decode(job)
+
+    def job_lengths(self, item: WorkItem) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(tokens this call generates (prompts, samples), prompt tokens of the call's context (prompts,), realized
+        final lengths when the call is cut by a token budget (partial rollouts), else None).
+
+        A continuation item is R prompts of one sample each whose context is the prompt plus the tokens so far
+        (prefilled again: no prefix cache is modelled)."""
+        w, budget = self.workload, item.budget
+        if item.is_continuation:
+            n = self.cfg.n_samples
+            index = [w.index[r.prompt_id] for r in item.rows]
+            final = np.asarray([w.lengths[i, r.sample % n] for i, r in zip(index, item.rows, strict=True)], np.int64)
+            done = np.asarray([r.generated for r in item.rows], np.int64)
+            new = final - done if budget is None else np.minimum(final - done, budget)
+            return new.reshape(-1, 1), w.prompt_tokens[index] + done, final.reshape(-1, 1)
+        rows = [w.index[p] for p in item.prompt_ids]
+        lengths = w.lengths[rows]
+        if budget is None or budget >= w.max_new_tokens:
+            return lengths, w.prompt_tokens[rows], None
+        return np.minimum(lengths, budget), w.prompt_tokens[rows], lengths
 
     def on_decode(self, job: _Job) -> None:
         k, n = job.lengths.shape
@@ -236,7 +259,7 @@ class _Sim:
         self.feed(g)
 
     # ---- ingestor and trainer --------------------------------------------------------------------------
-    def on_ingest(self, out: MinibatchOutput) -> None:
+    def on_ingest(self, out: MinibatchOutput | SegmentOutput) -> None:
         self.core.on_report(GUReport(gu=out.gu, outputs=[out]), self.now)  # actors never die here
 
     def maybe_train(self) -> None:
@@ -296,8 +319,37 @@ class _NoTexts(dict):
         return ""
 
 
-def _output(job: _Job, gu: int, now: float, cap: int) -> MinibatchOutput:
+def _segment(job: _Job, gu: int, now: float, cap: int) -> SegmentOutput:
+    """A continuation job's `SegmentOutput` (lengths only, as in `_output`)."""
+    item, new = job.item, job.lengths.reshape(-1)
+    assert job.final is not None  # a continuation job always knows its rows' final lengths
+    final = job.final.reshape(-1)
+    finished = np.asarray([r.generated for r in item.rows]) + new >= final
+    return SegmentOutput(
+        cont_id=item.task_id,
+        attempt=item.attempt,
+        gu=gu,
+        actor=job.actor.index,
+        policy_version=job.version,
+        task_ids=np.asarray([r.task_id for r in item.rows], np.int64),
+        samples=np.asarray([r.sample for r in item.rows], np.int64),
+        lengths=new.astype(np.int32),
+        finished=finished,
+        stopped=finished & (final < cap),
+        token_ids=np.zeros(0, np.int32),
+        logprobs=np.zeros(0, np.float32),
+        texts=[],
+        gen_start=job.decode_start,
+        gen_end=now,
+        reload_s=job.reload_s,
+    )
+
+
+def _output(job: _Job, gu: int, now: float, cap: int) -> MinibatchOutput | SegmentOutput:
+    if job.item.is_continuation:
+        return _segment(job, gu, now, cap)
     item, flat = job.item, job.lengths.reshape(-1)
+    finished = np.zeros(0, bool) if job.final is None else job.final.reshape(-1) <= flat
     return MinibatchOutput(
         task_id=item.task_id,
         minibatch_id=item.minibatch_id,
@@ -308,7 +360,7 @@ def _output(job: _Job, gu: int, now: float, cap: int) -> MinibatchOutput:
         prompt_ids=list(item.prompt_ids),
         n=job.lengths.shape[1],
         lengths=flat,
-        stopped=flat < cap,
+        stopped=(flat < cap) if job.final is None else finished & (flat < cap),
         token_ids=np.zeros(0, np.int32),
         logprobs=np.zeros(0, np.float32),
         prompt_tokens=np.asarray(job.prompt_tokens, np.int32),
@@ -316,6 +368,7 @@ def _output(job: _Job, gu: int, now: float, cap: int) -> MinibatchOutput:
         gen_start=job.decode_start,
         gen_end=now,
         reload_s=job.reload_s,
+        finished=finished,
     )
 
 
