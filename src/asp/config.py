@@ -324,6 +324,25 @@ class TrainerMemoryParams(_Params):
     )
 
 
+class PartialParams(_Params):
+    """``runtime.partial``: partial (interruptible) rollouts and the online length correction (docs/partial.md)."""
+
+    enabled: Bool = Field(
+        False,
+        description="Each engine call generates at most token_budget tokens per response; unfinished responses are "
+        "continued later, by any actor, with the newest weights it loaded (a prompt's n responses are trained together).",
+    )
+    token_budget: Int = Field(64, ge=1, description="Tokens per response per engine call.")
+    continuation_order: Literal["fifo", "online"] = Field(
+        "online",
+        description="Which unfinished responses are continued first: online: longest expected remainder, estimated "
+        "from the finished siblings and the predicted length; fifo: in arrival order.",
+    )
+    max_rows: Int | None = Field(
+        None, ge=1, description="Most responses in one continuation call; None: the rows of the largest minibatch."
+    )
+
+
 class RuntimeParams(_Params):
     """The `launch` stage: asynchronous multi-instance RL run (paper section 4; docs/runtime.md).
 

@@ -25,7 +25,7 @@ from asp.sim.engine import Workload, simulate
 from .helpers import core, plan, settings
 
 BUDGET = 4
-ON = PartialSettings(enabled=True, token_budget=BUDGET, order="fifo", max_rows=None)
+ON = PartialSettings(enabled=True, token_budget=BUDGET, continuation_order="fifo", max_rows=None)
 
 
 def final_length(pid, sample: int) -> int:
@@ -260,7 +260,7 @@ def sim_settings(enabled: bool, order: str = "fifo"):
         q_max=16,
         n_samples=2,
         max_new_tokens=16,
-        partial={"enabled": enabled, "token_budget": 4, "order": order},
+        partial={"enabled": enabled, "token_budget": 4, "continuation_order": order},
     ).control_settings()
 
 

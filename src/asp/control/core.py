@@ -245,7 +245,7 @@ class ControlCore:
             g = min(loads, key=lambda x: x.outstanding - x.target)
             if g.outstanding >= g.target:
                 break
-            rows = self.db.partials.take(self.cont_rows, partial.order, self.db.prompts)
+            rows = self.db.partials.take(self.cont_rows, partial.continuation_order, self.db.prompts)
             cont_id, self.continuations = self.continuations, self.continuations + 1
             self.cont_out[cont_id] = (g.index, rows)
             seed = task_seed(self.settings.seed, -1 - cont_id)

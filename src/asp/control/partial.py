@@ -21,9 +21,9 @@ over engine calls (`MinibatchOutput.padded_slots`).
 
 **Online length correction** (`expected_final_length`): once some of a prompt's n responses finished, the length of
 the others is estimated from those siblings and the schedule's predicted length, as the mean of a log-normal
-truncated below at the tokens already generated. ``order: online`` hands out pooled rows longest expected remainder
-first (so continuation items hold rows of similar remainders and the longest start first); ``order: fifo`` in
-arrival order.
+truncated below at the tokens already generated. ``continuation_order: online`` hands out pooled rows longest
+expected remainder first (so continuation items hold rows of similar remainders and the longest start first);
+``fifo`` in arrival order.
 
 Checkpoints: `PartialStore.state` / `restore` (inside `Database.state`): a resumed run continues the held tasks from
 their last merged segment; rows that were out at an actor are pooled again. Tests: tests/control/test_partial.py.

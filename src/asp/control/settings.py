@@ -30,14 +30,14 @@ class PartialSettings:
     Attributes:
         enabled: generate at most `token_budget` tokens per response per engine call.
         token_budget: tokens per response per engine call.
-        order: continuation rows handed out in arrival order ("fifo") or longest expected remainder first
+        continuation_order: continuation rows handed out in arrival order ("fifo") or longest expected remainder first
             ("online": the online length correction).
         max_rows: most rows of one continuation item (None: the rows of the plan's largest minibatch).
     """
 
     enabled: bool
     token_budget: int
-    order: Literal["fifo", "online"]
+    continuation_order: Literal["fifo", "online"]
     max_rows: int | None
 
     @property

@@ -50,7 +50,7 @@ class RuntimeConfig(RuntimeParams):
             partial=PartialSettings(
                 enabled=self.partial.enabled,
                 token_budget=self.partial.token_budget,
-                order=self.partial.order,
+                continuation_order=self.partial.continuation_order,
                 max_rows=self.partial.max_rows,
             ),
             max_new_tokens=self.max_new_tokens,
