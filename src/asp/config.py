@@ -415,6 +415,7 @@ class RuntimeParams(_Params):
         "than this (tiny models); 0 disables coalescing.",
     )
     max_chunk: Int = Field(16, ge=1, description="Most minibatches handed to an actor in one coalesced call.")
+    partial: PartialParams = PartialParams()
     heldout_problems: Int = Field(
         256,
         ge=0,
@@ -454,6 +455,12 @@ class RuntimeParams(_Params):
                 f"runtime.grpo.backend = 'nccl' needs a CUDA device (runtime.grpo.device is {grpo.device!r}); use "
                 "gloo or auto"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _partial_needs_async(self) -> RuntimeParams:
+        if self.partial.enabled and self.mode != "async":
+            raise ValueError("runtime.partial.enabled needs runtime.mode: async (sync rounds are not split)")
         return self
 
     @model_validator(mode="after")
