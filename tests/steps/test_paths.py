@@ -27,7 +27,10 @@ NOT_CODE_DEPS = {
     "asp.steps.paths": "the table itself: dvc.yaml lists the same paths, and this test keeps the two equal",
     "asp.steps.memory_check": "refuses a run that cannot fit its devices before it starts; changes no output",
 }
-EXTRA_DATA_DEPS = {"prepare": {"data"}}  # the dataset file prepare.dataset names (a param, not a path field)
+EXTRA_DATA_DEPS = {  # inputs a param names, not a path field
+    "prepare": {"data"},  # the dataset file prepare.dataset names
+    "profile": {"${profile.lengths.path}"},  # profile.source: file reads it (dvc.yaml templating from params.yaml)
+}
 
 
 def _entries(stage: dict, key: str) -> set[str]:

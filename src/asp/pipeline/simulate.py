@@ -15,7 +15,8 @@ core (`asp.control`):
 C4 is the schedule stage's own schedule (checked against the predictions); C0-C3 are rebuilt as `launch` does.
 
 Writes metrics/simulate.json (``simulate/<condition>/...`` and the fits), outputs/simulate/ (models.json,
-iterations.parquet) and plots/simulate_timeline.png. `simulate.enabled: false` writes only the flag.
+iterations.parquet) and plots/simulate_timeline.png. `simulate.enabled: false` writes only the flag; so does a
+profile read from a lengths file (`profile.source: file`: no generation was timed), saying why (docs/lengths.md).
 
 Run: `asp stage simulate` (what `dvc repro simulate` calls); `asp simulate` runs the same with overrides.
 """
@@ -155,6 +156,18 @@ def training_model(params: Params) -> TrainingTimeModel:
     return TrainingTimeModel(**params.simulate.training.model_dump(exclude={"measured_on"}))
 
 
+def untimed(paths: Paths) -> str:
+    """Why there are no generation times to fit ('' when there are): the profile was read from a lengths file
+    (`profile.source: file`), so the timings table holds its header only."""
+    if paths.timings.is_file() and pd.read_csv(paths.timings).empty:
+        return (
+            f"no generated profile: {paths.timings} holds no timed minibatch (profile.source: file reads lengths, it "
+            "times no generation), and the simulator's generation-time model is fitted on those timings. Profile "
+            "with profile.source: generate to simulate, or set simulate.enabled: false to say so in params."
+        )
+    return ""
+
+
 def fit_models(params: Params, paths: Paths) -> Models:
     """Fit the generation-time and length models (see the module docstring)."""
     from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
@@ -162,6 +175,8 @@ def fit_models(params: Params, paths: Paths) -> Models:
     from asp.sim.timemodel import fit_generation_model
 
     check_gpu_gaps(params)
+    if why := untimed(paths):
+        raise UserError(f"cannot simulate: {why}")
     timings = pd.read_csv(_need(paths.timings, "profile"))
     try:
         gen, gen_report = fit_generation_model(
@@ -291,13 +306,18 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     from asp.plots.sim import timeline_figure
 
     tracker.log_params({"simulate": params.simulate.model_dump(), "common.seed": params.common.seed})
-    if not params.simulate.enabled:  # DVC still expects the declared outputs: say why they are empty
+    skip = "simulate.enabled is false: nothing simulated" if not params.simulate.enabled else untimed(paths)
+    if skip:  # DVC still expects the declared outputs: say why they are empty
         metrics = {"simulate/enabled": 0}
         with atomic_path(paths.out_dir) as out:
             out.mkdir(parents=True)
-            write_json({"enabled": False}, out / "models.json")
+            write_json(
+                {"enabled": False} | ({"skipped": skip} if params.simulate.enabled else {}), out / "models.json"
+            )
         write_json(metrics, paths.metrics)
-        save_figure(timeline_figure({}, "simulate.enabled is false: nothing simulated"), paths.plot, tracker)
+        if params.simulate.enabled:
+            print(f"[simulate] skipped: {skip}", file=sys.stderr, flush=True)
+        save_figure(timeline_figure({}, skip.split(":")[0] + ": nothing simulated"), paths.plot, tracker)
         return metrics
     models = fit_models(params, paths)
     results = simulate_conditions(params, paths, models)

@@ -1,0 +1,408 @@
+"""Rollouts you already have, read as profiled samples (`profile.source: file`, "bring your own lengths").
+
+A lengths file holds one record per row (JSONL, a JSON list, Parquet or CSV; or a folder of such files, read in name
+order): the prompt (text, chat messages or an id), one or more responses (lengths in tokens, token-id lists or text)
+and optionally the policy step and finish reasons. `profile.lengths` (asp.config.LengthsFileParams) names the fields,
+so the dumps of verl (``input`` / ``output`` / ``step``), OpenRLHF (``input`` / ``output``) and TRL's completions
+table (``prompt`` / ``completion`` / ``step``) are read by naming theirs.
+
+    records = read_rollouts("data/rollouts/run.jsonl")                  # [(where, record), ...]
+    responses = parse_records(records, spec, max_new_tokens, count_tokens)
+    samples, report = match_samples(responses, prompts)                 # the profile stage's samples.parquet
+
+Pure apart from reading the files: text is counted with the `count_tokens` callable the caller passes (the policy's
+tokenizer). Every bad record is one `UserError` naming the file and the row (line for JSONL/CSV, 0-based row for
+Parquet and JSON lists) and what to do: a non-positive or non-numeric length, an empty prompt, a prompt id given with
+two different prompts, a length above the response cap; and no overlap with the prepared prompts. Tests:
+tests/pipeline/test_profile_import.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from asp.config import LengthsFileParams
+from asp.errors import UserError
+
+SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+FINISH_REASONS = ("stop", "length")
+SAMPLE_COLUMNS = ["prompt_id", "role", "sample", "length", "finish_reason"]  # the profile stage's samples.parquet
+ROLES = ("profile", "heldout")
+Record = tuple[str, dict[str, Any]]  # (where: "<file> line 7", the record's fields)
+
+
+@dataclass
+class Responses:
+    """Every kept response of a lengths file, one entry per response (parallel lists), in file order."""
+
+    where: list[str] = field(default_factory=list)  # the record it came from
+    prompt: list[str | None] = field(default_factory=list)  # prompt text (None without prompt_field)
+    prompt_id: list[str | None] = field(default_factory=list)  # prompt id (None without id_field)
+    length: list[int] = field(default_factory=list)
+    finish_reason: list[str] = field(default_factory=list)
+    records: int = 0  # records read (before the step filter)
+    skipped_by_step: int = 0  # records dropped by min_step
+    steps: list[int] = field(default_factory=list)  # the kept records' steps
+
+
+# ------------------------------------------------------------------------------------------------------- reading
+
+
+def rollout_files(path: str | Path) -> list[Path]:
+    """The file at `path`, or every .jsonl/.json/.parquet/.csv file directly in folder `path` (name order)."""
+    path = Path(path)
+    if path.is_file():
+        if path.suffix.lower() not in SUFFIXES:
+            raise UserError(f"{path}: unsupported lengths file type {path.suffix!r}; use {', '.join(SUFFIXES)}.")
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)
+        if not files:
+            raise UserError(
+                f"{path}: no rollout files ({', '.join(SUFFIXES)}) in this folder. Put your rollouts there or point "
+                "profile.lengths.path at the file (docs/lengths.md), or set profile.source: generate."
+            )
+        return files
+    raise UserError(f"{path}: not found. Set profile.lengths.path to your rollouts file (or a folder of them).")
+
+
+def read_rollouts(path: str | Path) -> list[Record]:
+    """Every record of the file (or folder) at `path`, each with where it is ("<file> line N" / "row N")."""
+    return [rec for f in rollout_files(path) for rec in _read_file(f)]
+
+
+def _read_file(path: Path) -> list[Record]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        out = []
+        for lineno, line in enumerate(_text(path).split("\n"), start=1):
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{path} line {lineno}: not valid JSON ({exc.msg}). Fix or remove it.") from None
+                out.append((f"{path} line {lineno}", _object(rec, f"{path} line {lineno}")))
+        return out
+    if suffix == ".json":
+        try:
+            data = json.loads(_text(path))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if not isinstance(data, list):
+            raise UserError(f"{path}: expected a JSON list of records (one object per rollout).")
+        return [(f"{path} record {i}", _object(rec, f"{path} record {i}")) for i, rec in enumerate(data)]
+    try:
+        frame = pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
+    except Exception as exc:  # noqa: BLE001 - any decode failure: the file is unusable as it is
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"{path}: cannot be read as {suffix[1:].upper()} ({reason}). Export it again.") from None
+    first = 2 if suffix == ".csv" else 0  # CSV: the header is line 1
+    unit = "line" if suffix == ".csv" else "row"
+    return [(f"{path} {unit} {first + i}", rec) for i, rec in enumerate(frame.to_dict("records"))]
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: byte {exc.start} is not valid UTF-8; re-encode the file as UTF-8.") from None
+
+
+def _object(rec: Any, where: str) -> dict[str, Any]:
+    if not isinstance(rec, dict):
+        raise UserError(f"{where}: a {type(rec).__name__}, not a JSON object (one object per rollout record).")
+    return rec
+
+
+# ------------------------------------------------------------------------------------------------------- parsing
+
+
+def parse_records(
+    records: Sequence[Record],
+    spec: LengthsFileParams,
+    max_new_tokens: int,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
+) -> Responses:
+    """Check every record and flatten it into responses (see the module docstring for what is rejected).
+
+    Args:
+        records: `read_rollouts`'s (where, record) pairs.
+        spec: the field names (profile.lengths).
+        max_new_tokens: the response cap the rollouts were generated with (profile.max_new_tokens): a longer
+            response is an error, one of exactly this length counts as truncated unless a finish reason is given.
+        count_tokens: texts -> token counts (the policy's tokenizer); needed with `spec.response_field`.
+    """
+    if not records:
+        raise UserError(f"{spec.path}: holds no records. Point profile.lengths.path at your rollouts.")
+    out, first_prompt = Responses(records=len(records)), {}  # first_prompt: id -> (text, where)
+    texts: list[tuple[int, str, str]] = []  # (response index, text, where) to count with the tokenizer
+    for where, rec in records:
+        prompt = _prompt(rec, spec.prompt_field, where) if spec.prompt_field else None
+        pid = _prompt_id(rec, spec.id_field, where) if spec.id_field else None
+        if pid is not None and prompt is not None:
+            seen = first_prompt.setdefault(pid, (prompt, where))
+            if _norm(seen[0]) != _norm(prompt):
+                raise UserError(
+                    f"{where}: prompt id {pid!r} comes with a different prompt than at {seen[1]} "
+                    f"({_short(prompt)} vs {_short(seen[0])}). One id must name one prompt: fix the ids, or set "
+                    "profile.lengths.id_field: null to match records by their prompt text."
+                )
+        step = _step(rec, spec.step_field, where) if spec.step_field else None
+        values = _responses(rec, spec, where)
+        finish = _finish_reasons(rec, spec.finish_reason_field, len(values), where)
+        if spec.min_step is not None and step is not None and step < spec.min_step:
+            out.skipped_by_step += 1
+            continue
+        if step is not None:
+            out.steps.append(step)
+        for j, value in enumerate(values):
+            if isinstance(value, str):
+                texts.append((len(out.length), value, where))
+                value = 0  # counted below
+            out.where.append(where)
+            out.prompt.append(prompt)
+            out.prompt_id.append(pid)
+            out.length.append(value)
+            out.finish_reason.append(finish[j] if finish else "")
+    if not out.length:
+        raise UserError(
+            f"{spec.path}: profile.lengths.min_step {spec.min_step} drops all {len(records)} records (their steps "
+            "are below it). Lower min_step or set it to null."
+        )
+    _count_texts(out, texts, count_tokens)
+    _check_lengths(out, max_new_tokens)
+    return out
+
+
+def _prompt(rec: dict[str, Any], name: str, where: str) -> str:
+    value = _field(rec, name, where)
+    if isinstance(value, list | tuple | np.ndarray):  # chat messages: the last user turn
+        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        if not users:
+            raise UserError(f"{where}: '{name}' is a list without a user message ({{'role': 'user', ...}}).")
+        value = users[-1]
+    if not isinstance(value, str):
+        raise UserError(f"{where}: '{name}' is {type(value).__name__} {_short(value)}, not prompt text.")
+    if not value.strip():
+        raise UserError(f"{where}: empty prompt in '{name}'. Remove the record or fill in its prompt.")
+    return value
+
+
+def _prompt_id(rec: dict[str, Any], name: str, where: str) -> str:
+    value = _field(rec, name, where)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # CSV/Parquet read integer ids with gaps as floats
+    if isinstance(value, bool) or not isinstance(value, str | int | np.integer) or not str(value).strip():
+        raise UserError(f"{where}: '{name}' is {_short(value)}, not a prompt id (text or an integer).")
+    return str(value)
+
+
+def _step(rec: dict[str, Any], name: str, where: str) -> int:
+    value = _field(rec, name, where)
+    if isinstance(value, str) and value.strip().isdigit():  # TRL logs the step as text
+        return int(value)
+    number = _integer(value)
+    if number is None or number < 0:
+        raise UserError(f"{where}: '{name}' is {_short(value)}, not a policy step (an integer >= 0).")
+    return number
+
+
+def _responses(rec: dict[str, Any], spec: LengthsFileParams, where: str) -> list[Any]:
+    """The record's responses: lengths (ints) or texts (counted later), one entry per response."""
+    if spec.length_field:
+        name = spec.length_field
+        values = _as_list(_field(rec, name, where))
+        lengths = [_integer(v) for v in values]
+        for v, n in zip(values, lengths, strict=True):
+            if n is None:
+                raise UserError(
+                    f"{where}: '{name}' holds {_short(v)}, not a response length (a whole number of tokens)."
+                    + _list_hint(values)
+                )
+        return lengths
+    if spec.token_ids_field:
+        name = spec.token_ids_field
+        value = _field(rec, name, where)
+        if not isinstance(value, list | tuple | np.ndarray):
+            raise UserError(f"{where}: '{name}' is {_short(value)}, not a list of token ids.")
+        nested = len(value) > 0 and isinstance(value[0], list | tuple | np.ndarray)
+        return [len(ids) for ids in value] if nested else [len(value)]
+    assert spec.response_field
+    values = _as_list(_field(rec, spec.response_field, where))
+    for v in values:
+        if not isinstance(v, str):
+            raise UserError(f"{where}: '{spec.response_field}' holds {_short(v)}, not response text.")
+    return values
+
+
+def _finish_reasons(rec: dict[str, Any], name: str | None, n: int, where: str) -> list[str]:
+    if not name:
+        return []
+    values = [str(v).strip().lower() for v in _as_list(_field(rec, name, where))]
+    bad = [v for v in values if v not in FINISH_REASONS]
+    if bad or len(values) != n:
+        raise UserError(
+            f"{where}: '{name}' holds {_short(values)}; give one of {'/'.join(FINISH_REASONS)} per response ({n}), "
+            "or set profile.lengths.finish_reason_field: null."
+        )
+    return values
+
+
+def _count_texts(out: Responses, texts: list[tuple[int, str, str]], count: Callable | None) -> None:
+    if not texts:
+        return
+    if count is None:
+        raise ValueError("response_field needs count_tokens (the policy's tokenizer)")
+    for (i, _, _), n in zip(texts, count([t for _, t, _ in texts]), strict=True):
+        out.length[i] = int(n)
+
+
+def _check_lengths(out: Responses, cap: int) -> None:
+    """Lengths in [1, cap]; an unstated finish reason is 'length' at the cap, else 'stop'."""
+    for i, n in enumerate(out.length):
+        if n < 1:
+            what = "an empty response (0 tokens)" if n == 0 else f"response length {n}"
+            raise UserError(
+                f"{out.where[i]}: {what}; response lengths must be positive. Remove the record or fix its length."
+            )
+        if n > cap:
+            raise UserError(
+                f"{out.where[i]}: a response of {n} tokens is longer than profile.max_new_tokens ({cap}). Set "
+                "profile.max_new_tokens to the response cap your rollouts were generated with."
+            )
+        if not out.finish_reason[i]:
+            out.finish_reason[i] = "length" if n >= cap else "stop"
+
+
+def _field(rec: dict[str, Any], name: str, where: str) -> Any:
+    if name not in rec:
+        present = ", ".join(map(str, list(rec)[:12])) or "none"
+        raise UserError(
+            f"{where}: no '{name}' field (fields present: {present}). Set profile.lengths' field names to the ones "
+            "your file uses (docs/lengths.md)."
+        )
+    value = rec[name]
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise UserError(f"{where}: '{name}' is empty. Fill it in or remove the record.")
+    return value
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple | np.ndarray) else [value]
+
+
+def _integer(value: Any) -> int | None:
+    """A whole number (int, or a float without fraction, numpy included); None for anything else."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def _list_hint(values: list[Any]) -> str:
+    return f" (the field holds {len(values)} values, one per response)" if len(values) > 1 else ""
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+# ------------------------------------------------------------------------------------------------------ matching
+
+
+def match_samples(resp: Responses, prompts: pd.DataFrame, source: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The responses of the prepared prompts as the profile stage's samples, and what was matched.
+
+    Args:
+        resp: `parse_records`'s responses.
+        prompts: the prepared prompts to profile: prompt_id, problem (raw text), prompt (chat-templated) and role
+            ('profile' or 'heldout'), in the profile stage's order.
+        source: the lengths path, for messages.
+
+    Returns:
+        samples (prompt_id, role, sample, length, finish_reason; prompts in `prompts` order, each prompt's responses
+        in file order) and a report: responses and records matched / unmatched, prompts with lengths per role,
+        how the records were matched (by id, by exact text, by a contained problem).
+    """
+    index = _match_index(resp, prompts)
+    matched = index >= 0
+    roles = prompts["role"].to_numpy()
+    covered = {role: set() for role in ROLES}
+    for i in np.flatnonzero(matched):
+        covered[roles[index[i]]].add(int(index[i]))
+    missing = [role for role in ROLES if not covered[role]]
+    if missing:
+        raise UserError(_no_overlap(resp, prompts, source, missing, int(matched.sum())))
+    order = np.argsort(index[matched], kind="stable")  # prompt order, file order within a prompt
+    rows = np.flatnonzero(matched)[order]
+    frame = pd.DataFrame(
+        {
+            "prompt_id": prompts["prompt_id"].to_numpy()[index[rows]].astype(object),
+            "role": roles[index[rows]].astype(object),
+            "length": np.asarray(resp.length, dtype=np.int64)[rows],
+            "finish_reason": np.asarray(resp.finish_reason, dtype=object)[rows],
+        }
+    )
+    frame.insert(2, "sample", frame.groupby("prompt_id", sort=False).cumcount().astype(np.int64))
+    report = {
+        "responses": len(resp.length),
+        "responses_matched": int(matched.sum()),
+        "responses_unmatched": int((~matched).sum()),
+        "records": resp.records,
+        "records_skipped_by_step": resp.skipped_by_step,
+        **{f"{role}_prompts_with_lengths": len(covered[role]) for role in ROLES},
+        **{f"{role}_prompts_without_lengths": int((roles == role).sum()) - len(covered[role]) for role in ROLES},
+    }
+    if resp.steps:
+        report |= {"step_min": min(resp.steps), "step_max": max(resp.steps)}
+    return frame[SAMPLE_COLUMNS], report
+
+
+def _match_index(resp: Responses, prompts: pd.DataFrame) -> np.ndarray:
+    """For every response, the row of its prompt in `prompts` (-1: not a prompt to profile).
+
+    By id when the records carry ids, else by text: equal (whitespace aside) to a problem or to a chat-templated
+    prompt, else the longest problem the text contains (dumps hold the templated prompt: verl, OpenRLHF, TRL)."""
+    if resp.prompt_id and resp.prompt_id[0] is not None:
+        by_id = pd.Series(np.arange(len(prompts)), index=prompts["prompt_id"].astype(str))
+        return pd.Series(resp.prompt_id).map(by_id).fillna(-1).to_numpy(np.int64)
+    exact = {_norm(t): i for i, t in enumerate(prompts["prompt"])} | {
+        _norm(t): i for i, t in enumerate(prompts["problem"])
+    }
+    problems = sorted(((_norm(t), i) for i, t in enumerate(prompts["problem"])), key=lambda p: -len(p[0]))
+    found: dict[str, int] = {}
+    for text in dict.fromkeys(t for t in resp.prompt if t is not None):
+        key = _norm(text)
+        found[text] = exact.get(key, next((i for p, i in problems if p and p in key), -1))
+    return np.array([found[t] for t in resp.prompt], dtype=np.int64)
+
+
+def _no_overlap(resp: Responses, prompts: pd.DataFrame, source: str, missing: list[str], matched: int) -> str:
+    by = "id (profile.lengths.id_field)" if resp.prompt_id and resp.prompt_id[0] is not None else "prompt text"
+    sample = next((p for p in (resp.prompt_id if by.startswith("id") else resp.prompt) if p is not None), "")
+    sizes = " or ".join(f"{int((prompts['role'] == r).sum())} {r}" for r in missing)
+    what = "none of its" if not matched else f"only {matched} responses match, and none of the"
+    return (
+        f"{source}: {what} {resp.records} records matches one of the {sizes} prompts of the prepare stage by "
+        f"{by} (e.g. {_short(sample)} does not). The lengths must be of the prompts prepare splits: set "
+        "prepare.dataset to the prompts your rollouts answered (prepare.id_field to their id field when you match "
+        "by id) and prepare.profile_prompts / heldout_prompts to at most how many of them have lengths."
+    )
