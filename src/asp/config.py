@@ -399,6 +399,14 @@ class RuntimeParams(_Params):
     actor_num_gpus: Float = Field(0.0, ge=0, description="Ray GPUs per generation actor (vLLM: tensor parallel).")
     trainer_num_cpus: Float = Field(0.0, ge=0)
     trainer_num_gpus: Float = Field(0.0, ge=0)
+    actor_resources: dict[str, Float] | None = Field(
+        None,
+        description="Custom Ray resources per generation actor, in its placement bundle (e.g. {rollout_node: 1} to "
+        "keep generation on nodes started with --resources '{\"rollout_node\": 8}'); None: CPUs / GPUs only.",
+    )
+    trainer_resources: dict[str, Float] | None = Field(
+        None, description="Custom Ray resources per Training Unit rank, as actor_resources (pins the trainer's node)."
+    )
     actor_max_restarts: Int = Field(2, ge=0, description="Ray restarts of a dead generation actor.")
     max_attempts: Int = Field(3, ge=1, description="Sends of one minibatch before the run fails with its error.")
     ray_address: str | None = Field(None, description="Connect to this Ray cluster instead of starting a local one.")

@@ -12,9 +12,11 @@ directly) and the only place that logs:
   backpressure pauses it; pause/resume and new weight snapshots are broadcast to the GUs.
 * **Ingestor** takes each GU's batched report: completed minibatches are recorded once in the Database
   (duplicates dropped) and put in the Training Queue, recording depth at arrival and send/receive events;
-  failures go back to the Database for re-issue; a GU whose actors all died has its work re-issued.
+  failures go back to the Database for re-issue; a GU whose actors all died (or whose node was lost) has its work
+  re-issued to the others; with none left the run fails (`RuntimeFailure`) and resumes from its checkpoint.
 * **Training** hands one global batch at a time to the Training Unit actor; each finished step produces
-  the iteration's metric dict, marks its prompts trained, and is checkpointed every interval.
+  the iteration's metric dict, marks its prompts trained, and is checkpointed every interval. A Training Unit that
+  dies (its node lost) fails the run with `RuntimeFailure`; a rerun resumes from the last checkpoint.
 
 **Synchronous mode** (``runtime.mode: sync``, the baseline of the paper's Table 3): rounds of single minibatches
 (`asp.control.sender.plan_round`) up to one global batch, none while a step trains; once the whole round is back
@@ -63,6 +65,19 @@ from asp.runtime.testhooks import kill_point
 log = logging.getLogger(__name__)
 
 __all__ = ["ControlUnit", "GUState", "RunSummary", "RuntimeFailure"]
+
+
+def death_cause(exc: BaseException) -> str:
+    """Why a Ray actor is gone, in one line: its node died (with the node id), it became unreachable, or Ray's first
+    lines about it."""
+    if isinstance(exc, ray.exceptions.ActorUnavailableError):
+        return "unreachable: the connection to it was lost, as when its process or node goes down"
+    text = str(exc)
+    if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
+        node = next((w for w in text.replace(",", " ").replace(".", " ").split() if len(w) == 56), None)
+        return f"its node {node[:12]}... died" if node else "its node died"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join(lines[:2])[:300] if lines else type(exc).__name__
 
 
 @dataclass(slots=True)
@@ -213,7 +228,7 @@ class ControlUnit:
         try:
             report: GUReport = ray.get(g.collect_ref)
         except ray.exceptions.RayActorError as exc:
-            self._gu_lost(g, f"generation unit {g.index} died: {exc!s:.300}")
+            self._gu_lost(g, f"generation unit {g.index} was lost ({death_cause(exc)})")
             return
         if not self.core.on_report(report, time.time()):
             self._gu_lost(g, f"all generation actors of unit {g.index} died")
@@ -225,6 +240,8 @@ class ControlUnit:
             self.observer(self, out)
 
     def _gu_lost(self, g: GUState, reason: str) -> None:
+        pending = len(self.db.issued_to(g.index))
+        log.warning("runtime: %s; its %d minibatch(es) in flight go back to the Database", reason, pending)
         try:
             self.core.lose_gu(g.index, reason)
         finally:
@@ -247,6 +264,9 @@ class ControlUnit:
             raise RuntimeFailure(
                 f"the Training Unit failed at step {self.step + 1}: {type(cause).__name__}: {cause!s:.1000}"
             ) from exc
+        except ray.exceptions.RayActorError as exc:  # its process or node is gone: no step can run
+            lost = f"the Training Unit was lost during step {self.step + 1} ({death_cause(exc)})"
+            raise RuntimeFailure(lost) from exc
 
     def _on_step(self, result: StepResult) -> None:
         self.inflight_ref = None

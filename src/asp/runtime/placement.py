@@ -10,6 +10,11 @@
 * ``spread``: the same groups with strategy SPREAD (a unit's bundles on different nodes where possible).
 * ``none``: no groups; every actor asks Ray for its CPUs / GPUs on its own (the behaviour before placement groups).
 
+**Pinning units to nodes** (``runtime.actor_resources`` / ``trainer_resources``, default none): custom Ray resources
+added to each generation actor's / trainer rank's bundle (with ``placement: none``, to the actor's own request), so a
+unit lands only on nodes started with that resource (``ray start --resources '{"rollout_node": 8}'``): e.g. the
+Training Unit on the node with the fast interconnect and the Generation Units on the others (docs/cluster.md).
+
 Ray refuses a bundle that asks for nothing (every value 0), so zero amounts are left out of a bundle, and a unit
 whose bundles would all be empty (e.g. the demo's Training Unit with ``trainer_num_cpus: 0``) gets **no** group:
 its actors are scheduled with plain resource requests, exactly as with ``placement: none``. All groups are
@@ -41,9 +46,10 @@ STRATEGIES = {"pack": "PACK", "spread": "SPREAD"}
 TRAINER = "training unit"
 
 
-def bundle(num_cpus: float, num_gpus: float) -> Bundle:
-    """The bundle of one actor: its nonzero CPU / GPU amounts (Ray refuses zero-only bundles)."""
-    return {kind: float(amount) for kind, amount in (("CPU", num_cpus), ("GPU", num_gpus)) if amount > 0}
+def bundle(num_cpus: float, num_gpus: float, custom: Mapping[str, float] | None = None) -> Bundle:
+    """The bundle of one actor: its nonzero CPU / GPU / custom resource amounts (Ray refuses zero-only bundles)."""
+    amounts = [("CPU", num_cpus), ("GPU", num_gpus), *sorted((custom or {}).items())]
+    return {kind: float(amount) for kind, amount in amounts if amount > 0}
 
 
 def trainer_ranks(config: RuntimeConfig, trainer_factory: Any = None) -> int:
@@ -58,12 +64,14 @@ def trainer_ranks(config: RuntimeConfig, trainer_factory: Any = None) -> int:
 
 def gu_bundles(config: RuntimeConfig) -> list[Bundle]:
     """One bundle per generation actor of a Generation Unit (all GUs alike)."""
-    return [bundle(config.actor_num_cpus, config.actor_num_gpus) for _ in range(config.actors_per_unit)]
+    one = bundle(config.actor_num_cpus, config.actor_num_gpus, config.actor_resources)
+    return [dict(one) for _ in range(config.actors_per_unit)]
 
 
 def trainer_bundles(config: RuntimeConfig, ranks: int) -> list[Bundle]:
     """One bundle per Training Unit rank."""
-    return [bundle(config.trainer_num_cpus, config.trainer_num_gpus) for _ in range(ranks)]
+    one = bundle(config.trainer_num_cpus, config.trainer_num_gpus, config.trainer_resources)
+    return [dict(one) for _ in range(ranks)]
 
 
 def unit_bundles(config: RuntimeConfig, ranks: int) -> dict[str, list[Bundle]]:
@@ -90,6 +98,7 @@ class Placement:
 
     groups: dict[str, Any] = field(default_factory=dict)
     bundles: dict[str, list[Bundle]] = field(default_factory=dict)
+    loose: dict[str, dict[str, float]] = field(default_factory=dict)  # unit -> custom resources, when it has no group
 
     def actor_options(self, gu: int, index: int) -> dict[str, Any]:
         """Options placing generation actor `index` (0-based within its unit) of Generation Unit `gu`."""
@@ -106,7 +115,8 @@ class Placement:
     def _options(self, unit: str, index: int) -> dict[str, Any]:
         group = self.groups.get(unit)
         if group is None:
-            return {}
+            custom = self.loose.get(unit)
+            return {"resources": dict(custom)} if custom else {}
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(
@@ -153,7 +163,7 @@ def create_placement(config: RuntimeConfig, trainer_ranks: int) -> Placement:
     from ray.util import placement_group
 
     wanted = unit_bundles(config, trainer_ranks)
-    placement = Placement(bundles=wanted)
+    placement = Placement(bundles=wanted, loose=loose_resources(config))
     if not wanted:
         return placement
     strategy, tag = STRATEGIES[config.placement], uuid.uuid4().hex[:8]
@@ -173,6 +183,15 @@ def create_placement(config: RuntimeConfig, trainer_ranks: int) -> Placement:
     return placement
 
 
+def loose_resources(config: RuntimeConfig) -> dict[str, dict[str, float]]:
+    """With ``placement: none``: unit name -> the custom resources each of its actors asks Ray for (no groups)."""
+    if config.placement != "none":
+        return {}  # a unit with custom resources always has a group: they are in its bundles
+    units = {f"gu{g}": config.actor_resources for g in range(config.generation_units)}
+    units[TRAINER] = config.trainer_resources
+    return {unit: {k: float(v) for k, v in custom.items() if v > 0} for unit, custom in units.items() if custom}
+
+
 def _group_name(unit: str, tag: str) -> str:
     """A readable group name (``ray list placement-groups``), unique per run: names are global in a namespace."""
     return f"asp-{unit.replace(' ', '-')}-{tag}"
@@ -182,12 +201,14 @@ def _not_placed_message(
     config: RuntimeConfig, missing: list[str], wanted: Mapping[str, list[Bundle]], cluster: Mapping[str, float]
 ) -> str:
     """One paragraph: which groups Ray could not place, their bundles, what the cluster has, what to change."""
-    have = {kind: cluster[kind] for kind in ("CPU", "GPU") if kind in cluster}
+    custom = sorted({kind for unit in missing for b in wanted[unit] for kind in b} - {"CPU", "GPU"})
+    have = {kind: cluster.get(kind, 0.0) for kind in ("CPU", "GPU", *custom) if kind in cluster or kind in custom}
     groups = "; ".join(f"{unit} with bundles {wanted[unit]}" for unit in missing)
     return (
         f"Ray could not place the placement group of {groups} within {config.stall_timeout_s:g} s "
         f"(runtime.stall_timeout_s, runtime.placement: {config.placement}); the cluster has {have} in all, "
         "and a bundle must fit on one node (with pack, a whole unit on one node first). Use smaller "
         "runtime.actor_num_cpus / actor_num_gpus (or trainer_num_cpus / trainer_num_gpus), fewer actors_per_unit "
-        "or Training Unit ranks, more or bigger nodes, free resources held by other jobs, or runtime.placement: none."
+        "or Training Unit ranks, more or bigger nodes (with the custom resources of runtime.actor_resources / "
+        "trainer_resources), free resources held by other jobs, or runtime.placement: none."
     )

@@ -33,7 +33,7 @@ from asp.errors import UserError
 from asp.rollout.base import SamplingParams
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
-from asp.runtime.control import ControlUnit, GUState, RunSummary
+from asp.runtime.control import ControlUnit, GUState, RunSummary, RuntimeFailure
 from asp.runtime.engines import EngineSpec
 from asp.runtime.generation import GenerationActor, GenerationUnit
 from asp.runtime.placement import Placement, create_placement, trainer_ranks
@@ -144,6 +144,23 @@ def check_resources(config: RuntimeConfig) -> None:
                 f"actors x {per_actor:g} + trainer {trainer:g}) but Ray can give {have:g}. Use fewer "
                 f"runtime.generation_units / actors_per_unit, a smaller runtime.actor_num_{kind.lower()}s, or "
                 f"more resources (runtime.{knob} or a bigger cluster)."
+            )
+    _check_custom_resources(config, available)
+
+
+def _check_custom_resources(config: RuntimeConfig, available: Mapping[str, float]) -> None:
+    """Raise `UserError` when the cluster lacks the custom resources of runtime.actor_resources / trainer_resources."""
+    actor, trainer = config.actor_resources or {}, config.trainer_resources or {}
+    ranks = trainer_ranks(config)
+    for name in sorted(set(actor) | set(trainer)):
+        need = config.total_actors * actor.get(name, 0.0) + ranks * trainer.get(name, 0.0)
+        have = available.get(name, 0.0)
+        if need > have + 1e-9:
+            raise UserError(
+                f"the runtime needs {need:g} of the custom Ray resource {name!r} (runtime.actor_resources x "
+                f"{config.total_actors} actors + runtime.trainer_resources x {ranks} trainer ranks) but the cluster "
+                f"has {have:g}. Start the nodes meant for these units with `ray start --resources "
+                f"'{{\"{name}\": N}}'` (docs/cluster.md), or change runtime.actor_resources / trainer_resources."
             )
 
 
@@ -336,7 +353,10 @@ def run_async(
                 _restore(cu, trainer, state)
             if on_start is not None:
                 on_start(cu)
-            summary = cu.run()
+            try:
+                summary = cu.run()
+            except RuntimeFailure as exc:
+                raise RuntimeFailure(_how_to_resume(str(exc), cu)) from exc
         finally:
             teardown([g.handle for g in gus], handles, trainer, placement)
     if logger is not None:
@@ -344,6 +364,24 @@ def run_async(
         if runlog is not None and summary.finished:
             runlog.mark("summary_logged", summary.trainer_step)
     return summary
+
+
+def _how_to_resume(failure: str, cu: ControlUnit) -> str:
+    """The failure, where the run stopped and what a rerun resumes from (the last checkpoint, if any)."""
+    text = f"{failure}. The run stopped at trainer step {cu.step}"
+    if cu.checkpointer is None:
+        return f"{text}; without runtime checkpoints (no checkpoint_dir) a rerun starts afresh."
+    try:
+        state, _ = cu.checkpointer.load()
+    except UserError as exc:
+        return f"{text}; its checkpoint cannot be resumed: {exc}"
+    if state is None:
+        return f"{text}, before its first checkpoint ({cu.checkpointer.path}): a rerun starts afresh."
+    return (
+        f"{text}; a rerun with the same params (after a lost node: once the cluster can place every unit again) "
+        f"resumes from the checkpoint of step {state['trainer_step']} ({cu.checkpointer.path}) and trains nothing "
+        "twice."
+    )
 
 
 def finished_run(

@@ -1,0 +1,333 @@
+"""`launch`'s runtime on a real multi-node Ray cluster on this machine: placement per node, node loss, loopback.
+
+The cluster (`ray.cluster_utils.Cluster`, Ray's own multi-node test harness) is a head node without CPUs (GCS and
+the driver's raylet: what a real cluster's head is) and three worker nodes, each its own raylet, object store and
+agents on 127.0.0.1, with distinct custom resources: ``gen_a`` and ``gen_b`` {CPU: 1, asp_rollout: 1} for the
+Generation Units and ``train`` {CPU: 1, asp_train: 1} for the Training Unit (``runtime.actor_resources`` /
+``trainer_resources`` pin the units to them). The run is `run_async` in a separate driver process
+(tests/runtime/multinode_driver.py) joined through ``runtime.ray_address``; a gate (`helpers.Gate`) holds chosen
+engine calls or a trainer step so that a node is killed (SIGKILL of all its processes, Ray's
+``remove_node(allow_graceful=False)``) while known work is in flight on it. The GCS declares a node dead after 3
+missed health checks 1 s apart (Ray's default is 5 x 3 s), so the numbers printed are detection + recovery times
+under that setting.
+
+Checked: each GU's bundles (and the actors inside, as they report themselves) PACK on one node, the two GUs on the
+two rollout nodes, the Training Unit on the train node; every listening socket of the cluster's processes and of the
+driver is on loopback; losing one GU node re-issues its minibatches to the other GU and the run goes on; losing the
+last one stops the run with one message naming the checkpoint it resumes from, and once the cluster is whole again the
+rerun resumes there and finishes with every prompt trained exactly once (the trainer ledger, where steps after the
+checkpoint that a resume trains again count once: their first training was rolled back with the trainer's state);
+losing the Training Unit's node stops the run the same way and the rerun resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .helpers import Gate, read_ledger
+from .test_ray_network import is_loopback
+
+DRIVER = Path(__file__).with_name("multinode_driver.py")
+NODES = {
+    "gen_a": {"num_cpus": 1, "resources": {"asp_rollout": 1, "node_gen_a": 1}},
+    "gen_b": {"num_cpus": 1, "resources": {"asp_rollout": 1, "node_gen_b": 1}},
+    "train": {"num_cpus": 1, "resources": {"asp_train": 1, "node_train": 1}},
+}
+SMALL = {"object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}  # 8 agents share 24 GiB
+PINNED = {  # 2 GUs x 2 actors (0.5 CPU + 0.5 asp_rollout each: one GU fills one rollout node), the TU on `train`
+    "generation_units": 2,
+    "actors_per_unit": 2,
+    "actor_num_cpus": 0.5,
+    "actor_resources": {"asp_rollout": 0.5},
+    "trainer_resources": {"asp_train": 1},
+    "gu_queue_target": 2,
+    "coalesce_below_s": 0.0,
+    "checkpoint_interval": 2,
+    "stall_timeout_s": 120.0,
+}
+MINIBATCHES, SIZE = 24, 2  # 48 prompts; global batches of 8 -> 6 steps
+
+
+class MultiNode:
+    """The test cluster: nodes by label, killed and added back."""
+
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        head = {**SMALL, "num_cpus": 0, "include_dashboard": False}
+        head["_system_config"] = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
+        self.nodes: dict[str, Any] = {}
+        self.whole()
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def whole(self) -> None:
+        """Add every labelled node that is missing (a new raylet with the same resources)."""
+        for label, args in NODES.items():
+            if label not in self.nodes:
+                self.nodes[label] = self.cluster.add_node(**SMALL, **args)
+        self.cluster.wait_for_nodes()
+
+    def kill(self, label: str) -> float:
+        """Lose node `label` as when its machine goes down: SIGKILL its workers (the actors) and every process of
+        the node (raylet, agents) at once, then let the cluster object forget it. Returns when (time.time()).
+
+        Ray's ``remove_node`` alone kills the raylet and agents but not the workers, which run on (and answer their
+        callers directly) until they notice their raylet is gone; a lost machine takes them down with it."""
+        import psutil
+
+        node = self.nodes.pop(label)
+        own = [psutil.Process(pid) for infos in node.all_processes.values() for pid in {i.process.pid for i in infos}]
+        procs = [child for proc in own for child in proc.children(recursive=True)] + own
+        killed = time.time()
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(procs, timeout=10)
+        self.cluster.remove_node(node, allow_graceful=False)
+        return killed
+
+    def label_of(self, node_id: str) -> str:
+        return next((label for label, node in self.nodes.items() if node.node_id == node_id), node_id)
+
+    def pids(self) -> set[int]:
+        """The processes Ray started for the cluster's nodes (GCS, raylets, agents, ...)."""
+        nodes = self.cluster.list_all_nodes()
+        return {info.process.pid for node in nodes for infos in node.all_processes.values() for info in infos}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray_tmp = tempfile.mkdtemp(prefix="asp-mn-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    with pytest.MonkeyPatch.context() as mp:
+        # Ray writes the cluster's address to $RAY_TMPDIR/ray/ray_current_cluster: never to /tmp/ray, where any
+        # other ray.init() on the machine would find and join it
+        mp.setenv("RAY_TMPDIR", ray_tmp)
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        multi = MultiNode()
+        try:
+            yield multi
+        finally:
+            multi.cluster.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def start_driver(multi: MultiNode, work: Path, name: str, **spec: Any) -> tuple[subprocess.Popen, Path]:
+    work.mkdir(parents=True, exist_ok=True)
+    full = {"address": multi.address, "work": str(work), "minibatches": MINIBATCHES, "size": SIZE}
+    full |= {"config": PINNED, "result": str(work / f"{name}.json"), **spec}
+    (work / f"{name}.spec.json").write_text(json.dumps(full))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    log = (work / f"{name}.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, str(DRIVER), str(work / f"{name}.spec.json")], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    return proc, work / f"{name}.json"
+
+
+def finish(proc: subprocess.Popen, result: Path, timeout_s: float = 240) -> tuple[int, dict]:
+    try:
+        code = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(
+            f"the driver did not end within {timeout_s:g} s:\n{result.with_suffix('.log').read_text()[-3000:]}"
+        )
+    if not result.exists():
+        pytest.fail(f"the driver exited {code} without a result:\n{driver_log(result)}")
+    return code, json.loads(result.read_text())
+
+
+def driver_log(result: Path) -> str:
+    return result.with_suffix(".log").read_text()[-3000:]
+
+
+def checkpoint_step(work: Path) -> int:
+    path = work / "ck" / "runtime_state.json"
+    return int(json.loads(path.read_text())["trainer_step"]) if path.exists() else 0
+
+
+def effective_ledger(work: Path) -> tuple[Counter, int]:
+    """(trained count per prompt, counting each step once: the last training of a step a resume trained again,
+    prompts trained again after a rollback)."""
+    lines = read_ledger(work / "ledger.jsonl")
+    last = {line["step"]: line for line in lines}  # a resumed session's step replaces the rolled-back one
+    counts = Counter(pid for line in last.values() for pid in line["prompt_ids"])
+    retrained = sum(len(line["prompt_ids"]) for line in lines) - sum(counts.values())
+    return counts, retrained
+
+
+def wait_for(what: str, ok, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        if proc.poll() is not None:
+            pytest.fail(f"the driver exited {proc.returncode} before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def where(work: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in (work / "gate").glob("where-*.json")]
+
+
+def listening_beyond_loopback(pids: set[int]) -> tuple[list, set[str]]:
+    """(non-loopback listening sockets, names of processes with a listening socket) of `pids` and their children."""
+    import socket
+
+    import psutil
+
+    procs: dict[int, Any] = {}
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                procs[proc.pid] = proc
+        except psutil.Error:
+            continue
+    exposed, names = [], set()
+    for proc in procs.values():
+        try:
+            conns = proc.net_connections(kind="inet")
+            name = os.path.basename(proc.cmdline()[0]) if proc.cmdline() else proc.name()
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and c.laddr and not c.raddr):
+                names.add(name)
+                if not is_loopback(c.laddr.ip):
+                    exposed.append((name, proc.pid, c.laddr.ip, c.laddr.port))
+    return exposed, names
+
+
+def recovery(result: dict, killed: float) -> dict[str, float]:
+    """Seconds from the kill to the first re-issue of a lost minibatch ('send' of attempt >= 1), to the first
+    minibatch delivered after that and to the first training step finished after that."""
+    t0, events = result["t0"], result["events"]
+    resent = min(t0 + e[0] for e in events if e[1] == "send" and e[5] >= 1)
+    first = {
+        kind: min((t0 + e[0] for e in events if e[1] == kind and t0 + e[0] >= resent), default=float("nan"))
+        for kind in ("recv", "trained")
+    }
+    return {"reissued": resent - killed, "delivered": first["recv"] - killed, "trained": first["trained"] - killed}
+
+
+@pytest.mark.slow
+def test_lost_generation_nodes_reissue_then_resume_when_whole(cluster, tmp_path):
+    cluster.whole()
+    work = tmp_path / "gu"
+    gate = Gate(work / "gate")
+    # calls 1-4 run; 5-8 (one per actor) hold until release 1; 9-16 run; 17.. hold until release 2
+    proc, result_path = start_driver(cluster, work, "first", holds=[4, 16])
+    wait_for("every actor holding a minibatch", lambda: gate.count("calls") >= 8, proc)
+
+    # placement as the actors see it: each GU's two actors on one rollout node, the trainer on `train`
+    seen = where(work)
+    cluster_labels = {node.node_id: label for label, node in cluster.nodes.items()}
+    actors = [w for w in seen if w["kind"] == "actor"]
+    trainers = [w for w in seen if w["kind"] == "trainer"]
+    by_group: dict[str, set[str]] = {}
+    for w in actors:
+        by_group.setdefault(w["pg"], set()).add(cluster.label_of(w["node"]))
+    assert len(actors) == 4 and sorted(map(sorted, by_group.values())) == [["gen_a"], ["gen_b"]], by_group
+    assert [cluster.label_of(w["node"]) for w in trainers] == ["train"]
+
+    # every listening socket of the cluster's processes, its workers and the driver is on loopback
+    exposed, names = listening_beyond_loopback(cluster.pids() | {proc.pid})
+    assert exposed == []
+    assert {"gcs_server", "raylet"} <= names, names  # not vacuous
+
+    killed_a = cluster.kill("gen_a")  # its GU holds 2 minibatches (calls 5-8) in flight
+    gate.tick("release")
+    # the other GU takes over; the run trains on to a checkpoint, then that node goes too
+    wait_for("step 2 checkpointed after the loss", lambda: checkpoint_step(work) >= 2, proc)
+    wait_for("gen_b's actors holding again", lambda: gate.count("calls") >= 18, proc)
+    killed_b = cluster.kill("gen_b")
+    gate.tick("release")
+    code, first = finish(proc, result_path)
+    assert code == 3, first
+    message = first["failure"]
+    assert re.match(r"no generation unit is left: generation unit \d was lost \(.*node", message), message
+    saved = checkpoint_step(work)
+    assert f"resumes from the checkpoint of step {saved} " in message, message
+    assert message.count("\n") == 0  # one message, no traceback
+
+    # placement as Ray recorded it: each GU's group on one node (PACK), one group per rollout node
+    groups = {row["name"].split("-")[1]: row["bundles_to_node_id"] for row in first["placement_groups"].values()}
+    gu_nodes = {unit: {n for n in nodes.values()} for unit, nodes in groups.items() if unit.startswith("gu")}
+    assert sorted(len(nodes) for nodes in gu_nodes.values()) == [1, 1] and len(set.union(*gu_nodes.values())) == 2
+    assert {n for nodes in gu_nodes.values() for n in nodes} == {w["node"] for w in actors}
+
+    # the minibatches lost with gen_a's unit went to the other unit
+    unit_of_group = {pg: row["name"].split("-")[1] for pg, row in first["placement_groups"].items()}
+    on_a = {unit_of_group[w["pg"]] for w in actors if cluster_labels[w["node"]] == "gen_a"}
+    resent_to = {f"gu{e[2]}" for e in first["events"] if e[1] == "send" and e[5] >= 1}
+    assert len(on_a) == 1 and resent_to and on_a.isdisjoint(resent_to), (on_a, resent_to)
+    times = recovery(first, killed_a)
+    print(
+        f"\n[multinode] gen_a lost: its minibatches re-issued after {times['reissued']:.2f} s, the next one delivered "
+        f"after {times['delivered']:.2f} s, the next step trained after {times['trained']:.2f} s"
+    )
+    print(f"[multinode] gen_b lost: the run stopped {first['ended'] - killed_b:.2f} s later at checkpoint {saved}")
+
+    cluster.whole()  # two new rollout nodes
+    started = time.time()
+    proc, result_path = start_driver(cluster, work, "rerun")
+    code, rerun = finish(proc, result_path)
+    assert code == 0, rerun
+    summary = rerun["summary"]
+    assert summary["finished"] and summary["resumed_from_step"] == saved and summary["trainer_step"] == 6
+    counts, retrained = effective_ledger(work)
+    assert counts == Counter(range(MINIBATCHES * SIZE))  # none lost, none trained twice
+    print(
+        f"[multinode] rerun resumed at step {saved} and finished in {time.time() - started:.1f} s; prompts lost 0, "
+        f"duplicated 0 ({retrained} trained again after the rollback to the checkpoint)"
+    )
+
+
+@pytest.mark.slow
+def test_lost_training_node_stops_and_rerun_resumes(cluster, tmp_path):
+    cluster.whole()
+    work = tmp_path / "tu"
+    gate = Gate(work / "gate")
+    proc, result_path = start_driver(cluster, work, "first", hold_step=3)  # checkpoints at steps 2, 4, 6
+    wait_for("the trainer inside step 3", lambda: gate.count("tu_hold") >= 1, proc)
+    assert checkpoint_step(work) == 2
+    killed = cluster.kill("train")
+    code, first = finish(proc, result_path)
+    assert code == 3, first
+    message = first["failure"]
+    assert message.startswith("the Training Unit was lost during step 3 (") and "node" in message, message
+    assert message.count("\n") == 0
+    assert "resumes from the checkpoint of step 2 " in message, message
+    print(f"\n[multinode] train node lost: the run stopped {first['ended'] - killed:.2f} s later at checkpoint 2")
+
+    cluster.whole()
+    started = time.time()
+    proc, result_path = start_driver(cluster, work, "rerun")
+    code, rerun = finish(proc, result_path)
+    assert code == 0, rerun
+    summary = rerun["summary"]
+    assert summary["finished"] and summary["resumed_from_step"] == 2 and summary["trainer_step"] == 6
+    counts, retrained = effective_ledger(work)
+    assert counts == Counter(range(MINIBATCHES * SIZE))
+    print(
+        f"[multinode] rerun resumed at step 2 and finished in {time.time() - started:.1f} s; prompts lost 0, "
+        f"duplicated 0 ({retrained} trained again after the rollback)"
+    )

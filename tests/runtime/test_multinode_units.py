@@ -1,0 +1,57 @@
+"""Pinning units to nodes by custom Ray resources (``runtime.actor_resources`` / ``trainer_resources``), pure parts.
+
+The bundles carry the custom resources next to CPUs / GPUs (so a unit's placement group lands only on nodes that
+have them); with ``placement: none`` each actor asks for them itself; a cluster without enough of them is refused
+before any actor starts, naming the resource and the ``ray start --resources`` that provides it. The multi-node
+runs are in test_multinode.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from asp.errors import UserError
+from asp.runtime.config import RuntimeConfig
+from asp.runtime.placement import TRAINER, Placement, bundle, loose_resources, unit_bundles
+from asp.runtime.run import _check_custom_resources
+
+
+def test_bundles_carry_the_custom_resources():
+    assert bundle(0.5, 0.0, {"rollout": 0.5, "zero": 0.0}) == {"CPU": 0.5, "rollout": 0.5}
+    cfg = RuntimeConfig(
+        generation_units=2,
+        actors_per_unit=2,
+        actor_num_cpus=0.5,
+        actor_resources={"rollout": 0.5},
+        trainer_resources={"train": 1.0},
+    )
+    assert unit_bundles(cfg, 1) == {
+        "gu0": [{"CPU": 0.5, "rollout": 0.5}] * 2,
+        "gu1": [{"CPU": 0.5, "rollout": 0.5}] * 2,
+        TRAINER: [{"train": 1.0}],  # trainer_num_cpus 0: the custom resource alone gives it a group
+    }
+    assert loose_resources(cfg) == {}  # in the bundles, not on the actors
+
+
+def test_defaults_are_unchanged():
+    assert RuntimeConfig().actor_resources is None and RuntimeConfig().trainer_resources is None
+    assert unit_bundles(RuntimeConfig(), 1) == {"gu0": [{"CPU": 0.5}, {"CPU": 0.5}]}
+
+
+def test_without_groups_each_actor_asks_for_its_custom_resources():
+    cfg = RuntimeConfig(placement="none", actor_resources={"rollout": 1.0}, trainer_resources={"train": 2.0})
+    assert unit_bundles(cfg, 1) == {}
+    placement = Placement(loose=loose_resources(cfg))
+    assert placement.actor_options(0, 1) == {"resources": {"rollout": 1.0}}
+    assert placement.trainer_options(0) == {"resources": {"train": 2.0}}
+    assert Placement().actor_options(0, 0) == {}  # nothing asked: nothing added
+
+
+def test_missing_custom_resources_are_refused_naming_them():
+    cfg = RuntimeConfig(generation_units=2, actors_per_unit=2, actor_resources={"rollout": 0.5})
+    _check_custom_resources(cfg, {"CPU": 4.0, "rollout": 2.0})  # 4 actors x 0.5: enough
+    with pytest.raises(UserError, match=r"needs 2 of the custom Ray resource 'rollout'.*has 1\b.*--resources"):
+        _check_custom_resources(cfg, {"CPU": 4.0, "rollout": 1.0})
+    grpo = RuntimeConfig(trainer="grpo", grpo={"world_size": 2}, trainer_resources={"train": 1.0})
+    with pytest.raises(UserError, match=r"needs 2 of the custom Ray resource 'train'.*x 2 trainer ranks.*has 0"):
+        _check_custom_resources(grpo, {"CPU": 4.0})
