@@ -116,14 +116,20 @@ def test_ablation_on_lengths_only_file_and_on_predictions(tmp_path) -> None:
         app, ["ablation", str(lengths), "--tau", "0.64", "--seeds", "2", "--iterations", "10000", "--out", str(out)]
     )
     assert res.exit_code == 0, res.output
-    assert all(c in res.output for c in ("C0", "C4", "spread"))
-    assert list(pd.read_csv(out, index_col=0).index) == ["C0", "C1", "C2", "C3", "C4"]
+    assert all(c in res.output for c in ("C0", "C4", "spread", "CV_sd"))
+    assert "2 seeds; they vary the prompts' order (C0's minibatches), the predictions, C3's" in res.output
+    table = pd.read_csv(out, index_col=0)
+    assert list(table.index) == ["C0", "C1", "C2", "C3", "C4"] and "P_sd" in table.columns
     res = runner.invoke(app, ["ablation", str(lengths)])
     assert res.exit_code == 2 and "pass --tau" in res.stderr
     preds = tmp_path / "p.parquet"
     write(predictions(), preds)
     res = runner.invoke(app, ["ablation", str(preds), "--seeds", "1", "--iterations", "1000"])
     assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["ablation", str(preds), "--seeds", "2", "--iterations", "1000", "--cross-fit", "5"])
+    assert res.exit_code == 0 and "the cross-fitting folds" in res.output, res.output
+    res = runner.invoke(app, ["ablation", str(preds), "--order", "sorted"])
+    assert res.exit_code == 2 and "order must be one of" in res.stderr
 
 
 def test_sweep_synthetic_writes_both_tables(tmp_path) -> None:
@@ -148,6 +154,7 @@ def test_sweep_synthetic_writes_both_tables(tmp_path) -> None:
     )
     assert res.exit_code == 0, res.output
     assert "Table 9" in res.output and "Table 10" in res.output and "C4_cal" in res.output
+    assert "C4_cal (balanced on calibrated loads) vs C0: lower group-load CV at every tau >= " in res.output
     tables = json.loads(out.read_text())
     assert [row["tau"] for row in tables["cv"]] == [1.0, 0.5]
     res = runner.invoke(app, ["sweep", "--taus", "1,x", "--synthetic", "100"])

@@ -3,7 +3,8 @@
 Examples:
     asp schedule build preds.parquet --out schedule.parquet --b 32 --kappa 2 --k 6
     asp schedule ablation lengths.csv --tau 0.64 --seeds 3
-    asp schedule sweep --synthetic 39000 --out sweep.json
+    asp schedule ablation preds.csv --cross-fit 5 --b 16 --k 4   # a predictor's loads, cross-fitted
+    asp schedule sweep --synthetic 39000 --out sweep.json        # ends with where C4 stops beating C0
 
 Mounted by asp.cli as `asp schedule`; runnable alone as `python -m asp.cli.schedule`. Bad input prints one
 message on stderr and exits with code 2, writing nothing: `build` checks its output paths and formats before it
@@ -71,6 +72,14 @@ ALLOW_PARTIAL = Annotated[
     ),
 ]
 SYNTH = Annotated[int | None, typer.Option("--synthetic", min=1, help="Use N synthetic DeepScaleR-like lengths.")]
+ORDER = Annotated[
+    str,
+    typer.Option(
+        "--order",
+        help="The prompts' order per seed: shuffled (a seeded permutation: C0's minibatches vary with the seed) or "
+        "given (the file's order in every seed).",
+    ),
+]
 INPUT = Annotated[Path | None, typer.Argument(help="Parquet/CSV/JSON/JSONL with length columns.")]
 
 
@@ -285,14 +294,26 @@ def ablation_cmd(
     method: METHOD = None,
     loads: Annotated[str | None, typer.Option(help="raw or calibrated.")] = None,
     calibration: Annotated[Path | None, typer.Option(help="Knots JSON {x, y} or table x,y.")] = None,
+    cross_fit: Annotated[
+        int,
+        typer.Option(
+            "--cross-fit",
+            min=0,
+            help="K >= 2: every condition sees the K-fold cross-fitted isotonic calibration of the predictions "
+            "against the true lengths (folds drawn per seed), as the schedule stage's ablation; 0: --loads / "
+            "--calibration as given.",
+        ),
+    ] = 0,
+    order: ORDER = "shuffled",
     out: Annotated[Path | None, typer.Option(help="Write the table as CSV or JSON.")] = None,
     allow_partial: ALLOW_PARTIAL = False,
 ) -> None:
-    """C0-C4 table (D, padding, group-load CV, spread) on true lengths, mean over seeds."""
+    """C0-C4 table (D, padding, group-load CV, spread) on true lengths: mean and standard deviation over seeds.
+    Every condition of a seed sees the same prompts' order and loads; the output says what the seeds varied."""
     import numpy as np
 
     from asp.io.schedule import read_calibration
-    from asp.schedule.ablation import ablation, perturb_predictions
+    from asp.schedule.ablation import perturb_predictions, run_ablation
 
     spec = _spec(b, kappa, k, iterations, method)
     _check_table_out(out)
@@ -306,14 +327,17 @@ def ablation_cmd(
     else:
         raise UserError("no predictions: give a file with 'predicted_length' or pass --tau")
     cal = read_calibration(calibration) if calibration else None
-    table = ablation(true, preds, spec, seeds=seed_list, calibration=cal, loads=loads)
-    typer.echo(
-        table.to_string(
-            formatters={"D": "{:.0f}".format, "P": "{:.3f}".format, "CV": "{:.3f}".format, "spread": "{:.3f}".format}
-        )
+    res = run_ablation(
+        true, preds, spec, seeds=seed_list, calibration=cal, loads=loads, cross_fit=cross_fit, order=order
     )
+    table = res.mean.join(res.sd.add_suffix("_sd"))
+    typer.echo(table.to_string(formatters={c: _ABLATION_FORMAT[c.removesuffix("_sd")] for c in table.columns}))
+    typer.echo(f"{len(seed_list)} seeds; they vary {res.varies}; loads' Kendall tau {res.loads_tau:.3f}")
     if out is not None:
         _write_table({"ablation": table}, out)
+
+
+_ABLATION_FORMAT = {"D": "{:.0f}".format, "P": "{:.3f}".format, "CV": "{:.3f}".format, "spread": "{:.3f}".format}
 
 
 @app.command("sweep")
@@ -331,8 +355,10 @@ def sweep_cmd(
     calibration_size: Annotated[int, typer.Option(help="Profiled prompts for the isotonic fit.")] = 4000,
     out: Annotated[Path | None, typer.Option(help="Write both tables as JSON (or two CSVs: stem_local/_cv).")] = None,
     allow_partial: ALLOW_PARTIAL = False,
+    order: ORDER = "shuffled",
 ) -> None:
-    """Controlled-tau sweep: Tables 9 (dispersion, padding) and 10 (group-load CV) of the paper."""
+    """Controlled-tau sweep: Tables 9 (dispersion, padding) and 10 (group-load CV) of the paper, and the tau below
+    which C4 (balanced on calibrated loads) stops beating C0 (the original order) on group-load CV."""
     from asp.schedule.ablation import sweep
     from asp.schedule.spec import PAPER_TAUS
 
@@ -344,13 +370,22 @@ def sweep_cmd(
         tau_list = list(PAPER_TAUS) if taus is None else [float(t) for t in taus.split(",") if t.strip()]
     except ValueError:
         raise UserError(f"--taus {taus!r}: give comma-separated numbers in [0, 1], e.g. 1,0.75,0.5") from None
-    res = sweep(true, spec, taus=tau_list, seeds=list(range(seeds)), calibration_size=calibration_size)
+    res = sweep(true, spec, taus=tau_list, seeds=list(range(seeds)), calibration_size=calibration_size, order=order)
     typer.echo("Table 9 analogue: dispersion D (tokens) and mean padding rate P, on true lengths")
     typer.echo(res.local.to_string(formatters=_LOCAL_FORMAT))
     typer.echo("\nTable 10 analogue: batch-group load CV on true lengths (C4_cal: balanced on calibrated loads)")
     typer.echo(res.cv.to_string(float_format=lambda v: f"{v:.3f}"))
+    typer.echo(crossover_line(res, seeds))
     if out is not None:
         _write_table({"local": res.local, "cv": res.cv}, out)
+
+
+def crossover_line(res: Any, seeds: int) -> str:
+    """Where C4_cal stops beating C0 on the sweep's tau grid (means over seeds; with 2+ seeds also by more than
+    two paired standard errors): what `evaluate.min_tau` is set from (benchmarks/min_tau.py)."""
+    from asp.schedule.min_tau import describe_crossover
+
+    return "\n" + describe_crossover(res, seeds)
 
 
 def _check_table_out(out: Path | None) -> None:

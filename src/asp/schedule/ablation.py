@@ -60,12 +60,17 @@ def synthetic_lengths(n: int, seed: int = 0, cap: int = LENGTH_CAP) -> np.ndarra
     return np.clip(np.round(x), 16, cap).astype(np.float64)
 
 
+LOG_CLIP = (-30.0, 27.0)  # simulated log-predictions in [1e-13, 5.3e11]: sums of a minibatch stay below 1e15
+
+
 def predictions_at(true_lengths: np.ndarray, nu: float, seed: int) -> np.ndarray:
-    """l * exp(nu * eps) with eps ~ N(0, 1) drawn from `seed`; nu = inf gives a random permutation of l."""
+    """l * exp(nu * eps) with eps ~ N(0, 1) drawn from `seed`, the log clipped to `LOG_CLIP` (large nu at low tau
+    would overflow the scheduler's length range; only the extreme tails of the noise are clipped); nu = inf
+    gives a random permutation of l."""
     rng = np.random.default_rng([seed, 0x7A])
     if np.isinf(nu):
         return rng.permutation(true_lengths)
-    return np.exp(np.log(true_lengths) + nu * rng.standard_normal(true_lengths.size))
+    return np.exp(np.clip(np.log(true_lengths) + nu * rng.standard_normal(true_lengths.size), *LOG_CLIP))
 
 
 def perturb_predictions(true_lengths: object, tau: float, seed: int, *, tol: float = 2e-3) -> tuple[np.ndarray, float]:
@@ -341,24 +346,46 @@ class SweepResult:
         local: Table 9 analogue, one row per tau: tau_measured, MAE, D_C0, D_C1, D_C2-C4, P_C0, P_C1, P_C2-C4.
         cv: Table 10 analogue, one row per tau: group-load CV of C0..C4 (raw predicted loads) and C4_cal.
         cv_sd: the same layout: sample standard deviation of the CVs over seeds (0 with one seed).
+        per_seed: one row per (tau, seed): the group-load CV of C0..C4 and C4_cal in that seed (C0 and C4 of one
+            seed share the prompts' order, so their difference is paired).
     """
 
     local: pd.DataFrame
     cv: pd.DataFrame
     cv_sd: pd.DataFrame | None = None
+    per_seed: pd.DataFrame | None = None
 
-    def stops_helping(self, condition: str = "C4_cal", baseline: str = "C0") -> tuple[float | None, float | None]:
+    def gain(self, condition: str = "C4_cal", baseline: str = "C0") -> pd.DataFrame:
+        """Per tau: mean over seeds of CV(baseline) - CV(condition) (> 0: `condition` balances better), its
+        standard error over seeds (paired: NaN with one seed) and the number of seeds."""
+        if self.per_seed is None:
+            raise ValueError("this SweepResult has no per-seed CVs; run sweep() again")
+        d = (self.per_seed[baseline] - self.per_seed[condition]).groupby(self.per_seed["tau"])
+        out = pd.DataFrame({"gain": d.mean(), "se": d.std(ddof=1) / np.sqrt(d.count()), "seeds": d.count()})
+        return out.sort_index(ascending=False)
+
+    def stops_helping(
+        self, condition: str = "C4_cal", baseline: str = "C0", z: float = 0.0
+    ) -> tuple[float | None, float | None]:
         """Where `condition` stops beating `baseline` on group-load CV, going down the tau grid.
 
+        `condition` beats `baseline` at a tau when its mean CV over seeds is lower (z = 0), or lower by more than z
+        paired standard errors (z > 0: `gain` > z * se; needs more than one seed).
+
         Returns:
-            (lowest, below): `lowest` is the smallest grid tau such that `condition`'s mean CV is below
-            `baseline`'s at it and at every larger grid tau (None if not even at the largest); `below` is the
-            next smaller grid tau, the first where it does not (None if it beats the baseline everywhere).
+            (lowest, below): `lowest` is the smallest grid tau such that `condition` beats `baseline` at it and at
+            every larger grid tau (None if not even at the largest); `below` is the next smaller grid tau, the
+            first where it does not (None if it beats the baseline everywhere).
         """
-        cv = self.cv.sort_index(ascending=False)
+        if z > 0:
+            g = self.gain(condition, baseline)
+            beats = g["gain"] > z * g["se"]
+        else:
+            cv = self.cv.sort_index(ascending=False)
+            beats = cv[condition] < cv[baseline]
         lowest = None
-        for tau, row in cv.iterrows():
-            if not row[condition] < row[baseline]:
+        for tau, ok in beats.items():
+            if not ok:
                 return lowest, float(tau)
             lowest = float(tau)
         return lowest, None
@@ -397,7 +424,7 @@ def sweep(
     if not seeds or not taus:
         raise ValueError("seeds and taus must be non-empty")
     m = min(as_int(calibration_size, "calibration_size", minimum=2), true.size)
-    local, cv, cv_sd = [], [], []
+    local, cv, cv_sd, per_seed = [], [], [], []
     for tau in taus:
         runs, cal_cv, taus_hat, maes = [], [], [], []
         for seed in seeds:
@@ -410,6 +437,8 @@ def sweep(
             prof_pred = predictions_at(t[profile], nu, seed + 10_007)
             knots = fit_isotonic(prof_pred, t[profile])
             cal_cv.append(_conditions(t, pred, spec, seed, knots, "calibrated", ("C4",))["C4"]["CV"])
+            per_seed.append({"tau": tau, "seed": seed, **{c: runs[-1][c]["CV"] for c in CONDITIONS}})
+            per_seed[-1]["C4_cal"] = cal_cv[-1]
         mean, sd = _table(runs), _table(runs, "sd")
         local.append(
             {
@@ -428,4 +457,4 @@ def sweep(
         cal_sd = float(np.std(cal_cv, ddof=1)) if len(cal_cv) > 1 else 0.0
         cv_sd.append({"tau": tau, **{c: sd.at[c, "CV"] for c in CONDITIONS}, "C4_cal": cal_sd})
     frames = [pd.DataFrame(rows).set_index("tau") for rows in (local, cv, cv_sd)]
-    return SweepResult(*frames)
+    return SweepResult(*frames, per_seed=pd.DataFrame(per_seed))
