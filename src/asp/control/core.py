@@ -143,6 +143,7 @@ class ControlCore:
         self.cont_out: dict[int, tuple[int, list[ContinuationRow]]] = {}
         self.continuations = 0
         self.db.partials.cap = s.max_new_tokens
+        self.db.partials.predicted = self.db.original.predicted
         self.cont_rows = s.partial.max_rows or max(len(mb) for mb in self.db.original.minibatches) * s.n_samples
 
     # ---- clock -----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,11 +38,16 @@ class WorkPlan:
         minibatches: N_B lists of prompt ids; the p-th is dispatched p-th.
         minibatch_ids: (N_B,) the scheduler's id of each minibatch.
         group_ids: (N_B,) batch group of each minibatch, non-decreasing; a group is one dispatch unit.
+        predicted: prompt id -> the schedule's expected length (tokens): its loads (calibrated predictions, or raw
+            ones without a calibration map; a frame's ``load_used``, else ``predicted_length``), when known. Partial
+            rollouts' online length correction reads it; not part of the plan's identity (equality, hash,
+            `fingerprint`).
     """
 
     minibatches: tuple[tuple[Any, ...], ...]
     minibatch_ids: tuple[int, ...]
     group_ids: tuple[int, ...]
+    predicted: Mapping[Any, float] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         n = len(self.minibatches)
@@ -82,9 +87,14 @@ class WorkPlan:
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> WorkPlan:
-        """From an `asp.schedule.Schedule` (group of the p-th minibatch = p // k)."""
+        """From an `asp.schedule.Schedule` (group of the p-th minibatch = p // k; `predicted` = its loads)."""
         mbs = schedule.minibatches()
-        return cls.from_lists(mbs, [p // schedule.k for p in range(len(mbs))], list(schedule.minibatch_ids))
+        plan = cls.from_lists(mbs, [p // schedule.k for p in range(len(mbs))], list(schedule.minibatch_ids))
+        loads = getattr(schedule, "loads", None)
+        if loads is None or len(loads) != len(schedule.prompt_ids):
+            return plan
+        predicted = {_plain(p): float(x) for p, x in zip(schedule.prompt_ids, loads, strict=True)}
+        return cls(plan.minibatches, plan.minibatch_ids, plan.group_ids, predicted)
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame) -> WorkPlan:
@@ -105,7 +115,12 @@ class WorkPlan:
             mbs.append(rows["prompt_id"].tolist())
             mb_ids.append(int(rows["minibatch_id"].iloc[0]))
             groups.append(int(rows["group_id"].iloc[0]))
-        return cls.from_lists(mbs, groups, mb_ids)
+        plan = cls.from_lists(mbs, groups, mb_ids)
+        column = next((c for c in ("load_used", "predicted_length") if c in df.columns), None)
+        if column is None:
+            return plan
+        predicted = {_plain(p): float(x) for p, x in zip(df["prompt_id"], df[column], strict=True)}
+        return cls(plan.minibatches, plan.minibatch_ids, plan.group_ids, predicted)
 
     @property
     def n_minibatches(self) -> int:

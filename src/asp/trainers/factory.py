@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from asp.runtime.testhooks import trainer_ledger
 from asp.runtime.trainer import Trainer
 from asp.trainers.simulated import SimulatedTrainer
 
@@ -116,4 +117,5 @@ def make_trainer_factory(
         checkpoint_interval=config.checkpoint_interval,
         total_steps=steps,
         state_dir=str(state_dir) if state_dir is not None else None,
+        ledger_path=trainer_ledger(),
     )

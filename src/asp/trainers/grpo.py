@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -69,6 +70,8 @@ class GRPOSpec:
         checkpoint_interval: trainer checkpoint every this many steps (= the runtime's, so they match).
         total_steps: steps the run will take (LR decay span and final checkpoint); None if unknown.
         state_dir: where checkpoints (``trainer/``) and file snapshots (``snapshots/``) go; None: no checkpoints.
+        ledger_path: test hook (``ASP_TRAINER_LEDGER``, `asp.runtime.testhooks`): rank 0 appends one JSON line per
+            step (step, prompt ids, task ids, versions, lengths, token ids), the record of exactly what was trained.
     """
 
     policy_path: str
@@ -81,6 +84,7 @@ class GRPOSpec:
     checkpoint_interval: int = 10
     total_steps: int | None = None
     state_dir: str | None = None
+    ledger_path: str | None = None
 
     def __call__(self) -> GRPOTrainer:
         return GRPOTrainer(self)
@@ -163,6 +167,7 @@ class GRPOTrainer:
         if exported:
             weights = self._export()
         self._maybe_checkpoint(batch.step)
+        self._write_ledger(batch)
         self._weights = None
         metrics = {
             "train/reward_mean": float(rewards.mean()) if rewards.size else float("nan"),
@@ -220,6 +225,22 @@ class GRPOTrainer:
         return update
 
     # ---- pieces ----------------------------------------------------------------------------------------
+    def _write_ledger(self, batch: GlobalBatch) -> None:
+        if self.spec.ledger_path is None or self.rank != 0:
+            return
+        line = {
+            "step": batch.step,
+            "prompt_ids": list(batch.prompt_ids),
+            "task_ids": batch.task_ids.tolist(),
+            "versions": batch.versions.tolist(),
+            "lengths": batch.lengths.tolist(),
+            "tokens": int(batch.token_ids.size),
+            "logprobs": int(batch.logprobs.size),
+            "token_ids": batch.token_ids.tolist(),
+        }
+        with Path(self.spec.ledger_path).open("a") as fh:
+            fh.write(json.dumps(line, default=str) + "\n")
+
     def _rewards(self, batch: GlobalBatch) -> tuple[np.ndarray, int]:
         pids = [batch.prompt_ids[s // batch.n] for s in range(len(batch.texts))]
         answers = [str(self.spec.answers[pid]) for pid in pids]
