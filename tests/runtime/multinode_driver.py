@@ -7,6 +7,8 @@ own, and the test kills nodes while this runs).
 SPEC: {"address", "work" (the run's directory: checkpoint, ledger, gate), "minibatches", "size", "config" (runtime
 overrides of `helpers.fast_config`), "holds" (engine call numbers after which calls wait for the next "release"
 tick of the gate), "hold_step" (a trainer step that waits for a "release_tu" tick), "result" (file written)}.
+With ``"mode": "profile"`` it runs the profile stage instead (`profile_main`: "policy", "prompts" directories,
+"profile" and "runtime" params overrides, "holds").
 
 Every generation actor's engine and the trainer write where they run (node id, placement group) to
 ``<work>/gate/where-<pid>.json``; the result file has the run's summary (or the failure), the session start
@@ -82,11 +84,85 @@ class WhereTrainer(helpers.GatedTrainer):
         _where(gate_dir, "trainer")
 
 
+class HoldingWrapper:
+    """A real engine (built by `factory` in the actor) whose `generate` calls are counted and held like
+    `HoldingEngine`'s; everything else is the engine's."""
+
+    def __init__(self, factory: Any, gate_dir: str, holds: list[int]) -> None:
+        self.inner, self.gate, self.holds = factory(), helpers.Gate(gate_dir), sorted(holds)
+        _where(gate_dir, "actor")
+
+    def generate(self, prompts: list[str], params: Any) -> list[Any]:
+        call = self.gate.tick("calls")
+        need = sum(call > h for h in self.holds)
+        if need:
+            self.gate.wait(lambda g: g.count("release") >= need, f"release {need} of call {call}", timeout_s=300)
+        return self.inner.generate(prompts, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class HoldingFactory:
+    """Picklable engine factory wrapping the profile stage's `EngineSpec` (checked as the spec is)."""
+
+    def __init__(self, spec: Any, gate_dir: str, holds: list[int]) -> None:
+        self.spec, self.gate_dir, self.holds = spec, gate_dir, holds
+
+    def check(self) -> None:
+        getattr(self.spec, "check", lambda: None)()
+
+    def __call__(self) -> HoldingWrapper:
+        return HoldingWrapper(self.spec, self.gate_dir, self.holds)
+
+
 ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def profile_main(spec: dict[str, Any]) -> int:
+    """The profile stage (`asp.pipeline.profile.run`) on Ray actors of the cluster at ``spec["address"]``, its
+    engines held at ``spec["holds"]``; the result file lists the minibatches it sent (`WorkItem` ids)."""
+    from asp.config import Params, validate_params
+    from asp.pipeline import profile
+    from asp.runtime import profile_actors
+    from asp.steps.paths import rebase
+    from asp.tracking import NullTracker
+
+    work, gate = Path(spec["work"]), str(Path(spec["work"]) / "gate")
+    Path(gate).mkdir(parents=True, exist_ok=True)
+    raw = Params.defaults().model_dump(mode="json")
+    raw["profile"] |= spec["profile"]
+    raw["runtime"] |= spec["runtime"] | {"ray_address": spec["address"]}
+    params = validate_params(raw, "multinode profile")
+    paths = rebase(profile.Paths(policy=Path(spec["policy"]), prompts=Path(spec["prompts"])), work)
+    real_runner, real_item, sent = profile_actors.profile_runner, profile_actors.WorkItem, []
+
+    def holding_runner(runtime: Any, actors: Any, engine_factory: Any, sampling: Any) -> Any:
+        return real_runner(runtime, actors, HoldingFactory(engine_factory, gate, spec.get("holds", [])), sampling)
+
+    def recorded(*args: Any) -> Any:
+        sent.append(args[1])  # the minibatch id
+        return real_item(*args)
+
+    profile_actors.profile_runner, profile_actors.WorkItem = holding_runner, recorded
+    result: dict[str, Any] = {}
+    code = 0
+    try:
+        result["metrics"] = profile.run(params, paths, NullTracker())
+    except UserError as exc:
+        result["user_error"], code = str(exc), 2
+        print(f"error: {exc}", file=sys.stderr)
+    result["sent"], result["ended"] = sent, time.time()
+    out = Path(spec["result"])
+    out.with_suffix(".tmp").write_text(json.dumps(result, default=str))
+    out.with_suffix(".tmp").replace(out)
+    return code
 
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("mode") == "profile":
+        return profile_main(spec)
     work = Path(spec["work"])
     gate = work / "gate"
     gate.mkdir(parents=True, exist_ok=True)

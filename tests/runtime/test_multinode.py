@@ -331,3 +331,91 @@ def test_lost_training_node_stops_and_rerun_resumes(cluster, tmp_path):
         f"[multinode] rerun resumed at step 2 and finished in {time.time() - started:.1f} s; prompts lost 0, "
         f"duplicated 0 ({retrained} trained again after the rollback)"
     )
+
+
+PROFILE = {"n_samples": 2, "max_new_tokens": 8, "minibatch_prompts": 2, "chunk_minibatches": 1, "num_threads": 1}
+PROFILE_RUNTIME = {  # launch's layout: 2 GUs x 1 engine actor, one per rollout node; a dead actor stays dead
+    "generation_units": 2,
+    "actors_per_unit": 1,
+    "actor_num_cpus": 0.5,
+    "actor_resources": {"asp_rollout": 1},
+    "actor_max_restarts": 0,
+    "stall_timeout_s": 120.0,
+}
+PROFILE_PROMPTS = {"profile": 12, "heldout": 4}  # 16 prompts: 8 minibatches of 2, one chunk each
+
+
+def profile_inputs(root: Path, model: Path) -> tuple[Path, Path]:
+    """A policy directory naming `model` and the prompts directory the profile stage reads."""
+    import pandas as pd
+
+    policy, prompts = root / "policy", root / "prompts"
+    policy.mkdir(parents=True)
+    prompts.mkdir(parents=True)
+    (policy / "policy.json").write_text(json.dumps({"model_path": str(model), "sha256": "tiny-qwen"}))
+    start = 0
+    for role, n in PROFILE_PROMPTS.items():
+        ids = range(start, start + n)
+        texts = [f"w{i % 40} w{(7 * i) % 40} w{(3 * i) % 40} #{i}" for i in ids]
+        frame = pd.DataFrame({"prompt_id": [f"p{i}" for i in ids], "prompt": texts})
+        frame.to_parquet(prompts / f"{role}.parquet")
+        start += n
+    return policy, prompts
+
+
+def saved_chunks(work: Path) -> set[int]:
+    return {int(p.stem.split("_")[1]) for p in (work / "outputs" / ".work").rglob("chunk_*.parquet")}
+
+
+@pytest.mark.slow
+def test_profile_on_two_nodes_loses_at_most_the_minibatches_in_flight(cluster, tmp_path, tiny_qwen):
+    from asp.config import Params, validate_params
+    from asp.pipeline import profile
+    from asp.steps.paths import rebase
+    from asp.tracking import NullTracker
+
+    cluster.whole()
+    policy, prompts = profile_inputs(tmp_path, tiny_qwen)
+    raw = Params.defaults().model_dump(mode="json")
+    raw["profile"] |= PROFILE
+    reference = rebase(profile.Paths(policy=policy, prompts=prompts), tmp_path / "reference")
+    profile.run(validate_params(raw, "reference"), reference, NullTracker())  # one engine in this process
+
+    work = tmp_path / "profile"
+    gate = Gate(work / "gate")
+    spec = {"mode": "profile", "policy": str(policy), "prompts": str(prompts), "runtime": PROFILE_RUNTIME}
+    spec["profile"] = PROFILE | {"actors": "runtime"}
+    # calls 1-2 run; 3-4 (one per actor) hold until release 1; 5 runs; 6.. hold until release 2
+    proc, result_path = start_driver(cluster, work, "first", holds=[2, 5], **spec)
+    wait_for(
+        "both actors holding a minibatch", lambda: gate.count("calls") >= 4 and len(saved_chunks(work)) >= 2, proc
+    )
+    assert sorted(cluster.label_of(w["node"]) for w in where(work)) == ["gen_a", "gen_b"]  # one engine per node
+    killed_a = cluster.kill("gen_a")
+    log = work / "first.log"
+    wait_for("the loss seen", lambda: "died (" in log.read_text(), proc)  # its minibatch queued for the survivor
+    gate.tick("release")
+    wait_for("the survivor holding again", lambda: gate.count("calls") >= 6, proc)
+    cluster.kill("gen_b")
+    gate.tick("release")
+    code, first = finish(proc, result_path)
+    assert code == 2 and "every profile minibatch actor died" in first["user_error"], first
+    saved = saved_chunks(work)
+    lost = set(first["sent"]) - saved  # sent, never saved: what was in flight when the nodes went
+    retried = len(first["sent"]) - len(set(first["sent"]))
+    assert len(saved) >= 4 and len(lost) <= 1 and retried == 1, (saved, first["sent"])  # gen_b's one in flight
+    print(
+        f"\n[multinode] profile: gen_a lost ({retried} minibatch re-sent to gen_b), then gen_b: {len(saved)} of 8 "
+        f"chunks saved, {len(lost)} minibatch(es) lost in flight; run ended {first['ended'] - killed_a:.1f} s after "
+        "the first loss"
+    )
+
+    cluster.whole()
+    started = time.time()
+    proc, result_path = start_driver(cluster, work, "rerun", **spec)
+    code, rerun = finish(proc, result_path)
+    assert code == 0, rerun
+    assert sorted(rerun["sent"]) == sorted(set(range(8)) - saved)  # nothing a saved chunk holds is generated again
+    for name in ("samples.parquet", "prompts.parquet"):  # the samples of one uninterrupted in-process engine
+        assert (work / "outputs" / "profile" / name).read_bytes() == (reference.out_dir / name).read_bytes(), name
+    print(f"[multinode] profile rerun generated {len(rerun['sent'])} minibatches in {time.time() - started:.1f} s")
