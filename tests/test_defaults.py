@@ -298,7 +298,7 @@ def test_every_home_and_allowed_entry_names_something_real() -> None:
         ("asp/predictor/x.py", "EPOCHS = 8\ndef train(*, epochs=EPOCHS): ...", ["epochs = 8"]),
         ("asp/rollout/x.py", "from asp.sim.memory import G\ndef f(gpu_memory_utilization=G): ...", ["= 0.9"]),
         ("asp/drift/x.py", "D = {'patience': 5}\ndef f(patience=int(D['patience'])): ...", ["patience = 5"]),
-        ("asp/drift/detector.py", "DEFAULTS = {'tau_drop': 0.1, 'cooldown': 10}\n", ["tau_drop = 0.1"]),
+        ("asp/drift/detector.py", "DEFAULTS = {'tau_drop': 0.2, 'cooldown': 10}\n", ["tau_drop = 0.2"]),
         # compared with the home's field only: predictor.patience is 1 (drift.patience 3 is another setting)
         ("asp/predictor/x.py", "def train(*, patience=3): ...", ["patience = 3"]),
         # not flagged: the config's value; None; a name the home does not own; another kind; no default at all

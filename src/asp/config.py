@@ -601,14 +601,19 @@ class DriftParams(_Params):
     remaining prompts, resume).
     """
 
-    enabled: Bool = Field(False, description="Monitor lengths during launch and act on drift.")
+    enabled: Bool = Field(True, description="Monitor lengths during launch and act on drift.")
     window: Int = Field(8, ge=1, description="Ingested minibatches per monitoring window.")
     min_prompts: Int = Field(64, ge=1, description="Windows with fewer prompts are ignored by the detector.")
     tau_drop: Float = Field(
-        0.08, gt=0, le=2, description="Offend when window tau < the evaluate stage's tau - tau_drop."
+        0.1, gt=0, le=2, description="Offend when window tau < the evaluate stage's tau - tau_drop (- 2 SE)."
     )
     bias_tolerance: Float = Field(
-        0.12, gt=0, description="Offend when median(realized / predicted) leaves [1/(1+tol), 1+tol]."
+        0.1, gt=0, description="Offend when the load ratio / bias_reference leaves [1/(1+tol), 1+tol] (+ 2 SE)."
+    )
+    bias_reference: Annotated[float, Strict(), Field(gt=0)] | Literal["auto"] = Field(
+        "auto",
+        description="The calibrated load ratio (sum realized / sum calibrated predicted): auto = the evaluate "
+        "stage's predictor/bias_reference (metrics/predictor.json), or a number.",
     )
     trend: Float = Field(
         0.1, gt=0, description="Offend when the length trend implies a relative change above this over the versions."
@@ -617,7 +622,7 @@ class DriftParams(_Params):
     patience: Int = Field(3, ge=1, description="Offending windows in a row before the detector fires.")
     cooldown: Int = Field(10, ge=0, description="Windows ignored after a firing.")
     action: Literal["warn", "recalibrate", "reprofile"] = Field(
-        "reprofile", description="What a firing does: warn | recalibrate | reprofile."
+        "recalibrate", description="What a firing does: warn | recalibrate | reprofile."
     )
     max_actions: Int = Field(
         2, ge=0, description="Recalibrations / re-profiles per run at most; later firings only warn."

@@ -1,4 +1,5 @@
-"""The drift monitor on hand-worked windows: tau of ordered / reversed windows, the bias median, padding,
+"""The drift monitor on hand-worked windows: tau of ordered / reversed windows, the bias (load ratio) and the median
+ratio, padding,
 group-load CVs, the length trend (paper F.7's statistic) and the monitor's window cadence and reset."""
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ def test_tau_of_ordered_and_reversed_windows() -> None:
     assert math.isnan(window_stats([_obs([5, 5], [[1], [2]])])["tau"])  # constant predictions: no order
 
 
-def test_bias_is_the_median_ratio_and_padding_the_mean_over_minibatches() -> None:
-    # ratios 110/100 = 1.1, 180/200 = 0.9, 600/400 = 1.5 -> median 1.1
+def test_bias_is_the_load_ratio_and_padding_the_mean_over_minibatches() -> None:
+    # realized means 110, 180, 600 (sum 890) over predictions 100, 200, 400 (sum 700): load ratio 890 / 700;
+    # per-prompt ratios 1.1, 0.9, 1.5 -> median 1.1
     a = _obs([100, 200, 400], [[100, 120], [180, 180], [600, 600]])
     stats = window_stats([a])
-    assert stats["bias"] == pytest.approx(1.1)
+    assert stats["bias"] == pytest.approx(890 / 700) and stats["median_ratio"] == pytest.approx(1.1)
     # samples 100 120 180 180 600 600: mean 296.67, max 600 -> padding 1 - 296.67 / 600
     assert stats["padding_rate"] == pytest.approx(1 - (1780 / 6) / 600)
     assert stats["mean_length"] == pytest.approx(1780 / 6)
@@ -85,7 +87,8 @@ def test_monitor_emits_every_window_with_cumulative_and_trend() -> None:
     out = mon.add(_obs([300, 400], [[330, 330], [440, 440]], version=1))
     assert out is not None and out["drift/window_index"] == 0 and out["drift/prompts_window"] == 4
     assert out["drift/tau_window"] == pytest.approx(1.0) and out["drift/tau_cumulative"] == pytest.approx(1.0)
-    assert out["drift/bias_window"] == pytest.approx(1.05)  # ratios 1, 1, 1.1, 1.1
+    assert out["drift/bias_window"] == pytest.approx(1070 / 1000)  # (100 + 200 + 330 + 440) / (100 + ... + 400)
+    assert out["drift/median_ratio"] == pytest.approx(1.05)  # ratios 1, 1, 1.1, 1.1
     assert math.isnan(out["drift/length_trend_r2"]) and out["drift/versions"] == 2  # too few versions for a trend
     for v in range(2, 12):  # versions 2..11 at 100 + v tokens: a perfect line over 12 versions
         mon.add(_obs([100], [[100 + v]], version=v))

@@ -186,6 +186,11 @@ def test_recalibrate_replans_exactly_the_pending_prompts(
     assert summary["drift/summary/lost_prompts"] == 0 and summary["drift/summary/duplicated_prompts"] == 0
     after = [r for r in watch.windows() if r["plan_version"] == 2]
     assert after and all(0.85 < r["drift/bias_window"] < 1.15 for r in after[1:])  # recalibrated: bias ~1 again
+    # the cure: the reference re-measured on the refit prompts, and the recalibrated stream no longer offends
+    assert watch.detector.reference_bias == switch["reference_bias"] == pytest.approx(1.0, abs=0.05)
+    assert 0 < watch.detector.reference_bias_se == switch["reference_bias_se"] < 0.05
+    assert [watch.detector.offending(r)[0] for r in after[1:]] == [{}] * (len(after) - 1)
+    assert not any(r.get("event") for r in after)
     assert summary["drift/summary/tau_after_last_switch"] == pytest.approx(
         np.mean([r["drift/tau_window"] for r in after])
     )
@@ -304,8 +309,15 @@ def test_drift_figure_marks_actions(tmp_path: Path) -> None:
     assert save_figure(fig, tmp_path / "d.png").stat().st_size > 0
 
 
-def test_reference_tau_and_predictions_errors(tmp_path: Path) -> None:
+def test_reference_tau_and_predictions_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from asp.errors import UserError
+    from asp.steps.paths import LaunchPaths, rebase
+    from asp.tracking import NullTracker
+
+    # on by default, the watch steps aside (saying so) where the pipeline's predictions / references are not there
+    missing = rebase(LaunchPaths(), tmp_path)
+    assert launch_drift.build_watch(make_params(), missing, None, tmp_path, NullTracker()) is None
+    assert "the drift watch is off for this run" in capsys.readouterr().err
 
     with pytest.raises(UserError, match="predictor.json: missing; drift.enabled needs"):
         launch_drift.reference_tau(tmp_path / "predictor.json")
@@ -314,5 +326,28 @@ def test_reference_tau_and_predictions_errors(tmp_path: Path) -> None:
         launch_drift.reference_tau(tmp_path / "predictor.json")
     write_json({"predictor/kendall_tau": 0.8}, tmp_path / "predictor.json")
     assert launch_drift.reference_tau(tmp_path / "predictor.json") == 0.8
+    with pytest.raises(UserError, match="no positive predictor/bias_reference .* drift.bias_reference to a number"):
+        launch_drift.references(tmp_path / "predictor.json", "auto")
+    assert launch_drift.references(tmp_path / "predictor.json", 0.9) == (0.8, 0.9, (0.0, 0.0))
+    metrics = {"predictor/kendall_tau": 0.8, "predictor/kendall_tau_se": 0.03}
+    metrics |= {"predictor/bias_reference": 1.01, "predictor/bias_reference_se": 0.02}
+    write_json(metrics, tmp_path / "predictor.json")
+    assert launch_drift.references(tmp_path / "predictor.json", "auto") == (0.8, 1.01, (0.03, 0.02))
+    assert launch_drift.references(tmp_path / "predictor.json", 1.0) == (0.8, 1.0, (0.03, 0.0))
     with pytest.raises(UserError, match="Run the predict stage first"):
         launch_drift.load_predictions(tmp_path / "none.parquet", tmp_path / "cal.json")
+
+
+def test_recalibrate_does_not_answer_a_ranking_drop(
+    stream: dict[str, Any], new_tracker: Callable[[str], MlflowTracker], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A monotone map cannot restore a ranking: a tau-only event warns (naming reprofile) and spends no action."""
+    from asp.drift import DriftEvent
+
+    watch = make_watch(stream, new_tracker("drift-tau-only"), None, "recalibrate")
+    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
+    row: dict[str, Any] = {}
+    watch._on_event(cu, DriftEvent(3, ("tau",), {"tau": 0.2}, {"tau": 0.5}, "recalibrate", 3), row)
+    assert row["action"] == "warn" and "drift.action: reprofile" in row["event"]
+    assert watch.actions == 0 and cu.replans == [] and watch.waiting is None
+    assert "cannot restore it" in capsys.readouterr().err

@@ -75,9 +75,32 @@ def test_metrics_equal_an_independent_computation(evaluated: Built, heldout: tup
     assert m["predictor/pairwise_accuracy"] == pytest.approx(same_order / len(pairs), abs=1e-6)
 
     written = json.loads(evaluated.paths.metrics.read_text())
-    assert {k: v for k, v in written.items() if k != "buckets"} == pytest.approx(m)
+    assert {k: v for k, v in written.items() if k not in ("buckets", "gate")} == pytest.approx(m)
     counts, _ = np.histogram(true, bins=EDGES)  # last bucket closed, like numpy's last bin
     assert [b["count"] for b in written["buckets"]] == counts.tolist()
+
+
+def test_prompt_length_baseline_drift_references_and_gate_are_in_the_metrics(
+    evaluated: Built, heldout: tuple[np.ndarray, np.ndarray], loaded_predictor: tuple, trained_predictor: Built
+) -> None:
+    pred, true = heldout
+    m = evaluated.metrics
+    held = trained_predictor.extra["frames"]["heldout"].merge(trained_predictor.extra["stats"], on="prompt_id")
+    tokens = [len(loaded_predictor[1](t, add_special_tokens=False)["input_ids"]) for t in held["problem"]]
+    assert m["predictor/prompt_length_tau"] == pytest.approx(stats.kendalltau(tokens, true).statistic, abs=1e-6)
+    out_of_fold = np.empty_like(true)  # the out-of-fold calibrated lengths (5 folds interleaved by predicted rank)
+    rank = np.argsort(np.argsort(pred, kind="stable"), kind="stable")
+    for f in range(5):
+        out_of_fold[rank % 5 == f] = fit_calibration(pred[rank % 5 != f], true[rank % 5 != f])(pred[rank % 5 == f])
+    assert m["predictor/bias_reference"] == pytest.approx(true.sum() / out_of_fold.sum(), rel=1e-5)
+    assert m["predictor/median_ratio"] == pytest.approx(np.median(true / out_of_fold), rel=1e-5)
+    assert 0 < m["predictor/kendall_tau_se"] < 0.5 and 0 < m["predictor/bias_reference_se"] < 0.5
+    written = json.loads(evaluated.paths.metrics.read_text())
+    assert written["gate"] == {"passed": True, "result": "passed", "min_tau": -1.0, "on_fail": "error"}
+    assert m["predictor/gate_passed"] == 1.0
+    run = evaluated.tracker.client.get_run(evaluated.tracker.run_id).data
+    assert run.metrics["predictor/prompt_length_tau"] == pytest.approx(m["predictor/prompt_length_tau"])
+    assert run.metrics["predictor/gate_passed"] == 1.0
 
 
 def test_calibration_is_monotone_and_fits_better_than_raw(
@@ -151,7 +174,10 @@ def test_gate_warn_continues_with_a_warning(
     assert metrics["predictor/kendall_tau"] == pytest.approx(tau, abs=1e-9)  # same predictor, same prompts
     err = capsys.readouterr().err
     assert f"warning: held-out Kendall tau {tau:.3f} is below evaluate.min_tau = 0.99" in err
-    assert paths.calibration.is_file() and json.loads(paths.metrics.read_text())["predictor/heldout_prompts"] == 12
+    written = json.loads(paths.metrics.read_text())
+    assert paths.calibration.is_file() and written["predictor/heldout_prompts"] == 12
+    assert written["gate"] == {"passed": False, "result": "warned", "min_tau": 0.99, "on_fail": "warn"}
+    assert written["predictor/gate_passed"] == 0.0
 
 
 def test_missing_predictor_is_a_clear_error(tmp_path: Path, trained_predictor: Built) -> None:

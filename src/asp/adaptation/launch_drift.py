@@ -22,6 +22,7 @@ Tests: `.venv/bin/python -m pytest tests/pipeline/test_drift_watch.py tests/pipe
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 HANDOFF_ENV = "ASP_DRIFT_HANDOFF"
 PENDING_FILE = "drift_pending.json"
 TAU_KEY = "predictor/kendall_tau"
+BIAS_KEY = "predictor/bias_reference"
+TAU_SE_KEY, BIAS_SE_KEY = "predictor/kendall_tau_se", "predictor/bias_reference_se"
 
 
 def handoff() -> bool:
@@ -72,6 +75,33 @@ def reference_tau(path: Path) -> float:
         raise UserError(f"{path}: cannot read {TAU_KEY} ({exc!s:.200}); re-run the evaluate stage.") from None
 
 
+def references(path: Path, bias_reference: float | str) -> tuple[float, float, tuple[float, float]]:
+    """(reference tau, reference bias, their standard errors) of the drift detector from metrics/predictor.json.
+
+    `bias_reference` is ``drift.bias_reference``: "auto" reads the evaluate stage's `predictor/bias_reference` (and
+    its standard error); a number is taken as given (standard error 0). A missing standard error counts as 0.
+
+    Raises:
+        UserError: the file, the tau or (auto) the bias reference missing or not a positive number.
+    """
+    tau = reference_tau(path)
+    metrics = read_json(path)
+
+    def se(key: str) -> float:
+        value = metrics.get(key)
+        return float(value) if isinstance(value, int | float) and math.isfinite(value) and value >= 0 else 0.0
+
+    if bias_reference != "auto":
+        return tau, float(bias_reference), (se(TAU_SE_KEY), 0.0)
+    value = metrics.get(BIAS_KEY)
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise UserError(
+            f"{path}: no positive {BIAS_KEY} (found {value!r}); drift.bias_reference: auto reads it from the "
+            "evaluate stage. Re-run `dvc repro evaluate`, or set drift.bias_reference to a number (e.g. 1.0)."
+        )
+    return tau, float(value), (se(TAU_SE_KEY), se(BIAS_SE_KEY))
+
+
 def load_predictions(predictions: Path, calibration: Path) -> Predictions:
     """Predictor version 1: outputs/predictions.parquet (calibrated lengths as the schedule used them)."""
     if not predictions.is_file():
@@ -84,12 +114,27 @@ def load_predictions(predictions: Path, calibration: Path) -> Predictions:
     return Predictions.from_frame(frame, 1, cal if "calibrated_length" not in frame.columns else None)
 
 
-def build_watch(params: Params, paths: LaunchPaths, plan: Any, directory: Path, tracker: Tracker) -> DriftWatch:
-    """The watch of a launch run: predictions and calibration of the schedule, the evaluate stage's tau.
+def build_watch(
+    params: Params, paths: LaunchPaths, plan: Any, directory: Path, tracker: Tracker
+) -> DriftWatch | None:
+    """The watch of a launch run: predictions and calibration of the schedule, the evaluate stage's references.
+
+    None, with a warning on stderr, when the predict stage's predictions or the evaluate stage's metrics are not
+    there (a launch run outside the DVC pipeline, which always provides them): watching is on by default and
+    needs both.
 
     Raises:
-        UserError: predictions or metrics/predictor.json missing, or a scheduled prompt without a prediction.
+        UserError: unreadable predictions or references, or a scheduled prompt without a prediction.
     """
+    absent_inputs = [p for p in (paths.predictions, paths.predictor_metrics) if not p.is_file()]
+    if absent_inputs:
+        print(
+            f"[drift] the drift watch is off for this run: {', '.join(map(str, absent_inputs))} missing (it needs "
+            "the predict stage's predictions and the evaluate stage's references: `dvc repro evaluate predict`; "
+            "drift.enabled: false turns it off without this warning)",
+            file=sys.stderr,
+        )
+        return None
     predictions = load_predictions(paths.predictions, paths.calibration)
     absent = [p for p in plan.prompt_ids() if p not in predictions.calibrated]
     if absent:
@@ -106,10 +151,13 @@ def build_watch(params: Params, paths: LaunchPaths, plan: Any, directory: Path, 
             "seed": params.common.seed,
             "shuffle": sched.shuffle_groups,
         }
+    tau, bias, se = references(paths.predictor_metrics, params.drift.bias_reference)
     return DriftWatch(
         params.drift,
         predictions,
-        reference_tau=reference_tau(paths.predictor_metrics),
+        reference_tau=tau,
+        reference_bias=bias,
+        reference_se=se,
         k=sched.k,
         tracker=tracker,
         balance=balance,
@@ -118,11 +166,14 @@ def build_watch(params: Params, paths: LaunchPaths, plan: Any, directory: Path, 
     )
 
 
-def finished_watch(params: Params, paths: LaunchPaths, plan: Any, directory: Path, tracker: Tracker) -> DriftWatch:
+def finished_watch(
+    params: Params, paths: LaunchPaths, plan: Any, directory: Path, tracker: Tracker
+) -> DriftWatch | None:
     """The watch of a run that finished but whose end-of-run work a kill cut short: built as `build_watch` does, its
     history read back from the state directory (no Control Unit: the exactly-once counts are not reported)."""
     watch = build_watch(params, paths, plan, directory, tracker)
-    watch._reset_session(watch._read_history())  # the whole history: the run finished
+    if watch is not None:
+        watch._reset_session(watch._read_history())  # the whole history: the run finished
     return watch
 
 

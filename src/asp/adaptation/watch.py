@@ -5,15 +5,19 @@ prompts' calibrated predicted lengths, the realized lengths of all n responses, 
 the batch group of the task that scheduled it) and feeds `asp.drift.DriftMonitor`. Every `drift.window`
 minibatches it logs the window's ``drift/...`` metrics to the stage's tracker at step = the trainer step when the
 window closed, appends the window to ``<state_dir>/drift_history.jsonl`` and asks `asp.drift.DriftDetector`
-(reference tau: the evaluate stage's ``predictor/kendall_tau``) whether drift is confirmed. On a `DriftEvent`:
+(reference tau: the evaluate stage's ``predictor/kendall_tau``; reference bias: ``drift.bias_reference``, by default
+the evaluate stage's ``predictor/bias_reference``) whether drift is confirmed. On a `DriftEvent`:
 
 * every event warns: an MLflow tag ``drift.event.<i>`` (the event's message), a Prefect event
   ``asp.drift.detected`` (only when ``PREFECT_API_URL`` is set; never fails the run) and a stderr line;
 * the first `drift.max_actions` events also act (later ones only warn):
   ``recalibrate`` refits the calibration map on the prompts realized since the offending streak began (the
   event's `patience` windows and what came after; what came before is stale), waiting, with a warning, until
-  `drift.recalibrate_min_prompts` are in; it re-balances the pending minibatches (and the plan of later
-  passes) on the new loads with `asp.drift.rebalance` and swaps them in with `ControlUnit.replan`;
+  `drift.recalibrate_min_prompts` are in; the bias reference becomes the load ratio of those prompts under maps
+  cross-fitted on them (as the evaluate stage measures it), so the recalibrated stream is judged against what the
+  new map achieves out of sample; it re-balances the pending minibatches (and the plan of later passes) on the new
+  loads with `asp.drift.rebalance` and swaps them in with `ControlUnit.replan`. A monotone map cannot restore a
+  ranking: an event whose only signal is tau is not recalibrated (it warns and says to re-profile);
   ``reprofile`` calls `ControlUnit.request_stop`: the session ends with a resumable checkpoint and launch
   re-profiles (`asp.adaptation.launch_drift`).
 
@@ -47,9 +51,11 @@ from asp.adaptation.predictions import Predictions
 from asp.adaptation.versions import VERSIONS_DIR, latest_accepted
 from asp.config import DriftParams
 from asp.drift import DriftDetector, DriftEvent, DriftMonitor, MinibatchObservation
+from asp.drift.monitor import bias
 from asp.drift.rebalance import rebalance
+from asp.drift.reference import load_ratio_se
 from asp.io import atomic_path, read_json, read_json_lines
-from asp.predictor.calibration import CalibrationMap, fit_calibration
+from asp.predictor.calibration import CALIBRATION_FOLDS, CalibrationMap, cross_fit_calibration, fit_calibration
 from asp.tracking import Tracker
 
 HISTORY_FILE = "drift_history.jsonl"
@@ -72,6 +78,9 @@ class DriftWatch:
         drift: the ``drift:`` params.
         predictions: the predictions the schedule was built on (predictor version 1).
         reference_tau: the evaluate stage's held-out Kendall tau (None disables the tau signal).
+        reference_bias: the load ratio that counts as calibrated (the evaluate stage's ``predictor/bias_reference``
+            or ``drift.bias_reference``).
+        reference_se: standard errors of (reference_tau, log reference_bias) (`asp.drift.reference`).
         k: minibatches per batch group (``schedule.k``).
         tracker: the stage's tracker.
         balance: keyword arguments of `rebalance` (method, seed, shuffle, iterations) for ``recalibrate``; None
@@ -86,6 +95,8 @@ class DriftWatch:
         predictions: Predictions,
         *,
         reference_tau: float | None,
+        reference_bias: float = 1.0,
+        reference_se: tuple[float, float] = (0.0, 0.0),
         k: int,
         tracker: Tracker,
         balance: Mapping[str, Any] | None = None,
@@ -93,7 +104,7 @@ class DriftWatch:
         prompt_ids: list[Hashable] | None = None,
     ) -> None:
         self.params, self.initial, self.k, self.tracker = drift, predictions, k, tracker
-        self.initial_tau = reference_tau
+        self.initial_tau, self.initial_bias, self.initial_se = reference_tau, reference_bias, reference_se
         self.balance = dict(balance) if balance is not None else None
         self.state_dir, self.prompt_ids = state_dir, prompt_ids
         self.monitor = DriftMonitor(drift.window, group_size=k)
@@ -106,11 +117,15 @@ class DriftWatch:
         """Rebuild the watch's state from history rows (the ones a resumed checkpoint covers)."""
         self.rows = rows
         self.predictions, self.reference_tau = self.initial, self.initial_tau
+        self.reference_bias, self.reference_se = self.initial_bias, self.initial_se
         for row in (r for r in rows if r["kind"] == "switch"):
             self._apply_switch_row(row)
         p = self.params
         self.detector = DriftDetector(
             self.reference_tau,
+            reference_bias=self.reference_bias,
+            reference_tau_se=self.reference_se[0],
+            reference_bias_se=self.reference_se[1],
             min_prompts=p.min_prompts,
             tau_drop=p.tau_drop,
             bias_tolerance=p.bias_tolerance,
@@ -151,6 +166,9 @@ class DriftWatch:
             self.reference_tau = self.reference_tau if tau is None else float(tau)
         else:
             self.predictions = self.predictions.recalibrated(CalibrationMap.from_dict(row["calibration"]))
+        if row.get("reference_bias") is not None:
+            self.reference_bias = float(row["reference_bias"])
+            self.reference_se = (self.reference_se[0], float(row.get("reference_bias_se") or 0.0))
 
     def _append(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -203,17 +221,25 @@ class DriftWatch:
             "plan_version": plan_version,
             "predictor_version": int(version),
             "reference_tau": self._reprofile_tau(int(version)),
+            "reference_bias": self._reprofile_report(int(version)).get("bias_reference"),
         }
         self._apply_switch_row(row)
         self.detector.reference_tau = self.reference_tau
+        self.detector.reference_bias, self.detector.reference_bias_se = self.reference_bias, self.reference_se[1]
         self._append(row)
         self._say(f"applied re-profiled predictor v{version} (plan version {plan_version}) at step {cu.step}")
 
-    def _reprofile_tau(self, version: int) -> float | None:
-        report = self.state_path() / VERSIONS_DIR / f"v{version}" / "report.json"
+    def _reprofile_report(self, version: int) -> dict[str, Any]:
         try:
-            return float(read_json(report)["kendall_tau"])
-        except (OSError, ValueError, KeyError, TypeError):
+            report = read_json(self.state_path() / VERSIONS_DIR / f"v{version}" / "report.json")
+        except (OSError, ValueError):
+            return {}
+        return report if isinstance(report, dict) else {}
+
+    def _reprofile_tau(self, version: int) -> float | None:
+        try:
+            return float(self._reprofile_report(version)["kendall_tau"])
+        except (KeyError, ValueError, TypeError):
             return self.reference_tau
 
     def __call__(self, cu: Any, out: Any) -> None:
@@ -267,6 +293,12 @@ class DriftWatch:
         if action != "warn" and (self.actions >= self.params.max_actions or self.stop_event is not None):
             action = "warn"
             message += f" Only warning: drift.max_actions ({self.params.max_actions}) used or a stop is pending."
+        if action == "recalibrate" and event.signals == ("tau",):
+            action = "warn"
+            message += (
+                " Only warning: the ranking dropped and a recalibration (a monotone map) cannot restore it; "
+                "set drift.action: reprofile to re-train the predictor on the current policy."
+            )
         row.update(event=message, signals=",".join(event.signals), action=action)
         self.warn(message, cu.step)
         if action == "recalibrate":
@@ -297,6 +329,9 @@ class DriftWatch:
             return False
         realized = np.concatenate([m for _, m in seen])
         calibration = fit_calibration(raw, realized)
+        out_of_fold = cross_fit_calibration(raw, realized, min(CALIBRATION_FOLDS, raw.size))
+        reference, reference_se = bias(out_of_fold, realized), load_ratio_se(out_of_fold, realized)
+        reference_se = reference_se if math.isfinite(reference_se) else 0.0
         new = self.predictions.recalibrated(calibration)
         plan_version = self._replan(cu, new.calibrated, None)
         row = {
@@ -307,8 +342,12 @@ class DriftWatch:
             "predictor_version": new.version,
             "prompts": int(raw.size),
             "calibration": calibration.to_dict(),
+            "reference_bias": reference,
+            "reference_bias_se": reference_se,
         }
-        self.predictions = new
+        self.predictions, self.reference_bias = new, reference
+        self.reference_se = (self.reference_se[0], reference_se)
+        self.detector.reference_bias, self.detector.reference_bias_se = reference, reference_se
         self._append(row)
         self._after_switch()
         self._say(f"recalibrated on {raw.size} realized prompts at step {cu.step} (plan version {plan_version})")

@@ -4,16 +4,20 @@ Pure Python, no I/O. `DriftDetector.update(metrics)` reads one window's metric d
 `asp.drift.monitor.DriftMonitor` and returns a `DriftEvent` when drift is confirmed, else None. A window
 offends when any of these holds:
 
-* tau:   drift/tau_window < reference_tau - tau_drop (reference_tau: the `evaluate` stage's held-out tau);
-* bias:  |log(drift/bias_window / reference_bias)| > log(1 + bias_tolerance);
+* tau:   drift/tau_window < reference_tau - tau_drop - REFERENCE_Z * reference_tau_se (reference_tau: the
+         `evaluate` stage's held-out tau, reference_tau_se its standard error);
+* bias:  |log(drift/bias_window / reference_bias)| > log(1 + bias_tolerance) + REFERENCE_Z * reference_bias_se
+         (bias: the load ratio realized / calibrated; reference_bias: the evaluate stage's held-out load ratio,
+         reference_bias_se the standard error of its log, `asp.drift.reference`);
 * trend: |drift/length_trend_change| > trend and drift/length_trend_r2 >= trend_min_r2.
 
 Windows with fewer than `min_prompts` prompts are ignored (they neither offend nor break a streak). After
 `patience` offending windows in a row the detector fires once, naming the signals of the firing window, then
 ignores `cooldown` windows. The settings (`SETTINGS`) have no defaults here: they are `drift:` in the params
 (`asp.config.DriftParams`), whose defaults fire at most once in 1,000 stationary windows of 8 minibatches x 16
-prompts in tests/drift/test_detector.py and confirm a 20 % length shift or a tau drop of 0.15 within a few
-windows (docs/drift.md has the measured numbers).
+prompts, on real AlpacaEval lengths (tests/drift/test_real_streams.py) and on synthetic streams
+(tests/drift/test_detector.py), catch phi-2-sft -> phi-2-dpo within 3 windows and confirm a 20 % length shift or a
+tau drop of 0.15 within a few windows (docs/drift.md has the measured numbers).
 
 Run the tests: `.venv/bin/python -m pytest tests/drift -q`.
 """
@@ -24,6 +28,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+from asp.drift.reference import REFERENCE_Z
 
 Action = Literal["warn", "recalibrate", "reprofile"]
 SIGNALS = ("tau", "bias", "trend")
@@ -40,8 +46,8 @@ class DriftEvent:
         window_index: the monitor's `drift/window_index` of the firing window (or the detector's own count).
         signals: offending signals, a subset of SIGNALS in that order.
         values: signal -> measured value (tau: window tau; bias: window bias; trend: implied relative change).
-        thresholds: signal -> the bound it crossed (tau: the floor reference - tau_drop; bias: the factor
-            1 + bias_tolerance, the band being [1 / factor, factor] x reference_bias; trend: the change bound).
+        thresholds: signal -> the bound it crossed (tau: the floor; bias: the factor, the band being
+            [1 / factor, factor] x reference_bias; trend: the change bound).
         action: what the run should do (params `drift.action`).
         streak: offending windows in a row when it fired.
     """
@@ -77,7 +83,9 @@ class DriftDetector:
 
     Args:
         reference_tau: held-out Kendall tau of the predictor (evaluate stage); None disables the tau signal.
-        reference_bias: the bias that counts as calibrated (1.0, or the held-out median ratio when known).
+        reference_bias: the load ratio that counts as calibrated (the evaluate stage's held-out one).
+        reference_tau_se, reference_bias_se: standard errors of the references (tau; log of the load ratio): the
+            floor and the band are widened by `REFERENCE_Z` of them (0: references known exactly).
         min_prompts, tau_drop, bias_tolerance, trend, trend_min_r2, patience, cooldown, action: `SETTINGS`, the
             `drift:` params (`asp.config.DriftParams`, where their defaults live), e.g.
             ``DriftDetector(tau, **{k: getattr(params.drift, k) for k in SETTINGS})``.
@@ -88,6 +96,8 @@ class DriftDetector:
         reference_tau: float | None,
         *,
         reference_bias: float = 1.0,
+        reference_tau_se: float = 0.0,
+        reference_bias_se: float = 0.0,
         min_prompts: int,
         tau_drop: float,
         bias_tolerance: float,
@@ -99,8 +109,10 @@ class DriftDetector:
     ) -> None:
         _check(reference_bias > 0 and tau_drop > 0 and bias_tolerance > 0 and trend > 0, "thresholds must be > 0")
         _check(0 <= trend_min_r2 <= 1 and patience >= 1 and cooldown >= 0 and min_prompts >= 0, "bad counts")
+        _check(reference_tau_se >= 0 and reference_bias_se >= 0, "standard errors must be >= 0")
         self.reference_tau = reference_tau
         self.reference_bias = reference_bias
+        self.reference_tau_se, self.reference_bias_se = reference_tau_se, reference_bias_se
         self.min_prompts = min_prompts
         self.tau_drop, self.bias_tolerance = tau_drop, bias_tolerance
         self.trend, self.trend_min_r2 = trend, trend_min_r2
@@ -109,20 +121,28 @@ class DriftDetector:
         self.cooling = 0
         self.seen = 0
 
+    @property
+    def tau_floor(self) -> float:
+        """Window tau below this offends: reference_tau - tau_drop - REFERENCE_Z * reference_tau_se."""
+        if self.reference_tau is None:
+            return -math.inf
+        return self.reference_tau - self.tau_drop - REFERENCE_Z * self.reference_tau_se
+
+    @property
+    def bias_factor(self) -> float:
+        """The bias band is [1 / factor, factor] x reference_bias: (1 + bias_tolerance) x exp(REFERENCE_Z x se)."""
+        return (1.0 + self.bias_tolerance) * math.exp(REFERENCE_Z * self.reference_bias_se)
+
     def offending(self, metrics: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
         """(values, thresholds) of the signals this window's metrics violate (empty dicts: none)."""
         values: dict[str, float] = {}
         bounds: dict[str, float] = {}
         tau = metrics.get("drift/tau_window", math.nan)
-        if self.reference_tau is not None and _finite(tau) and tau < self.reference_tau - self.tau_drop:
-            values["tau"], bounds["tau"] = tau, self.reference_tau - self.tau_drop
+        if self.reference_tau is not None and _finite(tau) and tau < self.tau_floor:
+            values["tau"], bounds["tau"] = tau, self.tau_floor
         ratio = metrics.get("drift/bias_window", math.nan)
-        if (
-            _finite(ratio)
-            and ratio > 0
-            and abs(math.log(ratio / self.reference_bias)) > math.log1p(self.bias_tolerance)
-        ):
-            values["bias"], bounds["bias"] = ratio, 1.0 + self.bias_tolerance
+        if _finite(ratio) and ratio > 0 and abs(math.log(ratio / self.reference_bias)) > math.log(self.bias_factor):
+            values["bias"], bounds["bias"] = ratio, self.bias_factor
         change = metrics.get("drift/length_trend_change", math.nan)
         r2 = metrics.get("drift/length_trend_r2", math.nan)
         if _finite(change) and _finite(r2) and abs(change) > self.trend and r2 >= self.trend_min_r2:

@@ -6,7 +6,15 @@ writes metrics/predictor.json and a predicted-versus-true scatter plot; fits a m
 balance expected loads (outputs/calibration.json). `predictor/mae_calibrated_tokens` is out of sample: K-fold
 cross-fitted over the held-out prompts (`asp.predictor.calibration.cross_fit_calibration`), each prompt
 calibrated by a map fitted on the other folds; `predictor/calibration_folds` says K.
-`evaluate.min_tau` gates the pipeline: below it the stage fails (or warns, `evaluate.on_fail: warn`).
+`predictor/prompt_length_tau` is the baseline beside it: Kendall τ of the prompt's token count (the predictor's
+tokenizer, untruncated) against the true mean length on the same prompts. `predictor/bias_reference` is the drift
+detector's calibration reference (`drift.bias_reference: auto` reads it): the load ratio (sum of true / sum of
+out-of-fold calibrated lengths, `asp.drift.monitor.bias`) on the held-out prompts; `predictor/median_ratio` is the
+median per-prompt ratio beside it (below 1 on right-skewed lengths: why the detector does not use it);
+`predictor/kendall_tau_se` and `predictor/bias_reference_se` are their standard errors (`asp.drift.reference`), by
+which the detector widens its bands.
+`evaluate.min_tau` gates the pipeline: below it the stage fails (or warns, `evaluate.on_fail: warn`); the result
+is `gate` in metrics/predictor.json (passed, result, min_tau, on_fail) and `predictor/gate_passed` in MLflow.
 A predictor that passes (or is let through with a warning) is logged to the stage's MLflow run and registered in
 the MLflow Model Registry as a version of `drift.registry_model` with tags kendall_tau, policy_step 0,
 predictor_version 1 and run_id (later versions come from re-profiling during launch, `asp.adaptation.reprofile`).
@@ -58,24 +66,33 @@ def gate(tau: float, min_tau: float, on_fail: str) -> None:
     """Fail (or warn) when the held-out τ is below `evaluate.min_tau`."""
     if tau >= min_tau:
         return
-    msg = (
-        f"held-out Kendall tau {tau:.3f} is below evaluate.min_tau = {min_tau}. Profile more prompts "
-        "(prepare.profile_prompts), train longer (predictor.epochs) or try loss: mse+pairwise; or lower "
-        "evaluate.min_tau / set evaluate.on_fail: warn to continue with this predictor."
-    )
+    from asp.schedule.min_tau import gate_message  # what the threshold means and what to do (issue 21 §5)
+
+    msg = gate_message(tau, min_tau)
     if on_fail == "error":
         raise UserError(msg)
     print(f"warning: {msg}", file=sys.stderr)
 
 
-def load_heldout(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray]:
-    """Predicted and profiled true mean lengths (tokens) [n] of the held-out prompts."""
+def gate_result(tau: float, min_tau: float, on_fail: str) -> dict[str, Any]:
+    """The gate's outcome as metrics/predictor.json's ``gate``: passed, result (passed | warned | failed), min_tau,
+    on_fail."""
+    passed = bool(tau >= min_tau)
+    result = "passed" if passed else ("warned" if on_fail == "warn" else "failed")
+    return {"passed": passed, "result": result, "min_tau": float(min_tau), "on_fail": on_fail}
+
+
+def load_heldout(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Predicted and profiled true mean lengths (tokens) [n] of the held-out prompts, and their prompt lengths in
+    tokens of the predictor's tokenizer (untruncated, no special tokens) [n]."""
     from asp.predictor.train import predict_lengths
 
     model, tokenizer, meta = load_trained_predictor(paths.predictor, params.predictor)
     text_field = meta.get("text_field", params.predictor.text_field)
     texts, true = profiled_texts(paths.prompts, paths.profile, "heldout", text_field)
-    return predict_lengths(model, tokenizer, texts, batch_size=params.predict.batch_size), true
+    pred = predict_lengths(model, tokenizer, texts, batch_size=params.predict.batch_size)
+    ids = tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    return pred, true, np.array([len(i) for i in ids], dtype=np.float64)
 
 
 def score(
@@ -83,6 +100,8 @@ def score(
 ) -> tuple[dict[str, Any], Any, np.ndarray, list[Any]]:
     """Ranking metrics, the calibration map (fitted on all prompts), the out-of-fold calibrated lengths [n] and
     the per-bucket errors of `pred` against `true`; the calibrated MAE is the out-of-fold one."""
+    from asp.drift.monitor import bias, median_ratio
+    from asp.drift.reference import kendall_tau_se, load_ratio_se
     from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration, fit_calibration
     from asp.predictor.metrics import bucket_errors, ranking_metrics
 
@@ -96,21 +115,30 @@ def score(
     metrics["predictor/heldout_prompts"] = len(true)
     metrics["predictor/mae_calibrated_tokens"] = float(np.mean(np.abs(out_of_fold - true)))
     metrics["predictor/calibration_folds"] = folds
+    metrics["predictor/kendall_tau_se"] = kendall_tau_se(pred, true)
+    metrics["predictor/bias_reference"] = bias(out_of_fold, true)
+    metrics["predictor/bias_reference_se"] = load_ratio_se(out_of_fold, true)
+    metrics["predictor/median_ratio"] = median_ratio(out_of_fold, true)
     return metrics, fit_calibration(pred, true), out_of_fold, bucket_errors(pred, true, bucket_edges)
 
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Evaluate on held-out prompts, fit and save the calibration map, apply the τ gate."""
     evaluation = params.evaluate
-    pred, true = load_heldout(params, paths)
+    from asp.predictor.metrics import kendall_tau
+
+    pred, true, prompt_tokens = load_heldout(params, paths)
     metrics, calibration, out_of_fold, buckets = score(pred, true, evaluation.bucket_edges)
+    metrics["predictor/prompt_length_tau"] = kendall_tau(prompt_tokens, true)  # NaN when all prompts are as long
     tau = metrics["predictor/kendall_tau"]
+    outcome = gate_result(tau, evaluation.min_tau, evaluation.on_fail)
+    metrics["predictor/gate_passed"] = float(outcome["passed"])
     tracker.log_params({"evaluate": evaluation.model_dump()})
     tracker.log_metrics(metrics)  # the failed run still shows why
     tracker.log_dict({"buckets": buckets}, "bucket_errors.json")
     gate(tau, evaluation.min_tau, evaluation.on_fail)  # before any file: a rejected predictor leaves nothing behind
     write_json(calibration.to_dict(), paths.calibration)
-    write_json({**metrics, "buckets": buckets}, paths.metrics)
+    write_json({**metrics, "gate": outcome, "buckets": buckets}, paths.metrics)
     save_figure(scatter_figure(pred, true, out_of_fold, tau), paths.plot, tracker)
     tracker.log_artifact(paths.calibration)
     register_predictor(
@@ -121,7 +149,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
             "kendall_tau": tau,
             "policy_step": 0,
             "predictor_version": 1,
-            "gate": "passed" if tau >= evaluation.min_tau else "warned",
+            "gate": outcome["result"],
         },
         artifact_path="predictor",
     )
