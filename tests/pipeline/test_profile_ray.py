@@ -1,11 +1,13 @@
 """profile and predict on Ray actors (`asp.runtime.profile_actors`), on the session's local Ray cluster.
 
 The tiny demo policy profiled on 6 prompts x 2 samples (8-token cap, 2-prompt minibatches, one per chunk) by two
-engine actors gives the same samples (same bytes) as one engine in the test process: a minibatch's seed does not
-depend on the actor that runs it. Each minibatch's timing names its actor. A two-actor run stopped after chunk 1 was
-written resumes without sending any minibatch a saved chunk holds, and ends with the uninterrupted run's files.
-The predictor's prompts sharded over two actors get exactly the in-process predictions. Bad layouts are one clear
-error before any actor starts.
+engine actors gives the same files (same bytes) as one engine in the test process: a minibatch's seed does not
+depend on the actor that runs it; each minibatch's timing names its actor. With stand-in engines (no model, so no
+torch in the actors): a two-actor run stopped right after chunk 1 was written resumes without sending any minibatch
+a saved chunk holds and ends with the files of one engine; with one of two actors killed mid-run every minibatch
+comes back once, from the survivor. The predictor's prompts sharded over two actors
+get exactly the in-process predictions. A layout the cluster cannot hold is one clear error before any actor starts.
+`dispatch_makespan` (the benchmark's model of the dispatch) on hand-worked cases.
 """
 
 from __future__ import annotations
@@ -51,20 +53,38 @@ def _same_outputs(paths: profile.Paths, reference: profile.Paths) -> None:
     pd.testing.assert_frame_equal(ours[cols], theirs[cols])
 
 
-def test_two_actors_give_the_samples_of_one(tmp_path: Path, demo_policy: Built, one_actor: profile.Paths) -> None:
+def test_two_actors_give_the_samples_of_one_engine(
+    tmp_path: Path, demo_policy: Built, one_actor: profile.Paths
+) -> None:
     paths = _setup(tmp_path, demo_policy.paths.out_dir)
     metrics = profile.run(_params(2), paths, NullTracker())
     _same_outputs(paths, one_actor)
     timings = pd.read_csv(paths.timings)
     assert list(timings.columns)[-1] == "actor" and set(timings["actor"]) == {0, 1}  # both worked, each named
+    assert (timings["wall_s"] > 0).all() and metrics["profile/minibatches"] == N_MINIBATCHES
     assert (pd.read_csv(one_actor.timings)["actor"] == 0).all()  # the in-process engine is actor 0
-    assert metrics["profile/minibatches"] == N_MINIBATCHES and (timings["wall_s"] > 0).all()
+
+
+STANDIN = {"jitter": 0.5, "seconds_per_call": 0.05, "max_length": CAP + 2}  # some responses reach the cap
+
+
+def _standin_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage's engines (in-process and the actors') are `StandInEngine`s: no model, stand-in lengths."""
+    from asp.runtime import EngineSpec, StandInEngine
+
+    monkeypatch.setattr(profile, "profile_engine", lambda *args: StandInEngine(**STANDIN))
+    monkeypatch.setattr(profile, "profile_engine_spec", lambda *args: EngineSpec("standin", None, STANDIN))
 
 
 def test_a_stopped_two_actor_run_resumes_without_regenerating_saved_chunks(
-    tmp_path: Path, demo_policy: Built, one_actor: profile.Paths, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, demo_policy: Built, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    paths = _setup(tmp_path, demo_policy.paths.out_dir)
+    """Stand-in engines: stopped (the driver raises) right after chunk 1 was written, the rerun sends only the
+    minibatches no saved chunk holds, and the files are those of one in-process engine, byte for byte."""
+    _standin_engines(monkeypatch)
+    reference = _setup(tmp_path / "one", demo_policy.paths.out_dir)
+    profile.run(_params(1), reference, NullTracker())
+    paths = _setup(tmp_path / "two", demo_policy.paths.out_dir)
 
     def stop_after_chunk_1(name: str) -> None:
         if name == "profile:chunk@1":
@@ -73,7 +93,6 @@ def test_a_stopped_two_actor_run_resumes_without_regenerating_saved_chunks(
     monkeypatch.setattr(profile, "kill_point", stop_after_chunk_1)
     with pytest.raises(KeyboardInterrupt):
         profile.run(_params(2), paths, NullTracker())
-    monkeypatch.undo()
     saved = {int(p.stem.split("_")[1]) for p in paths.work_dir.rglob("chunk_*.parquet")}
     assert 1 in saved and not paths.out_dir.exists()
 
@@ -84,26 +103,28 @@ def test_a_stopped_two_actor_run_resumes_without_regenerating_saved_chunks(
         sent.append(args[1])  # the minibatch id
         return real(*args)
 
+    monkeypatch.setattr(profile, "kill_point", lambda name: None)
     monkeypatch.setattr(profile_actors, "WorkItem", recorded)
     profile.run(_params(2), paths, NullTracker())
     assert sorted(sent) == sorted(set(range(N_MINIBATCHES)) - saved)  # one chunk = one minibatch here
-    _same_outputs(paths, one_actor)
+    _same_outputs(paths, reference)
+    assert (pd.read_parquet(paths.out_dir / "samples.parquet")["finish_reason"] == "length").any()
 
 
-def test_sharded_predictions_equal_unsharded(tmp_path: Path, trained_predictor: Built) -> None:
-    def run(actors: Any, root: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-        paths = _paths(root, trained_predictor)
-        params = make_params(
-            {"predictor": trained_predictor.params.predictor.model_dump(mode="json"), "runtime": RUNTIME}
-            | {"predict": {"batch_size": BATCH, "actors": actors}}
-        )
-        metrics = predict.run(params, paths, NullTracker())
-        return pd.read_parquet(paths.out), metrics
+def test_sharded_predictions_equal_unsharded(
+    tmp_path: Path, trained_predictor: Built, loaded_predictor: tuple
+) -> None:
+    paths = _paths(tmp_path, trained_predictor)
+    overlay = {"predictor": trained_predictor.params.predictor.model_dump(mode="json"), "runtime": RUNTIME}
+    params = make_params(overlay | {"predict": {"batch_size": BATCH, "actors": 2}})
+    metrics = predict.run(params, paths, NullTracker())
+    out = pd.read_parquet(paths.out)
 
-    one, m1 = run(1, tmp_path / "one")
-    two, m2 = run(2, tmp_path / "two")
-    pd.testing.assert_frame_equal(one, two, check_exact=True)
-    assert m1["predict/truncated_prompts"] == m2["predict/truncated_prompts"] > 0
+    model, tokenizer, _ = loaded_predictor
+    texts = trained_predictor.extra["frames"]["train"]["problem"].tolist()
+    unsharded, n_truncated = predict.predict_all(model, tokenizer, texts, BATCH)  # what actors: 1 runs
+    assert out["predicted_length"].tolist() == unsharded.tolist()  # exactly: the same batches, padded the same
+    assert metrics["predict/truncated_prompts"] == n_truncated > 0
 
 
 @pytest.mark.parametrize(
@@ -120,6 +141,39 @@ def test_a_layout_the_cluster_cannot_hold_is_one_clear_error(
     with pytest.raises(UserError, match=match):
         profile.run(make_params({"profile": PROFILE} | overlay), paths, NullTracker())
     assert not paths.out_dir.exists()
+
+
+def test_a_dead_actors_minibatches_go_to_the_survivor(caplog: pytest.LogCaptureFixture) -> None:
+    """Two stand-in engine actors (no model); the one that did not deliver first is killed: every minibatch still
+    comes back exactly once, with the samples its seed gives on any engine."""
+    import ray
+
+    from asp.rollout.base import SamplingParams
+    from asp.runtime import EngineSpec, RuntimeConfig, StandInEngine
+
+    options = {"jitter": 0.5, "seconds_per_call": 0.2}
+    sampling = SamplingParams(2, 16)
+    todo = [(m, [f"w{m} w{i} #{m + i}" for i in range(3)]) for m in range(6)]
+    got: dict[int, list[list[int]]] = {}
+    config = RuntimeConfig(**RUNTIME, stall_timeout_s=60.0)
+    with profile_actors.profile_runner(config, 2, EngineSpec("standin", None, options), sampling) as runner:
+        for m, result, actor in runner.run(todo, seed=7):
+            if not got:
+                ray.kill(runner.actors[1 - actor], no_restart=True)
+            assert m not in got
+            got[m] = [r.lengths for r in result.results]
+    assert sorted(got) == list(range(6))
+    engine = StandInEngine(**options)
+    assert got == {m: [r.lengths for r in engine.generate(texts, sampling.with_seed(7 + m))] for m, texts in todo}
+    assert "died (" in caplog.text and "sending it again" in caplog.text
+
+
+def test_dispatch_makespan_gives_each_minibatch_to_the_first_idle_engine() -> None:
+    assert profile_actors.dispatch_makespan([3, 1, 1, 1], 2) == (3.0, [3.0, 3.0])  # engine 1 takes 1, 1, 1
+    assert profile_actors.dispatch_makespan([1, 2, 3], 1) == (6.0, [6.0])
+    assert profile_actors.dispatch_makespan([2, 2, 2, 1], 3) == (3.0, [3.0, 2.0, 2.0])
+    with pytest.raises(ValueError, match="engines must be >= 1"):
+        profile_actors.dispatch_makespan([1.0], 0)
 
 
 def test_pool_layout_is_a_count_or_launchs() -> None:

@@ -13,9 +13,14 @@ Outputs: outputs/profile/ (what later stages depend on; replaced as a whole, and
 bytes) holds samples.parquet (prompt_id, role, sample, length, finish_reason) and prompts.parquet (per-prompt mean,
 median, max, std, truncated_frac). Wall-clock values live outside it, in files no stage depends on:
 metrics/profile_timings.csv (one row per minibatch: minibatch, wall_s, num_prompts, n, max_new_tokens,
-total_tokens, max_length, prompt_tokens; what a generation-time model is fitted on), metrics/profile.json and
+total_tokens, max_length, prompt_tokens, actor; what a generation-time model is fitted on), metrics/profile.json and
 plots/profile_lengths.png (a length histogram like the paper's Figure 8). A resumed run's timings table holds the
 minibatches of earlier sessions as they were timed then.
+
+`profile.actors` > 1 (or ``runtime``) fans the minibatches out over Ray engine actors (`asp.runtime.profile_actors`,
+launch's generation actors and placement; docs/profile_actors.md): minibatch m is sampled with seed
+``common.seed + m`` on whichever actor, so the outputs are those of one engine; a chunk is written when all its
+minibatches are done; the run key ignores the actor count, so a run resumes with any number of actors.
 
 Run: `asp stage profile` (what `dvc repro profile` calls).
 """

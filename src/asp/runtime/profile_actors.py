@@ -28,10 +28,11 @@ Tests: tests/pipeline/test_profile_ray.py (2 actors = 1 actor, a killed run resu
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,23 @@ def pool_config(runtime: RuntimeConfig, actors: int | str) -> RuntimeConfig:
 def pool_size(runtime: RuntimeConfig, actors: int | str) -> int:
     """How many actors `actors` means (1 = the in-process default)."""
     return pool_config(runtime, actors).total_actors
+
+
+def dispatch_makespan(durations: Sequence[float], engines: int) -> tuple[float, list[float]]:
+    """Wall time of `durations` (seconds per minibatch, in dispatch order) on `engines` engines that each take the
+    next minibatch as soon as they are idle (what `fan_out` does), and each engine's busy seconds.
+
+    Pure; e.g. ``dispatch_makespan([3, 1, 1, 1], 2) == (3.0, [3.0, 3.0])``.
+    """
+    if engines < 1:
+        raise ValueError(f"engines must be >= 1, got {engines}")
+    free = [(0.0, e) for e in range(engines)]  # (time the engine is next idle, engine)
+    busy = [0.0] * engines
+    for d in durations:
+        t, e = heapq.heappop(free)
+        busy[e] += float(d)
+        heapq.heappush(free, (t + float(d), e))
+    return max(t for t, _ in free), busy
 
 
 def check_pool_resources(config: RuntimeConfig, knob: str) -> None:
@@ -89,7 +107,10 @@ def _wait_ready(handles: dict[int, Any], timeout_s: float, what: str) -> None:
             "(runtime.stall_timeout_s): the cluster lacks the resources or the model is slow to load."
         )
     for ref in ready:
-        error = ray.get(ref)
+        try:
+            error = ray.get(ref)
+        except ray.exceptions.RayError as exc:  # died while loading (out of memory, a lost node)
+            error = f"the actor died ({type(exc).__name__}: {exc!s:.300})"
         if error:
             raise UserError(f"{what} actor {refs[ref]} could not load its model: {error}")
 

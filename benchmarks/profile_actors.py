@@ -1,0 +1,203 @@
+"""`profile` on 1 vs N engines: measured on the demo, and predicted at the GPU preset's layout (issue 23 §1).
+
+``measure`` runs the profile stage (`asp.pipeline.profile.run`, no tracking) on the demo's prompts and policy
+(outputs/prompts, outputs/policy: `dvc repro profile` first) once per actor count, each in a fresh temporary
+directory: ``profile.actors: 1`` is one engine in this process, N > 1 is N Ray engine actors on a local Ray this
+script's stage run starts (runtime.actor_num_cpus each). It prints wall time (Ray start and engine loads included),
+the engines' summed generate seconds, minibatches per actor, generated tokens/s over the wall time, the speed-up and
+whether samples.parquet is byte-identical to the 1-actor run's. Wall-clock: run it on an otherwise idle machine; the
+demo's hf engine uses one thread, so the machine's cores bound the gain.
+
+``simulate`` predicts the profile stage's wall time at a preset's layout (default configs/gpu-cluster.yaml over
+params.yaml): prepare.profile_prompts + heldout_prompts prompts in minibatches of profile.minibatch_prompts, n_samples
+responses each, capped at max_new_tokens, dispatched in order to 1 or N engines that each take the next minibatch
+when idle (`asp.runtime.profile_actors.dispatch_makespan`, what the Ray path does); N defaults to 1 and the preset's
+runtime layout (generation_units x actors_per_unit). A minibatch's seconds come from the simulator's
+generation-time model (`asp.sim.timemodel.GenerationTimeModel`): by default the vLLM (``continuous``) form with
+ASSUMED coefficients, ``--tokens-per-s`` generated tokens per second per engine (default 20,000, the issue's
+figure) and ``--step-ms`` per decode step of the longest response (default 0); or, with ``--timings CSV``, the
+model fitted on measured minibatch timings (metrics/profile_timings.csv of a profile run on the target GPUs).
+Response lengths: the demo's measured profile (outputs/profile/samples.parquet) rescaled from its cap to the
+preset's (relative length kept, per prompt: a minibatch's prompts are drawn with their samples, seeded).
+
+    .venv/bin/python benchmarks/profile_actors.py measure                      # 1 vs 2 actors, all demo prompts
+    .venv/bin/python benchmarks/profile_actors.py measure --actors 1 2 --prompts 200
+    .venv/bin/python benchmarks/profile_actors.py simulate                     # GPU preset: 1 vs 12 engines
+    .venv/bin/python benchmarks/profile_actors.py simulate --engines 1 4 12 16 --step-ms 15
+    .venv/bin/python benchmarks/profile_actors.py simulate --timings metrics/profile_timings.csv --form continuous
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from asp.config import Params, deep_merge, load_params, read_yaml, validate_params
+from asp.env import set_offline_defaults
+from asp.runtime.profile_actors import dispatch_makespan, pool_size
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _subset_prompts(src: Path, dst: Path, limit: int | None) -> int:
+    """Copy profile.parquet / heldout.parquet to `dst`, the first `limit` prompts in all (profile ones first)."""
+    dst.mkdir(parents=True)
+    left, total = limit, 0
+    for role in ("profile", "heldout"):
+        frame = pd.read_parquet(src / f"{role}.parquet")
+        if left is not None:
+            frame, left = frame.head(max(left, 0)), max(left - len(frame), 0)
+        frame.to_parquet(dst / f"{role}.parquet", index=False)
+        total += len(frame)
+    return total
+
+
+def measure_one(params: Params, actors: int, prompts: Path, root: Path) -> dict[str, Any]:
+    """One profile run with `actors` engines under `root`; its wall time and what its files say."""
+    from asp.pipeline import profile
+    from asp.steps.paths import rebase
+    from asp.tracking import NullTracker
+
+    paths = replace(rebase(profile.Paths(), root), policy=ROOT / "outputs/policy", prompts=prompts)
+    run_params = params.model_copy(update={"profile": params.profile.model_copy(update={"actors": actors})})
+    start = time.perf_counter()
+    profile.run(run_params, paths, NullTracker())
+    wall = time.perf_counter() - start
+    timings = pd.read_csv(paths.timings)
+    return {
+        "actors": actors,
+        "wall_s": wall,
+        "engine_s": float(timings["wall_s"].sum()),
+        "per_actor": timings.groupby("actor").size().to_dict(),
+        "tokens": int(timings["total_tokens"].sum()),
+        "minibatches": len(timings),
+        "samples": (paths.out_dir / "samples.parquet").read_bytes(),
+    }
+
+
+def measure(args: argparse.Namespace) -> None:
+    params = load_params(ROOT / "params.yaml")
+    source = ROOT / "outputs/prompts"
+    if not (source / "profile.parquet").is_file() or not (ROOT / "outputs/policy").is_dir():
+        sys.exit("needs outputs/prompts and outputs/policy: run `dvc repro policy prepare` (or `make run`) first")
+    with tempfile.TemporaryDirectory(prefix="asp-profile-actors-") as tmp:
+        n = _subset_prompts(source, Path(tmp) / "prompts", args.prompts)
+        rows = []
+        for actors in args.actors:
+            rows.append(measure_one(params, actors, Path(tmp) / "prompts", Path(tmp) / f"run{actors}"))
+            print(f"[bench] {actors} actor(s): {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+    base = rows[0]
+    prof = params.profile
+    print(
+        f"\nprofile on the demo: {n} prompts x {prof.n_samples} samples, cap {prof.max_new_tokens}, "
+        f"{base['minibatches']} minibatches of {prof.minibatch_prompts} (hf engine, {prof.num_threads} thread each; "
+        f"runtime.actor_num_cpus {params.runtime.actor_num_cpus:g})\n"
+    )
+    print("| actors | wall (s) | Σ engine generate (s) | minibatches per actor | tokens/s (wall) | speed-up | "
+          "samples = 1 actor's |")  # fmt: skip
+    print("|---:|---:|---:|---|---:|---:|---|")
+    for r in rows:
+        same = "yes (bytes)" if r["samples"] == base["samples"] else "NO"
+        print(
+            f"| {r['actors']} | {r['wall_s']:.1f} | {r['engine_s']:.1f} | "
+            f"{', '.join(f'{a}: {k}' for a, k in sorted(r['per_actor'].items()))} | {r['tokens'] / r['wall_s']:.0f} | "
+            f"{base['wall_s'] / r['wall_s']:.2f}x | {same} |"
+        )
+
+
+def sample_lengths(samples: pd.DataFrame, cap_from: int, cap_to: int, prompts: int, n: int, seed: int) -> np.ndarray:
+    """[prompts, n] response lengths: `prompts` prompts drawn (with replacement) from the measured profile, each
+    with its own samples, rescaled from `cap_from` to `cap_to` (relative length kept, capped)."""
+    per_prompt = [g.to_numpy() for _, g in samples.groupby("prompt_id", sort=True)["length"] if len(g) >= n]
+    picks = np.random.default_rng(seed).integers(0, len(per_prompt), prompts)
+    lengths = np.stack([per_prompt[i][:n] for i in picks]).astype(np.float64)
+    return np.minimum(np.ceil(lengths * cap_to / cap_from), cap_to)
+
+
+def time_model(args: argparse.Namespace) -> tuple[Any, str, float]:
+    """The generation-time model, how it was obtained, and the mean prompt tokens to feed it."""
+    from asp.sim.timemodel import FEATURES, GenerationTimeModel, fit_generation_model
+
+    if args.timings:
+        frame = pd.read_csv(args.timings)
+        model, report = fit_generation_model(frame, args.form)
+        prompt_tokens = float(frame["prompt_tokens"].sum() / max(frame["num_prompts"].sum(), 1))
+        how = (
+            f"{args.form} model fitted on {args.timings} ({len(frame)} minibatches, held-out R² "
+            f"{report['r2_heldout']:.3f})"
+        )
+        return model, how, prompt_tokens
+    coef = (0.0, args.step_ms / 1000.0, 1.0 / args.tokens_per_s, 0.0, 0.0)
+    model = GenerationTimeModel("continuous", coef, FEATURES["continuous"])
+    how = (
+        f"continuous (vLLM) model with ASSUMED coefficients: {args.tokens_per_s:,.0f} generated tokens/s per engine, "
+        f"{args.step_ms:g} ms per decode step of the longest response, no prefill cost"
+    )
+    return model, how, args.prompt_tokens
+
+
+def simulate(args: argparse.Namespace) -> None:
+    from asp.runtime import RuntimeConfig
+
+    raw = deep_merge(read_yaml(ROOT / "params.yaml"), read_yaml(ROOT / args.preset))
+    params = validate_params(raw, f"params.yaml + {args.preset}")
+    prof, prep = params.profile, params.prepare
+    prompts, mb, n = prep.profile_prompts + prep.heldout_prompts, prof.minibatch_prompts, prof.n_samples
+    cap = prof.max_new_tokens
+    engines = args.engines or [1, pool_size(RuntimeConfig.from_params(params), "runtime")]
+    demo = pd.read_parquet(ROOT / args.lengths, columns=["prompt_id", "length"])
+    demo_cap = load_params(ROOT / "params.yaml").profile.max_new_tokens
+    lengths = sample_lengths(demo, demo_cap, cap, prompts, n, args.seed)
+    model, how, prompt_tokens = time_model(args)
+    bounds = list(range(0, prompts, mb))
+    per_mb = [lengths[s : s + mb] for s in bounds]
+    seconds = np.array(
+        [model.seconds(len(b), n, int(b.max()), int(b.sum()), int(round(prompt_tokens * len(b)))) for b in per_mb]
+    )
+    print(
+        f"\nprofile at {args.preset}'s layout: {prompts} prompts x {n} samples, cap {cap}, {len(per_mb)} minibatches "
+        f"of {mb} prompts; lengths: {args.lengths} rescaled from cap {demo_cap} to {cap} (mean "
+        f"{lengths.mean():.0f} tokens, {np.mean(lengths >= cap):.1%} at the cap); time: {how}\n"
+    )
+    print("| engines | predicted wall | speed-up | engine busy (mean of engines) | minibatch s (min / median / max) |")
+    print("|---:|---:|---:|---:|---|")
+    one = float(seconds.sum())
+    for e in engines:
+        wall, busy = dispatch_makespan(seconds, e)
+        print(
+            f"| {e} | {wall:,.0f} s ({wall / 3600:.2f} h) | {one / wall:.2f}x | {np.mean(busy) / wall:.0%} | "
+            f"{seconds.min():.0f} / {np.median(seconds):.0f} / {seconds.max():.0f} |"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    set_offline_defaults()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="1 vs N actors on the demo (wall clock)")
+    m.add_argument("--actors", type=int, nargs="+", default=[1, 2], help="actor counts; the first is the baseline")
+    m.add_argument("--prompts", type=int, default=None, help="profile only the first N prompts (default: all)")
+    s = sub.add_parser("simulate", help="predicted profile wall time at a preset's layout")
+    s.add_argument("--preset", default="configs/gpu-cluster.yaml")
+    s.add_argument("--engines", type=int, nargs="+", default=None, help="default: 1 and the preset's runtime layout")
+    s.add_argument("--tokens-per-s", type=float, default=20_000.0, help="assumed generated tokens/s per engine")
+    s.add_argument("--step-ms", type=float, default=0.0, help="assumed ms per decode step of the longest response")
+    s.add_argument("--prompt-tokens", type=float, default=0.0, help="mean prompt tokens (assumed model: unused)")
+    s.add_argument("--timings", default=None, help="fit the model on these measured minibatch timings instead")
+    s.add_argument("--form", choices=["static", "continuous"], default="continuous")
+    s.add_argument("--lengths", default="outputs/profile/samples.parquet", help="measured samples to rescale")
+    s.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    measure(args) if args.command == "measure" else simulate(args)
+
+
+if __name__ == "__main__":
+    main()
