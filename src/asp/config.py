@@ -29,6 +29,9 @@ from asp.rollout.weight_transfer import DEFAULT_BUCKET_MB, DEFAULT_WEIGHT_TRANSF
 from asp.sim.memory import DEVICE_GIB, GPU_MEMORY_UTILIZATION, MICRO_BATCH_TOKENS, RESERVE_GIB
 
 DEMO_DATASET = "builtin:demo-arith"
+LENGTHS_DIR = "data/rollouts"  # profile.lengths.path by default: a folder in the repository for rollout files
+# profile.lengths: exactly one of these names the responses
+LENGTH_SOURCES = ("length_field", "token_ids_field", "response_field")
 
 Int = Annotated[int, Strict()]  # YAML `true` or `2.0` is not an integer
 Float = Annotated[float, Strict()]  # accepts ints (2 -> 2.0), not booleans or strings
@@ -146,7 +149,63 @@ class VllmRuntimeParams(VllmParams):
     )
 
 
+class LengthsFileParams(_Params):
+    """``profile.lengths``: rollouts you already have (``profile.source: file``), read instead of generating.
+
+    One record per row of a JSONL / JSON / Parquet / CSV file (or of every such file in a folder): a prompt (text or
+    id), one or more responses given as lengths, token-id lists or text, and optionally the policy step. Field names
+    are yours to name: verl's rollout dumps are ``input`` / ``output`` / ``step``, OpenRLHF's ``input`` /
+    ``output``, TRL's completions table ``prompt`` / ``completion`` / ``step`` (docs/lengths.md).
+    """
+
+    path: str = Field(
+        LENGTHS_DIR,
+        min_length=1,
+        description="The rollouts file, or a folder of them (.jsonl/.json/.parquet/.csv), in the repository: dvc.yaml "
+        "makes it the profile stage's dependency (${profile.lengths.path}), so a changed file re-runs profile.",
+    )
+    prompt_field: str | None = Field(
+        "prompt",
+        description="Prompt text (or chat messages: the last user turn), matched to prepare's problem or "
+        "chat-templated prompt, else to the longest prepared problem it contains.",
+    )
+    id_field: str | None = Field(None, description="Prompt id, matched to prepare's prompt_id (prepare.id_field).")
+    length_field: str | None = Field("length", description="Response length(s) in tokens: a number or a list.")
+    token_ids_field: str | None = Field(None, description="Response token ids: a list, or a list of lists.")
+    response_field: str | None = Field(
+        None, description="Response text(s), counted with the policy's tokenizer (outputs/policy)."
+    )
+    finish_reason_field: str | None = Field(
+        None, description="'stop' or 'length' per response; None: 'length' where length >= profile.max_new_tokens."
+    )
+    match: Literal["exact", "contains"] = Field(
+        "exact",
+        description="exact: prompt text equals a prepared problem or chat-templated prompt (whitespace aside); "
+        "contains: else the longest prepared problem the text contains (dumps of templated prompts, e.g. verl's).",
+    )
+    step_field: str | None = Field(None, description="The policy step that generated the record.")
+    min_step: Int | None = Field(None, ge=0, description="Keep only records with step >= this (needs step_field).")
+
+    @model_validator(mode="after")
+    def _fields_named(self) -> LengthsFileParams:
+        given = [name for name in LENGTH_SOURCES if getattr(self, name)]
+        if len(given) != 1:
+            raise ValueError(
+                f"name exactly one of {', '.join(LENGTH_SOURCES)} (the responses' lengths, token ids or text); "
+                f"{'none is' if not given else ' and '.join(given) + ' are'} set"
+            )
+        if not self.prompt_field and not self.id_field:
+            raise ValueError("name prompt_field or id_field (or both): how a record names its prompt")
+        if self.min_step is not None and not self.step_field:
+            raise ValueError("min_step needs step_field (the field holding each record's policy step)")
+        return self
+
+
 class ProfileParams(_Params):
+    source: Literal["generate", "file"] = Field(
+        "generate",
+        description="generate: roll out the policy; file: read the lengths of rollouts you have (profile.lengths).",
+    )
     engine: Literal["hf", "vllm"] = "hf"
     n_samples: Int = Field(8, ge=1, description="Responses sampled per prompt (paper: 8).")
     max_new_tokens: Int = Field(160, ge=1, description="Response length cap (paper: 8,192).")
@@ -164,6 +223,7 @@ class ProfileParams(_Params):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads (None: torch default).")
     vllm: VllmParams = VllmParams()
+    lengths: LengthsFileParams = LengthsFileParams()
 
 
 class LoraParams(_Params):

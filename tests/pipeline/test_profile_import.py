@@ -21,6 +21,7 @@ from asp.demo.task import generate_problems
 from asp.errors import UserError
 from asp.io.lengths import match_samples, parse_records, read_rollouts
 from asp.pipeline import profile
+from asp.pipeline.profile_import import prepared_prompts
 from asp.steps.loaders import load_policy_tokenizer
 from asp.steps.paths import rebase
 from asp.tracking import NullTracker
@@ -28,8 +29,8 @@ from asp.tracking import NullTracker
 from .conftest import Built, make_params, write_prompts
 
 CAP = 8
-ROLES = {"profile": [0, 1, 2, 3], "heldout": [4, 5]}
-RECORDS = generate_problems(8, seed=3)  # 6 prepared (profile + held-out) + 2 only in the user's file
+ROLES = {"profile": [0, 1, 2, 3], "heldout": [4, 5], "train": [0, 1, 2, 3, 4, 5, 6]}
+RECORDS = generate_problems(8, seed=3)  # 6 profiled (profile + held-out), 1 for training only, 1 not prepared
 
 
 def _prepared(root: Path, template: Any = str) -> profile.Paths:
@@ -49,8 +50,7 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def _prompts_frame(paths: profile.Paths) -> pd.DataFrame:
-    frames = [pd.read_parquet(paths.prompts / f"{r}.parquet").assign(role=r) for r in ("profile", "heldout")]
-    return pd.concat(frames, ignore_index=True)
+    return prepared_prompts(paths.prompts)
 
 
 def _plain_rows() -> list[dict[str, Any]]:
@@ -78,7 +78,7 @@ def test_imported_generated_samples_give_byte_identical_profile_outputs(tmp_path
     knobs = {"n_samples": 2, "max_new_tokens": CAP, "minibatch_prompts": 2, "chunk_minibatches": 1}
     generated = profile.run(make_params({"profile": knobs}), gen, NullTracker())
     samples = pd.read_parquet(gen.out_dir / "samples.parquet")
-    prepared = pd.concat([pd.read_parquet(gen.prompts / f"{r}.parquet") for r in ROLES])
+    prepared = prepared_prompts(gen.prompts)
     text = dict(zip(prepared["prompt_id"], prepared["prompt"], strict=True))
     dump = [
         {"prompt": text[pid], "length": g["length"].tolist(), "finish": g["finish_reason"].tolist()}
@@ -111,7 +111,8 @@ def test_plain_jsonl_of_prompt_and_lengths(tmp_path: Path) -> None:
     first = samples[samples["prompt_id"] == "q000"]
     assert first["sample"].tolist() == [0, 1, 2] and first["length"].tolist() == [1, 3, 8]
     assert first["finish_reason"].tolist() == ["stop", "stop", "length"]  # at the cap: truncated
-    assert report["responses_unmatched"] == 4 and report["profile_prompts_with_lengths"] == 4
+    assert (report["responses_train_only"], report["responses_unmatched"]) == (2, 2)
+    assert report["profile_prompts_with_lengths"] == 4
     assert samples.columns.tolist() == ["prompt_id", "role", "sample", "length", "finish_reason"]
 
 
@@ -190,7 +191,7 @@ def test_framework_dumps_of_prompt_and_response_text(
         for i in (0, 4, 7)
     ]
     samples = _text_dump_samples(
-        tmp_path, demo_policy, rows, prompt_field=prompt, response_field=response, step_field=step
+        tmp_path, demo_policy, rows, prompt_field=prompt, response_field=response, step_field=step, match="contains"
     )
     assert samples["prompt_id"].tolist() == ["q000", "q004"]  # record 7 is no prepared prompt
     assert samples["length"].tolist() == [_tokens(demo_policy, outputs[0]), _tokens(demo_policy, outputs[1])]
@@ -275,7 +276,7 @@ def test_no_overlap_with_the_prepared_prompts(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="none of its 1 records matches one of the 4 profile or 2 heldout prompts"):
         profile.run(_params(path=str(src)), paths, NullTracker())
     only_profile = _jsonl(tmp_path / "p.jsonl", [{"prompt": RECORDS[0]["problem"], "length": 4}])
-    with pytest.raises(UserError, match="none of the 1 records matches one of the 2 heldout prompts"):
+    with pytest.raises(UserError, match="none of its 1 records matches one of the 2 heldout prompts"):
         profile.run(_params(path=str(only_profile)), paths, NullTracker())
     assert not paths.out_dir.exists()
 

@@ -8,7 +8,7 @@ table (``prompt`` / ``completion`` / ``step``) are read by naming theirs.
 
     records = read_rollouts("data/rollouts/run.jsonl")                  # [(where, record), ...]
     responses = parse_records(records, spec, max_new_tokens, count_tokens)
-    samples, report = match_samples(responses, prompts)                 # the profile stage's samples.parquet
+    samples, report = match_samples(responses, prompts, source)         # the profile stage's samples.parquet
 
 Pure apart from reading the files: text is counted with the `count_tokens` callable the caller passes (the policy's
 tokenizer). Every bad record is one `UserError` naming the file and the row (line for JSONL/CSV, 0-based row for
@@ -328,46 +328,51 @@ def _norm(text: str) -> str:
 # ------------------------------------------------------------------------------------------------------ matching
 
 
-def match_samples(resp: Responses, prompts: pd.DataFrame, source: str) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The responses of the prepared prompts as the profile stage's samples, and what was matched.
+def match_samples(
+    resp: Responses, prompts: pd.DataFrame, source: str, match: str = "exact"
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The responses of the prompts to profile as the profile stage's samples, and what was matched.
 
     Args:
         resp: `parse_records`'s responses.
-        prompts: the prepared prompts to profile: prompt_id, problem (raw text), prompt (chat-templated) and role
-            ('profile' or 'heldout'), in the profile stage's order.
+        prompts: every prepared prompt: prompt_id, problem (raw text), prompt (chat-templated) and role ('profile',
+            'heldout' or 'train'); the profile and held-out ones first, in the profile stage's order.
         source: the lengths path, for messages.
+        match: 'exact' (text equal to a problem or a templated prompt, whitespace aside) or 'contains' (else the
+            longest prepared problem the text contains: dumps of templated prompts with special tokens removed).
 
     Returns:
         samples (prompt_id, role, sample, length, finish_reason; prompts in `prompts` order, each prompt's responses
-        in file order) and a report: responses and records matched / unmatched, prompts with lengths per role,
-        how the records were matched (by id, by exact text, by a contained problem).
+        in file order; a prompt text prepared twice gets the responses twice) and a report: responses matched to a
+        profiled / held-out prompt, to a prompt prepare keeps for training only, to none; prompts with and without
+        lengths per role; the records' step range.
     """
-    index = _match_index(resp, prompts)
-    matched = index >= 0
+    resp_rows, prompt_rows = _matches(resp, prompts, match)
     roles = prompts["role"].to_numpy()
-    covered = {role: set() for role in ROLES}
-    for i in np.flatnonzero(matched):
-        covered[roles[index[i]]].add(int(index[i]))
+    profiled = np.isin(roles[prompt_rows], ROLES)
+    covered = {role: set(prompt_rows[roles[prompt_rows] == role].tolist()) for role in ROLES}
     missing = [role for role in ROLES if not covered[role]]
     if missing:
-        raise UserError(_no_overlap(resp, prompts, source, missing, int(matched.sum())))
-    order = np.argsort(index[matched], kind="stable")  # prompt order, file order within a prompt
-    rows = np.flatnonzero(matched)[order]
+        raise UserError(_no_overlap(resp, prompts, source, missing))
+    order = np.lexsort((resp_rows[profiled], prompt_rows[profiled]))  # prompt order, file order within a prompt
+    rows, at = resp_rows[profiled][order], prompt_rows[profiled][order]
     frame = pd.DataFrame(
         {
-            "prompt_id": prompts["prompt_id"].to_numpy()[index[rows]].astype(object),
-            "role": roles[index[rows]].astype(object),
+            "prompt_id": prompts["prompt_id"].to_numpy()[at].astype(object),
+            "role": roles[at].astype(object),
             "length": np.asarray(resp.length, dtype=np.int64)[rows],
             "finish_reason": np.asarray(resp.finish_reason, dtype=object)[rows],
         }
     )
     frame.insert(2, "sample", frame.groupby("prompt_id", sort=False).cumcount().astype(np.int64))
+    to_profiled = np.unique(resp_rows[profiled])
     report = {
-        "responses": len(resp.length),
-        "responses_matched": int(matched.sum()),
-        "responses_unmatched": int((~matched).sum()),
         "records": resp.records,
         "records_skipped_by_step": resp.skipped_by_step,
+        "responses": len(resp.length),
+        "responses_matched": int(to_profiled.size),
+        "responses_train_only": int(np.setdiff1d(np.unique(resp_rows), to_profiled).size),
+        "responses_unmatched": len(resp.length) - int(np.unique(resp_rows).size),
         **{f"{role}_prompts_with_lengths": len(covered[role]) for role in ROLES},
         **{f"{role}_prompts_without_lengths": int((roles == role).sum()) - len(covered[role]) for role in ROLES},
     }
@@ -376,33 +381,39 @@ def match_samples(resp: Responses, prompts: pd.DataFrame, source: str) -> tuple[
     return frame[SAMPLE_COLUMNS], report
 
 
-def _match_index(resp: Responses, prompts: pd.DataFrame) -> np.ndarray:
-    """For every response, the row of its prompt in `prompts` (-1: not a prompt to profile).
-
-    By id when the records carry ids, else by text: equal (whitespace aside) to a problem or to a chat-templated
-    prompt, else the longest problem the text contains (dumps hold the templated prompt: verl, OpenRLHF, TRL)."""
+def _matches(resp: Responses, prompts: pd.DataFrame, match: str) -> tuple[np.ndarray, np.ndarray]:
+    """(response row, prompt row) pairs: by id when the records carry ids, else by text (see `match_samples`)."""
     if resp.prompt_id and resp.prompt_id[0] is not None:
-        by_id = pd.Series(np.arange(len(prompts)), index=prompts["prompt_id"].astype(str))
-        return pd.Series(resp.prompt_id).map(by_id).fillna(-1).to_numpy(np.int64)
-    exact = {_norm(t): i for i, t in enumerate(prompts["prompt"])} | {
-        _norm(t): i for i, t in enumerate(prompts["problem"])
-    }
-    problems = sorted(((_norm(t), i) for i, t in enumerate(prompts["problem"])), key=lambda p: -len(p[0]))
-    found: dict[str, int] = {}
-    for text in dict.fromkeys(t for t in resp.prompt if t is not None):
-        key = _norm(text)
-        found[text] = exact.get(key, next((i for p, i in problems if p and p in key), -1))
-    return np.array([found[t] for t in resp.prompt], dtype=np.int64)
+        by_id = {pid: [i] for i, pid in enumerate(prompts["prompt_id"].astype(str))}
+        found = [by_id.get(pid, []) for pid in resp.prompt_id]  # type: ignore[arg-type]
+    else:
+        exact: dict[str, list[int]] = {}
+        for column in ("problem", "prompt"):
+            for i, text in enumerate(prompts[column]):
+                rows = exact.setdefault(_norm(text), [])
+                if i not in rows:
+                    rows.append(i)
+        problems = sorted({_norm(t) for t in prompts["problem"]}, key=len, reverse=True) if match == "contains" else []
+        by_text: dict[str, list[int]] = {}
+        for text in dict.fromkeys(t for t in resp.prompt if t is not None):
+            key = _norm(text)
+            if key not in exact:
+                key = next((p for p in problems if p and p in key), key)
+            by_text[text] = exact.get(key, [])
+        found = [by_text[t] for t in resp.prompt]  # type: ignore[index]
+    resp_rows = [r for r, rows in enumerate(found) for _ in rows]
+    prompt_rows = [i for rows in found for i in rows]
+    return np.asarray(resp_rows, dtype=np.int64), np.asarray(prompt_rows, dtype=np.int64)
 
 
-def _no_overlap(resp: Responses, prompts: pd.DataFrame, source: str, missing: list[str], matched: int) -> str:
+def _no_overlap(resp: Responses, prompts: pd.DataFrame, source: str, missing: list[str]) -> str:
     by = "id (profile.lengths.id_field)" if resp.prompt_id and resp.prompt_id[0] is not None else "prompt text"
     sample = next((p for p in (resp.prompt_id if by.startswith("id") else resp.prompt) if p is not None), "")
     sizes = " or ".join(f"{int((prompts['role'] == r).sum())} {r}" for r in missing)
-    what = "none of its" if not matched else f"only {matched} responses match, and none of the"
     return (
-        f"{source}: {what} {resp.records} records matches one of the {sizes} prompts of the prepare stage by "
-        f"{by} (e.g. {_short(sample)} does not). The lengths must be of the prompts prepare splits: set "
-        "prepare.dataset to the prompts your rollouts answered (prepare.id_field to their id field when you match "
-        "by id) and prepare.profile_prompts / heldout_prompts to at most how many of them have lengths."
+        f"{source}: none of its {resp.records} records matches one of the {sizes} prompts of the prepare stage by "
+        f"{by} (e.g. {_short(sample)}). The lengths must be of the prompts prepare splits: set prepare.dataset to "
+        "the prompts your rollouts answered (prepare.id_field to their id field when you match by id; "
+        "profile.lengths.match: contains when the file holds templated prompts) and prepare.profile_prompts / "
+        "heldout_prompts to at most how many of them have lengths."
     )

@@ -29,14 +29,16 @@ from asp.steps.loaders import load_policy_tokenizer
 
 
 def prepared_prompts(prompts_dir: Path) -> pd.DataFrame:
-    """The profiling and held-out prompts (prompt_id, problem, prompt, role), in the profile stage's order."""
+    """Every prepared prompt (prompt_id, problem, prompt, role): the profiling and held-out ones first, in the
+    profile stage's order, then those prepare keeps for training only (role 'train')."""
     frames = []
-    for role in ROLES:
+    for role in (*ROLES, "train"):
         path = prompts_dir / f"{role}.parquet"
         if not path.is_file():
             raise UserError(f"{path}: missing. Run the prepare stage first (`dvc repro prepare`).")
         frames.append(pd.read_parquet(path, columns=["prompt_id", "problem", "prompt"]).assign(role=role))
-    return pd.concat(frames, ignore_index=True)
+    frame = pd.concat(frames, ignore_index=True)
+    return frame[~frame["prompt_id"].duplicated(keep="first")].reset_index(drop=True)  # train holds all of them
 
 
 def token_counter(policy_dir: Path) -> Callable[[list[str]], list[int]]:
@@ -60,5 +62,5 @@ def import_samples(params: Params, prompts_dir: Path, policy_dir: Path) -> tuple
     records = read_rollouts(spec.path)
     count = token_counter(policy_dir) if spec.response_field else None
     responses = parse_records(records, spec, cap, count)
-    samples, report = match_samples(responses, prompts, spec.path)
+    samples, report = match_samples(responses, prompts, spec.path, spec.match)
     return samples, {f"profile/file_{k}": v for k, v in report.items()}

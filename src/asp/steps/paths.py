@@ -54,7 +54,8 @@ class PreparePaths:
 @dataclass(frozen=True)
 class ProfilePaths:
     policy: Path = dep("outputs/policy")
-    prompts: Path = dep("outputs/prompts", reads=("profile.parquet", "heldout.parquet"))
+    # train.parquet: profile.source: file matches the user's records against every prepared prompt
+    prompts: Path = dep("outputs/prompts", reads=("profile.parquet", "heldout.parquet", "train.parquet"))
     out_dir: Path = output("outputs/profile")
     work_dir: Path = untracked("outputs/.work/profile")  # resumable chunks, removed after success
     metrics: Path = output("metrics/profile.json")
