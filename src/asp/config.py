@@ -399,7 +399,7 @@ class PartialParams(_Params):
     enabled: Bool = Field(
         False,
         description="Each engine call generates at most token_budget tokens per response; unfinished responses are "
-        "continued later, by any actor, with the newest weights it loaded (a prompt's n responses are trained together).",
+        "continued later, by any actor, with the newest weights it loaded (a prompt's n responses train together).",
     )
     token_budget: Int = Field(64, ge=1, description="Tokens per response per engine call.")
     continuation_order: Literal["fifo", "online"] = Field(
@@ -409,6 +409,12 @@ class PartialParams(_Params):
     )
     max_rows: Int | None = Field(
         None, ge=1, description="Most responses in one continuation call; None: the rows of the largest minibatch."
+    )
+    wait_for_full: Bool = Field(
+        False,
+        description="Unfinished responses wait until max_rows of them fill one continuation call (the tails of "
+        "several minibatches decoded together), unless no new minibatch is left; false: continued as soon as a "
+        "Generation Unit has room.",
     )
 
 

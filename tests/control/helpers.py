@@ -10,7 +10,9 @@ from asp.control.messages import MinibatchOutput, WorkItem
 from asp.control.plan import WorkPlan
 from asp.control.settings import ControlSettings, PartialSettings
 
-PARTIAL_OFF = PartialSettings(enabled=False, token_budget=64, continuation_order="online", max_rows=None)
+PARTIAL_OFF = PartialSettings(
+    enabled=False, token_budget=64, continuation_order="online", max_rows=None, wait_for_full=False
+)
 
 
 def gu_slots(generation_units: int, actors_per_unit: int) -> list[GUSlot]:

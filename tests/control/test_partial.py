@@ -25,7 +25,7 @@ from asp.sim.engine import Workload, simulate
 from .helpers import core, plan, settings
 
 BUDGET = 4
-ON = PartialSettings(enabled=True, token_budget=BUDGET, continuation_order="fifo", max_rows=None)
+ON = PartialSettings(enabled=True, token_budget=BUDGET, continuation_order="fifo", max_rows=None, wait_for_full=False)
 
 
 def final_length(pid, sample: int) -> int:
@@ -295,3 +295,21 @@ def test_simulator_trains_every_prompt_once_and_tokens_match_without_partial():
         assert m["runtime/summary/continuations"] > 0 and 0 <= m["runtime/summary/split_response_share"] <= 1
     assert off.metrics["runtime/summary/continuations"] == 0
     assert off.metrics["runtime/summary/split_response_share"] == 0
+
+
+def test_wait_for_full_sends_only_full_continuation_calls_until_no_new_minibatch_is_left():
+    full = PartialSettings(
+        enabled=True, token_budget=BUDGET, continuation_order="online", max_rows=3, wait_for_full=True
+    )
+    c = core(settings(partial=full), plan(12, 2))
+    sent, trained = run_core(c)
+    assert Counter(p for ids, _ in trained for p in ids) == Counter(range(24))
+    conts = [(it, n_new) for (_, it), n_new in zip(sent, _new_work_left(sent, c), strict=True) if it.is_continuation]
+    assert conts and all(len(it.rows) == 3 for it, left in conts if left)  # full while new minibatches were left
+    assert any(len(it.rows) < 3 for it, left in conts if not left)  # the rest flushed at the end of the pass
+
+
+def _new_work_left(sent, c) -> list[bool]:
+    """Per sent item: whether a never-issued minibatch was still left after it (the tasks are issued in id order)."""
+    last_new = max(i for i, (_, it) in enumerate(sent) if not it.is_continuation)
+    return [i < last_new for i in range(len(sent))]

@@ -243,6 +243,8 @@ class ControlCore:
         sent: dict[int, list[WorkItem]] = {}
         partial = self.settings.partial
         while loads and self.db.partials.pool:
+            if partial.wait_for_full and len(self.db.partials.pool) < self.cont_rows and self.db.has_new_work:
+                break
             g = min(loads, key=lambda x: x.outstanding - x.target)
             if g.outstanding >= g.target:
                 break

@@ -33,12 +33,15 @@ class PartialSettings:
         continuation_order: continuation rows handed out in arrival order ("fifo") or longest expected remainder first
             ("online": the online length correction).
         max_rows: most rows of one continuation item (None: the rows of the plan's largest minibatch).
+        wait_for_full: pooled rows wait until `max_rows` of them can go in one call (the tails of several minibatches
+            decoded together), unless no new minibatch is left to issue; False: sent as soon as a GU has room.
     """
 
     enabled: bool
     token_budget: int
     continuation_order: Literal["fifo", "online"]
     max_rows: int | None
+    wait_for_full: bool
 
     @property
     def budget(self) -> int | None:

@@ -52,6 +52,7 @@ class RuntimeConfig(RuntimeParams):
                 token_budget=self.partial.token_budget,
                 continuation_order=self.partial.continuation_order,
                 max_rows=self.partial.max_rows,
+                wait_for_full=self.partial.wait_for_full,
             ),
             max_new_tokens=self.max_new_tokens,
         )
