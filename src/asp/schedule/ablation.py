@@ -456,5 +456,5 @@ def sweep(
         cv.append({"tau": tau, **{c: mean.at[c, "CV"] for c in CONDITIONS}, "C4_cal": float(np.mean(cal_cv))})
         cal_sd = float(np.std(cal_cv, ddof=1)) if len(cal_cv) > 1 else 0.0
         cv_sd.append({"tau": tau, **{c: sd.at[c, "CV"] for c in CONDITIONS}, "C4_cal": cal_sd})
-    frames = [pd.DataFrame(rows).set_index("tau") for rows in (local, cv, cv_sd)]
-    return SweepResult(*frames, per_seed=pd.DataFrame(per_seed))
+    local_t, cv_t, cv_sd_t = (pd.DataFrame(rows).set_index("tau") for rows in (local, cv, cv_sd))
+    return SweepResult(local_t, cv_t, cv_sd=cv_sd_t, per_seed=pd.DataFrame(per_seed))
