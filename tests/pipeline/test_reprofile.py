@@ -143,6 +143,7 @@ def test_accepted_reprofile_schedules_exactly_the_remaining_prompts_and_register
     assert report["accepted"] and report["reason"] == "drift" and report["base_version"] == 1
     assert report["remaining_prompts"] == 37 and report["registry"] == {"name": pipeline["name"], "version": 2}
     assert report["tau"] == report["kendall_tau"] == pytest.approx(result.tau) and report["seconds"] > 0
+    assert 0.5 < report["bias_reference"] < 2 and report["bias_reference_se"] > 0  # the drift watch's new reference
 
     accepted = latest_accepted(state)
     assert accepted is not None and accepted.version == 2 and accepted.rest == rest and accepted.full == full

@@ -114,9 +114,7 @@ def load_predictions(predictions: Path, calibration: Path) -> Predictions:
     return Predictions.from_frame(frame, 1, cal if "calibrated_length" not in frame.columns else None)
 
 
-def build_watch(
-    params: Params, paths: LaunchPaths, plan: Any, directory: Path, tracker: Tracker
-) -> DriftWatch | None:
+def build_watch(params: Params, paths: LaunchPaths, plan: Any, directory: Path, tracker: Tracker) -> DriftWatch | None:
     """The watch of a launch run: predictions and calibration of the schedule, the evaluate stage's references.
 
     None, with a warning on stderr, when the predict stage's predictions or the evaluate stage's metrics are not

@@ -158,6 +158,7 @@ class Attempt:
     old_tau: float = float("nan")
     history: list[dict[str, Any]] | None = None
     seconds: dict[str, float] | None = None
+    references: dict[str, float] | None = None  # the drift detector's bias reference (+ se) of the new calibration
 
     def report(self, result: ReprofileResult, extra: dict[str, Any]) -> dict[str, Any]:
         prof = self.profiled
@@ -177,6 +178,7 @@ class Attempt:
             "truncation_rate": None if prof is None else float(prof["truncated_frac"].mean()),
             "history": self.history or [],
             "timings_s": self.seconds or {},
+            **{k: _num(v) for k, v in (self.references or {}).items()},
             **extra,
         }
 
@@ -217,9 +219,16 @@ def reprofile(
             "prompts (drift.reprofile_prompts), train longer (drift.reprofile_epochs) or lower evaluate.min_tau."
         )
         return finish(params, attempt, tracker, t0, accepted=False, message=msg)
-    from asp.predictor.calibration import fit_calibration
+    from asp.drift.monitor import bias
+    from asp.drift.reference import load_ratio_se
+    from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration, fit_calibration
 
     calibration = fit_calibration(new_pred, true)
+    out_of_fold = cross_fit_calibration(new_pred, true, min(CALIBRATION_FOLDS, len(true)))  # as evaluate measures it
+    attempt.references = {
+        "bias_reference": bias(out_of_fold, true),
+        "bias_reference_se": load_ratio_se(out_of_fold, true),
+    }
     preds, plans = new_plans(params, model, tokenizer, prompts, field, calibration, position.pending)
     msg = (
         f"v{attempt.version} accepted: held-out Kendall tau {attempt.tau:.3f} >= evaluate.min_tau {min_tau} "

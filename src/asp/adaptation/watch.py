@@ -222,6 +222,7 @@ class DriftWatch:
             "predictor_version": int(version),
             "reference_tau": self._reprofile_tau(int(version)),
             "reference_bias": self._reprofile_report(int(version)).get("bias_reference"),
+            "reference_bias_se": self._reprofile_report(int(version)).get("bias_reference_se"),
         }
         self._apply_switch_row(row)
         self.detector.reference_tau = self.reference_tau
