@@ -673,8 +673,8 @@ class DriftParams(_Params):
     windows and caught phi-2-sft -> phi-2-dpo within 3 windows (tests/drift/test_real_streams.py,
     benchmarks/drift_real.py); on synthetic ones a 20 % length shift within 9 windows and a tau drop of 0.15
     within 11 (tests/drift/test_detector.py). On by default: watching costs no generation. `action` is what a
-    firing does: `warn` (MLflow tag + Prefect event), `recalibrate` (refit the calibration from the run's realized lengths and
-    re-balance the batch groups not dispatched yet) or `reprofile` (checkpoint, profile the current policy on
+    firing does: `warn` (MLflow tag + Prefect event), `recalibrate` (refit the calibration from the run's
+    realized lengths and re-balance the batch groups not dispatched yet) or `reprofile` (checkpoint, profile the current policy on
     fresh untrained prompts, fine-tune the predictor from the current adapter, gate it on tau, re-schedule the
     remaining prompts, resume).
     """
