@@ -213,6 +213,34 @@ def test_verl_generation_parquet_with_chat_messages_and_response_lists(tmp_path:
     assert samples["length"].tolist()[:2] == [_tokens(demo_policy, "12"), _tokens(demo_policy, "twelve and more")]
 
 
+def _frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
+    """Prepared prompts (prompt_id, problem, role); the templated prompt wraps the problem in <u>...</u>."""
+    ids, problems, roles = zip(*rows, strict=True)
+    return pd.DataFrame(
+        {"prompt_id": ids, "problem": problems, "prompt": [f"<u>{p}</u>" for p in problems], "role": roles}
+    )
+
+
+def _match(prompts: pd.DataFrame, texts: list[str], match: str = "exact") -> tuple[pd.DataFrame, dict[str, Any]]:
+    records = [(f"f line {i + 1}", {"prompt": t, "length": i + 1}) for i, t in enumerate(texts)]
+    return match_samples(parse_records(records, LengthsFileParams(path="f"), CAP), prompts, "f", match)
+
+
+def test_matching_exact_contains_train_only_and_duplicated_texts() -> None:
+    """exact: a problem or the templated prompt (whitespace aside); contains: the longest prepared problem inside
+    the text, searched over every prepared prompt, so a train-only prompt's record is not taken for a shorter
+    profiled problem it contains; a text prepared twice gets the record's responses under both ids."""
+    prompts = _frame(
+        [("a", "A3 B4", "profile"), ("b", "A1  B2", "heldout"), ("c", "A1 B2", "heldout"), ("d", "A3 B4 C5", "train")]
+    )
+    samples, report = _match(prompts, ["A3 B4", "<u>A1 B2</u>", "sys: A3 B4 C5 :end", "sys: A3 B4 :end"])
+    assert samples[["prompt_id", "length"]].values.tolist() == [["a", 1], ["b", 2], ["c", 2]]
+    assert (report["responses_matched"], report["responses_unmatched"]) == (2, 2)
+    samples, report = _match(prompts, ["A3 B4", "<u>A1 B2</u>", "sys: A3 B4 C5 :end", "sys: A3 B4 :end"], "contains")
+    assert samples[["prompt_id", "length"]].values.tolist() == [["a", 1], ["a", 4], ["b", 2], ["c", 2]]
+    assert (report["responses_matched"], report["responses_train_only"], report["responses_unmatched"]) == (3, 1, 0)
+
+
 def test_a_folder_of_rollout_files_is_read_in_name_order(tmp_path: Path) -> None:
     folder = tmp_path / "rollouts"
     _jsonl(folder / "b.jsonl", [{"prompt": "two", "length": 2}])
