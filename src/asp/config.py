@@ -674,9 +674,9 @@ class DriftParams(_Params):
     benchmarks/drift_real.py); on synthetic ones a 20 % length shift within 9 windows and a tau drop of 0.15
     within 11 (tests/drift/test_detector.py). On by default: watching costs no generation. `action` is what a
     firing does: `warn` (MLflow tag + Prefect event), `recalibrate` (refit the calibration from the run's
-    realized lengths and re-balance the batch groups not dispatched yet) or `reprofile` (checkpoint, profile the current policy on
-    fresh untrained prompts, fine-tune the predictor from the current adapter, gate it on tau, re-schedule the
-    remaining prompts, resume).
+    realized lengths and re-balance the batch groups not dispatched yet) or `reprofile` (checkpoint, profile the
+    current policy on fresh untrained prompts, fine-tune the predictor from the current adapter, gate it on tau,
+    re-schedule the remaining prompts, resume).
     """
 
     enabled: Bool = Field(True, description="Monitor lengths during launch and act on drift.")
