@@ -21,7 +21,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    Strict,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from asp.control.settings import resume_depth
 from asp.errors import UserError
@@ -36,7 +46,20 @@ LENGTH_SOURCES = ("length_field", "token_ids_field", "response_field")
 Int = Annotated[int, Strict()]  # YAML `true` or `2.0` is not an integer
 Float = Annotated[float, Strict()]  # accepts ints (2 -> 2.0), not booleans or strings
 Bool = Annotated[bool, Strict()]
-Actors = Annotated[int, Strict(), Field(ge=1)] | Literal["runtime"]  # engine / predictor actors: a count or launch's
+
+
+def _actors(value: Any) -> int | str:
+    """profile.actors / predict.actors: a whole number >= 1, or 'runtime' (launch's layout)."""
+    if value == "runtime" or (type(value) is int and value >= 1):
+        return value
+    raise ValueError(f"must be a whole number >= 1 or 'runtime' (the runtime's actor layout), got {value!r}")
+
+
+Actors = Annotated[
+    int | Literal["runtime"],
+    PlainValidator(_actors),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": "runtime"}]}),
+]
 
 
 class _Params(BaseModel):
