@@ -14,6 +14,7 @@ words, 805 AlpacaEval instructions; the three targets of issue 21 by default).
 
     .venv/bin/python benchmarks/min_tau.py                      # 100 seeds: ~11 min on the busy 2 cores
     .venv/bin/python benchmarks/min_tau.py --seeds 10 --taus 1,0.5,0.3,0.2,0  --out sweep.json
+    .venv/bin/python benchmarks/min_tau.py --demo '' --targets tulu-2-dpo-7b --cap 1000   # answers cut at 1,000 words
 
 The last lines state the default this measurement implies (the largest crossover over the length sets, so that
 a predictor passing the gate helps on every one) and whether params.yaml's `evaluate.min_tau` agrees. A length
@@ -40,8 +41,11 @@ TAUS = (1.0, 0.8, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.1, 0.0)
 Z = 2.0
 
 
-def length_sets(data: Path, targets: list[str], unit: str, demo: Path | None) -> dict[str, np.ndarray]:
-    """name -> true lengths (>= 1): the demo profile's mean lengths (if there) and each target's real lengths."""
+def length_sets(
+    data: Path, targets: list[str], unit: str, demo: Path | None, cap: float | None = None
+) -> dict[str, np.ndarray]:
+    """name -> true lengths (>= 1): the demo profile's mean lengths (if there) and each target's real lengths,
+    these clipped at `cap` (a generation-length limit, as an RL run has) when given."""
     sets: dict[str, np.ndarray] = {}
     if demo is not None:
         if demo.is_file():
@@ -55,7 +59,8 @@ def length_sets(data: Path, targets: list[str], unit: str, demo: Path | None) ->
     if targets:
         rows = json.loads(data.read_text())["rows"]
         for t in targets:
-            sets[f"{t} ({unit})"] = np.asarray([r[f"{unit}:{t}"] for r in rows], dtype=np.float64)
+            x = np.asarray([r[f"{unit}:{t}"] for r in rows], dtype=np.float64)
+            sets[f"{t} ({unit}{f', capped at {cap:g}' if cap else ''})"] = np.minimum(x, cap) if cap else x
     return {name: np.maximum(x, 1.0) for name, x in sets.items()}
 
 
@@ -129,7 +134,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--data", type=Path, default=DATA, help="alpaca_eval_lengths.json")
     ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated models ('' for none)")
     ap.add_argument("--unit", choices=("words", "chars"), default="words")
-    ap.add_argument("--demo", type=Path, default=DEMO_PROFILE, help="profile prompts.parquet ('' for none)")
+    ap.add_argument("--cap", type=float, default=None, help="clip real lengths at this (a generation-length limit)")
+    ap.add_argument("--demo", default=str(DEMO_PROFILE), help="profile prompts.parquet ('' for none)")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="schedule settings and min_tau")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--taus", default=",".join(map(str, TAUS)), help="comma-separated Kendall τ grid")
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spec = schedule_spec(params.schedule)
     taus = sorted({float(t) for t in a.taus.split(",") if t.strip()}, reverse=True)
     targets = [t for t in a.targets.split(",") if t.strip()]
-    sets = length_sets(a.data, targets, a.unit, a.demo if str(a.demo) else None)
+    sets = length_sets(a.data, targets, a.unit, Path(a.demo) if a.demo else None, a.cap)
     print(
         f"schedule: b {spec.b}, κ {spec.kappa}, k {spec.k}, {spec.iterations} iterations, {spec.method}; "
         f"{a.seeds} seeds per τ; C4 balanced on calibrated loads vs C0, realized group-load CV\n"

@@ -98,7 +98,9 @@ def test_min_tau_benchmark_on_a_coarse_grid(min_tau_bench: ModuleType, tmp_path:
     out = tmp_path / "sweep.json"
     args = ["--data", str(data), "--targets", "m,t", "--demo", "", "--seeds", "3", "--taus", "1,0", "--out", str(out)]
     got = min_tau_bench.main(args)
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "no demo row" not in captured.err  # --demo '' means none
     assert "| m (words) | 300 |" in text and "C0 − C4 (± SE)" in text
     assert got["results"]["m (words)"]["z_crossover"][0] == 1.0  # the oracle balances; tau 0 does not beat C0
     assert got["results"]["t (words)"]["z_crossover"][0] is None and got["results"]["t (words)"]["tail_ratio"] > 1
