@@ -8,6 +8,10 @@ the engines' summed generate seconds, minibatches per actor, generated tokens/s 
 whether samples.parquet is byte-identical to the 1-actor run's. Wall-clock: run it on an otherwise idle machine; the
 demo's hf engine uses one thread, so the machine's cores bound the gain.
 
+``predict`` runs the predict stage (`asp.pipeline.predict.run`) on the demo's training prompts with 1 and N predictor
+actors (outputs/predictor, outputs/calibration.json: `dvc repro evaluate` first): wall time (Ray start and model
+loads included), prompts/s over it, and whether the predictions equal the 1-actor run's exactly.
+
 ``simulate`` predicts the profile stage's wall time at a preset's layout (default configs/gpu-cluster.yaml over
 params.yaml): prepare.profile_prompts + heldout_prompts prompts in minibatches of profile.minibatch_prompts, n_samples
 responses each, capped at max_new_tokens, dispatched in order to 1 or N engines that each take the next minibatch
@@ -22,6 +26,7 @@ preset's (relative length kept, per prompt: a minibatch's prompts are drawn with
 
     .venv/bin/python benchmarks/profile_actors.py measure                      # 1 vs 2 actors, all demo prompts
     .venv/bin/python benchmarks/profile_actors.py measure --actors 1 2 --prompts 200
+    .venv/bin/python benchmarks/profile_actors.py predict                      # predict: 1 vs 2 actors
     .venv/bin/python benchmarks/profile_actors.py simulate                     # GPU preset: 1 vs 12 engines
     .venv/bin/python benchmarks/profile_actors.py simulate --engines 1 4 12 16 --step-ms 15
     .venv/bin/python benchmarks/profile_actors.py simulate --timings metrics/profile_timings.csv --form continuous
@@ -113,6 +118,37 @@ def measure(args: argparse.Namespace) -> None:
         )
 
 
+def predict_bench(args: argparse.Namespace) -> None:
+    from asp.pipeline import predict
+    from asp.tracking import NullTracker
+
+    params = load_params(ROOT / "params.yaml")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="asp-predict-actors-") as tmp:
+        for actors in args.actors:
+            paths = predict.Paths(
+                prompts=ROOT / "outputs/prompts/train.parquet",
+                predictor=ROOT / "outputs/predictor",
+                calibration=ROOT / "outputs/calibration.json",
+                out=Path(tmp) / f"predictions{actors}.parquet",
+                metrics=Path(tmp) / f"predict{actors}.json",
+            )
+            run_params = params.model_copy(update={"predict": params.predict.model_copy(update={"actors": actors})})
+            start = time.perf_counter()
+            predict.run(run_params, paths, NullTracker())
+            wall = time.perf_counter() - start
+            rows.append((actors, wall, pd.read_parquet(paths.out)))
+            print(f"[bench] predict, {actors} actor(s): {wall:.1f} s", file=sys.stderr, flush=True)
+    base = rows[0]
+    n = len(base[2])
+    print(f"\npredict on the demo: {n} prompts, batch {params.predict.batch_size}, {params.predictor.backbone}\n")
+    print("| actors | wall (s) | prompts/s (wall) | speed-up | predictions = 1 actor's |")
+    print("|---:|---:|---:|---:|---|")
+    for actors, wall, out in rows:
+        same = "yes (exactly)" if out.equals(base[2]) else "NO"
+        print(f"| {actors} | {wall:.1f} | {n / wall:.0f} | {base[1] / wall:.2f}x | {same} |")
+
+
 def sample_lengths(samples: pd.DataFrame, cap_from: int, cap_to: int, prompts: int, n: int, seed: int) -> np.ndarray:
     """[prompts, n] response lengths: `prompts` prompts drawn (with replacement) from the measured profile, each
     with its own samples, rescaled from `cap_from` to `cap_to` (relative length kept, capped)."""
@@ -185,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     m = sub.add_parser("measure", help="1 vs N actors on the demo (wall clock)")
     m.add_argument("--actors", type=int, nargs="+", default=[1, 2], help="actor counts; the first is the baseline")
     m.add_argument("--prompts", type=int, default=None, help="profile only the first N prompts (default: all)")
+    pr = sub.add_parser("predict", help="the predict stage with 1 vs N predictor actors on the demo (wall clock)")
+    pr.add_argument("--actors", type=int, nargs="+", default=[1, 2], help="actor counts; the first is the baseline")
     s = sub.add_parser("simulate", help="predicted profile wall time at a preset's layout")
     s.add_argument("--preset", default="configs/gpu-cluster.yaml")
     s.add_argument("--engines", type=int, nargs="+", default=None, help="default: 1 and the preset's runtime layout")
@@ -196,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--lengths", default="outputs/profile/samples.parquet", help="measured samples to rescale")
     s.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    measure(args) if args.command == "measure" else simulate(args)
+    {"measure": measure, "predict": predict_bench, "simulate": simulate}[args.command](args)
 
 
 if __name__ == "__main__":
