@@ -57,9 +57,9 @@ def _sweep(c4: list[float]) -> SweepResult:
 
 def test_describe_crossover_names_both_criteria() -> None:
     text = describe_crossover(_sweep([0.0, 0.03, 0.07, 0.06]), 3)
-    assert "lower group-load CV at every tau >= 0.5 (means over 3 seeds; not at 0.3)" in text
+    assert "lower group-load CV at every tau >= 0.5 (not at 0.3; means over 3 seeds)" in text
     assert "by more than 2 paired standard errors at every tau >= 0.5" in text
-    assert "every tau of the grid" in describe_crossover(_sweep([0.0, 0.01, 0.02, 0.03]), 1)
+    assert "at every tau of the grid (means over 1 seeds)." in describe_crossover(_sweep([0.0, 0.01, 0.02, 0.03]), 1)
     assert "no lower group-load CV even at the largest tau (1)" in describe_crossover(_sweep([0.1] * 4), 1)
 
 

@@ -32,8 +32,8 @@ def describe_crossover(result: Any, seeds: int, condition: str = "C4_cal", basel
     if lowest is None:
         text = f"{what} no lower group-load CV even at the largest tau ({below:g})"
     else:
-        tail = f"; not at {below:g}" if below is not None else " (every tau of the grid)"
-        text = f"{what} lower group-load CV at every tau >= {lowest:g} (means over {seeds} seeds{tail})"
+        where = f"every tau >= {lowest:g} (not at {below:g}; " if below is not None else "every tau of the grid ("
+        text = f"{what} lower group-load CV at {where}means over {seeds} seeds)"
     if seeds > 1:
         sig, sig_below = result.stops_helping(condition, baseline, z=SIGNIFICANCE_Z)
         if sig is None:
