@@ -13,7 +13,7 @@ import pytest
 from asp.errors import UserError
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.placement import TRAINER, Placement, bundle, loose_resources, unit_bundles
-from asp.runtime.run import _check_custom_resources
+from asp.runtime.run import _check_custom_resources, directory_problem
 
 
 def test_bundles_carry_the_custom_resources():
@@ -55,3 +55,13 @@ def test_missing_custom_resources_are_refused_naming_them():
     grpo = RuntimeConfig(trainer="grpo", grpo={"world_size": 2}, trainer_resources={"train": 1.0})
     with pytest.raises(UserError, match=r"needs 2 of the custom Ray resource 'train'.*x 2 trainer ranks.*has 0"):
         _check_custom_resources(grpo, {"CPU": 4.0})
+
+
+def test_an_actor_outside_the_project_directory_is_named():
+    here = ("/shared/asp", "a" * 56)
+    assert directory_problem("/shared/asp", {"generation actor 0": here, "Training Unit rank 0": here}) is None
+    away = ("/home/ray", "b" * 56)  # work_in found no /shared/asp on that node and stayed where Ray started it
+    message = directory_problem("/shared/asp", {"generation actor 0": here, "Training Unit rank 0": away})
+    assert message is not None
+    assert message.startswith("1 of the runtime's actors (Training Unit rank 0) run on Ray node(s) bbbbbbbbbbbb ")
+    assert "project directory /shared/asp does not exist" in message and "same path on every node" in message

@@ -197,10 +197,13 @@ def build_runtime(
             options = actor_options | placement.actor_options(g, i)
             handle = actor_cls.options(**options).remote(g, a, engine_factory, sampling, os.getcwd())
             handles[a], owner[a] = handle, g
-    trainer, _ = build_training_unit(config, trainer_factory, placement)  # rank 0 leads; all ranks: rank_handles
+    trainer, ranks = build_training_unit(config, trainer_factory, placement)  # rank 0 leads; all ranks: rank_handles
     units: list[Any] = []
     try:
         _wait_ready(handles, owner, trainer, config.stall_timeout_s)
+        if config.ray_address:  # a local cluster is this machine: same directory by construction
+            ranks_by_name = {f"Training Unit rank {r}": h for r, h in enumerate(ranks)}
+            _check_same_directory({f"generation actor {a}": h for a, h in handles.items()} | ranks_by_name)
         for g in range(config.generation_units):
             ids = [a for a in handles if owner[a] == g]
             units.append(
@@ -241,6 +244,42 @@ def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, ti
             error = f"the actor process died while starting: {exc!s:.500}"
         if error:
             raise UserError(f"{what}: {error}. Check the engine / trainer kind, model path and options.")
+
+
+def _actor_place(actor: Any) -> tuple[str, str]:
+    """In an actor (through ``__ray_call__``): its working directory and its node's id."""
+    import ray
+
+    return os.getcwd(), ray.get_runtime_context().get_node_id()
+
+
+def _check_same_directory(actors: Mapping[str, Any]) -> None:
+    """Raise `UserError` when an actor does not work in the driver's directory (its node lacks the project)."""
+    import ray
+
+    places = ray.get([h.__ray_call__.remote(_actor_place) for h in actors.values()])
+    problem = directory_problem(os.getcwd(), dict(zip(actors, places, strict=True)))
+    if problem:
+        raise UserError(problem)
+
+
+def directory_problem(cwd: str, places: Mapping[str, tuple[str, str]]) -> str | None:
+    """The message when an actor's working directory (``places``: name -> (directory, node id)) is not `cwd`.
+
+    The runtime's actors work in the driver's directory (`asp.runtime.trainer.work_in`): the policy, weight
+    snapshots and trainer checkpoints are paths relative to it, so on another node a different directory means
+    checkpoints written where no rerun finds them."""
+    away = {name: node for name, (directory, node) in places.items() if directory != cwd}
+    if not away:
+        return None
+    nodes = sorted(set(away.values()))
+    return (
+        f"{len(away)} of the runtime's actors ({', '.join(list(away)[:4])}{', ...' if len(away) > 4 else ''}) "
+        f"run on Ray node(s) {', '.join(n[:12] for n in nodes)} where the project directory {cwd} does not exist. "
+        "The actors read the policy and write snapshots and trainer checkpoints relative to it: put the project on "
+        "storage mounted at the same path on every node (docs/cluster.md), or pin the units to nodes that have it "
+        "(runtime.actor_resources / trainer_resources)."
+    )
 
 
 def teardown(units: list[Any], handles: Mapping[int, Any], trainer: Any, placement: Placement | None = None) -> None:
