@@ -65,3 +65,29 @@ def test_an_actor_outside_the_project_directory_is_named():
     assert message is not None
     assert message.startswith("1 of the runtime's actors (Training Unit rank 0) run on Ray node(s) bbbbbbbbbbbb ")
     assert "project directory /shared/asp does not exist" in message and "same path on every node" in message
+
+
+def test_the_cli_says_why_a_run_stopped_in_one_line(monkeypatch, capsys):
+    from asp.cli import commands
+    from asp.control.core import RuntimeFailure
+
+    message = "no generation unit is left: generation unit 1 was lost (its node 4f2a... died)"
+
+    def lost(**_):
+        raise RuntimeFailure(message)
+
+    monkeypatch.setattr(commands, "app", lost)
+    with pytest.raises(SystemExit) as stopped:
+        commands.main([])
+    assert stopped.value.code == 1
+    assert (
+        capsys.readouterr().err
+        == "error: no generation unit is left: generation unit 1 was lost (its node 4f2a... died)\n"
+    )
+
+    def bug(**_):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(commands, "app", bug)
+    with pytest.raises(RuntimeError, match="a bug"):  # anything else keeps its traceback
+        commands.main([])

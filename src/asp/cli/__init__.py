@@ -13,9 +13,10 @@
     asp serve                   serve the Prefect flows asp-pipeline and asp-drift-loop (run them from the UI)
     asp ui mlflow|prefect       MLflow / Prefect UI on 127.0.0.1, printing the URL to open (src/asp/cli/ui.py)
 
-Exit codes: 0 done; 2 a user or usage error (one message, no traceback); 130 Ctrl-C, 143 SIGTERM (MLflow runs
-end KILLED); a failed sub-process (`dvc repro`, a server) passes its own code on. Heavy libraries (pydantic
-models, numpy, torch, mlflow, prefect, dvc) are imported inside the commands, so `asp --help` starts fast.
+Exit codes: 0 done; 2 a user or usage error (one message, no traceback); 1 a run that cannot go on (one message,
+e.g. launch after losing a node); 130 Ctrl-C, 143 SIGTERM (MLflow runs end KILLED); a failed sub-process (`dvc
+repro`, a server) passes its own code on. Heavy libraries (pydantic models, numpy, torch, mlflow, prefect, dvc) are
+imported inside the commands, so `asp --help` starts fast.
 
 The app and its top-level commands are in `asp.cli.commands`, the command groups in the sibling modules; the
 console script `asp` is `asp.cli:main`.

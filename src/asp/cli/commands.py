@@ -215,7 +215,8 @@ def serve(name: Annotated[str, typer.Option(help="deployment name")] = "asp-pipe
 def main(args: list[str] | None = None) -> None:
     """Console entry point: offline defaults, then the app; always ends with `SystemExit` (the exit codes are
     in `asp.cli`'s docstring). Click prints usage errors (exit 2); `UserError` becomes one `error: ...` line
-    (exit 2); Ctrl-C and SIGTERM stop the command after its cleanup (exit 130 / 143)."""
+    (exit 2), and so does a run that cannot go on (`asp.control.core.RuntimeFailure`, e.g. launch after losing a
+    node; exit 1); Ctrl-C and SIGTERM stop the command after its cleanup (exit 130 / 143)."""
     set_offline_defaults()
     with sigterm_as_interrupt() as terminated:
         try:
@@ -223,6 +224,12 @@ def main(args: list[str] | None = None) -> None:
         except UserError as exc:
             typer.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except RuntimeError as exc:  # a launch that cannot go on (a lost node): its message names the checkpoint
+            core = sys.modules.get("asp.control.core")  # loaded when it raised one; not imported here (fast --help)
+            if core is None or not isinstance(exc, core.RuntimeFailure):
+                raise
+            typer.echo(f"error: {exc}", err=True)
+            sys.exit(1)
         except SystemExit as exc:
             code = 128 + terminated[0] if exc.code == 130 and terminated else exc.code  # click: Ctrl-C -> 130
             if code in (130, 143):
