@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +92,12 @@ def markdown(title: str, res: Any, extra: str) -> str:
     return "\n".join(lines)
 
 
-def demo(params: Any, seeds: int) -> str | None:
+def demo(params: Any, seeds: int, spec: Any) -> str | None:
     """The schedule stage's held-out ablation on the pipeline's outputs, with `seeds` seeds."""
     from asp.pipeline import schedule as stage
     from asp.predictor.metrics import kendall_tau
     from asp.schedule.ablation import run_ablation
     from asp.steps.paths import SchedulePaths, rebase
-    from asp.steps.scheduling import schedule_spec
 
     paths = rebase(SchedulePaths(), ROOT)
     try:
@@ -114,7 +114,7 @@ def demo(params: Any, seeds: int) -> str | None:
     res = run_ablation(
         lengths,
         pred,
-        schedule_spec(params.schedule),
+        spec,
         seeds=[params.common.seed + i for i in range(seeds)],
         loads="raw",
         cross_fit=folds,
@@ -136,15 +136,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--oof", type=Path, default=OOF, help="benchmarks/predictor_real.py's out-of-fold predictions")
     ap.add_argument("--no-demo", action="store_true", help="skip the demo's held-out ablation")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
+    ap.add_argument("--iterations", type=int, default=None, help="annealing proposals (default: params')")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0, help="first seed (and the TF-IDF folds' seed)")
     a = ap.parse_args(argv)
 
     params = load_params(a.params)
     spec = schedule_spec(params.schedule)
+    if a.iterations is not None:
+        spec = replace(spec, iterations=a.iterations)
     print(f"schedule: b {spec.b}, κ {spec.kappa}, k {spec.k}, {spec.iterations} iterations, {spec.method}\n")
     if not a.no_demo:
-        table = demo(params, a.seeds)
+        table = demo(params, a.seeds, spec)
         if table:
             print(table + "\n", flush=True)
     for target in [t for t in a.targets.split(",") if t.strip()]:

@@ -28,6 +28,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--cap", type=float, default=None, help="clip real lengths at this (a generation-length limit)")
     ap.add_argument("--demo", default=str(DEMO_PROFILE), help="profile prompts.parquet ('' for none)")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="schedule settings and min_tau")
+    ap.add_argument("--iterations", type=int, default=None, help="annealing proposals (default: params')")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--taus", default=",".join(map(str, TAUS)), help="comma-separated Kendall τ grid")
     ap.add_argument("--out", type=Path, default=None, help="also write the tables as JSON")
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     params = load_params(a.params)
     spec = schedule_spec(params.schedule)
+    if a.iterations is not None:
+        spec = replace(spec, iterations=a.iterations)
     taus = sorted({float(t) for t in a.taus.split(",") if t.strip()}, reverse=True)
     targets = [t for t in a.targets.split(",") if t.strip()]
     sets = length_sets(a.data, targets, a.unit, Path(a.demo) if a.demo else None, a.cap)

@@ -183,12 +183,12 @@ def test_raw_loads_ablation_over_seeds_and_no_ablation_without_the_heldout_split
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     paths = _profiled_inputs(tmp_path)
-    params = make_params({"schedule": {**SCHEDULE, "loads": "raw", "ablation_seeds": 3}})
+    params = make_params({"schedule": {**SCHEDULE, "loads": "raw", "ablation_seeds": 2}})
     metrics = schedule.run(params, paths, NullTracker())
     assert metrics["schedule/loads_calibrated"] == 0 and metrics["schedule/ablation/calibration_folds"] == 0
-    assert metrics["schedule/ablation/seeds"] == 3 and "folds" not in metrics["schedule/ablation/seeds_vary"]
+    assert metrics["schedule/ablation/seeds"] == 2 and "folds" not in metrics["schedule/ablation/seeds_vary"]
     table = pd.read_csv(paths.ablation_csv).set_index("condition")
-    pd.testing.assert_frame_equal(table, _expected_table("raw", 3), check_names=False, rtol=1e-5)
+    pd.testing.assert_frame_equal(table, _expected_table("raw", 2), check_names=False, rtol=1e-5)
     assert table.loc["C0", "CV_sd"] > 0  # the seeds vary the prompts' order, so C0's minibatches
 
     paths.heldout.unlink()

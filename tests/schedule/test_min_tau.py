@@ -97,6 +97,7 @@ def test_min_tau_benchmark_on_a_coarse_grid(min_tau_bench: ModuleType, tmp_path:
     data.write_text(json.dumps({"rows": rows}))
     out = tmp_path / "sweep.json"
     args = ["--data", str(data), "--targets", "m,t", "--demo", "", "--seeds", "3", "--taus", "1,0", "--out", str(out)]
+    args += ["--iterations", "20000"]
     got = min_tau_bench.main(args)
     captured = capsys.readouterr()
     text = captured.out
@@ -122,6 +123,7 @@ def test_ablation_benchmark_tfidf_out_of_fold(ablation_bench: ModuleType, tmp_pa
     data.write_text(json.dumps({"rows": rows}))
     ablation_bench.main(
         ["--data", str(data), "--targets", "m", "--no-demo", "--seeds", "2", "--oof", str(tmp_path / "none.json")]
+        + ["--iterations", "20000"]
     )
     text = capsys.readouterr().out
     assert "predictions: TF-IDF ridge, 5-fold out-of-fold" in text and "| group-load CV |" in text
@@ -133,5 +135,7 @@ def test_ablation_benchmark_tfidf_out_of_fold(ablation_bench: ModuleType, tmp_pa
             {"unit": "words", "folds": 5, "targets": {"m": {"prompt_index": list(range(200)), "prediction": pred}}}
         )
     )
-    ablation_bench.main(["--data", str(data), "--targets", "m", "--no-demo", "--seeds", "1", "--oof", str(oof)])
+    ablation_bench.main(
+        ["--data", str(data), "--targets", "m", "--no-demo", "--seeds", "1", "--oof", str(oof), "--iterations", "2000"]
+    )
     assert "predictions: the predictor, 5-fold out-of-fold (oof.json) (τ 1.000)" in capsys.readouterr().out
