@@ -426,9 +426,10 @@ class PartialParams(_Params):
     )
     token_budget: Int = Field(64, ge=1, description="Tokens per response per engine call.")
     continuation_order: Literal["fifo", "online"] = Field(
-        "online",
-        description="Which unfinished responses are continued first: online: longest expected remainder, estimated "
-        "from the finished siblings and the predicted length; fifo: in arrival order.",
+        "fifo",
+        description="Which unfinished responses are continued first: fifo: in arrival order; online: longest expected "
+        "remainder, estimated from the finished siblings and the predicted length (measured: no consistent gain, "
+        "docs/partial.md).",
     )
     max_rows: Int | None = Field(
         None, ge=1, description="Most responses in one continuation call; None: the rows of the largest minibatch."
