@@ -44,12 +44,12 @@ from .helpers import Gate, read_ledger
 from .test_ray_network import is_loopback
 
 DRIVER = Path(__file__).with_name("multinode_driver.py")
+KEEPER = Path(__file__).with_name("multinode_cluster.py")
 NODES = {
     "gen_a": {"num_cpus": 1, "resources": {"asp_rollout": 1, "node_gen_a": 1}},
     "gen_b": {"num_cpus": 1, "resources": {"asp_rollout": 1, "node_gen_b": 1}},
     "train": {"num_cpus": 1, "resources": {"asp_train": 1, "node_train": 1}},
 }
-SMALL = {"object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}  # 8 agents share 24 GiB
 PINNED = {  # 2 GUs x 2 actors (0.5 CPU + 0.5 asp_rollout each: one GU fills one rollout node), the TU on `train`
     "generation_units": 2,
     "actors_per_unit": 2,
@@ -65,70 +65,69 @@ MINIBATCHES, SIZE = 24, 2  # 48 prompts; global batches of 8 -> 6 steps
 
 
 class MultiNode:
-    """The test cluster: nodes by label, killed and added back."""
+    """The test cluster, kept by its own process (tests/runtime/multinode_cluster.py): nodes by label, lost and added
+    back."""
 
-    def __init__(self) -> None:
-        from ray.cluster_utils import Cluster
-
-        head = {**SMALL, "num_cpus": 0, "include_dashboard": False}
-        head["_system_config"] = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
-        self.cluster = Cluster(initialize_head=True, head_node_args=head)
-        self.nodes: dict[str, Any] = {}
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(KEEPER), json.dumps(NODES)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.address, self.nodes = "", {}
         self.whole()
 
-    @property
-    def address(self) -> str:
-        return self.cluster.address
+    def ask(self, op: str, **args: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            pytest.fail(f"the cluster keeper exited ({self.proc.wait()}) on {op}")
+        return json.loads(line)
 
     def whole(self) -> None:
         """Add every labelled node that is missing (a new raylet with the same resources)."""
-        for label, args in NODES.items():
-            if label not in self.nodes:
-                self.nodes[label] = self.cluster.add_node(**SMALL, **args)
-        self.cluster.wait_for_nodes()
+        reply = self.ask("whole")
+        self.address, self.nodes = reply["address"], reply["nodes"]
 
     def kill(self, label: str) -> float:
-        """Lose node `label` as when its machine goes down: SIGKILL its workers (the actors) and every process of
-        the node (raylet, agents) at once, then let the cluster object forget it. Returns when (time.time()).
-
-        Ray's ``remove_node`` alone kills the raylet and agents but not the workers, which run on (and answer their
-        callers directly) until they notice their raylet is gone; a lost machine takes them down with it."""
-        import psutil
-
-        node = self.nodes.pop(label)
-        own = [psutil.Process(pid) for infos in node.all_processes.values() for pid in {i.process.pid for i in infos}]
-        procs = [child for proc in own for child in proc.children(recursive=True)] + own
-        killed = time.time()
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(procs, timeout=10)
-        self.cluster.remove_node(node, allow_graceful=False)
-        return killed
+        """Lose node `label` (SIGKILL of its raylet, agents and workers at once); returns when (time.time())."""
+        self.nodes.pop(label)
+        return float(self.ask("kill", label=label)["killed"])
 
     def label_of(self, node_id: str) -> str:
-        return next((label for label, node in self.nodes.items() if node.node_id == node_id), node_id)
+        return next((label for label, node in self.nodes.items() if node == node_id), node_id)
 
     def pids(self) -> set[int]:
         """The processes Ray started for the cluster's nodes (GCS, raylets, agents, ...)."""
-        nodes = self.cluster.list_all_nodes()
-        return {info.process.pid for node in nodes for infos in node.all_processes.values() for info in infos}
+        return set(self.ask("pids")["pids"])
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ask("shutdown")
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 @pytest.fixture(scope="module")
 def cluster():
     ray_tmp = tempfile.mkdtemp(prefix="asp-mn-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    with pytest.MonkeyPatch.context() as mp:
-        # Ray writes the cluster's address to $RAY_TMPDIR/ray/ray_current_cluster: never to /tmp/ray, where any
-        # other ray.init() on the machine would find and join it
-        mp.setenv("RAY_TMPDIR", ray_tmp)
-        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        multi = MultiNode()
-        try:
-            yield multi
-        finally:
-            multi.cluster.shutdown()
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    # Ray writes the cluster's address to $RAY_TMPDIR/ray/ray_current_cluster: never to /tmp/ray, where any other
+    # ray.init() on the machine would find and join it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env |= {"RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+    multi = MultiNode(env)
+    try:
+        yield multi
+    finally:
+        multi.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def start_driver(multi: MultiNode, work: Path, name: str, **spec: Any) -> tuple[subprocess.Popen, Path]:
@@ -242,7 +241,7 @@ def test_launch_placed_per_node_survives_a_rollout_node_and_resumes_after_losing
 
     # placement as the actors see it: each GU's two actors on one rollout node, the trainer on `train`
     seen = where(work)
-    cluster_labels = {node.node_id: label for label, node in cluster.nodes.items()}
+    cluster_labels = {node: label for label, node in cluster.nodes.items()}
     actors = [w for w in seen if w["kind"] == "actor"]
     trainers = [w for w in seen if w["kind"] == "trainer"]
     by_group: dict[str, set[str]] = {}
