@@ -1,0 +1,37 @@
+"""benchmarks/partial_rollouts.py keeps running: its simulated part at the GPU preset's layout on a small synthetic
+workload (two updates), with and without partial rollouts, prints its table and the partial run continues responses.
+
+Run: ``.venv/bin/python -m pytest tests/sim/test_partial_bench.py -q``
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _bench():
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("partial_rollouts", BENCH / "partial_rollouts.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.mark.slow  # ~5 s, most of it importing the scheduler (numba)
+def test_the_simulated_part_runs_at_the_gpu_layout(capsys):
+    bench = _bench()
+    rows = bench.sim(2, 2048, 512, ["C0", "C0 + partial (fifo)"], "none")
+    out = capsys.readouterr().out
+    assert "3 GUs x 4 actors, batch 512 x n=8, cap 8192" in out and "| C0 + partial (fifo) |" in out
+    assert rows["C0"]["runtime/summary/continuations"] == 0
+    assert rows["C0 + partial (fifo)"]["runtime/summary/continuations"] > 0
+    assert rows["C0"]["runtime/summary/iterations"] == rows["C0 + partial (fifo)"]["runtime/summary/iterations"] == 2
