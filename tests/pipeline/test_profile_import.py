@@ -245,8 +245,11 @@ def test_a_folder_of_rollout_files_is_read_in_name_order(tmp_path: Path) -> None
     folder = tmp_path / "rollouts"
     _jsonl(folder / "b.jsonl", [{"prompt": "two", "length": 2}])
     _jsonl(folder / "a.jsonl", [{"prompt": "one", "length": 1}])
+    (folder / "c.json").write_text(json.dumps({"data": [{"prompt": "three", "length": 3}]}))  # a JSON list (or data:)
     (folder / "README.md").write_text("not read")
-    assert [w.split("/")[-1] for w, _ in read_rollouts(folder)] == ["a.jsonl line 1", "b.jsonl line 1"]
+    records = read_rollouts(folder)
+    assert [w.split("/")[-1] for w, _ in records] == ["a.jsonl line 1", "b.jsonl line 1", "c.json record 0"]
+    assert parse_records(records, LengthsFileParams(path=str(folder)), CAP).length == [1, 2, 3]
 
 
 # -------------------------------------------------------------------------------------------- bad records
