@@ -172,7 +172,9 @@ def generate_minibatches(
     """(minibatch, result, actor) of each (m, prompt texts) in `todo`, sampled with seed ``seed + m``: one timed
     ``generate`` call each, in order, on an in-process engine (actor 0); on a `ProfileRunner` (Ray actors) in the
     order they complete."""
-    if hasattr(engine, "run"):
+    from asp.runtime.profile_actors import ProfileRunner
+
+    if isinstance(engine, ProfileRunner):
         yield from engine.run(todo, seed)
         return
     for m, texts in todo:
