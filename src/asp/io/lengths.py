@@ -144,7 +144,8 @@ def parse_records(
     """
     if not records:
         raise UserError(f"{spec.path}: holds no records. Point profile.lengths.path at your rollouts.")
-    out, first_prompt = Responses(records=len(records)), {}  # first_prompt: id -> (text, where)
+    out = Responses(records=len(records))
+    first_prompt: dict[str, tuple[str, str]] = {}  # id -> (its first prompt text, where)
     texts: list[tuple[int, str, str]] = []  # (response index, text, where) to count with the tokenizer
     for where, rec in records:
         prompt = _prompt(rec, spec.prompt_field, where) if spec.prompt_field else None
@@ -385,7 +386,7 @@ def _matches(resp: Responses, prompts: pd.DataFrame, match: str) -> tuple[np.nda
     """(response row, prompt row) pairs: by id when the records carry ids, else by text (see `match_samples`)."""
     if resp.prompt_id and resp.prompt_id[0] is not None:
         by_id = {pid: [i] for i, pid in enumerate(prompts["prompt_id"].astype(str))}
-        found = [by_id.get(pid, []) for pid in resp.prompt_id]  # type: ignore[arg-type]
+        found = [by_id.get(str(pid), []) for pid in resp.prompt_id]
     else:
         exact: dict[str, list[int]] = {}
         for column in ("problem", "prompt"):
