@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from asp.errors import UserError
+from asp.runtime.cluster import check_custom_resources, directory_problem
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.placement import TRAINER, Placement, bundle, loose_resources, unit_bundles
-from asp.runtime.run import _check_custom_resources, directory_problem
 
 
 def test_bundles_carry_the_custom_resources():
@@ -49,12 +49,12 @@ def test_without_groups_each_actor_asks_for_its_custom_resources():
 
 def test_missing_custom_resources_are_refused_naming_them():
     cfg = RuntimeConfig(generation_units=2, actors_per_unit=2, actor_resources={"rollout": 0.5})
-    _check_custom_resources(cfg, {"CPU": 4.0, "rollout": 2.0})  # 4 actors x 0.5: enough
+    check_custom_resources(cfg, {"CPU": 4.0, "rollout": 2.0})  # 4 actors x 0.5: enough
     with pytest.raises(UserError, match=r"needs 2 of the custom Ray resource 'rollout'.*has 1\b.*--resources"):
-        _check_custom_resources(cfg, {"CPU": 4.0, "rollout": 1.0})
+        check_custom_resources(cfg, {"CPU": 4.0, "rollout": 1.0})
     grpo = RuntimeConfig(trainer="grpo", grpo={"world_size": 2}, trainer_resources={"train": 1.0})
     with pytest.raises(UserError, match=r"needs 2 of the custom Ray resource 'train'.*x 2 trainer ranks.*has 0"):
-        _check_custom_resources(grpo, {"CPU": 4.0})
+        check_custom_resources(grpo, {"CPU": 4.0})
 
 
 def test_an_actor_outside_the_project_directory_is_named():

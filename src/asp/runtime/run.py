@@ -32,6 +32,7 @@ from asp.control.plan import as_plan, check_prompts
 from asp.errors import UserError
 from asp.rollout.base import SamplingParams
 from asp.runtime.checkpoint import Checkpointer
+from asp.runtime.cluster import check_resources, check_same_directory
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.control import ControlUnit, GUState, RunSummary, RuntimeFailure
 from asp.runtime.engines import EngineSpec
@@ -126,44 +127,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def check_resources(config: RuntimeConfig) -> None:
-    """Raise `UserError` when Ray cannot give the generation actors and trainer their CPUs / GPUs."""
-    import ray
-
-    available = ray.cluster_resources()  # totals: what Ray can give once other work finishes
-    for kind, per_actor, trainer, knob in (
-        ("CPU", config.actor_num_cpus, config.trainer_num_cpus, "ray_num_cpus"),
-        ("GPU", config.actor_num_gpus, config.trainer_num_gpus, "ray_num_gpus"),
-    ):
-        trainer = trainer * trainer_ranks(config)
-        need = config.total_actors * per_actor + trainer
-        have = available.get(kind, 0.0)
-        if need > have + 1e-9:
-            raise UserError(
-                f"the runtime needs {need:g} {kind}s ({config.generation_units} units x {config.actors_per_unit} "
-                f"actors x {per_actor:g} + trainer {trainer:g}) but Ray can give {have:g}. Use fewer "
-                f"runtime.generation_units / actors_per_unit, a smaller runtime.actor_num_{kind.lower()}s, or "
-                f"more resources (runtime.{knob} or a bigger cluster)."
-            )
-    _check_custom_resources(config, available)
-
-
-def _check_custom_resources(config: RuntimeConfig, available: Mapping[str, float]) -> None:
-    """Raise `UserError` when the cluster lacks the custom resources of runtime.actor_resources / trainer_resources."""
-    actor, trainer = config.actor_resources or {}, config.trainer_resources or {}
-    ranks = trainer_ranks(config)
-    for name in sorted(set(actor) | set(trainer)):
-        need = config.total_actors * actor.get(name, 0.0) + ranks * trainer.get(name, 0.0)
-        have = available.get(name, 0.0)
-        if need > have + 1e-9:
-            raise UserError(
-                f"the runtime needs {need:g} of the custom Ray resource {name!r} (runtime.actor_resources x "
-                f"{config.total_actors} actors + runtime.trainer_resources x {ranks} trainer ranks) but the cluster "
-                f"has {have:g}. Start the nodes meant for these units with `ray start --resources "
-                f"'{{\"{name}\": N}}'` (docs/cluster.md), or change runtime.actor_resources / trainer_resources."
-            )
-
-
 def build_runtime(
     config: RuntimeConfig, engine_factory: Callable[[], Any], trainer_factory: Callable[[], Any]
 ) -> tuple[list[GUState], dict[int, Any], Any, Placement]:
@@ -203,7 +166,7 @@ def build_runtime(
         _wait_ready(handles, owner, trainer, config.stall_timeout_s)
         if config.ray_address:  # a local cluster is this machine: same directory by construction
             ranks_by_name = {f"Training Unit rank {r}": h for r, h in enumerate(ranks)}
-            _check_same_directory({f"generation actor {a}": h for a, h in handles.items()} | ranks_by_name)
+            check_same_directory({f"generation actor {a}": h for a, h in handles.items()} | ranks_by_name)
         for g in range(config.generation_units):
             ids = [a for a in handles if owner[a] == g]
             units.append(
@@ -244,42 +207,6 @@ def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, ti
             error = f"the actor process died while starting: {exc!s:.500}"
         if error:
             raise UserError(f"{what}: {error}. Check the engine / trainer kind, model path and options.")
-
-
-def _actor_place(actor: Any) -> tuple[str, str]:
-    """In an actor (through ``__ray_call__``): its working directory and its node's id."""
-    import ray
-
-    return os.getcwd(), ray.get_runtime_context().get_node_id()
-
-
-def _check_same_directory(actors: Mapping[str, Any]) -> None:
-    """Raise `UserError` when an actor does not work in the driver's directory (its node lacks the project)."""
-    import ray
-
-    places = ray.get([h.__ray_call__.remote(_actor_place) for h in actors.values()])
-    problem = directory_problem(os.getcwd(), dict(zip(actors, places, strict=True)))
-    if problem:
-        raise UserError(problem)
-
-
-def directory_problem(cwd: str, places: Mapping[str, tuple[str, str]]) -> str | None:
-    """The message when an actor's working directory (``places``: name -> (directory, node id)) is not `cwd`.
-
-    The runtime's actors work in the driver's directory (`asp.runtime.trainer.work_in`): the policy, weight
-    snapshots and trainer checkpoints are paths relative to it, so on another node a different directory means
-    checkpoints written where no rerun finds them."""
-    away = {name: node for name, (directory, node) in places.items() if directory != cwd}
-    if not away:
-        return None
-    nodes = sorted(set(away.values()))
-    return (
-        f"{len(away)} of the runtime's actors ({', '.join(list(away)[:4])}{', ...' if len(away) > 4 else ''}) "
-        f"run on Ray node(s) {', '.join(n[:12] for n in nodes)} where the project directory {cwd} does not exist. "
-        "The actors read the policy and write snapshots and trainer checkpoints relative to it: put the project on "
-        "storage mounted at the same path on every node (docs/cluster.md), or pin the units to nodes that have it "
-        "(runtime.actor_resources / trainer_resources)."
-    )
 
 
 def teardown(units: list[Any], handles: Mapping[int, Any], trainer: Any, placement: Placement | None = None) -> None:
