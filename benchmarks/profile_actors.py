@@ -17,18 +17,21 @@ params.yaml): prepare.profile_prompts + heldout_prompts prompts in minibatches o
 responses each, capped at max_new_tokens, dispatched in order to 1 or N engines that each take the next minibatch
 when idle (`asp.runtime.profile_actors.dispatch_makespan`, what the Ray path does); N defaults to 1 and the preset's
 runtime layout (generation_units x actors_per_unit). A minibatch's seconds come from the simulator's
-generation-time model (`asp.sim.timemodel.GenerationTimeModel`): by default the vLLM (``continuous``) form with
-ASSUMED coefficients, ``--tokens-per-s`` generated tokens per second per engine (default 20,000, the issue's
-figure) and ``--step-ms`` per decode step of the longest response (default 0); or, with ``--timings CSV``, the
-model fitted on measured minibatch timings (metrics/profile_timings.csv of a profile run on the target GPUs).
-Response lengths: the demo's measured profile (outputs/profile/samples.parquet) rescaled from its cap to the
-preset's (relative length kept, per prompt: a minibatch's prompts are drawn with their samples, seeded).
+generation-time model (`asp.sim.timemodel.GenerationTimeModel`). No GPU was measured here, so by default both the
+workload and the model are the ASSUMPTIONS benchmarks/bench_sim.py already makes for the GPU scale (its synthetic
+DeepScaleR-like lengths, median of medians 2,500 tokens with a mass at the 8,192 cap, and its continuous-batching
+coefficients); ``--model throughput`` instead assumes ``--tokens-per-s`` generated tokens per second per engine
+(default 20,000, the issue's figure) and ``--step-ms`` per decode step of the longest response (default 0);
+``--lengths outputs/profile/samples.parquet`` uses the demo's measured lengths rescaled from its cap to the preset's
+(per prompt, seeded); ``--timings CSV`` fits the model on measured minibatch timings (metrics/profile_timings.csv of a
+profile run on the target GPUs) instead of assuming it.
 
     .venv/bin/python benchmarks/profile_actors.py measure                      # 1 vs 2 actors, all demo prompts
     .venv/bin/python benchmarks/profile_actors.py measure --actors 1 2 --prompts 200
     .venv/bin/python benchmarks/profile_actors.py predict                      # predict: 1 vs 2 actors
     .venv/bin/python benchmarks/profile_actors.py simulate                     # GPU preset: 1 vs 12 engines
-    .venv/bin/python benchmarks/profile_actors.py simulate --engines 1 4 12 16 --step-ms 15
+    .venv/bin/python benchmarks/profile_actors.py simulate --engines 1 4 12 16
+    .venv/bin/python benchmarks/profile_actors.py simulate --model throughput --step-ms 15
     .venv/bin/python benchmarks/profile_actors.py simulate --timings metrics/profile_timings.csv --form continuous
 """
 
@@ -158,10 +161,16 @@ def sample_lengths(samples: pd.DataFrame, cap_from: int, cap_to: int, prompts: i
     return np.minimum(np.ceil(lengths * cap_to / cap_from), cap_to)
 
 
-def time_model(args: argparse.Namespace) -> tuple[Any, str, float]:
-    """The generation-time model, how it was obtained, and the mean prompt tokens to feed it."""
+def time_model(args: argparse.Namespace) -> tuple[Any, str, float | None]:
+    """The generation-time model, how it was obtained, and the mean prompt tokens to feed it (None: the workload's)."""
     from asp.sim.timemodel import FEATURES, GenerationTimeModel, fit_generation_model
 
+    if args.model == "bench_sim" and not args.timings:
+        from bench_sim import GEN_COEF
+
+        model = GenerationTimeModel("continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]),
+                                    FEATURES["continuous"])  # fmt: skip
+        return model, f"benchmarks/bench_sim.py's ASSUMED continuous (vLLM-like) model {GEN_COEF}", None
     if args.timings:
         frame = pd.read_csv(args.timings)
         model, report = fit_generation_model(frame, args.form)
@@ -180,6 +189,22 @@ def time_model(args: argparse.Namespace) -> tuple[Any, str, float]:
     return model, how, args.prompt_tokens
 
 
+def workload(args: argparse.Namespace, prompts: int, n: int, cap: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """([prompts, n] response lengths, [prompts] prompt tokens, what they are)."""
+    if args.lengths == "synthetic":
+        from bench_sim import CAP, N_SAMPLES, synthetic_workload
+
+        if (cap, n) != (CAP, N_SAMPLES):
+            sys.exit(f"--lengths synthetic is bench_sim's cap {CAP} x {N_SAMPLES} samples, not {cap} x {n}")
+        _, work = synthetic_workload(prompts, args.seed)
+        what = "benchmarks/bench_sim.py's SYNTHETIC DeepScaleR-like lengths (log-normal, median of medians 2,500)"
+        return work.lengths.astype(np.float64), work.prompt_tokens.astype(np.float64), what
+    demo = pd.read_parquet(ROOT / args.lengths, columns=["prompt_id", "length"])
+    demo_cap = load_params(ROOT / "params.yaml").profile.max_new_tokens
+    lengths = sample_lengths(demo, demo_cap, cap, prompts, n, args.seed)
+    return lengths, np.full(prompts, args.prompt_tokens), f"{args.lengths} rescaled from cap {demo_cap} to {cap}"
+
+
 def simulate(args: argparse.Namespace) -> None:
     from asp.runtime import RuntimeConfig
 
@@ -189,19 +214,21 @@ def simulate(args: argparse.Namespace) -> None:
     prompts, mb, n = prep.profile_prompts + prep.heldout_prompts, prof.minibatch_prompts, prof.n_samples
     cap = prof.max_new_tokens
     engines = args.engines or [1, pool_size(RuntimeConfig.from_params(params), "runtime")]
-    demo = pd.read_parquet(ROOT / args.lengths, columns=["prompt_id", "length"])
-    demo_cap = load_params(ROOT / "params.yaml").profile.max_new_tokens
-    lengths = sample_lengths(demo, demo_cap, cap, prompts, n, args.seed)
-    model, how, prompt_tokens = time_model(args)
-    bounds = list(range(0, prompts, mb))
-    per_mb = [lengths[s : s + mb] for s in bounds]
+    lengths, prompt_tokens, what = workload(args, prompts, n, cap)
+    model, how, fitted_prompt_tokens = time_model(args)
+    if fitted_prompt_tokens is not None:
+        prompt_tokens = np.full(prompts, fitted_prompt_tokens)
+    starts = list(range(0, prompts, mb))
     seconds = np.array(
-        [model.seconds(len(b), n, int(b.max()), int(b.sum()), int(round(prompt_tokens * len(b)))) for b in per_mb]
+        [
+            model.seconds(len(b), n, int(b.max()), int(b.sum()), int(round(prompt_tokens[s : s + mb].sum())))
+            for s, b in ((s, lengths[s : s + mb]) for s in starts)
+        ]
     )
     print(
-        f"\nprofile at {args.preset}'s layout: {prompts} prompts x {n} samples, cap {cap}, {len(per_mb)} minibatches "
-        f"of {mb} prompts; lengths: {args.lengths} rescaled from cap {demo_cap} to {cap} (mean "
-        f"{lengths.mean():.0f} tokens, {np.mean(lengths >= cap):.1%} at the cap); time: {how}\n"
+        f"\nprofile at {args.preset}'s layout: {prompts} prompts x {n} samples, cap {cap}, {len(starts)} minibatches "
+        f"of {mb} prompts; lengths: {what} (mean {lengths.mean():.0f} tokens, {np.mean(lengths >= cap):.1%} at the "
+        f"cap); time: {how}\n"
     )
     print("| engines | predicted wall | speed-up | engine busy (mean of engines) | minibatch s (min / median / max) |")
     print("|---:|---:|---:|---:|---|")
@@ -226,12 +253,17 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("simulate", help="predicted profile wall time at a preset's layout")
     s.add_argument("--preset", default="configs/gpu-cluster.yaml")
     s.add_argument("--engines", type=int, nargs="+", default=None, help="default: 1 and the preset's runtime layout")
+    s.add_argument("--model", choices=["bench_sim", "throughput"], default="bench_sim",
+                   help="bench_sim: benchmarks/bench_sim.py's assumed vLLM-like model; throughput: --tokens-per-s "
+                   "and --step-ms")  # fmt: skip
     s.add_argument("--tokens-per-s", type=float, default=20_000.0, help="assumed generated tokens/s per engine")
     s.add_argument("--step-ms", type=float, default=0.0, help="assumed ms per decode step of the longest response")
     s.add_argument("--prompt-tokens", type=float, default=0.0, help="mean prompt tokens (assumed model: unused)")
     s.add_argument("--timings", default=None, help="fit the model on these measured minibatch timings instead")
     s.add_argument("--form", choices=["static", "continuous"], default="continuous")
-    s.add_argument("--lengths", default="outputs/profile/samples.parquet", help="measured samples to rescale")
+    s.add_argument(
+        "--lengths", default="synthetic", help="synthetic (bench_sim's workload) or a samples.parquet to rescale"
+    )
     s.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     {"measure": measure, "predict": predict_bench, "simulate": simulate}[args.command](args)

@@ -1,0 +1,25 @@
+"""benchmarks/profile_actors.py simulate: the GPU preset's profile (4,500 prompts, 36 minibatches of 128) predicted
+on 1 and 12 engines with bench_sim's assumed workload and time model; 12 engines take 3 rounds, so the speed-up is
+below 12 and above 10, and the 1-engine time is the sum of the minibatch times (a second or two)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_simulate_prints_the_gpu_layouts_profile_time(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "profile_actors", raising=False)
+    import profile_actors as bench
+
+    bench.main(["simulate", "--engines", "1", "12"])
+    out = capsys.readouterr().out
+    assert "4500 prompts x 8 samples, cap 8192, 36 minibatches of 128 prompts" in out
+    rows = dict(re.findall(r"^\| (\d+) \| [\d,]+ s \([\d.]+ h\) \| ([\d.]+)x \|", out, re.M))
+    assert rows["1"] == "1.00" and 10 < float(rows["12"]) < 12, out
