@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,17 +36,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_loss.json")
     args = parser.parse_args()
     cmd = [sys.executable, "-m", "pytest", "tests/runtime/test_multinode.py", "-s", "-q", "-p", "no:randomly"]
-    started = time.time()
+    started, load_before = time.time(), os.getloadavg()[0]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     lines = [line.removeprefix("[multinode] ") for line in proc.stdout.splitlines() if "[multinode]" in line]
     lines = [line.strip() for line in lines]
     for line in lines:
         print(line)
-    result = {"command": " ".join(cmd), "exit_code": proc.returncode, "wall_s": round(time.time() - started, 1)}
+    result = {"command": "python " + " ".join(cmd[1:]), "exit_code": proc.returncode}
+    result |= {"wall_s": round(time.time() - started, 1), "load_average_1min": [load_before, os.getloadavg()[0]]}
     result["measured"] = lines
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"tests exit {proc.returncode} in {result['wall_s']} s; written {args.out}")
+    print(f"tests exit {proc.returncode} in {result['wall_s']} s (load {result['load_average_1min']}); {args.out}")
     if proc.returncode:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
     return proc.returncode
