@@ -78,6 +78,7 @@ class MultiNode:
             text=True,
         )
         self.address, self.nodes = "", {}
+        self.drivers: list[subprocess.Popen] = []  # stopped at teardown if a failed test left one running
         self.whole()
 
     def ask(self, op: str, **args: Any) -> dict[str, Any]:
@@ -107,6 +108,10 @@ class MultiNode:
         return set(self.ask("pids")["pids"])
 
     def shutdown(self) -> None:
+        for driver in self.drivers:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait(30)
         with contextlib.suppress(Exception):
             self.ask("shutdown")
         try:
@@ -136,10 +141,10 @@ def start_driver(multi: MultiNode, work: Path, name: str, **spec: Any) -> tuple[
     full |= {"config": PINNED, "result": str(work / f"{name}.json"), **spec}
     (work / f"{name}.spec.json").write_text(json.dumps(full))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    log = (work / f"{name}.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, str(DRIVER), str(work / f"{name}.spec.json")], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+    with (work / f"{name}.log").open("w") as log:  # the driver writes to its own copy of the file descriptor
+        cmd = [sys.executable, str(DRIVER), str(work / f"{name}.spec.json")]
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    multi.drivers.append(proc)
     return proc, work / f"{name}.json"
 
 
