@@ -78,6 +78,7 @@ def main() -> None:
         loss=a.loss,
         rank_weight=a.rank_weight,
         patience=a.patience,
+        batching="random",
         max_length=a.max_length,
         seed=a.seed,
         on_epoch=lambda r: print(f"  epoch {r.epoch}: {r}", flush=True),

@@ -143,11 +143,13 @@ def run_target(target: str, sibling: str | None, data: tuple, fold: np.ndarray, 
     scores = {n: Scores() for n in names}
     oof: dict[str, list] = {"prompt_index": [], "fold": [], "prediction": [], "calibrated": [], "realized": []}
     epochs: list[int] = []
+    weights: list[float] = []
     for f in range(a.folds if a.only_folds is None else min(a.only_folds, a.folds)):
         te, tr = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
         tr_texts, te_texts = [texts[i] for i in tr], [texts[i] for i in te]
         (pred, result), sec = train_fold(tr_texts, y[tr], te_texts, params, a.seed + f)
         epochs.append(result.best_epoch)
+        weights.append(result.lexical_weight)
         cal = scores["predictor"].add(pred, y[te], raw_mae=True, seconds=sec)
         scores["TF-IDF ridge"].add(tfidf_ridge(tr_texts, y[tr], te_texts), y[te], raw_mae=True)
         scores["prompt length"].add(plen[te], y[te], raw_mae=False)
@@ -161,12 +163,21 @@ def run_target(target: str, sibling: str | None, data: tuple, fold: np.ndarray, 
         oof["calibrated"].extend(cal.tolist())
         oof["realized"].extend(y[te].tolist())
         print(
-            f"  {target} fold {f}: tau {scores['predictor'].tau[-1]:.3f} (best epoch {result.best_epoch}, "
+            f"  {target} fold {f}: tau {scores['predictor'].tau[-1]:.3f} (best epoch {result.best_epoch}, lexical "
+            f"weight {result.lexical_weight}, "
             f"{sec:.0f} s; TF-IDF {scores['TF-IDF ridge'].tau[-1]:.3f})",
             file=sys.stderr,
             flush=True,
         )
-    return scores, oof, epochs
+    return scores, oof, {"best_epochs": epochs, "lexical_weights": weights}
+
+
+def _target_job(target: str, data: tuple, fold: np.ndarray, a: argparse.Namespace, params: Any):
+    """`run_target` in a worker process (``--jobs``) with ``--threads`` torch threads."""
+    import torch
+
+    torch.set_num_threads(a.threads)
+    return run_target(target, TARGETS.get(target), data, fold, a, params)
 
 
 def fmt(vals: list[float], spread: bool = False, digits: int = 3) -> str:
@@ -230,8 +241,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only-folds", type=int, default=None, help="run only the first N of the k folds (exploring)")
     ap.add_argument("--seed", type=int, default=0, help="fold assignment and training seeds")
     ap.add_argument("--unit", choices=["words", "chars"], default="words")
+    ap.add_argument("--jobs", type=int, default=1, help="train this many targets at once (one process each)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("ASP_BENCH_THREADS", "2")))
-    ap.add_argument("--oof", type=Path, default=OOF, help="out-of-fold predictions file ('' for none)")
+    ap.add_argument("--oof", default=str(OOF), help="out-of-fold predictions file ('' for none)")
     ap.add_argument("--demo", action="store_true", help="score the demo world instead (outputs/prompts, profile)")
     a = ap.parse_args(argv)
     import torch
@@ -249,21 +261,30 @@ def main(argv: list[str] | None = None) -> None:
     fold = fold_ids(len(data[0]), a.folds, a.seed)
     results: dict[str, dict[str, Scores]] = {}
     oof_all: dict[str, Any] = {}
-    for target in targets:
-        scores, oof, epochs = run_target(target, TARGETS.get(target), data, fold, a, params)
+    if a.jobs > 1:  # one process per target, each with --threads torch threads
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        with ProcessPoolExecutor(min(a.jobs, len(targets)), mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_target_job, t, data, fold, a, params) for t in targets]
+            outs = [f.result() for f in futures]
+    else:
+        outs = [run_target(t, TARGETS.get(t), data, fold, a, params) for t in targets]
+    for target, (scores, oof, per_fold) in zip(targets, outs, strict=True):
         results[target] = scores
-        oof_all[target] = {**oof, "best_epochs": epochs}
+        oof_all[target] = {**oof, **per_fold}
     print(table(results))
     taus = [float(np.mean(r["predictor"].tau)) for r in results.values()]
     secs = [x for r in results.values() for x in r["predictor"].seconds]
     print(
         f"\npredictor: mean Kendall τ over {len(taus)} target(s) {np.mean(taus):.3f} "
         f"({', '.join(f'{t} {v:.3f}' for t, v in zip(results, taus, strict=True))}); training "
-        f"{np.mean(secs):.0f} s per fold (mean, max {np.max(secs):.0f} s, {a.threads} torch threads); "
+        f"{np.mean(secs):.0f} s per fold (mean, max {np.max(secs):.0f} s, {a.threads} torch threads x "
+        f"{a.jobs} job(s)); "
         f"{a.folds}-fold CV, seed {a.seed}, unit {a.unit};\n"
         f"predictor params {json.dumps(params.predictor.model_dump())}"
     )
-    if str(a.oof):
+    if a.oof:
         from asp.io import write_json
 
         write_json(
@@ -275,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
                 "predictor": params.predictor.model_dump(),
                 "targets": oof_all,
             },
-            a.oof,
+            Path(a.oof),
         )
         print(f"out-of-fold predictions: {a.oof}", file=sys.stderr)
 

@@ -68,13 +68,16 @@ def test_train_predictor_twice_gives_identical_bytes(tmp_path: Path, trained_pre
     again = rebase(train_predictor.Paths(prompts=before.prompts, profile=before.profile), tmp_path)
     train_in_subprocess(params, again, hash_seed=0)
     first, second = digests(before.out_dir), digests(again.out_dir)
-    assert {"predictor.json", "adapter/adapter_config.json", "head.safetensors"} <= first.keys()
+    full = params["predictor"]["lora"]["r"] == 0  # the whole backbone fine-tuned (the CPU default), else LoRA
+    weights = "backbone.safetensors" if full else "adapter/adapter_config.json"
+    assert {"predictor.json", weights, "head.safetensors"} <= first.keys()
     assert "adapter/README.md" not in first  # peft's model card names the backbone's install path
     assert first == second
 
-    adapter = json.loads((again.out_dir / "adapter/adapter_config.json").read_text())
-    assert adapter["target_modules"] == sorted(adapter["target_modules"])  # peft holds them as a set
-    assert adapter["base_model_name_or_path"] == params["predictor"]["backbone"]  # "builtin:minilm", not a path
+    if not full:
+        adapter = json.loads((again.out_dir / "adapter/adapter_config.json").read_text())
+        assert adapter["target_modules"] == sorted(adapter["target_modules"])  # peft holds them as a set
+        assert adapter["base_model_name_or_path"] == params["predictor"]["backbone"]  # "builtin:minilm", not a path
     info = json.loads((again.out_dir / "predictor.json").read_text())
     assert info["backbone_path"] == params["predictor"]["backbone"]
     assert "predictor/train_wall_s" not in info["meta"] and all("seconds" not in h for h in info["meta"]["history"])

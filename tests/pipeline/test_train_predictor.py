@@ -54,7 +54,10 @@ def test_logs_params_curves_and_the_model(trained_predictor: Built) -> None:
     curve = tracker.client.get_metric_history(tracker.run_id, "predictor/train_loss")
     assert [p.step for p in curve] == [1] and np.isfinite(curve[0].value) and curve[0].value > 0
     saved = artifact_paths(tracker, "predictor")
-    assert {"predictor/predictor.json", "predictor/head.safetensors", "predictor/adapter"} <= saved
+    weights = (
+        "predictor/backbone.safetensors" if trained_predictor.params.predictor.lora.r == 0 else "predictor/adapter"
+    )
+    assert {"predictor/predictor.json", "predictor/head.safetensors", weights} <= saved
     assert trained_predictor.paths.plot.is_file() and f"plots/{trained_predictor.paths.plot.name}" in artifact_paths(
         tracker, "plots"
     )

@@ -18,8 +18,8 @@ from asp.steps.checkpoint import load_predictor, save_predictor
 TEXTS = ["Add mod 10: a=3 b=7", "Add mod 10: a=1 b=2 c=3 d=4 e=5 f=6", "Add mod 10: a=9", "add 1 + 2 + 3"]
 
 
-def _trained_like(path: Path, head: str) -> LengthPredictor:
-    model = LengthPredictor(load_backbone(path, max_length=48), lora_r=4, lora_alpha=8, head=head, seed=1)
+def _trained_like(path: Path, head: str, **kw: str) -> LengthPredictor:
+    model = LengthPredictor(load_backbone(path, max_length=48), lora_r=4, lora_alpha=8, head=head, seed=1, **kw)
     with torch.no_grad():  # non-zero LoRA B and a bias near log(1 + 30), as after training
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -28,9 +28,16 @@ def _trained_like(path: Path, head: str) -> LengthPredictor:
     return model.eval()
 
 
-@pytest.mark.parametrize("which,head", [("tiny_qwen2_path", "mlp"), ("minilm_path", "linear")])
-def test_round_trip_identical_predictions(which: str, head: str, tmp_path: Path, request) -> None:
-    model = _trained_like(request.getfixturevalue(which), head)
+@pytest.mark.parametrize(
+    "which,head,options",
+    [
+        ("tiny_qwen2_path", "mlp", {}),
+        ("minilm_path", "linear", {}),
+        ("minilm_path", "linear", {"pooling": "cls", "truncation_side": "middle"}),
+    ],
+)
+def test_round_trip_identical_predictions(which: str, head: str, options: dict, tmp_path: Path, request) -> None:
+    model = _trained_like(request.getfixturevalue(which), head, **options)
     tok = load_backbone(request.getfixturevalue(which), max_length=48).tokenizer
     before = predict_lengths(model, tok, TEXTS, batch_size=2)
     out = save_predictor(model, tok, tmp_path / "pred", {"kendall_tau": 0.7, "n_train": 4})
@@ -40,7 +47,7 @@ def test_round_trip_identical_predictions(which: str, head: str, tmp_path: Path,
     assert not list(out.glob("**/model.safetensors"))  # backbone weights are referenced, not copied
     loaded, tok2, meta = load_predictor(out)
     assert meta == {"kendall_tau": 0.7, "n_train": 4}
-    assert loaded.spec == model.spec
+    assert loaded.spec == model.spec  # pooling and truncation side included
     after = predict_lengths(loaded, tok2, TEXTS, batch_size=2)
     np.testing.assert_array_equal(before, after)
     assert np.all(before > 0) and len(set(before.round(6))) > 1  # non-trivial predictions
@@ -104,3 +111,26 @@ def test_wrong_backbone_is_named(tiny_qwen2_path: Path, minilm_path: Path, tmp_p
     d = save_predictor(model, tok, tmp_path / "pred", {})
     with pytest.raises(UserError, match="hidden size 384 but the predictor"):
         load_predictor(d, backbone_path=minilm_path)
+
+
+def test_round_trip_full_fine_tuning_with_lexical_ridge(minilm_path: Path, tmp_path: Path) -> None:
+    from asp.predictor.lexical import fit_lexical
+    from asp.predictor.model import encode_texts
+
+    bb = load_backbone(minilm_path, max_length=48)
+    model = LengthPredictor(bb, lora_r=0, lexical_weight=0.5, seed=1)
+    with torch.no_grad():  # a changed backbone weight, as after full fine-tuning
+        model.backbone.encoder.layer[0].attention.self.query.weight.mul_(1.5)
+    model.set_output_bias(3.4)
+    model.lexical = fit_lexical(encode_texts(bb.tokenizer, TEXTS, 48).input_ids, np.log1p([10.0, 80.0, 5.0, 30.0]))
+    model.eval()
+    before = predict_lengths(model, bb.tokenizer, TEXTS, batch_size=2)
+    out = save_predictor(model, bb.tokenizer, tmp_path / "pred", {})
+    assert (out / "backbone.safetensors").is_file() and (out / "lexical.safetensors").is_file()
+    assert not (out / "adapter").exists()
+    loaded, tok2, _ = load_predictor(out)
+    assert loaded.spec == model.spec and loaded.spec.lexical_weight == 0.5
+    np.testing.assert_array_equal(predict_lengths(loaded, tok2, TEXTS, batch_size=2), before)
+    (out / "lexical.safetensors").unlink()
+    with pytest.raises(UserError, match="lexical.safetensors is missing"):
+        load_predictor(out)

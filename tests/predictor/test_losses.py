@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from asp.predictor.losses import combined_loss, listwise_loss, mse_loss, pairwise_ranking_loss
+from asp.predictor.losses import (
+    LOSS_KINDS,
+    combined_loss,
+    listmle_loss,
+    listwise_loss,
+    margin_ranking_loss,
+    mse_loss,
+    pairwise_ranking_loss,
+)
 
 
 def t(*v: float) -> torch.Tensor:
@@ -65,6 +73,36 @@ def test_combined_kinds() -> None:
     assert combined_loss(pred, target, "mse+listwise", rank_weight=2.0).item() == pytest.approx(expected)
     with pytest.raises(ValueError, match="unknown loss kind 'huber'"):
         combined_loss(pred, target, "huber")
+
+
+def test_listmle_by_hand() -> None:
+    # true order (longest first): item 1 (target 5), item 0 (3), item 2 (1); scores in that order s = [2, 0, 1]
+    # -> [lse(2, 0, 1) - 2 + lse(0, 1) - 0 + lse(1) - 1] / 3 = [0.407606 + 1.313262 + 0] / 3 = 0.573623
+    assert listmle_loss(t(0, 2, 1), t(3, 5, 1)).item() == pytest.approx(0.573623, abs=1e-5)
+    # two items in the right order with gap d: log(1 + e^-d) / 2 -> d = 0 gives ln 2 / 2
+    assert listmle_loss(t(0, 0), t(1, 2)).item() == pytest.approx(math.log(2) / 2, abs=1e-6)
+    # shift invariant, and the right order costs less than the wrong one
+    assert listmle_loss(t(3, 5, 4), t(3, 5, 1)).item() == pytest.approx(0.573623, abs=1e-5)
+    assert listmle_loss(t(1, 0), t(2, 1)).item() < listmle_loss(t(0, 1), t(2, 1)).item()
+
+
+def test_margin_by_hand() -> None:
+    # one ordered pair (0 over 1): gap 0.04 < margin 0.1 -> 0.06; gap 0.5 -> 0; wrong order gap -1 -> 1.1
+    assert margin_ranking_loss(t(0.04, 0), t(2, 1)).item() == pytest.approx(0.06, abs=1e-6)
+    assert margin_ranking_loss(t(0.5, 0), t(2, 1)).item() == 0.0
+    assert margin_ranking_loss(t(0, 1), t(2, 1)).item() == pytest.approx(1.1, abs=1e-6)
+    pred = t(0.3, -1.0).requires_grad_()  # tied targets: no pair, zero loss that still backpropagates
+    margin_ranking_loss(pred, t(2, 2)).backward()
+    assert pred.grad is not None and torch.all(pred.grad == 0)
+
+
+def test_every_mixed_kind_is_mse_plus_its_ranking_loss() -> None:
+    pred, target = t(0.2, 1.0, -0.3), t(1, 3, 2)
+    mse = mse_loss(pred, target).item()
+    for kind in LOSS_KINDS:
+        if kind.startswith("mse+"):
+            rank = combined_loss(pred, target, kind.removeprefix("mse+")).item()
+            assert combined_loss(pred, target, kind, rank_weight=0.5).item() == pytest.approx(mse + 0.5 * rank)
 
 
 def test_shape_errors() -> None:

@@ -12,6 +12,7 @@ from transformers import Qwen2Config, T5Config
 from asp.errors import UserError
 from asp.predictor.model import (
     LengthPredictor,
+    cls_pool,
     detect_kind,
     encode_texts,
     last_token_pool,
@@ -19,6 +20,7 @@ from asp.predictor.model import (
     mean_pool,
     pad_batch,
     pad_token_id,
+    truncate_ids,
 )
 
 TEXTS = ["Add mod 10: a=3 b=7", "Add mod 10: a=1 b=2 c=3 d=4 e=5 f=6", "Add mod 10: a=9"]
@@ -136,3 +138,46 @@ def test_seed_makes_init_reproducible(tiny_qwen2_path: Path) -> None:
 def test_bad_target_modules(tiny_qwen2_path: Path) -> None:
     with pytest.raises(UserError, match="target_modules"):
         LengthPredictor(load_backbone(tiny_qwen2_path, max_length=32), target_modules=["no_such_layer"])
+
+
+def test_truncate_ids_sides_keep_special_tokens() -> None:
+    ids, special = [101, 1, 2, 3, 4, 5, 6, 102], [1, 0, 0, 0, 0, 0, 0, 1]  # [CLS] six tokens [SEP]
+    assert truncate_ids(ids, special, 5, "right") == [101, 1, 2, 3, 102]
+    assert truncate_ids(ids, special, 5, "left") == [101, 4, 5, 6, 102]
+    assert truncate_ids(ids, special, 6, "middle") == [101, 1, 2, 5, 6, 102]  # head 2, tail 2
+    assert truncate_ids(ids, special, 5, "middle") == [101, 1, 2, 6, 102]  # odd: the head gets the extra token
+    assert truncate_ids(ids, special, 8, "middle") == ids  # short enough: unchanged
+    assert truncate_ids([7, 8, 9, 10], [0, 0, 0, 0], 2, "left") == [9, 10]  # no special tokens (a decoder)
+    with pytest.raises(ValueError, match="truncation side"):
+        truncate_ids(ids, special, 5, "top")
+
+
+def test_encode_texts_cuts_the_chosen_side(minilm_path: Path) -> None:
+    tok = load_backbone(minilm_path, max_length=8).tokenizer
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa"
+    full = tok(text)["input_ids"]
+    right, left, middle = (encode_texts(tok, [text], 8, side).input_ids[0] for side in ("right", "left", "middle"))
+    assert right == full[:7] + full[-1:] and left == full[:1] + full[-7:]
+    assert middle == full[:4] + full[-4:] and all(len(x) == 8 for x in (right, left, middle))
+
+
+def test_cls_pool_takes_the_first_real_token() -> None:
+    hidden = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])  # right padded, left padded
+    assert cls_pool(hidden, mask).tolist() == [[0.0, 1.0], [8.0, 9.0]]
+
+
+def test_pooling_choice_and_full_fine_tuning(minilm_path: Path) -> None:
+    enc = encode_texts(load_backbone(minilm_path, max_length=32).tokenizer, TEXTS, 32)
+    ids, mask = pad_batch(enc.input_ids, 0)
+    full = LengthPredictor(load_backbone(minilm_path, max_length=32), lora_r=0, pooling="cls", seed=0).eval()
+    assert full.spec.pooling == "cls" and full.spec.lora_r == 0
+    n_backbone = sum(p.numel() for p in full.backbone.parameters())
+    assert sum(p.numel() for p in full.trainable_parameters()) == n_backbone + 385  # every weight + the head
+    with torch.no_grad():  # cls pooling = the head on the [CLS] state
+        cls = full.backbone(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
+        torch.testing.assert_close(full(ids, mask), full.head(cls).squeeze(-1))
+    with pytest.raises(UserError, match="pooling"):
+        LengthPredictor(load_backbone(minilm_path, max_length=32), pooling="max")
+    with pytest.raises(UserError, match="truncation_side"):
+        LengthPredictor(load_backbone(minilm_path, max_length=32), truncation_side="top")

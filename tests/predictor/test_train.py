@@ -13,10 +13,10 @@ from scipy import stats
 from asp.config import PredictorParams
 from asp.demo.task import simulated_profile
 from asp.predictor.model import LengthPredictor, encode_texts, load_backbone, pad_token_id
-from asp.predictor.train import predict_encoded, predict_lengths, train_predictor
+from asp.predictor.train import epoch_batches, predict_encoded, predict_lengths, train_predictor
 
 # train_predictor's settings have no defaults: these are the predictor params' (tests change what they study)
-SETTINGS = ("epochs", "batch_size", "lr", "weight_decay", "loss", "rank_weight", "patience")
+SETTINGS = ("epochs", "batch_size", "lr", "weight_decay", "loss", "rank_weight", "patience", "batching")
 TRAIN = {name: getattr(PredictorParams(), name) for name in SETTINGS}
 
 
@@ -94,3 +94,27 @@ def test_bad_training_input(tiny_qwen2_path: Path) -> None:
         train_predictor(model, bb.tokenizer, t, [1.0, 2.0, 3.0], t, [1.0, 2.0, 3.0], **{**kw, "loss": "l1"})
     with pytest.raises(ValueError, match="at least 2 training and 2 validation"):
         train_predictor(model, bb.tokenizer, t[:1], [1.0], t, [1.0, 2.0, 3.0], **kw)
+
+
+@pytest.mark.parametrize("batching", ["random", "length"])
+def test_epoch_batches_cover_every_prompt_once(batching: str) -> None:
+    lengths = np.random.default_rng(0).integers(3, 300, size=203).tolist()
+    batches = epoch_batches(lengths, 8, batching, torch.Generator().manual_seed(1))
+    assert sorted(i for b in batches for i in b) == list(range(203)) and len(batches) == math.ceil(203 / 8)
+    again = epoch_batches(lengths, 8, batching, torch.Generator().manual_seed(1))
+    assert again == batches  # the generator decides everything
+    pad = sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches)
+    if batching == "length":  # sorted runs of 8 batches: each batch spans a narrow band of lengths
+        rand = epoch_batches(lengths, 8, "random", torch.Generator().manual_seed(1))
+        pad_random = sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in rand)
+        assert pad < pad_random / 3, (pad, pad_random)
+    with pytest.raises(ValueError, match="batching"):
+        epoch_batches(lengths, 8, "sorted", torch.Generator())
+
+
+def test_lexical_blend_weight_is_picked_on_validation(tiny_qwen2_path: Path) -> None:
+    res, _, after, true = _fit(tiny_qwen2_path, 32, 16, lexical_weights=(0.0, 0.5, 1.0))
+    assert res.lexical_weight in (0.0, 0.5, 1.0)
+    assert stats.kendalltau(after, true).statistic == pytest.approx(res.best_val_tau)  # the kept blend's tau
+    net_tau = max(r.val_tau for r in res.history)  # early stopping saw the network alone
+    assert res.best_val_tau >= net_tau - 1e-9  # weight 0 (the network alone) was a candidate

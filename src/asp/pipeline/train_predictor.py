@@ -55,6 +55,8 @@ def build_predictor(predictor: PredictorParams, seed: int) -> tuple[Any, Any]:
         target_modules=predictor.lora.target_modules,
         head=predictor.head,
         seed=seed,
+        pooling=predictor.pooling,
+        truncation_side=predictor.truncation_side,
     )
     return model.to(predictor.device), bb.tokenizer
 
@@ -159,6 +161,7 @@ def train_metrics(result: Any, n_train: int, n_val: int) -> dict[str, Any]:
         "predictor/train_prompts": int(n_train),
         "predictor/val_prompts": int(n_val),
         "predictor/truncated_prompts": int(result.n_truncated_train + result.n_truncated_val),
+        "predictor/lexical_weight": float(result.lexical_weight),
         "predictor/train_wall_s": float(result.wall_s),
     }
 

@@ -33,6 +33,7 @@ from transformers.models.auto import modeling_auto
 from transformers.utils import logging as hf_logging
 
 from asp.errors import UserError
+from asp.predictor.lexical import LexicalModel
 
 # fmt: off
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
@@ -52,6 +53,8 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "mpnet": ("q", "k", "v"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TRUNCATION_SIDES = ("right", "left", "middle")  # cut the end, the start, or the middle (keep head and tail)
+POOLINGS = ("auto", "mean", "last", "cls")  # auto: mean for encoders, last token for decoders
 
 
 @dataclass(slots=True)
@@ -81,6 +84,8 @@ class PredictorSpec:
     head_hidden: int
     head_dropout: float
     target_transform: str = "log1p_mean_length"
+    truncation_side: str = "right"  # which part of a prompt longer than max_length is cut (TRUNCATION_SIDES)
+    lexical_weight: float = 0.0  # share of the TF-IDF ridge (asp.predictor.lexical) in the prediction
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -222,13 +227,48 @@ def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     return 0
 
 
-def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int) -> Encoded:
-    """Tokenize prompts without padding; cut those longer than ``max_length`` tokens and mark them.
+def truncate_ids(ids: Sequence[int], special: Sequence[int], max_length: int, side: str = "right") -> list[int]:
+    """Cut one token-id list to ``max_length``, keeping its leading and trailing special tokens ([CLS], [SEP]).
+
+    Args:
+        ids: the prompt's token ids, special tokens included.
+        special: 1 where ``ids`` holds a special token (the tokenizer's ``special_tokens_mask``), else 0.
+        max_length: most ids to keep (>= the special tokens at both ends + 1).
+        side: "right" keeps the start, "left" keeps the end, "middle" keeps the first half and the last half of
+            the allowed content tokens (an instruction's request is often at one end of a long pasted text).
+
+    Returns:
+        The kept ids (``ids`` unchanged when it is short enough).
+    """
+    if side not in TRUNCATION_SIDES:
+        raise ValueError(f"truncation side must be one of {TRUNCATION_SIDES}, got {side!r}")
+    ids = list(ids)
+    if len(ids) <= max_length:
+        return ids
+    lead = next((i for i, s in enumerate(special) if not s), len(ids))
+    trail = next((i for i, s in enumerate(reversed(special)) if not s), 0) if lead < len(ids) else 0
+    keep = max(1, max_length - lead - trail)
+    content = ids[lead : len(ids) - trail]
+    if side == "right":
+        kept = content[:keep]
+    elif side == "left":
+        kept = content[len(content) - keep :]
+    else:
+        tail = keep // 2
+        kept = content[: keep - tail] + (content[len(content) - tail :] if tail else [])
+    return ids[:lead] + kept + ids[len(ids) - trail :]
+
+
+def encode_texts(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, side: str = "right"
+) -> Encoded:
+    """Tokenize prompts without padding; cut those longer than ``max_length`` tokens (``truncate_ids``) and mark them.
 
     Args:
         tokenizer: the backbone's tokenizer (special tokens are added as the backbone expects).
         texts: [n] prompt strings.
         max_length: maximum tokens per prompt, special tokens included.
+        side: which part of a long prompt is cut: "right" (its end), "left" (its start) or "middle".
 
     Returns:
         ``Encoded`` with n id lists and n truncation flags.
@@ -238,16 +278,14 @@ def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_l
         raise ValueError("every prompt must be a string")
     if not texts:
         return Encoded(input_ids=[], truncated=[])
-    ids = tokenizer(texts, truncation=False, verbose=False)["input_ids"]
-    long_idx = [i for i, seq in enumerate(ids) if len(seq) > max_length]
-    if long_idx:
-        cut = tokenizer([texts[i] for i in long_idx], truncation=True, max_length=max_length)["input_ids"]
-        for i, seq in zip(long_idx, cut, strict=True):
-            ids[i] = seq
-    flags = [False] * len(texts)
-    for i in long_idx:
-        flags[i] = True
-    return Encoded(input_ids=[list(s) for s in ids], truncated=flags)
+    enc = tokenizer(texts, truncation=False, verbose=False, return_special_tokens_mask=True)
+    ids, special = enc["input_ids"], enc["special_tokens_mask"]
+    flags = [len(seq) > max_length for seq in ids]
+    out = [
+        truncate_ids(seq, sp, max_length, side) if long else list(seq)
+        for seq, sp, long in zip(ids, special, flags, strict=True)
+    ]
+    return Encoded(input_ids=out, truncated=flags)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
@@ -278,6 +316,15 @@ def last_token_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
+def cls_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Hidden state [b, h] at each row's first position with mask 1 ([CLS] of an encoder; left padding too)."""
+    first = (mask > 0).long().argmax(dim=1)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
+
+
+POOL_FNS = {"mean": mean_pool, "last": last_token_pool, "cls": cls_pool}
+
+
 def _make_head(kind: str, width: int, hidden: int, dropout: float) -> nn.Sequential:
     if kind == "linear":
         return nn.Sequential(nn.Dropout(dropout), nn.Linear(width, 1))
@@ -287,7 +334,12 @@ def _make_head(kind: str, width: int, hidden: int, dropout: float) -> nn.Sequent
 
 
 def _wrap_lora(backbone: Backbone, spec: PredictorSpec, adapter_dir: str | os.PathLike | None) -> PeftModel:
-    """Fresh LoRA adapters per ``spec``, or the saved ones in ``adapter_dir`` (frozen, for inference)."""
+    """Fresh LoRA adapters per ``spec``, or the saved ones in ``adapter_dir`` (frozen, for inference).
+
+    ``spec.lora_r == 0``: no adapters, the backbone itself trains (its weights are loaded by the caller)."""
+    if spec.lora_r == 0:  # full fine-tuning: every backbone weight trains (a saved one is frozen, as saved adapters)
+        backbone.model.requires_grad_(adapter_dir is None)
+        return backbone.model
     if adapter_dir is not None:
         return PeftModel.from_pretrained(backbone.model, str(adapter_dir), is_trainable=False)
     targets = list(spec.target_modules) if spec.target_modules else None
@@ -320,10 +372,18 @@ class LengthPredictor(nn.Module):
         head_dropout: float = 0.0,
         adapter_dir: str | os.PathLike | None = None,
         seed: int | None = None,
+        pooling: str = "auto",
+        truncation_side: str = "right",
+        lexical_weight: float = 0.0,
     ) -> None:
         """Wrap ``backbone.model`` with fresh LoRA adapters, or load saved ones from ``adapter_dir`` (frozen).
 
         ``seed`` makes the random LoRA and head initialisation reproducible without touching the global RNG.
+        ``lora_r=0`` fine-tunes the whole backbone instead of LoRA adapters. ``pooling`` is one of ``POOLINGS``
+        (auto: mean for encoders, last token for decoders); ``truncation_side`` is recorded in the spec for
+        ``encode_texts`` (one of ``TRUNCATION_SIDES``). ``lexical_weight`` w > 0 blends a TF-IDF ridge
+        (``asp.predictor.lexical``, fitted by ``train_predictor`` into ``self.lexical``) into the output:
+        (1 - w) * network + w * ridge, on the log1p scale.
         The adapters are injected into ``backbone.model`` in place: load a fresh backbone for each predictor.
         ``target_modules=None`` picks per-architecture defaults (``DEFAULT_TARGETS``), else peft's own.
         """
@@ -331,10 +391,18 @@ class LengthPredictor(nn.Module):
         model_type = getattr(backbone.model.config, "model_type", "")
         if target_modules is None:
             target_modules = DEFAULT_TARGETS.get(model_type)
+        if pooling not in POOLINGS:
+            raise UserError(f"predictor pooling must be one of {POOLINGS}, got {pooling!r}")
+        if truncation_side not in TRUNCATION_SIDES:
+            raise UserError(f"predictor truncation_side must be one of {TRUNCATION_SIDES}, got {truncation_side!r}")
+        if not 0.0 <= float(lexical_weight) <= 1.0:
+            raise UserError(f"predictor lexical_weight must lie in [0, 1], got {lexical_weight!r}")
+        if pooling == "auto":
+            pooling = "mean" if backbone.kind == "encoder" else "last"
         self.spec = PredictorSpec(
             backbone_path=backbone.path,
             kind=backbone.kind,
-            pooling="mean" if backbone.kind == "encoder" else "last",
+            pooling=pooling,
             max_length=backbone.max_length,
             lora_r=int(lora_r),
             lora_alpha=float(lora_alpha),
@@ -343,7 +411,10 @@ class LengthPredictor(nn.Module):
             head=head,
             head_hidden=int(head_hidden),
             head_dropout=float(head_dropout),
+            truncation_side=truncation_side,
+            lexical_weight=float(lexical_weight),
         )
+        self.lexical: LexicalModel | None = None
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -352,7 +423,7 @@ class LengthPredictor(nn.Module):
             self.head = _make_head(head, width, self.spec.head_hidden, self.spec.head_dropout)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Predict log(1 + mean response length).
+        """Predict log(1 + mean response length): the network's output, blended with the lexical ridge's.
 
         Args:
             input_ids: [batch, seq] token ids.
@@ -361,17 +432,26 @@ class LengthPredictor(nn.Module):
         Returns:
             [batch] float32 predictions.
         """
+        out = self.network(input_ids, attention_mask)
+        w = self.spec.lexical_weight
+        if self.lexical is None or w == 0.0:
+            return out
+        rows = [ids[m > 0].tolist() for ids, m in zip(input_ids.cpu(), attention_mask.cpu(), strict=True)]
+        lex = torch.as_tensor(self.lexical.predict(rows), dtype=out.dtype, device=out.device)
+        return (1.0 - w) * out + w * lex
+
+    def network(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The backbone + pooling + head part alone (what the training loss sees): log1p predictions [batch]."""
         kwargs: dict[str, Any] = {}
         if self.spec.kind == "decoder":  # positions from the mask, so left padding does not shift them
             kwargs = {"position_ids": (attention_mask.long().cumsum(-1) - 1).clamp(min=0), "use_cache": False}
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         hidden = out.last_hidden_state
-        pool = mean_pool if self.spec.pooling == "mean" else last_token_pool
-        pooled = pool(hidden, attention_mask).to(self.head[-1].weight.dtype)
+        pooled = POOL_FNS[self.spec.pooling](hidden, attention_mask).to(self.head[-1].weight.dtype)
         return self.head(pooled).squeeze(-1)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """LoRA and head parameters (the backbone's own weights are frozen)."""
+        """LoRA and head parameters (the backbone's own weights are frozen unless ``lora_r`` is 0)."""
         return [p for p in self.parameters() if p.requires_grad]
 
     def set_output_bias(self, value: float) -> None:

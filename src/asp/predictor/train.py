@@ -10,6 +10,7 @@ Run the tests with ``.venv/bin/python -m pytest tests/predictor/test_train.py -q
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from asp.predictor.lexical import LexicalModel
 from asp.predictor.losses import LOSS_KINDS, combined_loss, mse_loss
 from asp.predictor.metrics import kendall_tau
 from asp.predictor.model import Encoded, LengthPredictor, encode_texts, pad_batch, pad_token_id
@@ -49,6 +51,7 @@ class TrainResult:
     n_truncated_train: int = 0
     n_truncated_val: int = 0
     wall_s: float = 0.0
+    lexical_weight: float = 0.0
 
 
 def _targets(lengths: Sequence[float] | np.ndarray, name: str, n_texts: int) -> torch.Tensor:
@@ -107,7 +110,7 @@ def predict_lengths(
     Prompts longer than ``max_length`` (default: the model's) are truncated; use ``encode_texts`` and
     ``predict_encoded`` directly to also get the truncation count.
     """
-    enc = encode_texts(tokenizer, texts, max_length or model.spec.max_length)
+    enc = encode_texts(tokenizer, texts, max_length or model.spec.max_length, model.spec.truncation_side)
     logp = predict_encoded(
         model,
         enc,
@@ -152,12 +155,13 @@ def _prepare_data(
     val_texts: Sequence[str],
     val_lengths: Sequence[float] | np.ndarray,
     max_length: int,
+    side: str,
 ) -> _Data:
-    """Check the lengths, take their log1p and tokenize both sets (prompts over ``max_length`` truncated)."""
+    """Check the lengths, take their log1p and tokenize both sets (prompts over ``max_length`` cut on ``side``)."""
     y_train = _targets(train_lengths, "train_lengths", len(train_texts))
     y_val = _targets(val_lengths, "val_lengths", len(val_texts))
-    enc_train = encode_texts(tokenizer, train_texts, max_length)
-    enc_val = encode_texts(tokenizer, val_texts, max_length)
+    enc_train = encode_texts(tokenizer, train_texts, max_length, side)
+    enc_val = encode_texts(tokenizer, val_texts, max_length, side)
     return _Data(enc_train, y_train, enc_val, y_val, pad_token_id(tokenizer), tokenizer.padding_side)
 
 
@@ -176,11 +180,46 @@ def _step_counter(progress: ProgressFn | None, total: int) -> Callable[[], None]
 
 @dataclass(frozen=True, slots=True)
 class _LossSpec:
-    """What every optimizer step and validation pass share: prompts per batch and the loss settings."""
+    """What every optimizer step and validation pass share: prompts per batch, how batches are drawn, the loss."""
 
     batch_size: int
     loss: str
     rank_weight: float
+    batching: str = "random"
+
+
+BATCHINGS = ("random", "length")
+BUCKET_BATCHES = 8  # length batching: each run of this many batches' prompts is sorted by length, then cut
+
+
+def epoch_batches(lengths: Sequence[int], batch_size: int, batching: str, gen: torch.Generator) -> list[list[int]]:
+    """Prompt indices of one epoch's batches, drawn from ``gen``.
+
+    "random": a shuffled order cut into batches. "length": the shuffled order is cut into runs of
+    ``BUCKET_BATCHES`` batches, each run sorted by token length and cut into batches, and the batches shuffled:
+    batches of similar lengths pad less (several times faster on real prompts of very different lengths) while
+    every epoch still mixes prompts differently. Either way the epoch has ceil(n / batch_size) batches.
+
+    Args:
+        lengths: [n] token count of each training prompt.
+        batch_size: prompts per batch.
+        batching: "random" or "length".
+        gen: the training run's torch generator.
+
+    Returns:
+        Lists of prompt indices, every index exactly once.
+    """
+    if batching not in BATCHINGS:
+        raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
+    perm = torch.randperm(len(lengths), generator=gen).tolist()
+    if batching == "random":
+        return [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
+    run = batch_size * BUCKET_BATCHES
+    batches: list[list[int]] = []
+    for start in range(0, len(perm), run):
+        part = sorted(perm[start : start + run], key=lambda i: lengths[i])
+        batches += [part[i : i + batch_size] for i in range(0, len(part), batch_size)]
+    return [batches[k] for k in torch.randperm(len(batches), generator=gen).tolist()]
 
 
 def _run_epoch(
@@ -194,14 +233,13 @@ def _run_epoch(
     """One shuffled pass over the training set (order drawn from ``gen``); returns the mean batch loss."""
     model.train()
     dev = _device(model)
-    perm = torch.randperm(len(data.train.input_ids), generator=gen).tolist()
+    n = len(data.train.input_ids)
     losses = []
-    for start in range(0, len(perm), spec.batch_size):
-        idx = perm[start : start + spec.batch_size]
-        if len(idx) < 2 and len(perm) > 1:  # a lone leftover prompt gives no pairs; fold it into the next epoch
+    for idx in epoch_batches([len(s) for s in data.train.input_ids], spec.batch_size, spec.batching, gen):
+        if len(idx) < 2 and n > 1:  # a lone leftover prompt gives no pairs; fold it into the next epoch
             continue
         ids, mask = pad_batch([data.train.input_ids[i] for i in idx], data.pad_id, data.pad_side)
-        pred = model(ids.to(dev), mask.to(dev))
+        pred = model.network(ids.to(dev), mask.to(dev))
         value = combined_loss(pred, data.y_train[idx].to(dev), spec.loss, spec.rank_weight)
         opt.zero_grad(set_to_none=True)
         value.backward()
@@ -263,6 +301,22 @@ class _BestEpoch:
                 params[k].copy_(v)
 
 
+def _pick_lexical_weight(
+    model: LengthPredictor, lexical: LexicalModel, data: _Data, weights: Sequence[float]
+) -> tuple[float, float]:
+    """Blend the trained network with the lexical ridge at the weight of largest validation tau (ties: the smaller
+    weight); sets ``model.lexical`` and ``model.spec.lexical_weight`` and returns (weight, its validation tau)."""
+    net = predict_encoded(model, data.val, batch_size=64, pad_id=data.pad_id, pad_side=data.pad_side)
+    lex = lexical.predict(data.val.input_ids)
+    y = data.y_val.numpy()
+    scored = [(kendall_tau((1 - w) * net + w * lex, y), -w) for w in sorted(set(weights))]
+    tau, neg_w = max((t, nw) for t, nw in scored if not math.isnan(t)) if scored else (float("nan"), 0.0)
+    w = -neg_w
+    model.spec = dataclasses.replace(model.spec, lexical_weight=float(w))
+    model.lexical = lexical if w > 0 else None
+    return float(w), float(tau)
+
+
 def train_predictor(
     model: LengthPredictor,
     tokenizer: PreTrainedTokenizerBase,
@@ -278,6 +332,8 @@ def train_predictor(
     loss: str,
     rank_weight: float,
     patience: int,
+    batching: str,
+    lexical_weights: Sequence[float] = (0.0,),
     max_length: int | None = None,
     seed: int = 0,
     init_bias: bool = True,
@@ -285,6 +341,10 @@ def train_predictor(
     on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> TrainResult:
     """Fine-tune ``model`` in place to predict log(1 + mean length); early stopping on validation Kendall tau.
+
+    With a positive ``lexical_weights`` candidate, a TF-IDF ridge (``asp.predictor.lexical``) is fitted on the
+    training prompts first; the network trains and early-stops on its own, then the blend weight of largest
+    validation tau among ``lexical_weights`` is kept (``model.spec.lexical_weight``; 0 drops the ridge).
 
     The training settings have no defaults here: they are the ``predictor:`` params (`asp.config.PredictorParams`
     holds the defaults; `asp.steps.fit.fit_predictor` passes them).
@@ -299,6 +359,8 @@ def train_predictor(
         lr, weight_decay: AdamW settings for the trainable (LoRA + head) parameters.
         loss, rank_weight: see ``asp.predictor.losses.combined_loss``.
         patience: stop after this many epochs without a better validation tau.
+        batching: "random" or "length" (``epoch_batches``).
+        lexical_weights: blend weights of the lexical ridge tried on the validation prompts after training.
         max_length: prompt token limit (default: the model's); longer prompts are truncated and counted.
         seed: seeds shuffling and dropout (CPU runs are deterministic for a fixed seed and thread count).
         init_bias: start the head's output at the mean training target.
@@ -310,9 +372,24 @@ def train_predictor(
     """
     t0 = time.perf_counter()
     _check_args(epochs, batch_size, lr, loss, patience, len(train_texts), len(val_texts))
+    if batching not in BATCHINGS:
+        raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
     data = _prepare_data(
-        tokenizer, train_texts, train_lengths, val_texts, val_lengths, max_length or model.spec.max_length
+        tokenizer,
+        train_texts,
+        train_lengths,
+        val_texts,
+        val_lengths,
+        max_length or model.spec.max_length,
+        model.spec.truncation_side,
     )
+    lexical = None
+    if any(w > 0 for w in lexical_weights):  # the lexical ridge first, on the training prompts only
+        from asp.predictor.lexical import fit_lexical
+
+        lexical = fit_lexical(data.train.input_ids, data.y_train.numpy())
+    model.lexical = None  # the network trains and early-stops alone
+    model.spec = dataclasses.replace(model.spec, lexical_weight=0.0)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     if init_bias:
@@ -320,7 +397,7 @@ def train_predictor(
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=lr, weight_decay=weight_decay)
     result = TrainResult(n_truncated_train=data.train.n_truncated, n_truncated_val=data.val.n_truncated)
     on_step = _step_counter(progress, epochs * math.ceil(len(train_texts) / batch_size))
-    spec = _LossSpec(batch_size, loss, rank_weight)
+    spec = _LossSpec(batch_size, loss, rank_weight, batching)
     best = _BestEpoch(patience)
     for epoch in range(1, epochs + 1):
         started = time.perf_counter()
@@ -334,6 +411,8 @@ def train_predictor(
             break
     best.restore(model)
     result.best_val_tau = best.tau
+    if lexical is not None:
+        result.lexical_weight, result.best_val_tau = _pick_lexical_weight(model, lexical, data, lexical_weights)
     result.best_epoch = best.epoch if best.state is not None else len(result.history)
     model.eval()
     result.wall_s = time.perf_counter() - t0

@@ -5,6 +5,8 @@ Layout of a saved predictor::
     predictor.json          format, backbone path, kind, pooling, max_length, target transform, LoRA/head, meta
     adapter/                peft LoRA adapter (adapter_config.json + adapter_model.safetensors)
     head.safetensors        regression head
+    backbone.safetensors    instead of adapter/: the whole fine-tuned backbone (``lora_r`` 0, small encoders)
+    lexical.safetensors     the TF-IDF ridge (``lexical_weight`` > 0): feature ids, idf, weights, intercept, penalty
     tokenizer/              the tokenizer (as used in training, pad token included)
 
 The backbone weights are not copied: ``predictor.json`` records their local path (or the reference the caller
@@ -25,17 +27,20 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from asp.errors import UserError
 from asp.io import atomic_path
+from asp.predictor.lexical import LexicalModel
 from asp.predictor.model import LengthPredictor, load_backbone
 
 FORMAT = "asp-length-predictor"
 VERSION = 1
 ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_FILES = ("adapter/adapter_config.json", "adapter/adapter_model.safetensors")
 SET_VALUED = ("target_modules", "exclude_modules", "modules_to_save")  # lists peft holds as sets
 REQUIRED_KEYS = (
     "backbone_path",
@@ -66,7 +71,12 @@ def canonical_adapter_config(config: dict[str, Any], backbone_ref: str | None = 
 
 
 def _save_adapter(model: LengthPredictor, adapter_dir: Path, backbone_ref: str | None) -> None:
-    """peft's ``save_pretrained``, then a canonical ``adapter_config.json`` and no model card (see module doc)."""
+    """peft's ``save_pretrained``, then a canonical ``adapter_config.json`` and no model card (see module doc);
+    a fully fine-tuned backbone (``lora_r`` 0) goes to backbone.safetensors next to ``adapter_dir`` instead."""
+    if model.spec.lora_r == 0:
+        weights = {k: v.detach().cpu().contiguous() for k, v in model.backbone.state_dict().items()}
+        save_file(weights, str(adapter_dir.parent / "backbone.safetensors"))
+        return
     model.backbone.save_pretrained(str(adapter_dir), safe_serialization=True, save_embedding_layers=False)
     config_path = adapter_dir / ADAPTER_CONFIG
     config = canonical_adapter_config(json.loads(config_path.read_text()), backbone_ref)
@@ -115,6 +125,9 @@ def save_predictor(
         _save_adapter(model, tmp / "adapter", backbone_ref)
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(tmp / "head.safetensors"))
+        if model.lexical is not None:
+            arrays = {k: torch.from_numpy(v) for k, v in model.lexical.to_arrays().items()}
+            save_file(arrays, str(tmp / "lexical.safetensors"))
         tokenizer.save_pretrained(str(tmp / "tokenizer"))
         (tmp / "predictor.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return out
@@ -139,7 +152,9 @@ def read_predictor_info(pred_dir: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"{f} lacks the keys {missing}; re-run the train_predictor stage")
     if int(info.get("version", 0)) > VERSION:
         raise UserError(f"{f} has format version {info['version']}, newer than this asp ({VERSION}); upgrade asp")
-    for rel in ("adapter/adapter_config.json", "adapter/adapter_model.safetensors", "head.safetensors", "tokenizer"):
+    weights = ("backbone.safetensors",) if int(info["lora_r"]) == 0 else ADAPTER_FILES
+    lexical = ("lexical.safetensors",) if float(info.get("lexical_weight", 0.0)) > 0 else ()
+    for rel in (*weights, *lexical, "head.safetensors", "tokenizer"):
         if not (d / rel).exists():
             raise UserError(f"saved predictor {d} is incomplete: {d / rel} is missing; re-run train_predictor")
     return info
@@ -189,8 +204,16 @@ def load_predictor(
             head_hidden=info["head_hidden"],
             head_dropout=info["head_dropout"],
             adapter_dir=d / "adapter",
+            pooling=info["pooling"],
+            truncation_side=info.get("truncation_side", "right"),
+            lexical_weight=float(info.get("lexical_weight", 0.0)),
         )
+        if int(info["lora_r"]) == 0:
+            model.backbone.load_state_dict(load_file(str(d / "backbone.safetensors")), strict=True)
         model.head.load_state_dict(load_file(str(d / "head.safetensors")), strict=True)
+        if model.spec.lexical_weight > 0:
+            arrays = {k: v.numpy() for k, v in load_file(str(d / "lexical.safetensors")).items()}
+            model.lexical = LexicalModel.from_arrays(arrays)
     except (SafetensorError, RuntimeError, ValueError, KeyError, OSError) as e:
         raise UserError(
             f"saved predictor {d} could not be loaded ({type(e).__name__}: {e}); its adapter or head "

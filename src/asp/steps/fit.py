@@ -1,7 +1,7 @@
 """Fit a predictor, written once: `asp.predictor.train.train_predictor` with its training arguments (batch size,
-learning rate, weight decay, loss, rank weight, patience) from the ``predictor:`` params. The train_predictor stage
-trains a fresh predictor for `predictor.epochs`; re-profiling (`asp.adaptation.reprofile`) fine-tunes the current
-one for `drift.reprofile_epochs`.
+learning rate, weight decay, loss, rank weight, patience, batching) from the ``predictor:`` params. The
+train_predictor stage trains a fresh predictor for `predictor.epochs`; re-profiling (`asp.adaptation.reprofile`)
+fine-tunes the current one for `drift.reprofile_epochs`.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def fit_predictor(
         loss=predictor.loss,
         rank_weight=predictor.rank_weight,
         patience=predictor.patience,
+        batching=predictor.batching,
+        lexical_weights=tuple(predictor.lexical_weights),
         seed=seed,
         progress=progress,
         on_epoch=on_epoch,
