@@ -431,7 +431,7 @@ def test_the_deployments_parameters_are_typed_and_the_drift_loop_says_drift_is_o
     project: dict[str, Any], served: dict[str, str]
 ) -> None:
     """What the UI reads: the Parameters tab shows each property's `type` (an optional `X | None` has none), the
-    Custom-run form offers configs/'s presets as a choice; the drift loop's description says drift is off here."""
+    Custom-run form offers configs/'s presets as a choice; the drift loop's description says why it will not re-profile here."""
     props = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}")["parameter_openapi_schema"]["properties"]
     types = {name: prop.get("type") for name, prop in props.items()}
     assert types == {"stages": "array", "preset": "string", "overrides": "object", "force": "boolean"}
@@ -440,7 +440,7 @@ def test_the_deployments_parameters_are_typed_and_the_drift_loop_says_drift_is_o
     assert props["overrides"]["default"] == {} and "dotted keys" in props["overrides"]["description"]
     assert props["stages"]["items"]["enum"] == stage_names(project["repo"] / "dvc.yaml")
     loop = prefect_api(served, "/deployments/name/asp-drift-loop/asp-drift-loop")["description"]
-    assert "drift is off (drift.enabled: false)" in loop and "asp preset apply drift-demo" in loop
+    assert "drift.action is recalibrate, not reprofile" in loop and "asp preset apply drift-demo" in loop
 
 
 def test_an_override_runs_note_links_its_own_mlflow_run_and_plots(

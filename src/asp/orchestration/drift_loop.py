@@ -134,8 +134,8 @@ ReprofileFn = Callable[[LoopRun, str], ReprofileOutcome]  # (run, reason) -> out
 
 
 TURN_ON = (
-    "To turn drift on, set drift.enabled: true and drift.action: reprofile in params.yaml (`asp preset apply "
-    "drift-demo` sets up the CPU drift demo), then run the loop again"
+    "To have the loop re-profile, set drift.enabled: true and drift.action: reprofile in params.yaml (`asp preset "
+    "apply drift-demo` sets up the CPU drift demo), then run the loop again"
 )
 
 
@@ -338,7 +338,7 @@ def drift_loop(
         on_line(f"[drift-loop] {off}: launch never hands a drift event over, so this run is one launch. {TURN_ON}.")
     result = LoopResult()
     with run:
-        plan = "one launch (drift off)" if off else f"at most {limit} re-profile(s)"
+        plan = "one launch (no re-profiling)" if off else f"at most {limit} re-profile(s)"
         on_line(f"[drift-loop] '{run.label}': {plan}; MLflow {run.parent_url or '(off)'}")
         pending = claim_pending(run.state_dir)
         if pending:
