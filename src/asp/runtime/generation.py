@@ -192,7 +192,9 @@ class GenerationActor:
         self.version = update.version
         return time.perf_counter() - start
 
-    def generate(self, items: list[WorkItem], update: WeightUpdate | None) -> list[MinibatchOutput | Failure]:
+    def generate(
+        self, items: list[WorkItem], update: WeightUpdate | None
+    ) -> list[MinibatchOutput | SegmentOutput | Failure]:
         """Reload first if `update` is newer (deferred reload), then decode `items` one after the other.
 
         Usually one minibatch per call; the GU coalesces several only when they take milliseconds each.
