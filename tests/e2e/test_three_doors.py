@@ -431,7 +431,8 @@ def test_the_deployments_parameters_are_typed_and_the_drift_loop_says_drift_is_o
     project: dict[str, Any], served: dict[str, str]
 ) -> None:
     """What the UI reads: the Parameters tab shows each property's `type` (an optional `X | None` has none), the
-    Custom-run form offers configs/'s presets as a choice; the drift loop's description says why it will not re-profile here."""
+    Custom-run form offers configs/'s presets as a choice; the drift loop's description says why it will not
+    re-profile here."""
     props = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}")["parameter_openapi_schema"]["properties"]
     types = {name: prop.get("type") for name, prop in props.items()}
     assert types == {"stages": "array", "preset": "string", "overrides": "object", "force": "boolean"}

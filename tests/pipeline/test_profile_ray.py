@@ -182,3 +182,13 @@ def test_pool_layout_is_a_count_or_launchs() -> None:
     rt = RuntimeConfig(generation_units=3, actors_per_unit=4)
     assert profile_actors.pool_size(rt, "runtime") == 12 and profile_actors.pool_size(rt, 5) == 5
     assert profile_actors.pool_config(rt, 5).generation_units == 1
+
+
+def test_a_failed_engine_call_is_reported_with_its_reason() -> None:
+    """The dispatcher reads an actor's `Failure` as the error text to retry on (its `reason`)."""
+    from asp.control.messages import Failure
+    from asp.runtime.profile_actors import _one_error
+
+    assert (
+        _one_error([Failure(task_id=3, attempt=0, gu=0, actor=1, reason="CUDA out of memory")]) == "CUDA out of memory"
+    )

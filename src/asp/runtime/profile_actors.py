@@ -270,7 +270,7 @@ def minibatch_result(out: MinibatchOutput, max_new_tokens: int) -> MinibatchResu
 
 
 def _one_error(result: list[MinibatchOutput | Failure]) -> str | None:
-    return result[0].error if isinstance(result[0], Failure) else None
+    return result[0].reason if isinstance(result[0], Failure) else None
 
 
 class ProfileRunner:
@@ -382,7 +382,18 @@ def predict_sharded(
     the k prompts of each finished batch.
     """
     config = pool_config(runtime, actors)
-    common = dict(max_attempts=config.max_attempts, stall_timeout_s=config.stall_timeout_s, error_of=_no_error)
+
+    def run(tasks: list[Task], submit: Callable[[Any, Task], Any], what: str) -> Iterator[tuple[Task, Any, int]]:
+        return fan_out(
+            handles,
+            tasks,
+            submit,
+            error_of=_no_error,
+            max_attempts=config.max_attempts,
+            stall_timeout_s=config.stall_timeout_s,
+            what=what,
+        )
+
     cwd = os.getcwd()
     with actor_pool(
         config, PredictorActor, lambda g, a: (loader, cwd), what="predictor", knob="predict.actors"
@@ -390,21 +401,15 @@ def predict_sharded(
         bounds = np.linspace(0, len(texts), len(handles) + 1).round().astype(int)
         parts = [Task(i, texts[lo:hi]) for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))]
         encoded: dict[int, tuple[list[list[int]], list[bool]]] = {}
-        for task, result, _ in fan_out(
-            handles, parts, lambda h, t: h.encode.remote(t.payload), what="predictor encode", **common
-        ):
+        for task, result, _ in run(parts, lambda h, t: h.encode.remote(t.payload), "predictor encode"):
             encoded[task.index] = result
         ids = [row for i in range(len(parts)) for row in encoded[i][0]]
         n_truncated = sum(sum(encoded[i][1]) for i in range(len(parts)))
         order = np.argsort([-len(s) for s in ids], kind="stable")
         batches = [Task(b, order[s : s + batch_size]) for b, s in enumerate(range(0, len(ids), batch_size))]
         out = np.empty(len(ids), dtype=np.float64)
-        for task, result, _ in fan_out(
-            handles,
-            batches,
-            lambda h, t: h.predict.remote([ids[i] for i in t.payload]),
-            what="predictor batch",
-            **common,
+        for task, result, _ in run(
+            batches, lambda h, t: h.predict.remote([ids[i] for i in t.payload]), "predictor batch"
         ):
             out[task.payload] = result
             if progress is not None:
