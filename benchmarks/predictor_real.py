@@ -227,7 +227,8 @@ def demo(a: argparse.Namespace, params: Any) -> None:
     m = ranking_metrics(pred, true)
     print(
         f"demo world: held-out Kendall tau {m['kendall_tau']:.3f}, Spearman {m['spearman']:.3f} on {len(true)} "
-        f"prompts; best epoch {result.best_epoch} of {len(result.history)}, train {sec:.0f} s"
+        f"prompts; best epoch {result.best_epoch} of {len(result.history)}, lexical weight {result.lexical_weight}, "
+        f"train {sec:.0f} s ({a.threads} torch threads)"
     )
 
 
