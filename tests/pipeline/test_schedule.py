@@ -103,7 +103,7 @@ def test_raw_schedule_layout_metrics_and_tracking(tmp_path: Path, new_tracker: C
     sorted_cv = _group_cv(mb.sort_values("minibatch_id")["load"].to_numpy())
     assert metrics["schedule/predicted_CV"] < 0.25 * sorted_cv  # balancing evens out the groups' loads
 
-    assert not any(k.startswith("schedule/ablation/") for k in metrics) and not paths.ablation_csv.exists()
+    assert not any(k.startswith("schedule/ablation/") for k in metrics) and _header_only(paths.ablation_csv)
     assert json.loads(paths.metrics.read_text()) == pytest.approx(metrics)
     summary = json.loads((paths.out_dir / "summary.json").read_text())
     assert summary["n_prompts"] == N and summary["minibatch_size"]["min"] >= B
@@ -194,8 +194,27 @@ def test_raw_loads_ablation_over_seeds_and_no_ablation_without_the_heldout_split
     paths.heldout.unlink()
     paths.ablation_csv.unlink()
     metrics = schedule.run(PARAMS, paths, NullTracker())
-    assert not any(k.startswith("schedule/ablation/") for k in metrics) and not paths.ablation_csv.exists()
+    assert not any(k.startswith("schedule/ablation/") for k in metrics) and _header_only(paths.ablation_csv)
     assert "heldout.parquet: missing, so no C0-C4 ablation" in capsys.readouterr().err
+
+
+def test_too_few_heldout_prompts_still_write_the_declared_ablation_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fewer held-out prompts with lengths than two batch groups (e.g. your own lengths cover few of them): no
+    ablation, one line saying so, and plots/schedule_ablation.csv (a DVC output) exists with its header only."""
+    paths = _profiled_inputs(tmp_path)
+    params = make_params({"schedule": {**SCHEDULE, "b": 8, "k": 4}})  # 2 * b * k = 64 > the held-out prompts
+    metrics = schedule.run(params, paths, NullTracker())
+    assert not any(k.startswith("schedule/ablation/") for k in metrics) and _header_only(paths.ablation_csv)
+    assert "fewer than two batch groups" in capsys.readouterr().err
+
+
+def _header_only(path: Path) -> bool:
+    """The ablation CSV exists with the full table's columns and no row."""
+    table = pd.read_csv(path)
+    columns = ["condition", "D", "D_sd", "P", "P_sd", "CV", "CV_sd", "spread", "spread_sd"]
+    return table.empty and table.columns.tolist() == columns
 
 
 def test_fixed_loads_refuse_other_predictions() -> None:

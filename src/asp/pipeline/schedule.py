@@ -166,8 +166,15 @@ def save_schedule(sched: Any, summary: dict[str, Any], out_dir: Path) -> None:
 
 
 def save_ablation(table: pd.DataFrame, path: Path, tracker: Tracker) -> None:
-    """The C0-C4 table as CSV (one row per condition), logged under tables/; nothing when there is none."""
+    """The C0-C4 table as CSV (one row per condition), logged under tables/. Without an ablation (no held-out
+    lengths, or fewer than two batch groups of them) the file holds the header only: it is a declared DVC output,
+    so it must exist for `dvc repro` to go on."""
+    from asp.schedule.ablation import METRICS
+
     if table.empty:
+        columns = ["condition", *(c for m in METRICS for c in (m, f"{m}_sd"))]
+        with atomic_path(path) as tmp:
+            pd.DataFrame(columns=columns).to_csv(tmp, index=False)
         return
     with atomic_path(path) as tmp:
         table.rename_axis("condition").reset_index().to_csv(tmp, index=False, float_format="%.6g")
