@@ -210,6 +210,8 @@ LONGEST_MODULES = (
     "tests/pipeline/test_kill_points.py",
     "tests/e2e/test_three_doors.py",
     "tests/pipeline/test_drift_e2e.py",
+    "tests/e2e/test_profile_import_e2e.py",
+    "tests/runtime/test_multinode.py",
     "tests/trainers/test_grpo_run.py",
     "tests/e2e/test_stages_demo.py",
     "tests/trainers/test_fsdp.py",
@@ -223,6 +225,9 @@ LONGEST_MODULES = (
     "tests/demo/test_demo_policy.py",
     "tests/pipeline/test_determinism.py",
     "tests/pipeline/test_reprofile.py",
+    "tests/pipeline/test_profile_ray.py",
+    "tests/pipeline/test_partial_kill.py",
+    "tests/drift/test_real_streams.py",
     "tests/pipeline/test_simulate.py",
     "tests/test_ui_servers.py",
 )
