@@ -181,3 +181,25 @@ def test_pooling_choice_and_full_fine_tuning(minilm_path: Path) -> None:
         LengthPredictor(load_backbone(minilm_path, max_length=32), pooling="max")
     with pytest.raises(UserError, match="truncation_side"):
         LengthPredictor(load_backbone(minilm_path, max_length=32), truncation_side="top")
+
+
+def test_reprofile_fine_tunes_a_fully_fine_tuned_predictor_whole(minilm_path: Path) -> None:
+    """A re-profile continues training the loaded predictor as it was trained: with `predictor.lora.r: 0` (loaded
+    frozen, like saved adapters) every backbone weight trains again, not only the head."""
+    import numpy as np
+
+    from asp.adaptation.reprofile import fine_tune
+    from asp.config import Params, deep_merge, validate_params
+
+    overlay = {"predictor": {"lora": {"r": 0}, "batch_size": 2, "max_length": 32}, "drift": {"reprofile_epochs": 1}}
+    params = validate_params(deep_merge(Params.defaults().model_dump(mode="json"), overlay), "test params")
+    backbone = load_backbone(minilm_path, max_length=32)
+    model = LengthPredictor(backbone, lora_r=0, seed=0)
+    model.backbone.requires_grad_(False)  # as loaded from a checkpoint
+    before = {n: p.detach().clone() for n, p in model.backbone.named_parameters()}
+    texts = [*TEXTS, "Add mod 10: a=2 b=2 c=2", "Add mod 10: a=5 b=1 c=1 d=1", "Add mod 10: a=4 b=4"]
+    roles = np.array(["train", "train", "train", "train", "val", "val"])
+    fine_tune(model, backbone.tokenizer, texts, np.array([8.0, 30.0, 4.0, 14.0, 20.0, 10.0]), roles, params, seed=0)
+    assert all(p.requires_grad for p in model.backbone.parameters())
+    after = dict(model.backbone.named_parameters())
+    assert any(not torch.equal(before[n], after[n].detach()) for n in before)  # the backbone itself moved

@@ -129,10 +129,12 @@ def fine_tune(
     params: Params,
     seed: int,
 ) -> TrainResult:
-    """Continue training the loaded predictor (its LoRA adapters made trainable again) on the 'train' prompts,
-    early stopping on the 'val' ones; `drift.reprofile_epochs` epochs at most."""
+    """Continue training the loaded predictor (its LoRA adapters made trainable again; with `predictor.lora.r: 0`
+    the whole backbone, as it was trained) on the 'train' prompts, early stopping on the 'val' ones;
+    `drift.reprofile_epochs` epochs at most."""
+    full = model.spec.lora_r == 0
     for name, p in model.backbone.named_parameters():
-        if "lora_" in name:
+        if full or "lora_" in name:
             p.requires_grad_(True)
 
     def part(role: str) -> tuple[list[str], np.ndarray]:
