@@ -390,7 +390,8 @@ def predictor_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None
     bb = load_backbone(model_dir, kind=p.kind, max_length=p.max_length, dtype=p.dtype)
     model = LengthPredictor(  # as the train_predictor stage's build_predictor builds it
         bb, lora_r=p.lora.r, lora_alpha=p.lora.alpha, lora_dropout=p.lora.dropout,
-        target_modules=p.lora.target_modules, head=p.head, seed=0,
+        target_modules=p.lora.target_modules, head=p.head, pooling=p.pooling, truncation_side=p.truncation_side,
+        seed=0,
     ).to(p.device)  # fmt: skip
     n_train = p.batch_size * sizes.predictor_batches
     texts = [text_of(sizes.predictor_prompt_tokens, 1000 + i) for i in range(n_train + 2)]
@@ -401,7 +402,7 @@ def predictor_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None
         f"{int(np.mean(tokens))}-token prompts (max_length {p.max_length}), loss {p.loss}"
     )
     kw = {"epochs": 1, "batch_size": p.batch_size, "lr": p.lr, "weight_decay": p.weight_decay, "loss": p.loss}
-    kw.update(rank_weight=p.rank_weight, patience=1, seed=0)
+    kw.update(rank_weight=p.rank_weight, patience=1, batching=p.batching, seed=0)
     k = p.batch_size
     train_predictor(model, bb.tokenizer, texts[:k], lengths[:k], texts[-2:], lengths[-2:], **kw)  # warm-up
     with peak(row, sizes.device):
