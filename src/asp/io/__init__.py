@@ -19,6 +19,7 @@ from asp.io.files import (
     json_text,
     read_json,
     read_json_lines,
+    read_utf8_text,
     write_json,
     write_parquet,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "json_text",
     "read_json",
     "read_json_lines",
+    "read_utf8_text",
     "write_json",
     "write_parquet",
 ]

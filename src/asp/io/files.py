@@ -20,6 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from asp.errors import UserError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
@@ -123,3 +125,18 @@ def read_json_lines(path: str | Path) -> list[dict[str, Any]]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def read_utf8_text(path: Path) -> str:
+    """The file decoded as UTF-8 (a leading byte-order mark is skipped); UserError naming the first bad byte."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        lineno, column = data.count(b"\n", 0, exc.start) + 1, exc.start - line_start + 1
+        raise UserError(
+            f"{path}: line {lineno}, byte {column} of that line (byte 0x{data[exc.start]:02x}) is not valid UTF-8. "
+            "JSON/JSONL datasets must be UTF-8: re-encode the file (e.g. `iconv -f latin1 -t utf-8 IN > OUT` "
+            "if it is Latin-1) or fix that line."
+        ) from None

@@ -31,6 +31,7 @@ import pandas as pd
 
 from asp.config import LengthsFileParams
 from asp.errors import UserError
+from asp.io.files import read_utf8_text
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 FINISH_REASONS = ("stop", "length")
@@ -83,7 +84,7 @@ def _read_file(path: Path) -> list[Record]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         out = []
-        for lineno, line in enumerate(_text(path).split("\n"), start=1):
+        for lineno, line in enumerate(read_utf8_text(path).split("\n"), start=1):
             if line.strip():
                 try:
                     rec = json.loads(line)
@@ -93,7 +94,7 @@ def _read_file(path: Path) -> list[Record]:
         return out
     if suffix == ".json":
         try:
-            data = json.loads(_text(path))
+            data = json.loads(read_utf8_text(path))
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
         if isinstance(data, dict) and isinstance(data.get("data"), list):
@@ -109,13 +110,6 @@ def _read_file(path: Path) -> list[Record]:
     first = 2 if suffix == ".csv" else 0  # CSV: the header is line 1
     unit = "line" if suffix == ".csv" else "row"
     return [(f"{path} {unit} {first + i}", rec) for i, rec in enumerate(frame.to_dict("records"))]
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: byte {exc.start} is not valid UTF-8; re-encode the file as UTF-8.") from None
 
 
 def _object(rec: Any, where: str) -> dict[str, Any]:

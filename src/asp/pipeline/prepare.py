@@ -26,7 +26,7 @@ import pandas as pd
 
 from asp.config import DEMO_DATASET, Params, PrepareParams
 from asp.errors import UserError
-from asp.io import write_json, write_parquet
+from asp.io import read_utf8_text, write_json, write_parquet
 from asp.steps.loaders import load_policy_tokenizer, policy_context_length
 from asp.steps.paths import PreparePaths as Paths
 from asp.tracking import Tracker
@@ -47,7 +47,7 @@ def read_records(path: str | Path) -> pd.DataFrame:
         return _read_parquet(path)
     if suffix == ".jsonl":
         rows = []
-        for lineno, line in enumerate(_utf8_text(path).split("\n"), start=1):
+        for lineno, line in enumerate(read_utf8_text(path).split("\n"), start=1):
             if not line.strip():
                 continue
             try:
@@ -57,28 +57,13 @@ def read_records(path: str | Path) -> pd.DataFrame:
         return _frame(rows, path)
     if suffix == ".json":
         try:
-            data = json.loads(_utf8_text(path))
+            data = json.loads(read_utf8_text(path))
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         return _frame(data, path)
     raise UserError(f"{path}: unsupported file type '{suffix}'. Use .json (a list of objects), .jsonl or .parquet.")
-
-
-def _utf8_text(path: Path) -> str:
-    """The file decoded as UTF-8 (a leading byte-order mark is skipped); UserError naming the first bad byte."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line_start = data.rfind(b"\n", 0, exc.start) + 1
-        lineno, column = data.count(b"\n", 0, exc.start) + 1, exc.start - line_start + 1
-        raise UserError(
-            f"{path}: line {lineno}, byte {column} of that line (byte 0x{data[exc.start]:02x}) is not valid UTF-8. "
-            "JSON/JSONL datasets must be UTF-8: re-encode the file (e.g. `iconv -f latin1 -t utf-8 IN > OUT` "
-            "if it is Latin-1) or fix that line."
-        ) from None
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
