@@ -11,7 +11,7 @@ comma := ,
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install browser run test test-fast lint bench clean
+.PHONY: install browser run test test-all test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -30,8 +30,12 @@ run: install
 	asp repro
 
 # The suite in WORKERS pytest-xdist processes (0: in this process), one test module per worker at a time
-# (--dist loadscope: a module's fixtures are built once). `make test-fast` skips the tests marked slow.
+# (--dist loadscope: a module's fixtures are built once). `make test` (the README's test command, CI's) skips the
+# tests marked extended, `make test-all` runs every test, `make test-fast` skips the tests marked slow.
 test: install browser
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not extended" --durations=25
+
+test-all: install browser
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
 
 test-fast: install

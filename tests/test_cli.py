@@ -199,6 +199,7 @@ def test_repro_failure_fails_the_command_make_run_and_the_parent_run(tmp_path: P
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the retry policy itself: tests/orchestration/test_retry.py; a timeout: test_cancel.py
 def test_repro_retries_a_failed_stage_and_stops_one_past_its_timeout(tmp_path: Path) -> None:
     import time
 

@@ -182,7 +182,9 @@ def _stage_pid(root: Path, proc: subprocess.Popen, log: Path, timeout_s: float =
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm to asp", "sigterm to the stage"])
+@pytest.mark.parametrize(
+    "how", ["ctrl-c", pytest.param("sigterm to asp", marks=pytest.mark.extended), "sigterm to the stage"]
+)
 def test_interrupted_repro_ends_parent_and_stage_killed(project: tuple[Path, str], how: str) -> None:
     root, experiment = project
     env = dict(os.environ, SLEEPY="sleep", DVC_NO_ANALYTICS="1")

@@ -2,9 +2,9 @@
 lengths) in rollouts/ train, evaluate, predict and schedule with plain `dvc repro`, no profiling pass, in a
 real git + DVC copy of the project with tiny params. DVC stays truthful: the lengths file is the profile stage's
 dependency (dvc.yaml's `${profile.lengths.path}`), so changing it makes `dvc status` name profile, and once
-profile re-ran, the stages that read its outputs (train_predictor, evaluate, schedule). The simulate stage succeeds
-without simulating, saying it needs a generated profile. A bad record stops `asp stage profile` with exit 2 and one
-message naming the file and line, leaving outputs/profile as it was.
+profile re-ran, the stages that read its outputs (train_predictor, evaluate, schedule). (That simulate skips
+without a generated profile is tests/pipeline/test_profile_import.py's.) A bad record stops `asp stage profile`
+with exit 2 and one message naming the file and line, leaving outputs/profile as it was.
 """
 
 from __future__ import annotations
@@ -97,10 +97,9 @@ def test_user_lengths_jsonl_through_dvc_repro(tmp_path: Path) -> None:
     _sh(["git", "add", "-A"], repo)
     _sh(["git", "commit", "-qm", "project"], repo)
 
-    first = _dvc(repo, "repro", "simulate")  # simulate follows schedule: everything up to it runs
-    stages = ("profile", "train_predictor", "evaluate", "predict", "schedule", "simulate")
+    first = _dvc(repo, "repro", "schedule")  # everything schedule needs runs
+    stages = ("profile", "train_predictor", "evaluate", "predict", "schedule")
     assert all(f"Running stage '{s}'" in first.stdout for s in stages)
-    assert "[simulate] skipped: no generated profile" in first.stdout + first.stderr
     samples = pd.read_parquet(repo / "outputs/profile/samples.parquet")
     prompts = pd.concat(pd.read_parquet(repo / f"outputs/prompts/{r}.parquet") for r in ("profile", "heldout"))
     text = dict(zip(prompts["prompt_id"], prompts["problem"], strict=True))
@@ -113,12 +112,11 @@ def test_user_lengths_jsonl_through_dvc_repro(tmp_path: Path) -> None:
     assert np.isfinite(json.loads((repo / "metrics/predictor.json").read_text())["predictor/kendall_tau"])
     assert (repo / "outputs/schedule/schedule.parquet").is_file() and (repo / "outputs/predictions.parquet").is_file()
     status = json.loads(_dvc(repo, "status", "--json").stdout)
-    assert set(status) == {"launch"}  # never run here; everything up to simulate is up to date
-    assert json.loads((repo / "metrics/simulate.json").read_text()) == {"simulate/enabled": 0}
+    assert set(status) == {"simulate", "launch"}  # never run here; everything up to schedule is up to date
 
     _write_lengths(repo, records, 1.5)  # the user's file changes: profile and what follows are stale
     stale = json.loads(_dvc(repo, "status", "--json").stdout)
-    assert set(stale) == {"profile", "launch"} and LENGTHS in json.dumps(stale["profile"])
+    assert set(stale) == {"profile", "simulate", "launch"} and LENGTHS in json.dumps(stale["profile"])
     assert "Running stage 'profile'" in _dvc(repo, "repro", "profile").stdout
     assert pd.read_parquet(repo / "outputs/profile/samples.parquet")["length"].mean() > samples["length"].mean()
     after = json.loads(_dvc(repo, "status", "--json").stdout)  # the new lengths reach the predictor and evaluate

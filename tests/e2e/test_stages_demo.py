@@ -1,12 +1,13 @@
 """Every stage's `run` on the demo task with tiny params, chained through files in a temporary directory,
 logged to a temporary SQLite MLflow store: counts match the configured sizes, the predictor ranks held-out
 prompts well, and every metrics file agrees with the outputs and the MLflow runs; then a killed profile run
-resumes from its saved chunks and an interrupted GRPO launch resumes in the same MLflow run."""
+resumes from its saved chunks; and (`make test-all`) an interrupted GRPO launch resumes in the same MLflow run."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -63,8 +64,10 @@ STAGES = {
 }
 
 
-@pytest.mark.slow
-def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory, _mlflow_store: str) -> dict[str, Any]:
+    """Every stage run once, in order, in one temporary directory (the module's tests share it)."""
+    tmp_path = tmp_path_factory.mktemp("stages_demo")
     params = validate_params(tiny_params(LEARNING_POLICY))
     paths = _paths(tmp_path)
     run_ids = {}
@@ -72,6 +75,12 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
         with open_tracker(name, experiment="e2e") as tracker:
             module.run(params, paths[name], tracker)
             run_ids[name] = tracker.run_id
+    return {"root": tmp_path, "params": params, "paths": paths, "run_ids": run_ids}
+
+
+@pytest.mark.slow
+def test_demo_pipeline_end_to_end(demo: dict[str, Any]) -> None:
+    tmp_path, params, paths, run_ids = demo["root"], demo["params"], demo["paths"], demo["run_ids"]
 
     prep = TINY["prepare"]
     profiled = prep["profile_prompts"] + prep["heldout_prompts"]
@@ -101,7 +110,12 @@ def test_demo_pipeline_end_to_end(tmp_path: Path, _mlflow_store: str) -> None:
     key_dir = tmp_path / "outputs/.work/profile"
     assert not any(key_dir.rglob("chunk_*.parquet"))  # cleaned after success
     _resume_keeps_chunks(params, paths["profile"], samples)
-    _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path, paths["launch"])
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # a GRPO launch killed and resumed in its MLflow run: tests/pipeline/test_kill_points.py
+def test_grpo_launch_interrupted_by_ctrl_c_resumes_in_the_same_mlflow_run(demo: dict[str, Any]) -> None:
+    _grpo_launch_resumes_in_the_same_mlflow_run(demo["root"], demo["paths"]["launch"])
 
 
 def _logged(run_id: str, metrics: dict) -> dict:

@@ -301,6 +301,7 @@ def test_a_bad_override_fails_the_flow_run_at_once(project: dict[str, Any], serv
     assert run["total_run_time"] < 30.0
 
 
+@pytest.mark.extended  # run names: test_custom_run_clicked_in_the_browser names its run too
 def test_a_ui_run_keeps_the_run_name_the_user_typed(project: dict[str, Any], served: dict[str, str]) -> None:
     """The Custom run form's Run Name stays the flow run's name and the MLflow parent run's, what runs goes to a
     tag; a run without one (Quick run) is named after what runs and when (the up-to-date test above)."""
@@ -444,6 +445,7 @@ def test_the_deployments_parameters_are_typed_and_the_drift_loop_says_drift_is_o
     assert "drift.action is recalibrate, not reprofile" in loop and "asp preset apply drift-demo" in loop
 
 
+@pytest.mark.extended
 def test_an_override_runs_note_links_its_own_mlflow_run_and_plots(
     project: dict[str, Any], served: dict[str, str]
 ) -> None:

@@ -184,6 +184,7 @@ def test_two_drifts_reprofile_twice_then_the_last_launch_runs_without_handoff(
     assert {"flow-run", "mlflow"} <= roles
 
 
+@pytest.mark.extended  # an interrupted loop: test_an_interrupted_loop_leaves_dvc_saying_launch_must_run
 def test_a_pending_event_left_by_an_interrupted_loop_is_reprofiled_first(
     server: dict[str, str], tmp_path: Path
 ) -> None:

@@ -202,6 +202,7 @@ def test_drift_stops_reprofiles_standalone_and_resumes_exactly_once(
     assert saved["drift/summary/reprofiles"] == 1
 
 
+@pytest.mark.extended  # the rejected report itself: tests/pipeline/test_reprofile.py (closed gate)
 def test_a_rejected_reprofile_keeps_the_schedule_and_the_run_continues(
     project: dict[str, Any],
     ray_cluster: Any,

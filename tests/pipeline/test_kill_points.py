@@ -16,6 +16,7 @@ through the same `run_stage`. Checked after the rerun:
   writes the same samples as an unkilled run, in the killed attempt's MLflow run, FINISHED, metrics logged once.
 
 The stage processes join this session's Ray cluster (`runtime.ray_address`), so no test starts Ray of its own.
+`make test` (CI) kills at 6 of the 11 points, one of each kind of rerun; `make test-all` at every point.
 """
 
 from __future__ import annotations
@@ -190,7 +191,15 @@ LAUNCH_POINTS = {  # point -> what the rerun says it does, and the step it resum
 }
 
 
-@pytest.mark.parametrize("point", list(LAUNCH_POINTS))
+# CI (`make test`) kills before the first step, mid-run and after the outputs; the kills just after the last step
+# and after training (the same "nothing is trained again" rerun) run in `make test-all`.
+EXTENDED = pytest.mark.extended
+
+
+@pytest.mark.parametrize(
+    "point",
+    [pytest.param(p, marks=EXTENDED) if p in (f"checkpoint@{STEPS}", "launch:trained") else p for p in LAUNCH_POINTS],
+)
 def test_launch_killed_at_a_phase_boundary_continues_exactly_once(
     point: str,
     inputs: Path,
@@ -227,7 +236,9 @@ def test_launch_killed_at_a_phase_boundary_continues_exactly_once(
 GRPO_POINTS = {"launch:trained": (0, 1), "launch:evaluated": (1, 0)}  # held-out measured by (killed, rerun)
 
 
-@pytest.mark.parametrize("point", list(GRPO_POINTS))
+@pytest.mark.parametrize(
+    "point", [pytest.param(p, marks=EXTENDED) if p == "launch:trained" else p for p in GRPO_POINTS]
+)
 def test_grpo_launch_killed_around_the_heldout_evaluation_measures_it_once(
     point: str,
     inputs: Path,
@@ -282,7 +293,10 @@ PROFILE_POINTS = {
 }  # generated again
 
 
-@pytest.mark.parametrize("point", list(PROFILE_POINTS))
+@pytest.mark.parametrize(
+    "point",
+    [pytest.param(p, marks=EXTENDED) if p in ("profile:start", "profile:chunks") else p for p in PROFILE_POINTS],
+)
 def test_profile_killed_at_a_phase_boundary_generates_only_what_is_missing(
     point: str, inputs: Path, unkilled_profile: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

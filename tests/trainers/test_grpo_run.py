@@ -1,6 +1,6 @@
 """GRPO end to end on the shared Ray cluster: two HF actors with a tiny random Qwen2, the GRPO Training Unit,
-weights through the object store (on-policy check) or safetensors files, interrupt + resume, and a resume whose
-latest trainer checkpoint is damaged (runtime position and weights both from the previous step)."""
+weights through the object store (on-policy check) or safetensors files, and an interrupted files-transport run
+whose latest trainer checkpoint is damaged: the resume takes runtime position and weights from the previous step."""
 
 from __future__ import annotations
 
@@ -67,54 +67,19 @@ def test_on_policy_run_through_the_object_store(ray_cluster, tiny_qwen, tmp_path
 
 
 @pytest.mark.slow
-def test_files_transport_interrupt_and_resume(ray_cluster, tiny_qwen, tmp_path):
-    plan, prompts = make_plan(8, 2)
-    cfg = grpo_config(
-        checkpoint_interval=2,
-        max_policy_lag=2,
-    )
-    trainer = factory(tiny_qwen, tmp_path, cfg, prompts, transport="files", keep_snapshots=2)
-
-    def interrupt(cu, metrics):
-        if cu.step == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run_async(
-            plan,
-            prompts,
-            engine(tiny_qwen),
-            cfg,
-            trainer_factory=trainer,
-            checkpoint_dir=tmp_path / "ck",
-            on_iteration=interrupt,
-        )
-    state = json.loads((tmp_path / "ck" / "runtime_state.json").read_text())
-    assert state["trainer_step"] == 2 and state["trainer_state"]["checkpoint"].endswith("step-00000002")
-    summary = run_async(plan, prompts, engine(tiny_qwen), cfg, trainer_factory=trainer, checkpoint_dir=tmp_path / "ck")
-    assert summary.resumed_from_step == 2 and [it["step"] for it in summary.iterations] == [1, 2, 3, 4]  # whole run
-    assert summary.iterations[2]["runtime/policy_version"] == 3  # continued from the restored version 2
-    resumed = [r for r in summary.minibatches if r["session"] == 1]
-    assert min(r["policy_version"] for r in resumed) >= 2  # actors loaded the restored weights
-    snaps = sorted(p.name for p in (tmp_path / "state" / "snapshots").iterdir())
-    assert len(snaps) == 2 and snaps[-1] == "snapshot-00000004.safetensors"
-    assert sorted(p.name for p in (tmp_path / "state" / "trainer").iterdir()) == ["step-00000002", "step-00000004"]
-    assert all(it["runtime/policy_lag_max"] <= 2 for it in summary.iterations)
-
-
-@pytest.mark.slow
-def test_damaged_trainer_checkpoint_resumes_runtime_and_weights_from_the_previous_step(
+def test_files_transport_interrupted_resumes_runtime_and_weights_from_the_last_intact_checkpoint(
     ray_cluster, tiny_qwen, tmp_path
 ):
-    # interrupted after step 3 (checkpoints every step, two trainer checkpoints kept); step 3's model.safetensors is
-    # then cut short. The rerun must resume runtime position AND weights from step 2, not step 3's position with
-    # step 2's weights: step 3 is trained again with version 2 -> 3, the Database gives its prompts out again.
+    # weights as safetensors files (two snapshots kept), checkpoints every step (two trainer checkpoints kept),
+    # interrupted after step 3; step 3's model.safetensors is then cut short. The rerun must resume runtime position
+    # AND weights from step 2, not step 3's position with step 2's weights: step 3 is trained again with version
+    # 2 -> 3, the Database gives its prompts out again, and the actors load the restored weights from a file.
     plan, prompts = make_plan(8, 2)
     cfg = grpo_config(
         checkpoint_interval=1,
         max_policy_lag=2,
     )
-    trainer = factory(tiny_qwen, tmp_path, cfg, prompts)
+    trainer = factory(tiny_qwen, tmp_path, cfg, prompts, transport="files", keep_snapshots=2)
 
     def interrupt(cu, metrics):
         if cu.step == 3:
@@ -125,6 +90,8 @@ def test_damaged_trainer_checkpoint_resumes_runtime_and_weights_from_the_previou
     )
     with pytest.raises(KeyboardInterrupt):
         run(on_iteration=interrupt)
+    state = json.loads((tmp_path / "ck" / "runtime_state.json").read_text())
+    assert state["trainer_step"] == 3 and state["trainer_state"]["checkpoint"].endswith("step-00000003")
     root = tmp_path / "state" / "trainer"
     assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000003"]
     model = root / "step-00000003" / "model.safetensors"
@@ -141,3 +108,6 @@ def test_damaged_trainer_checkpoint_resumes_runtime_and_weights_from_the_previou
     assert summary.metrics["runtime/summary/prompts_trained"] == 4 * 4  # steps 1-2 (kept), then 3 and 4 again
     assert sorted(p.name for p in root.iterdir()) == ["step-00000003", "step-00000004"]  # step 3 written anew
     assert all(checkpoint_problem(p) is None for p in root.iterdir())
+    snaps = sorted(p.name for p in (tmp_path / "state" / "snapshots").iterdir())
+    assert len(snaps) == 2 and snaps[-1] == "snapshot-00000004.safetensors"
+    assert all(it["runtime/policy_lag_max"] <= 2 for it in summary.iterations)

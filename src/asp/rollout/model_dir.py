@@ -69,12 +69,14 @@ def load_tokenizer(model_path: str | Path, padding_side: str = "left") -> PreTra
     Returns:
         A `transformers` tokenizer with a pad token (falls back to the EOS token when none is set).
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     path = Path(model_path)
     if (path / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast  # not AutoTokenizer: importing it costs seconds (auto maps)
+
         tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     else:
+        from transformers import AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     tok.padding_side = padding_side
     if tok.pad_token_id is None:
