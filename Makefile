@@ -33,7 +33,7 @@ run: install
 # (--dist loadscope: a module's fixtures are built once). `make test` (the README's test command, CI's) skips the
 # tests marked extended, `make test-all` runs every test, `make test-fast` skips the tests marked slow.
 test: install browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not extended" --durations=25
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not extended" --durations=40
 
 test-all: install browser
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
