@@ -11,12 +11,14 @@ of any model is used in training.
 
 Baselines on the same folds: prompt length (characters), TF-IDF (word 1-2 grams) ridge regression on log(1 +
 length) fitted on the training folds, the training folds' median (MAE only), and another model's lengths on the
-held-out prompts (a ceiling: a sibling model's real answers).
+held-out prompts (a ceiling: a sibling model's real answers), and the mean log length of all 13 other models'
+real answers to the held-out prompts (a higher ceiling: what a predictor that read 13 real answers would know).
 
 Run from the repo root (prints a markdown table, writes the out-of-fold predictions):
 
     .venv/bin/python benchmarks/predictor_real.py                        # 5 folds, the three targets
     .venv/bin/python benchmarks/predictor_real.py --folds 3 --targets Qwen1.5-7B-Chat --set predictor.epochs=2
+    .venv/bin/python benchmarks/predictor_real.py --baselines-only       # the baselines alone, in seconds
     .venv/bin/python benchmarks/predictor_real.py --demo                 # the demo world (outputs/prompts, profile)
 
 Out-of-fold predictions (for the schedule ablation on real lengths) go to benchmarks/results/predictor_real_oof.json
@@ -40,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "alpaca_eval_lengths.json"
 OOF = ROOT / "benchmarks" / "results" / "predictor_real_oof.json"
+OTHERS = "all other models (mean log length)"  # a ceiling: the held-out prompts' real answers by 13 other models
 TARGETS = {"Qwen1.5-7B-Chat": "Qwen1.5-14B-Chat", "phi-2-sft": "phi-2-dpo", "tulu-2-dpo-7b": "tulu-2-dpo-13b"}
 
 
@@ -136,10 +139,10 @@ def run_target(target: str, sibling: str | None, data: tuple, fold: np.ndarray, 
     texts, rows, _ = data
     y = lengths_of(rows, target, a.unit)
     sib = lengths_of(rows, sibling, a.unit) if sibling else None
+    others = np.mean([np.log1p(lengths_of(rows, m, a.unit)) for m in data[2] if m != target], axis=0)
     plen = np.asarray([len(t) for t in texts], dtype=np.float64)
-    names = ["predictor", "TF-IDF ridge", "prompt length", "train median"] + (
-        [f"sibling: {sibling}"] if sib is not None else []
-    )
+    names = (["predictor"] if not a.baselines_only else []) + ["TF-IDF ridge", "prompt length", "train median"]
+    names += ([f"sibling: {sibling}"] if sib is not None else []) + [OTHERS]
     scores = {n: Scores() for n in names}
     oof: dict[str, list] = {"prompt_index": [], "fold": [], "prediction": [], "calibrated": [], "realized": []}
     epochs: list[int] = []
@@ -147,10 +150,11 @@ def run_target(target: str, sibling: str | None, data: tuple, fold: np.ndarray, 
     for f in range(a.folds if a.only_folds is None else min(a.only_folds, a.folds)):
         te, tr = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
         tr_texts, te_texts = [texts[i] for i in tr], [texts[i] for i in te]
-        (pred, result), sec = train_fold(tr_texts, y[tr], te_texts, params, a.seed + f)
-        epochs.append(result.best_epoch)
-        weights.append(result.lexical_weight)
-        cal = scores["predictor"].add(pred, y[te], raw_mae=True, seconds=sec)
+        if not a.baselines_only:
+            (pred, result), sec = train_fold(tr_texts, y[tr], te_texts, params, a.seed + f)
+            epochs.append(result.best_epoch)
+            weights.append(result.lexical_weight)
+            cal = scores["predictor"].add(pred, y[te], raw_mae=True, seconds=sec)
         scores["TF-IDF ridge"].add(tfidf_ridge(tr_texts, y[tr], te_texts), y[te], raw_mae=True)
         scores["prompt length"].add(plen[te], y[te], raw_mae=False)
         med = np.full(len(te), float(np.median(y[tr])))
@@ -158,6 +162,9 @@ def run_target(target: str, sibling: str | None, data: tuple, fold: np.ndarray, 
         s.mae.append(float(np.mean(np.abs(med - y[te]))))
         if sib is not None:
             scores[f"sibling: {sibling}"].add(sib[te], y[te], raw_mae=True)
+        scores[OTHERS].add(np.expm1(others[te]), y[te], raw_mae=True)
+        if a.baselines_only:
+            continue
         for key, vals in (("prompt_index", te), ("fold", np.full(len(te), f)), ("prediction", pred)):
             oof[key].extend(vals.tolist())
         oof["calibrated"].extend(cal.tolist())
@@ -245,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=1, help="train this many targets at once (one process each)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("ASP_BENCH_THREADS", "2")))
     ap.add_argument("--oof", default=str(OOF), help="out-of-fold predictions file ('' for none)")
+    ap.add_argument("--baselines-only", action="store_true", help="score the baselines only (no training; seconds)")
     ap.add_argument("--demo", action="store_true", help="score the demo world instead (outputs/prompts, profile)")
     a = ap.parse_args(argv)
     import torch
@@ -275,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         results[target] = scores
         oof_all[target] = {**oof, **per_fold}
     print(table(results))
+    if a.baselines_only:
+        return
     taus = [float(np.mean(r["predictor"].tau)) for r in results.values()]
     secs = [x for r in results.values() for x in r["predictor"].seconds]
     print(
