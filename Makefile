@@ -32,14 +32,16 @@ run: install
 # The suite in WORKERS pytest-xdist processes (0: in this process), one test module per worker at a time
 # (--dist loadscope: a module's fixtures are built once). `make test` (the README's test command, CI's) skips the
 # tests marked extended, `make test-all` runs every test, `make test-fast` skips the tests marked slow.
+PYTEST = $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder
+
 test: install browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not extended" --durations=40
+	$(PYTEST) -m "not extended" --durations=40
 
 test-all: install browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
+	$(PYTEST) --durations=40
 
 test-fast: install
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=10
+	$(PYTEST) -m "not slow" --durations=10
 
 lint: install
 	$(VENV)/bin/ruff check src tests stages benchmarks scripts flows
