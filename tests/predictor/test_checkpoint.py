@@ -53,6 +53,24 @@ def test_round_trip_identical_predictions(which: str, head: str, options: dict, 
     assert np.all(before > 0) and len(set(before.round(6))) > 1  # non-trivial predictions
 
 
+@pytest.mark.parametrize("side", ["left", "middle"])
+def test_the_predict_stage_truncates_long_prompts_on_the_side_the_predictor_was_trained_with(
+    side: str, minilm_path: Path
+) -> None:
+    """`predict` (and its sharded actors, same call) cut a long prompt where training and `evaluate` cut it."""
+    from asp.pipeline.predict import predict_all
+
+    model = _trained_like(minilm_path, "linear", truncation_side=side)
+    tok = load_backbone(minilm_path, max_length=48).tokenizer
+    long = ["Add mod 10: " + " ".join(f"a{i}={i % 10}" for i in range(60)) + f" then answer {k}" for k in range(3)]
+    texts = TEXTS + long  # the three long ones differ only at their end, which right-truncation would cut
+    predicted, n_truncated = predict_all(model, tok, texts, batch_size=3)
+    assert n_truncated == 3
+    np.testing.assert_allclose(predicted, predict_lengths(model, tok, texts, batch_size=3), rtol=1e-5)
+    if side == "left":  # the kept ends differ, so do the predictions (right-truncation made them equal)
+        assert len(set(predicted[-3:].round(6))) == 3
+
+
 def test_save_is_atomic_and_replaces(tiny_qwen2_path: Path, tmp_path: Path) -> None:
     model = _trained_like(tiny_qwen2_path, "linear")
     tok = load_backbone(tiny_qwen2_path, max_length=48).tokenizer

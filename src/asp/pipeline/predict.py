@@ -73,7 +73,7 @@ def predict_all(model: Any, tokenizer: Any, texts: list[str], batch_size: int) -
     from asp.predictor.model import encode_texts, pad_token_id
     from asp.predictor.train import predict_encoded
 
-    enc = encode_texts(tokenizer, texts, model.spec.max_length)
+    enc = encode_texts(tokenizer, texts, model.spec.max_length, model.spec.truncation_side)  # as it was trained
     with progress_bar(total=len(texts), desc="predict", unit="prompt") as bar:
         logp = predict_encoded(
             model,

@@ -345,7 +345,7 @@ class PredictorActor:
         """Token ids and truncation flags of `texts` (`asp.predictor.model.encode_texts`)."""
         from asp.predictor.model import encode_texts
 
-        enc = encode_texts(self.tokenizer, texts, self.model.spec.max_length)
+        enc = encode_texts(self.tokenizer, texts, self.model.spec.max_length, self.model.spec.truncation_side)
         return enc.input_ids, enc.truncated
 
     def predict(self, batch: list[list[int]]) -> np.ndarray:
