@@ -8,7 +8,7 @@ WORKERS ?= 2
 UV ?= 0.9.0
 export UV_HTTP_TIMEOUT ?= 180
 PY := $(VENV)/bin/python
-FIND_LINKS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+UV_INSTALL = $(VENV)/bin/uv pip install -q --python $(PY) $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
 comma := ,
 STAMP := $(VENV)/.installed-$(TORCH)-$(subst $(comma),_,$(EXTRAS))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -26,13 +26,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV)
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(FIND_LINKS) torch==$(TORCH) -e '.[$(EXTRAS)]'
+	$(UV_INSTALL) --compile-bytecode torch==$(TORCH) -e '.[$(EXTRAS)]'
 	touch $@
 
 # Whether the GPU machine's install (`make install TORCH=2.14.0 EXTRAS=dev,vllm`) resolves, without installing it:
 # vLLM pins some of the project's dependencies (numba, fastapi through Prefect), and a pin here once broke it.
 deps-check: install
-	$(VENV)/bin/uv pip install --dry-run -q --python $(PY) $(FIND_LINKS) torch==2.14.0 -e '.[dev,vllm]'
+	$(UV_INSTALL) --dry-run torch==2.14.0 -e '.[dev,vllm]'
 
 # Headless Chromium for the Prefect UI browser test (Playwright drives the system browser; no browser download).
 browser:

@@ -70,10 +70,10 @@ def predict_on_actors(params: Params, paths: Paths) -> tuple[pd.DataFrame, Any, 
 
 def predict_all(model: Any, tokenizer: Any, texts: list[str], batch_size: int) -> tuple[np.ndarray, int]:
     """Predicted mean response lengths (tokens) [n] of `texts`, with a progress bar; and how many were truncated."""
-    from asp.predictor.model import encode_texts, pad_token_id
+    from asp.predictor.model import pad_token_id
     from asp.predictor.train import predict_encoded
 
-    enc = encode_texts(tokenizer, texts, model.spec.max_length, model.spec.truncation_side)  # as it was trained
+    enc = model.encode(tokenizer, texts)
     with progress_bar(total=len(texts), desc="predict", unit="prompt") as bar:
         logp = predict_encoded(
             model,

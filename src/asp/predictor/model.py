@@ -450,6 +450,12 @@ class LengthPredictor(nn.Module):
         pooled = POOL_FNS[self.spec.pooling](hidden, attention_mask).to(self.head[-1].weight.dtype)
         return self.head(pooled).squeeze(-1)
 
+    def encode(
+        self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int | None = None
+    ) -> Encoded:
+        """``encode_texts`` as this predictor was trained: its ``max_length`` (unless given) and truncation side."""
+        return encode_texts(tokenizer, texts, max_length or self.spec.max_length, self.spec.truncation_side)
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """LoRA and head parameters (the backbone's own weights are frozen unless ``lora_r`` is 0)."""
         return [p for p in self.parameters() if p.requires_grad]

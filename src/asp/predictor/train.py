@@ -110,7 +110,7 @@ def predict_lengths(
     Prompts longer than ``max_length`` (default: the model's) are truncated; use ``encode_texts`` and
     ``predict_encoded`` directly to also get the truncation count.
     """
-    enc = encode_texts(tokenizer, texts, max_length or model.spec.max_length, model.spec.truncation_side)
+    enc = model.encode(tokenizer, texts, max_length)
     logp = predict_encoded(
         model,
         enc,

@@ -342,10 +342,8 @@ class PredictorActor:
         return self.load_error
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
-        """Token ids and truncation flags of `texts` (`asp.predictor.model.encode_texts`)."""
-        from asp.predictor.model import encode_texts
-
-        enc = encode_texts(self.tokenizer, texts, self.model.spec.max_length, self.model.spec.truncation_side)
+        """Token ids and truncation flags of `texts` (`LengthPredictor.encode`: as the predictor was trained)."""
+        enc = self.model.encode(self.tokenizer, texts)
         return enc.input_ids, enc.truncated
 
     def predict(self, batch: list[list[int]]) -> np.ndarray:
