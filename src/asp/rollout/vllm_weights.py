@@ -93,10 +93,62 @@ class AspWorkerExtension:
         del buffer
         return count
 
+    def asp_reload_begin(self) -> bool:
+        """Start a reload (before the first bucket): where vLLM has in-place layerwise reloading, restore every
+        layer's checkpoint layout so that the buckets' (Hugging Face name, tensor) pairs can be loaded; each layer
+        is processed back into its kernel layout as soon as all its weights have arrived (whatever the bucket
+        boundaries), the rest at `asp_reload_end`. Returns whether that path is used (False: plain
+        ``load_weights`` per bucket, vLLM versions without it).
+
+        Why: on vLLM's CPU backend (oneDNN) linear weights are repacked into kernel tensors after loading, so
+        ``model.load_weights`` alone fails (``Attempted to load weight ... into parameter (torch.Size([0]))``);
+        vLLM's own ``reload_weights`` is this begin / load / end sequence in one call, which buckets sent as
+        separate RPCs cannot use.
+        """
+        layerwise = _layerwise() if getattr(self, "vllm_config", None) is not None else None
+        if layerwise is None:
+            self._asp_layerwise = False
+            return False
+        model = self._asp_model()
+        if getattr(self, "_asp_layerwise", False):
+            # the last reload stopped part-way: drop the weights its layers buffered, or they would be loaded again
+            # (with the failed snapshot's) once this reload completes those layers
+            _drop_buffered(layerwise, model)
+        with self._asp_config():
+            layerwise.initialize_layerwise_reload(model)
+        self._asp_layerwise = True
+        return True
+
+    def asp_reload_end(self) -> bool:
+        """Finish a reload started by `asp_reload_begin`: process the layers not processed yet (vLLM's
+        ``finalize_layerwise_reload``). Returns whether the layerwise path was used."""
+        if not getattr(self, "_asp_layerwise", False):
+            return False
+        layerwise = _layerwise()
+        assert layerwise is not None
+        with self._asp_config():
+            layerwise.finalize_layerwise_reload(self._asp_model(), self.vllm_config.model_config)  # type: ignore[attr-defined]
+        self._asp_layerwise = False
+        return True
+
+    def _asp_model(self) -> Any:
+        return self.model_runner.model  # type: ignore[attr-defined]
+
+    def _asp_config(self) -> Any:
+        from contextlib import nullcontext
+
+        config = getattr(self, "vllm_config", None)
+        if config is None:
+            return nullcontext()
+        from vllm.config import set_current_vllm_config
+
+        return set_current_vllm_config(config)
+
     def _asp_load_buffer(self, buffer: torch.Tensor, bucket: Bucket) -> int:
         import torch
 
-        self.model_runner.model.load_weights(weights=unpack_bucket(buffer, bucket))  # type: ignore[attr-defined]
+        with self._asp_config():
+            self._asp_model().load_weights(weights=unpack_bucket(buffer, bucket))
         if buffer.is_cuda:
             torch.cuda.synchronize(buffer.device)
         return len(bucket.tensors)
@@ -106,6 +158,29 @@ class AspWorkerExtension:
 
         device = getattr(self, "device", None)
         return device.index if device is not None and device.index is not None else torch.cuda.current_device()
+
+
+def _layerwise() -> Any:
+    """vLLM's layerwise reload module (``vllm.model_executor.model_loader.reload``), or None where this vLLM has
+    none (or vLLM is not installed: the stand-in workers of the CPU tests)."""
+    try:
+        from vllm.model_executor.model_loader import reload
+    except ImportError:
+        return None
+    needed = ("initialize_layerwise_reload", "finalize_layerwise_reload")
+    return reload if all(hasattr(reload, n) for n in needed) else None
+
+
+def _drop_buffered(layerwise: Any, model: Any) -> None:
+    """Forget the weights each layer buffered during an unfinished layerwise reload (vLLM keeps them per layer until
+    the layer is complete)."""
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    for layer in model.modules():
+        info = get_layerwise_info(layer)
+        if info.can_load():
+            info.loaded_weights.clear()
+            info.load_numel = 0
 
 
 class BucketedLoader:
@@ -138,6 +213,7 @@ class BucketedLoader:
         self.ipc_worked = False  # after one IPC bucket went through, IPC errors are errors, not "unavailable"
         self.buckets_sent = 0
         self._devices: Mapping[str, torch.device] | None = None
+        self._begun = False
 
     def load(self, state: Mapping[str, torch.Tensor]) -> int:
         """Load every tensor of `state` into every worker, bucket by bucket; returns the number of buckets.
@@ -147,6 +223,7 @@ class BucketedLoader:
         """
         buckets = plan_buckets(tensor_metas(state), self.bucket_bytes)
         try:
+            self._begun = False
             if self.transfer == "ipc":
                 try:
                     self._send_ipc(state, buckets)
@@ -158,6 +235,8 @@ class BucketedLoader:
                     self._send_rpc(state, buckets)
             else:
                 self._send_rpc(state, buckets)
+            if self._begun:
+                self.rpc("asp_reload_end")
         except BaseException:
             if self.partial:
                 log.error("weight reload failed part-way: the engine generates nothing until a reload succeeds")
@@ -165,13 +244,21 @@ class BucketedLoader:
         self.partial = False
         return len(buckets)
 
+    def _begin(self) -> None:
+        """Before the first bucket of a load: the workers restore their layers' checkpoint layout
+        (`AspWorkerExtension.asp_reload_begin`); from here on a failure leaves them `partial`."""
+        if not self._begun:
+            self.partial = True
+            self.rpc("asp_reload_begin")
+            self._begun = True
+
     def _send_rpc(self, state: Mapping[str, torch.Tensor], buckets: list[Bucket]) -> None:
         import torch
 
         buffer = torch.empty(max((b.nbytes for b in buckets), default=0), dtype=torch.uint8)
         for bucket in buckets:
             data = pack_bucket(state, bucket, buffer).numpy().tobytes()
-            self.partial = True
+            self._begin()
             self.rpc("asp_load_bucket_bytes", data, meta_rows(bucket))
             self.buckets_sent += 1
 
@@ -192,7 +279,7 @@ class BucketedLoader:
                     if buf.is_cuda:
                         torch.cuda.synchronize(buf.device)
                 handles = pickle.dumps({uuid: share_buffer(buf) for uuid, buf in staging.items()})
-                self.partial = True
+                self._begin()
                 try:
                     self.rpc("asp_load_ipc_bucket", handles, meta_rows(bucket))
                 except Exception as exc:

@@ -31,6 +31,8 @@ def engine_options(
         "dtype": dtype,
         "gpu_memory_utilization": vllm.gpu_memory_utilization,
         "max_model_len": vllm.max_model_len,
+        "kv_cache_gib": vllm.kv_cache_gib,
+        "multiprocessing": vllm.multiprocessing,
     }
     if isinstance(vllm, VllmRuntimeParams):
         opts.update(weight_transfer=vllm.weight_transfer, weight_bucket_mb=vllm.weight_bucket_mb)
