@@ -252,6 +252,21 @@ def test_a_second_in_process_engine_is_refused_while_one_lives(engine, model_dir
     _engine(model_dir).close()
 
 
+def test_an_engine_builds_in_a_process_that_imported_numba(model_dir):
+    """asp's scheduler imports numba (and so llvmlite), whose ``ffi.lib`` broke vLLM's kernel rebinding scan."""
+    import llvmlite.binding.ffi as ffi
+    import numba  # noqa: F401
+
+    lib = ffi.lib
+    eng = _engine(model_dir)
+    try:
+        assert ffi.lib is lib  # put back
+        (res,) = eng.generate(["w1"], SamplingParams(n=1, max_new_tokens=4, temperature=0.0, top_p=1.0, seed=0))
+        assert res.samples[0].length >= 1
+    finally:
+        eng.close()
+
+
 def test_the_process_keeps_its_torch_thread_control(engine):
     """vLLM's CPU worker turns torch.set_num_threads into a no-op for the whole process; the engine puts it back."""
     before = torch.get_num_threads()

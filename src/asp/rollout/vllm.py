@@ -43,8 +43,9 @@ tests/rollout/test_vllm_weights.py). On a GPU the class is exercised by scripts/
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,45 @@ def check_snapshot_shapes(state: Mapping[str, Any], shapes: Mapping[str, tuple[i
             )
 
 
+def _unscannable(value: Any) -> bool:
+    """Whether vLLM's scan of `value` (``vars(value).get("kernel")`` when it has a ``__dict__``) would raise."""
+    try:
+        if hasattr(value, "__dict__"):
+            vars(value).get("kernel")
+    except Exception:
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def _scannable_modules() -> Iterator[None]:
+    """Take out of their modules, while the engine is built, the attributes vLLM's kernel rebinding cannot scan.
+
+    vLLM's CPU build rebinds its kernels by scanning every attribute of every module in ``sys.modules`` and reading
+    ``vars(value).get("kernel")``. llvmlite's ``llvmlite.binding.ffi.lib`` (imported with numba, which asp's
+    scheduler uses) answers every attribute, ``__dict__`` included, with a function wrapper, so building an engine in
+    a process that imported numba failed with ``'_lib_fn_wrapper' object has no attribute 'get'``. Such attributes
+    are removed for the duration and put back after (nothing in the engine's construction uses them).
+    """
+    import sys
+
+    hidden: list[tuple[dict[str, Any], str, Any]] = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            if _unscannable(value):
+                hidden.append((namespace, attr, value))
+    for namespace, attr, _ in hidden:
+        del namespace[attr]
+    try:
+        yield
+    finally:
+        for namespace, attr, value in hidden:
+            namespace[attr] = value
+
+
 def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) -> Any:
     """``vllm.LLM(**kwargs)``, with the engine core in this process or its own (`VLLMOptions.multiprocessing`).
 
@@ -367,7 +407,8 @@ def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) 
     if multiprocessing is not None:
         os.environ[MULTIPROCESSING_ENV] = "1" if multiprocessing else "0"
     try:
-        llm = vllm.LLM(**kwargs)
+        with _scannable_modules():
+            llm = vllm.LLM(**kwargs)
         if in_process:
             _IN_PROCESS.add(id(llm))
         return llm

@@ -38,11 +38,14 @@ class EngineSpec:
         model_path: local checkpoint directory (hf / vllm).
         options: keyword options of the engine (e.g. ``{"device": "cpu", "dtype": "float32", "num_threads": 1}``
             for hf, ``{"tensor_parallel_size": 2}`` for vllm, `StandInEngine` arguments for standin).
+        device: where the engine runs (``runtime.engine.device``): ``"cpu"`` for vLLM's CPU build, whose actors
+            need no GPU; None: not stated (a vllm engine is then taken to need its tensor_parallel_size GPUs).
     """
 
     kind: str
     model_path: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
 
     def check(self) -> None:
         """Validate in the calling process (cheap; no model is loaded).

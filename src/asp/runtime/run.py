@@ -281,7 +281,8 @@ def run_async(
     if isinstance(engine_factory, EngineSpec):
         engine_factory.check()
         tp = int(engine_factory.options.get("tensor_parallel_size", 1))
-        if engine_factory.kind == "vllm" and config.actor_num_gpus < tp:
+        on_cpu = engine_factory.device == "cpu"  # vLLM's CPU build: no GPU per actor
+        if engine_factory.kind == "vllm" and not on_cpu and config.actor_num_gpus < tp:
             raise UserError(
                 f"vLLM actors with tensor_parallel_size={tp} need runtime.actor_num_gpus >= {tp}, "
                 f"got {config.actor_num_gpus:g}."

