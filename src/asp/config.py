@@ -544,6 +544,12 @@ class RuntimeParams(_Params):
     actor_max_restarts: Int = Field(2, ge=0, description="Ray restarts of a dead generation actor.")
     max_attempts: Int = Field(3, ge=1, description="Sends of one minibatch before the run fails with its error.")
     ray_address: str | None = Field(None, description="Connect to this Ray cluster instead of starting a local one.")
+    ray_connect_timeout_s: Float = Field(
+        10.0,
+        gt=0,
+        description="Longest wait for ray_address to answer (a TCP connect to its GCS port) before the run stops "
+        "with a message naming the address.",
+    )
     ray_num_cpus: Int | None = Field(None, ge=1, description="CPUs of a local cluster (None: what Ray detects).")
     ray_num_gpus: Int | None = Field(None, ge=0)
     poll_timeout_s: Float = Field(

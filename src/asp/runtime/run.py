@@ -34,6 +34,7 @@ from asp.rollout.base import SamplingParams
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.cluster import check_resources, check_same_directory
 from asp.runtime.config import RuntimeConfig
+from asp.runtime.connect import join_cluster
 from asp.runtime.control import ControlUnit, GUState, RunSummary, RuntimeFailure
 from asp.runtime.engines import EngineSpec
 from asp.runtime.generation import GenerationActor, GenerationUnit
@@ -63,7 +64,7 @@ def ray_session(config: RuntimeConfig) -> Iterator[bool]:
     if config.ray_address:
         loopback = config.ray_address.split(":")[0] in (LOOPBACK, "localhost")
         with _loopback_node_address() if loopback else contextlib.nullcontext():  # else Ray dials the node's IP
-            ray.init(address=config.ray_address)
+            join_cluster(config.ray_address, config.ray_connect_timeout_s)  # bounded wait, else UserError
     else:
         reap_dead_sessions()
         init_local_ray(num_cpus=config.ray_num_cpus, num_gpus=config.ray_num_gpus)
