@@ -64,51 +64,123 @@ def sqlite_file(uri: str) -> Path | None:
 
 
 def check_store(uri: str, writable: bool = True) -> None:
-    """Refuse a local SQLite store that MLflow could not use, before anything is computed or logged.
+    """Refuse a store MLflow could not use, before anything is computed or logged.
 
-    Checks that the file (when it exists) is readable, passes SQLite's ``PRAGMA quick_check`` (the whole file up to
-    `FULL_CHECK_BYTES`, beyond that every table but the metric history ``metrics``), and with `writable` that the file
-    and its folder (SQLite writes a journal beside it) are writable, or, for a new store, the nearest existing folder
-    above it (MLflow creates the file and missing folders). Once per process and store; other stores (a server, a
-    database service) are not checked here.
+    A folder (a bare path or ``file:`` URI, MLflow's filesystem backend, which MLflow 3 refuses unless
+    ``MLFLOW_ALLOW_FILE_STORE`` is set) is refused with the SQLite URI to use instead (`file_store_problem`). A local
+    SQLite store: the file (when it exists) is readable, passes SQLite's ``PRAGMA quick_check`` (the whole file up
+    to `FULL_CHECK_BYTES`, beyond that every table but the metric history ``metrics``), and with `writable` the file
+    opens for writing and its folder takes a new file (SQLite writes a journal beside it); a new store's missing
+    folders are created here (MLflow would create them) so a folder that cannot be created is reported. These are
+    tried, not read from permission bits, so they hold for root and read-only file systems too. A 0-byte file (MLflow
+    sets up a new store in it) is a warning. Once per process and store; other stores (a server, a database
+    service) are not checked here.
 
     Raises:
         UserError: naming the store and what to do (move a damaged file aside, fix permissions, another store).
     """
+    if (uri, writable) in _CHECKED:
+        return
+    problem = file_store_problem(uri)
+    if problem:
+        raise UserError(problem)
     path = sqlite_file(uri)
-    if path is None or (uri, writable) in _CHECKED:
+    if path is None:
         return
     where = f"the MLflow store {uri}"
-    folder = path.parent
     if not path.exists():  # MLflow creates it, and missing folders above it
-        ancestor = folder
-        while not ancestor.exists() and ancestor != ancestor.parent:
-            ancestor = ancestor.parent
-        if writable and not (ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK)):
-            why = "is read-only for this user" if ancestor.is_dir() else "is a file, not a folder"
-            raise UserError(f"{where} cannot be created: {ancestor} {why}. Fix that, {_OTHER_STORE}.")
+        if writable:
+            _check_new_store(where, path)
     elif not path.is_file() or not os.access(path, os.R_OK):
         what = "is not a file" if not path.is_file() else "cannot be read by this user"
         raise UserError(f"{where}: {path} {what}. Fix it (permissions: chmod u+rw {path}), {_OTHER_STORE}.")
     else:
-        damage = sqlite_damage(path)
-        if damage is not None:
-            raise UserError(
-                f"{where}: {path} is damaged ({damage}); MLflow cannot use it. Move it aside to start a new store "
-                f"(mv {path} {path}.damaged; runs logged there are no longer listed), restore it from a backup, "
-                f"{_OTHER_STORE}."
-            )
-        if writable and not os.access(path, os.W_OK):
-            raise UserError(
-                f"{where}: {path} is read-only for this user, so no run can be logged. Fix its permissions "
-                f"(chmod u+w {path}), {_OTHER_STORE}."
-            )
-        if writable and not os.access(folder, os.W_OK | os.X_OK):
-            raise UserError(
-                f"{where}: the folder {folder} is read-only for this user, and SQLite writes its journal next to "
-                f"{path.name} there, so no run can be logged. Fix the folder's permissions, {_OTHER_STORE}."
-            )
+        _check_existing_store(where, path, writable)
     _CHECKED.add((uri, writable))
+
+
+def file_store_problem(uri: str) -> str | None:
+    """Why `uri` cannot be used when it names a folder (MLflow's filesystem backend), else None."""
+    scheme = urllib.parse.urlsplit(uri).scheme
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
+    if allowed or uri.startswith("databricks") or (scheme not in ("", "file") and len(scheme) > 1):
+        return None
+    folder = Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path) if scheme == "file" else uri)
+    suggestion = f"sqlite:///{(folder.expanduser().absolute() / 'mlflow.db').as_posix()}"
+    return (
+        f"the MLflow store {uri} (MLFLOW_TRACKING_URI or common.tracking_uri) is a folder, MLflow's filesystem "
+        f"backend, which this MLflow refuses. Use an SQLite store instead, e.g. MLFLOW_TRACKING_URI={suggestion}, "
+        "or unset MLFLOW_TRACKING_URI for the project's own mlflow.db (ASP_TRACKING=0 runs without tracking)."
+    )
+
+
+def _check_new_store(where: str, path: Path) -> None:
+    """Create the folders of a new SQLite store and check a file can be created there (else `UserError`)."""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{where} cannot be created: {ancestor} is a file, not a folder. Fix that, {_OTHER_STORE}.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"{where} cannot be created: the folder {path.parent} cannot be made ({exc.strerror or exc}). "
+            f"Fix that, {_OTHER_STORE}."
+        ) from None
+    why = _not_writable(path.parent)
+    if why:
+        raise UserError(f"{where} cannot be created: {path.parent} {why}. Fix that, {_OTHER_STORE}.")
+
+
+def _check_existing_store(where: str, path: Path, writable: bool) -> None:
+    """Refuse an existing SQLite store file that is damaged or (with `writable`) cannot be written."""
+    if path.stat().st_size == 0:
+        log.warning(
+            "%s: %s is empty (0 bytes); MLflow sets up a new, empty store in it. If runs were logged there, "
+            "restore the file from a backup before running.",
+            where,
+            path,
+        )
+    damage = sqlite_damage(path)
+    if damage is not None:
+        raise UserError(
+            f"{where}: {path} is damaged ({damage}); MLflow cannot use it. Move it aside to start a new store "
+            f"(mv {path} {path}.damaged; runs logged there are no longer listed), restore it from a backup, "
+            f"{_OTHER_STORE}."
+        )
+    if writable and _cannot_open_for_writing(path):
+        raise UserError(
+            f"{where}: {path} is read-only for this user, so no run can be logged. Fix its permissions "
+            f"(chmod u+w {path}), {_OTHER_STORE}."
+        )
+    if writable and _not_writable(path.parent):
+        raise UserError(
+            f"{where}: the folder {path.parent} is read-only for this user, and SQLite writes its journal next to "
+            f"{path.name} there, so no run can be logged. Fix the folder's permissions, {_OTHER_STORE}."
+        )
+
+
+def _cannot_open_for_writing(path: Path) -> bool:
+    """Whether opening `path` for writing fails (tried: permission bits do not bind root; read-only mounts)."""
+    try:
+        with path.open("r+b"):
+            return False
+    except OSError:
+        return True
+
+
+def _not_writable(folder: Path) -> str | None:
+    """Why no file can be created in `folder` (tried with a temporary file), or None."""
+    import tempfile
+
+    if not folder.is_dir():
+        return "is a file, not a folder"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".asp-store-check-"):
+            return None
+    except OSError:
+        return "is read-only for this user"
 
 
 def sqlite_damage(path: Path) -> str | None:
