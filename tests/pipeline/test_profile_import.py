@@ -229,16 +229,36 @@ def _match(prompts: pd.DataFrame, texts: list[str], match: str = "exact") -> tup
 def test_matching_exact_contains_train_only_and_duplicated_texts() -> None:
     """exact: a problem or the templated prompt (whitespace aside); contains: the longest prepared problem inside
     the text, searched over every prepared prompt, so a train-only prompt's record is not taken for a shorter
-    profiled problem it contains; a text prepared twice gets the record's responses under both ids."""
+    profiled problem it contains; a text prepared twice (here: whitespace aside) gives the record to one of its ids."""
     prompts = _frame(
         [("a", "A3 B4", "profile"), ("b", "A1  B2", "heldout"), ("c", "A1 B2", "heldout"), ("d", "A3 B4 C5", "train")]
     )
     samples, report = _match(prompts, ["A3 B4", "<u>A1 B2</u>", "sys: A3 B4 C5 :end", "sys: A3 B4 :end"])
-    assert samples[["prompt_id", "length"]].values.tolist() == [["a", 1], ["b", 2], ["c", 2]]
+    assert samples[["prompt_id", "length"]].values.tolist() == [["a", 1], ["b", 2]]
     assert (report["responses_matched"], report["responses_unmatched"]) == (2, 2)
     samples, report = _match(prompts, ["A3 B4", "<u>A1 B2</u>", "sys: A3 B4 C5 :end", "sys: A3 B4 :end"], "contains")
-    assert samples[["prompt_id", "length"]].values.tolist() == [["a", 1], ["a", 4], ["b", 2], ["c", 2]]
+    assert samples[["prompt_id", "length"]].values.tolist() == [["a", 1], ["a", 4], ["b", 2]]
     assert (report["responses_matched"], report["responses_train_only"], report["responses_unmatched"]) == (3, 1, 0)
+
+
+def test_a_repeated_text_gives_each_record_to_one_prompt_in_turn() -> None:
+    """Issue 39: a text under several prompt ids (the demo's 'Add mod 10: A3' has 21) gave every record to every id.
+    Now the records of that text are dealt in turn: T's 1st record -> a, 2nd -> b, 3rd -> a; one prompt each, so the
+    four records make four samples (not 1 + 2 + 1 + 2 + 1 + ...)."""
+    prompts = _frame([("a", "T", "profile"), ("b", "T", "profile"), ("c", "U", "heldout"), ("d", "U", "train")])
+    samples, report = _match(prompts, ["T", "T", "T", "U", "U"])
+    assert samples[["prompt_id", "length"]].values.tolist() == [["a", 1], ["a", 3], ["b", 2], ["c", 4]]
+    assert (report["responses_matched"], report["responses_train_only"], report["responses_unmatched"]) == (4, 1, 0)
+
+
+def test_a_text_of_both_profiled_and_heldout_prompts_is_refused_naming_id_field() -> None:
+    """Responses to one text on both sides of the tau gate would leak held-out targets into training."""
+    prompts = _frame([("a", "Add mod 10: A3", "profile"), ("b", "Add mod 10: A3", "heldout"), ("c", "U", "heldout")])
+    with pytest.raises(UserError) as err:
+        _match(prompts, ["Add mod 10: A3", "U"])
+    text = str(err.value)
+    assert text.startswith("f: the prompt text 'Add mod 10: A3' is the text of 2 prepared prompts (ids a, b)"), text
+    assert "profile.lengths.id_field" in text and "held-out" in text
 
 
 def test_a_folder_of_rollout_files_is_read_in_name_order(tmp_path: Path) -> None:

@@ -338,11 +338,11 @@ def match_samples(
 
     Returns:
         samples (prompt_id, role, sample, length, finish_reason; prompts in `prompts` order, each prompt's responses
-        in file order; a prompt text prepared twice gets the responses twice) and a report: responses matched to a
-        profiled / held-out prompt, to a prompt prepare keeps for training only, to none; prompts with and without
-        lengths per role; the records' step range.
+        in file order; every record goes to one prompt: see `one_prompt_per_record`) and a report: responses matched
+        to a profiled / held-out prompt, to a prompt prepare keeps for training only, to none; prompts with and
+        without lengths per role; the records' step range.
     """
-    resp_rows, prompt_rows = _matches(resp, prompts, match)
+    resp_rows, prompt_rows = _matches(resp, prompts, match, source)
     roles = prompts["role"].to_numpy()
     profiled = np.isin(roles[prompt_rows], ROLES)
     covered = {role: set(prompt_rows[roles[prompt_rows] == role].tolist()) for role in ROLES}
@@ -376,8 +376,9 @@ def match_samples(
     return frame[SAMPLE_COLUMNS], report
 
 
-def _matches(resp: Responses, prompts: pd.DataFrame, match: str) -> tuple[np.ndarray, np.ndarray]:
-    """(response row, prompt row) pairs: by id when the records carry ids, else by text (see `match_samples`)."""
+def _matches(resp: Responses, prompts: pd.DataFrame, match: str, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """(response row, prompt row) pairs: by id when the records carry ids, else by text (see `match_samples`), one
+    prompt per record (`one_prompt_per_record`)."""
     if resp.prompt_id and resp.prompt_id[0] is not None:
         by_id = {pid: [i] for i, pid in enumerate(prompts["prompt_id"].astype(str))}
         found = [by_id.get(str(pid), []) for pid in resp.prompt_id]
@@ -396,9 +397,55 @@ def _matches(resp: Responses, prompts: pd.DataFrame, match: str) -> tuple[np.nda
                 key = next((p for p in problems if p and p in key), key)
             by_text[text] = exact.get(key, [])
         found = [by_text[t] for t in resp.prompt]  # type: ignore[index]
+        found = one_prompt_per_record(found, resp, prompts, source)
     resp_rows = [r for r, rows in enumerate(found) for _ in rows]
     prompt_rows = [i for rows in found for i in rows]
     return np.asarray(resp_rows, dtype=np.int64), np.asarray(prompt_rows, dtype=np.int64)
+
+
+def one_prompt_per_record(
+    found: list[list[int]], resp: Responses, prompts: pd.DataFrame, source: str
+) -> list[list[int]]:
+    """Where a prompt text is the text of several prepared prompts, give each record one of them, never all.
+
+    The records (a record's responses share its `resp.where`) whose text matches k > 1 prepared
+    prompts (a dataset with repeated texts under different ids) are dealt in turn to those prompts, in `prompts`
+    order: the first record of that text to the first prompt, the second to the second, ..., the k+1-th to the first
+    again. When those prompts lie in both the profiled and the held-out role, the text cannot tell whose lengths a
+    record holds and any split would put responses to one text on both sides of the tau gate: refused.
+
+    Args:
+        found: per response, the prompt rows its text matches.
+
+    Raises:
+        UserError: a repeated text in both the profile and heldout roles, naming it and profile.lengths.id_field.
+    """
+    roles = prompts["role"].to_numpy()
+    dealt: dict[tuple[int, ...], dict[str, int]] = {}  # prompt rows of a text -> record -> the prompt row it got
+    out: list[list[int]] = []
+    for response, rows in enumerate(found):
+        if len(rows) <= 1:
+            out.append(rows)
+            continue
+        if {"profile", "heldout"} <= set(roles[rows].tolist()):
+            raise UserError(_shared_text(resp.prompt[response] or "", prompts, rows, source))
+        records = dealt.setdefault(tuple(rows), {})
+        record = resp.where[response]
+        if record not in records:
+            records[record] = rows[len(records) % len(rows)]
+        out.append([records[record]])
+    return out
+
+
+def _shared_text(text: str, prompts: pd.DataFrame, rows: list[int], source: str) -> str:
+    ids = ", ".join(str(i) for i in prompts["prompt_id"].to_numpy()[rows[:4]]) + (", ..." if len(rows) > 4 else "")
+    return (
+        f"{source}: the prompt text {_short(text)} is the text of {len(rows)} prepared prompts (ids {ids}), some "
+        "profiled and some held out, so a record matched by its text cannot say which prompt's lengths it holds, "
+        "and giving them to all of them would put the same responses in the predictor's training and held-out "
+        "data. Match by id instead: give the records their prompt ids and set profile.lengths.id_field to that "
+        "field (prepare.id_field names the dataset's id column) (docs/lengths.md, 'Repeated prompt texts')."
+    )
 
 
 def _no_overlap(resp: Responses, prompts: pd.DataFrame, source: str, missing: list[str]) -> str:
