@@ -67,11 +67,13 @@ def params_check(
 
     from asp.cli.plan import load_params_with
     from asp.steps.layout_check import enforce_layout
+    from asp.steps.lengths_file import check_lengths_file
 
     resolved = load_params_with(params, preset, list(set_ or []))
     layout = enforce_layout(resolved)  # ranks and actors vs the declared GPUs, before the per-rank memory verdict
     memory = "\n".join(line for line in (layout, _memory_check(resolved)) if line)
     simulate_note = _simulate_check(resolved)
+    lengths_note = check_lengths_file(resolved, experiment=bool(preset or set_))  # missing / not committed
     overlay = _preset_path(preset) if preset else None
     typer.echo(f"{params}{' + ' + str(overlay) if overlay else ''}: OK")
     typer.echo(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False))
@@ -79,6 +81,8 @@ def params_check(
         typer.echo(memory)
     if simulate_note:
         typer.echo(simulate_note)
+    if lengths_note:
+        typer.echo(lengths_note)
 
 
 def _simulate_check(params: Params) -> str:

@@ -1,12 +1,12 @@
 """What a pipeline run was asked to do, checked before anything runs: stages, preset, param overrides.
 
-Pure apart from reading `dvc.yaml`, `params.yaml` and the preset file. `check_request` validates the chosen
-stages against `dvc.yaml` and the params with the preset and overrides applied against the params models, so
-a typo fails in well under a second with the same message `asp params check` prints; a bad override's message
-names where it was typed (`--set` on the command line, `overrides` in the Prefect UI). `run_label` says what a
-run runs (commit, preset, stages, overrides); stamped with its start time (`asp.tracking.stamped`) it is the
-name of the MLflow parent run and the Prefect flow run, and it makes the DVC experiment's name. `describe_run` is
-the parent run's description (MLflow's `mlflow.note.content`).
+Pure apart from reading `dvc.yaml`, `params.yaml`, the preset file and (``profile.source: file``) whether git holds
+the lengths file. `check_request` validates the chosen stages against `dvc.yaml` and the params with the preset and
+overrides applied against the params models, so a typo fails in well under a second with the same message `asp
+params check` prints; a bad override's message names where it was typed (`--set` on the command line, `overrides`
+in the Prefect UI). `run_label` says what a run runs (commit, preset, stages, overrides); stamped with its start
+time (`asp.tracking.stamped`) it is the name of the MLflow parent run and the Prefect flow run, and it makes the
+DVC experiment's name. `describe_run` is the parent run's description (MLflow's `mlflow.note.content`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import yaml
 from asp.config import Params, deep_merge, read_yaml, validate_params
 from asp.errors import UserError
 from asp.stage import stage_names
+from asp.steps.lengths_file import check_lengths_file
 from asp.tracking import flatten
 
 
@@ -148,7 +149,8 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
 
     Raises:
         UserError: an unknown stage, a missing preset, or params (with the preset and overrides applied) that
-            do not validate; the message is the one `asp params check` gives.
+            do not validate; the message is the one `asp params check` gives. Also a missing lengths file of
+            ``profile.source: file``, or one a DVC experiment would not have (`asp.steps.lengths_file`).
     """
     order = stage_names(Path(root) / "dvc.yaml")
     unknown = [s for s in request.stages if s not in order]
@@ -166,7 +168,9 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
             source += " + " + " ".join(_typed(origin, k, v) for k, v in request.overrides.items())
         else:
             source += " + overrides " + json.dumps(dict(request.overrides), default=str)
-    return validate_params(raw, source, overrides=request.overrides, origin=request.overrides_from)
+    params = validate_params(raw, source, overrides=request.overrides, origin=request.overrides_from)
+    check_lengths_file(params, root, experiment=request.is_experiment)  # missing, or not in the experiment's copy
+    return params
 
 
 def ordered_stages(request: RunRequest, root: str | Path = ".") -> list[str]:
