@@ -12,11 +12,17 @@ minibatch per actor), ``q_max`` 64, 30 iterations (GRPO updates), 8 samples per 
 ``max_policy_lag`` 4 (async), held-out reward evaluation off. About 4 minutes on the idle 2-core machine, 7.5
 with other jobs running (the table prints the 1-min load), about 1.5 of which are start-up (Ray, actors, trainer).
 
+``--preset demo-vllm`` runs the same comparison on vLLM generation actors (configs/demo-vllm.yaml: vLLM's CPU
+build, weight updates through the worker extension) and adds a fourth run, ``async C4 partial``: ASP with partial
+rollouts (``runtime.partial``: responses cut at the token budget, continued from their token ids after reloads);
+the other three runs have partial rollouts off. ``--runs`` picks runs by name.
+
 Needs the pipeline outputs up to `schedule` (`make run` or `asp repro schedule` first). Writes nothing under
 outputs/ (temporary directories) and logs nothing (NullTracker).
 
     .venv/bin/python benchmarks/sync_vs_async.py
     .venv/bin/python benchmarks/sync_vs_async.py --iterations 10     # a quicker look
+    .venv/bin/python benchmarks/sync_vs_async.py --preset demo-vllm  # on vLLM actors, + C4 with partial rollouts
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from asp.config import Params, load_params
+from asp.cli.plan import load_params_with
+from asp.config import Params
 from asp.env import set_offline_defaults
 from asp.pipeline import launch
 from asp.tracking import NullTracker
 
-RUNS = (("sync", "C0"), ("async", "C0"), ("async", "C4"))
+RUNS = (("sync", "C0", False), ("async", "C0", False), ("async", "C4", False))
+PARTIAL_RUN = ("async", "C4", True)  # added with --preset demo-vllm (or named in --runs)
 SETTING = {
     "trainer": "grpo",
     "generation_units": 1,
@@ -60,14 +68,21 @@ ROWS = {  # metric key -> (label, format)
     "grpo/T_train_s": ("T_train: trainer step (s)", ".3f"),
     "runtime/summary/reload_time_mean_s": ("reload per actor and snapshot (s)", ".4f"),
     "runtime/summary/padding_rate_mean": ("padding rate", ".3f"),
+    "runtime/summary/split_response_share": ("responses continued across a reload (share)", ".3f"),
+    "runtime/summary/stale_dropped_prompts": ("prompts dropped as too stale", ".0f"),
     "grpo/duty_cycle_measured": ("T_gen / (T_gen + T_load) (trainer's duty cycle)", ".3f"),
 }
 
 
-def bench_params(params: Params, mode: str, condition: str, iterations: int) -> Params:
-    """params with the benchmark setting above, `runtime.mode` and `runtime.condition` set."""
+def bench_params(params: Params, mode: str, condition: str, iterations: int, partial: bool = False) -> Params:
+    """params with the benchmark setting above, `runtime.mode`, `runtime.condition` and partial rollouts set."""
     update = {**SETTING, "iterations": iterations, "mode": mode, "condition": condition}
+    update["partial"] = params.runtime.partial.model_copy(update={"enabled": partial})
     return params.model_copy(update={"runtime": params.runtime.model_copy(update=update)})
+
+
+def run_name(mode: str, condition: str, partial: bool) -> str:
+    return f"{mode} {condition}" + (" partial" if partial else "")
 
 
 def measure(params: Params) -> dict[str, float]:
@@ -98,13 +113,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=SETTING["iterations"], help="GRPO updates per run")
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--preset", help="a preset of configs/ over the params (e.g. demo-vllm)")
+    parser.add_argument("--runs", nargs="+", help="run names, e.g. 'sync C0' 'async C4 partial'")
     args = parser.parse_args(argv)
     set_offline_defaults()
-    params = load_params(args.params)
+    params = load_params_with(Path(args.params), args.preset, [])
+    runs = list(RUNS) + ([PARTIAL_RUN] if args.preset == "demo-vllm" else [])
+    if args.runs:
+        known = {run_name(*r): r for r in (*RUNS, PARTIAL_RUN)}
+        unknown = sorted(set(args.runs) - set(known))
+        if unknown:
+            parser.error(f"unknown run(s) {unknown}; choose from {sorted(known)}")
+        runs = [known[n] for n in args.runs]
+    engine = params.runtime.engine.kind
+    print(f"engine: {engine}; runs: {[run_name(*r) for r in runs]}", file=sys.stderr)
     results = {}
-    for mode, condition in RUNS:
-        name = f"{mode} {condition}"
-        results[name] = measure(bench_params(params, mode, condition, args.iterations))
+    for mode, condition, partial in runs:
+        name = run_name(mode, condition, partial)
+        results[name] = measure(bench_params(params, mode, condition, args.iterations, partial))
         print(f"{name} done in {results[name]['bench/total_s']:.0f} s", file=sys.stderr)
     print(table(results))
 

@@ -82,6 +82,16 @@ def test_generate_n_samples_per_prompt_within_max_tokens(engine):
     assert len({tuple(s.token_ids) for r in results for s in r.samples}) > len(PROMPTS)  # samples differ
 
 
+def test_a_minibatch_longer_than_one_prefill_step_samples_with_seeds(engine):
+    """70 prompts of 64 tokens (4,480 prompt tokens, over vLLM's 4,096 per step): vLLM 0.32's CPU build crashed on
+    a seeded request whose prefill was split over two steps ("CPU Generator does not use offset")."""
+    prompts = [" ".join(f"w{(i + j) % 45}" for j in range(64)) for i in range(70)]
+    params = SamplingParams(n=2, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=9)
+    results = engine.generate(prompts, params)
+    assert [r.prompt_tokens for r in results] == [64] * 70 and all(len(r.samples) == 2 for r in results)
+    assert _ids(engine.generate(prompts, params)) == _ids(results)
+
+
 def test_seeds_reproduce_and_do_not_depend_on_the_batch(engine):
     params = SamplingParams(n=2, max_new_tokens=10, temperature=1.0, top_p=1.0, seed=100)
     first = engine.generate(PROMPTS, params)

@@ -399,6 +399,11 @@ def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) 
             "own process (runtime.engine.vllm.multiprocessing: true)"
         )
     if cpu:
+        # vLLM 0.32's CPU build crashes ("CPU Generator does not use offset") when a seeded request's prefill is
+        # split over two steps (a minibatch with more prompt tokens than max_num_batched_tokens, e.g. 128 demo
+        # prompts): it rewinds the request's generator, which only CUDA generators allow. Whole prefills avoid that
+        # (vLLM then raises max_num_batched_tokens to at least max_model_len), as vLLM does itself for MLA on CPU.
+        kwargs = {"enable_chunked_prefill": False, **kwargs}
         # vLLM's sampler torch.compiles a log-prob kernel on the first request that asks for log-probs: 10-25 s of
         # inductor on 2 cores, in every new process, for the same results. asp itself compiles nothing.
         torch._dynamo.config.disable = True
