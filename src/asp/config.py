@@ -16,6 +16,7 @@ value and what is allowed. Run `asp params check [params.yaml]` to validate a fi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -46,6 +47,7 @@ LENGTH_SOURCES = ("length_field", "token_ids_field", "response_field")
 Int = Annotated[int, Strict()]  # YAML `true` or `2.0` is not an integer
 Float = Annotated[float, Strict()]  # accepts ints (2 -> 2.0), not booleans or strings
 Bool = Annotated[bool, Strict()]
+PositiveFloat = Annotated[float, Strict(), Field(gt=0)]  # e.g. a custom Ray resource amount: -1 or 0 asks for nothing
 
 
 def _actors(value: Any) -> int | str:
@@ -533,12 +535,12 @@ class RuntimeParams(_Params):
     actor_num_gpus: Float = Field(0.0, ge=0, description="Ray GPUs per generation actor (vLLM: tensor parallel).")
     trainer_num_cpus: Float = Field(0.0, ge=0)
     trainer_num_gpus: Float = Field(0.0, ge=0)
-    actor_resources: dict[str, Float] | None = Field(
+    actor_resources: dict[str, PositiveFloat] | None = Field(
         None,
         description="Custom Ray resources per generation actor, in its placement bundle (e.g. {rollout_node: 1} to "
         "keep generation on nodes started with --resources '{\"rollout_node\": 8}'); None: CPUs / GPUs only.",
     )
-    trainer_resources: dict[str, Float] | None = Field(
+    trainer_resources: dict[str, PositiveFloat] | None = Field(
         None, description="Custom Ray resources per Training Unit rank, as actor_resources (pins the trainer's node)."
     )
     actor_max_restarts: Int = Field(2, ge=0, description="Ray restarts of a dead generation actor.")
@@ -609,6 +611,19 @@ class RuntimeParams(_Params):
     def _partial_needs_async(self) -> RuntimeParams:
         if self.partial.enabled and self.mode != "async":
             raise ValueError("runtime.partial.enabled needs runtime.mode: async (sync rounds are not split)")
+        return self
+
+    @model_validator(mode="after")
+    def _partial_budget_splits(self) -> RuntimeParams:
+        """A token budget of max_new_tokens or more never cuts a response: partial rollouts on in name only."""
+        budget = self.partial.token_budget
+        if self.partial.enabled and budget >= self.max_new_tokens:
+            raise ValueError(
+                f"runtime.partial.token_budget = {budget} is not below runtime.max_new_tokens = "
+                f"{self.max_new_tokens}: every response would finish in its first engine call, so partial rollouts "
+                f"would do nothing. Set token_budget below max_new_tokens (e.g. {max(1, self.max_new_tokens // 4)}), "
+                "or runtime.partial.enabled: false"
+            )
         return self
 
     @model_validator(mode="after")
@@ -803,7 +818,7 @@ def format_validation_error(
     the command line, "(from overrides)" for a Prefect run's `overrides` parameter, and the hint asks to fix that;
     the others, the file."""
     lines, overrides, from_file, from_set = [], list(overrides), False, False
-    for e in err.errors():
+    for e in merge_union_errors(err.errors()):
         key = _format_loc(e["loc"])
         overridden = _from_override(key, overrides)
         from_set, from_file = from_set or overridden, from_file or not overridden
@@ -830,6 +845,28 @@ def format_validation_error(
     if any(e["type"] == "missing" for e in err.errors()):
         hint = "Add what is missing (the repository's params.yaml lists every section and key) and run again."
     return f"{source}: invalid params: " + "; ".join(lines) + f". {hint}"
+
+
+# pydantic's names of union members inside an error's location (`bias_reference.constrained-float`): not keys
+_UNION_TAG = re.compile(
+    r"(constrained-\w+|literal\[.*\]|function-[\w-]+(\[.*\])?|(list|dict|tuple|is-instance|lax-or-strict)\[.*\]"
+    r"|int|float|str|bool|none)"
+)
+
+
+def merge_union_errors(errors: list[Any]) -> list[dict[str, Any]]:
+    """pydantic's errors with union member tags dropped from their locations, and one error per key and value whose
+    message lists what each member allows ("Input should be a valid number, or 'auto'")."""
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for e in errors:
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and _UNION_TAG.fullmatch(p)))
+        key = (loc, repr(e.get("input")))
+        if key not in merged:
+            merged[key] = {**e, "loc": loc}
+        elif e["type"] not in ("extra_forbidden", "missing"):
+            also = str(e["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
+            merged[key]["msg"] += ", or " + also
+    return list(merged.values())
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:

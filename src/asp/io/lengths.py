@@ -182,10 +182,15 @@ def parse_records(
 def _prompt(rec: dict[str, Any], name: str, where: str) -> str:
     value = _field(rec, name, where)
     if isinstance(value, list | tuple | np.ndarray):  # chat messages: the last user turn
-        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        users = [m for m in value if isinstance(m, dict) and m.get("role") == "user"]
         if not users:
             raise UserError(f"{where}: '{name}' is a list without a user message ({{'role': 'user', ...}}).")
-        value = users[-1]
+        if not isinstance(users[-1].get("content"), str):
+            raise UserError(
+                f"{where}: the last user message of '{name}' has no text in 'content' ({_short(users[-1])}). Give "
+                "it its prompt text: {'role': 'user', 'content': '...'}."
+            )
+        value = users[-1]["content"]
     if not isinstance(value, str):
         raise UserError(f"{where}: '{name}' is {type(value).__name__} {_short(value)}, not prompt text.")
     if not value.strip():

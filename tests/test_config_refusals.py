@@ -1,0 +1,76 @@
+"""Settings that used to be accepted and ignored, or reported with validator internals (issue 39, item 12), each
+refused with one message naming the key and what to do: through `asp params check` (exit 2, no traceback) and
+`validate_params`; and a chat prompt without text in a lengths file named as such."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asp.config import LengthsFileParams, read_yaml, validate_params
+from asp.errors import UserError
+from asp.io.lengths import parse_records
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _error(**sections: dict) -> str:
+    raw = read_yaml(ROOT / "params.yaml")
+    for section, values in sections.items():
+        for key, value in values.items():
+            target = raw[section]
+            *parents, last = key.split(".")
+            for part in parents:
+                target = target[part]
+            target[last] = value
+    with pytest.raises(UserError) as err:
+        validate_params(raw, "params.yaml")
+    return str(err.value)
+
+
+@pytest.mark.parametrize("key", ["actor_resources", "trainer_resources"])
+@pytest.mark.parametrize("amount", [-1, 0])
+def test_custom_resource_amount_must_be_positive(key: str, amount: int) -> None:
+    text = _error(runtime={key: {"rollout_node": amount}})
+    assert f"'runtime.{key}.rollout_node' = {amount}: Input should be greater than 0" in text, text
+
+
+def test_token_budget_at_or_above_max_new_tokens_is_refused_when_partial_is_on() -> None:
+    text = _error(runtime={"partial.enabled": True, "partial.token_budget": 200, "max_new_tokens": 160})
+    assert "runtime.partial.token_budget = 200 is not below runtime.max_new_tokens = 160" in text, text
+    assert "partial rollouts would do nothing" in text and "runtime.partial.enabled: false" in text
+    raw = read_yaml(ROOT / "params.yaml")
+    raw["runtime"]["partial"] |= {"enabled": False, "token_budget": 200}  # off: the budget is not used
+    validate_params(raw, "params.yaml")
+
+
+@pytest.mark.parametrize(("value", "says"), [("x", "a valid number"), (-1, "greater than 0")])
+def test_bias_reference_error_names_the_key_without_validator_internals(value: object, says: str) -> None:
+    text = _error(drift={"bias_reference": value})
+    assert f"'drift.bias_reference' = {value!r}: Input should be {says}, or 'auto'." in text, text
+    assert "constrained-float" not in text and "literal[" not in text
+
+
+def test_params_check_exits_2_on_a_negative_resource() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "asp", "params", "check", "--set", "runtime.actor_resources={rollout_node: -1}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "'runtime.actor_resources.rollout_node' = -1" in out.stderr
+
+
+@pytest.mark.parametrize("message", [{"role": "user"}, {"role": "user", "content": None}])
+def test_chat_prompt_without_content_is_named(message: dict) -> None:
+    records = [("r.jsonl line 1", {"prompt": [{"role": "system", "content": "Be brief."}, message], "length": 3})]
+    with pytest.raises(UserError) as err:
+        parse_records(records, LengthsFileParams(path="r.jsonl"), 8)
+    text = str(err.value)
+    assert text.startswith("r.jsonl line 1: the last user message of 'prompt' has no text in 'content'"), text
+    assert "NoneType" not in text
