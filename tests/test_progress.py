@@ -154,3 +154,20 @@ def test_a_terminal_gets_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_durations(seconds: float, text: str) -> None:
     assert progress._duration(seconds) == text
+
+
+def test_heartbeat_adds_a_line_when_steps_are_slow(clock: Clock) -> None:
+    """launch: 200 steps of ~5 s would print its first line after 100 s; with heartbeat_s a slow step prints one."""
+    out = io.StringIO()
+    bar = progress_bar(total=200, desc="launch", unit="step", file=out, heartbeat_s=30)
+    clock.now += 5
+    bar.update(1)  # 5 s since the start line: no line
+    clock.now += 31
+    bar.update(1)  # 31 s since the last line: a heartbeat line, though only 1 % more is done
+    clock.now += 5
+    bar.update(1)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[launch] 0% (0/200 step) started"
+    assert lines[1] == "[launch] 1% (2/200 step) 36.0s elapsed, ~59m24s left"
+    assert lines[2].startswith("[launch] 1% (3/200 step) stopped after") and len(lines) == 3

@@ -8,7 +8,8 @@ done, and at the end, with no carriage returns::
 
     [train predictor] 40% (80/200 step) 12.3s elapsed, ~18s left, val_tau=0.812
 
-Without a total, a line every 30 s and one at the end. `ASP_PROGRESS=0` silences both (the tests set it).
+Without a total, a line every 30 s and one at the end; with a total and ``heartbeat_s``, also a line whenever that
+long passed since the last one (launch: steps of many seconds). `ASP_PROGRESS=0` silences both (the tests set it).
 Tests: tests/test_progress.py.
 """
 
@@ -30,13 +31,14 @@ HEARTBEAT_S = 30.0  # seconds between lines without a total
 def progress_bar(iterable: Iterable[Any] | None = None, **kwargs: Any) -> tqdm | LineProgress:
     """A tqdm bar when stderr (or `file=`) is a terminal, else a `LineProgress`; silent when ASP_PROGRESS=0."""
     disable = kwargs.pop("disable", None)
+    heartbeat_s = kwargs.pop("heartbeat_s", None)  # lines only: a bar redraws anyway
     if disable is None:
         disable = os.environ.get("ASP_PROGRESS", "1") == "0"
     stream = kwargs.get("file") or sys.stderr
     if disable or _is_tty(stream):
         kwargs.setdefault("dynamic_ncols", True)
         return tqdm(iterable, disable=disable, **kwargs)
-    return LineProgress(iterable, **kwargs)
+    return LineProgress(iterable, heartbeat_s=heartbeat_s, **kwargs)
 
 
 def _is_tty(stream: Any) -> bool:
@@ -68,11 +70,13 @@ class LineProgress:
         unit: str = "it",
         initial: float = 0,
         file: IO[str] | None = None,
+        heartbeat_s: float | None = None,
         **_tqdm_only: Any,  # display options (dynamic_ncols, leave, position, ...) that lines do not need
     ) -> None:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
+        self.heartbeat_s = heartbeat_s  # with a total: also a line when this long passed since the last one
         self.n = self.initial = initial
         self.file = file
         self.postfix = ""
@@ -110,12 +114,15 @@ class LineProgress:
         if self._closed:
             return
         self.n += n
+        since = time.monotonic() - self._last_line_at
         if self.total:
             step = self._step_of(self.n)
-            if step > self._step and self.n < self.total:  # the 100 % line comes from close()
-                self._step = step
+            if self.n >= self.total:  # the 100 % line comes from close()
+                return
+            if step > self._step or (self.heartbeat_s is not None and since >= self.heartbeat_s):
+                self._step = max(step, self._step)
                 self._line()
-        elif time.monotonic() - self._last_line_at >= HEARTBEAT_S:
+        elif since >= HEARTBEAT_S:
             self._line()
 
     def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kwargs: Any) -> None:

@@ -8,7 +8,8 @@
   the user types over it.
 * A user error (`asp.errors.UserError`: bad stages, preset or overrides) ends the flow run Failed with the error's
   message as the state's message, logged once (Prefect's "Finished in state Failed('...')") and without a
-  traceback: `quiet_user_errors` keeps Prefect's loggers from printing one for it.
+  traceback: `quiet_user_errors` keeps Prefect's loggers from printing one for it. It also raises that last line of a
+  failed or crashed run to ERROR (Prefect logs it at INFO), so a log filtered to errors shows how the run ended.
 
     flow_run_name_for("my-baseline-check", label)   # "my-baseline-check"
     flow_run_name_for("crimson-otter", label)       # "840e457 demo all @ 05-14 10:32:07"
@@ -31,6 +32,7 @@ GREEK = "alpha|beta|gamma|delta|epsilon|zeta|eta|theta|iota|kappa|lambda|mu|nu|x
 # The Custom run form's suggestion (Prefect UI: `runName` = greek letter [+ number] - star / place [- word])
 UI_SUGGESTION = re.compile(rf"(?:{GREEK}|phi|chi|psi|omega)\d*(?:-[a-z]+){{1,3}}")
 ENGINE_EXIT = "Engine execution exited with unexpected exception"  # Prefect's line after a flow run that failed
+FINISHED = "Finished in state "  # Prefect's last line of a run: "Finished in state Failed('...')"
 LABEL_TAG = "asp: {label}"
 
 
@@ -107,9 +109,29 @@ class _UserErrorRecords(logging.Filter):
         return True
 
 
+class _FailedAtError(logging.Filter):
+    """On Prefect's flow-run logger: the engine's last line of a flow run that failed or crashed ("Finished in state
+    Failed(...)") is logged at ERROR, not INFO (Prefect 3's synchronous flow engine logs it at INFO whatever the
+    state, so a log filtered to errors hid it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR and failed_final_line(record.getMessage()):
+            record.levelno, record.levelname = logging.ERROR, logging.getLevelName(logging.ERROR)
+        return True
+
+
+def failed_final_line(message: str) -> bool:
+    """Whether `message` is Prefect's last line of a run that ended Failed or Crashed."""
+    return message.startswith((f"{FINISHED}Failed", f"{FINISHED}Crashed"))
+
+
 def quiet_user_errors() -> None:
-    """Install `_UserErrorRecords` on Prefect's flow-run and task-run loggers (once)."""
+    """Install `_UserErrorRecords` on Prefect's flow-run and task-run loggers, and `_FailedAtError` on the flow-run
+    logger (once)."""
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _UserErrorRecords) for f in logger.filters):
             logger.addFilter(_UserErrorRecords())
+    flow_runs = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(f, _FailedAtError) for f in flow_runs.filters):
+        flow_runs.addFilter(_FailedAtError())

@@ -215,19 +215,23 @@ def run_session(
     from asp.runtime import run_async
 
     hooks = {} if watch is None else {"observer": watch, "on_start": watch.on_start}
-    return run_async(
-        point.plan,
-        prompts_by_id,
-        engine,
-        point.config,
-        trainer_factory=factory,
-        logger=tracker,
-        checkpoint_dir=point.directory,
-        resume=point.state is not None,
-        fingerprint_extra=point.extra,
-        on_iteration=Recorder(point.directory / HISTORY_FILE, runtime.iterations),
-        **hooks,
-    )
+    recorder = Recorder(point.directory / HISTORY_FILE, runtime.iterations, initial=point.step)
+    try:
+        return run_async(
+            point.plan,
+            prompts_by_id,
+            engine,
+            point.config,
+            trainer_factory=factory,
+            logger=tracker,
+            checkpoint_dir=point.directory,
+            resume=point.state is not None,
+            fingerprint_extra=point.extra,
+            on_iteration=recorder,
+            **hooks,
+        )
+    finally:
+        recorder.close()
 
 
 def run_metrics(summary: Any, trainer: str) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,18 +110,31 @@ def start_session(directory: Path, fresh: bool, step: int, run_id: str | None, f
 
 
 class Recorder:
-    """`on_iteration` hook: appends each iteration to ``iterations.jsonl`` and prints a progress line."""
+    """`on_iteration` hook: appends each iteration to ``iterations.jsonl`` and reports progress (`asp.progress`): a
+    line when the run starts (or resumes at `initial`), every ~10 % of `total` steps, at least every `HEARTBEAT_S`
+    between steps, and at the end (`close`), each with the step time, reward and lag; a Prefect run shows them in its
+    log (the stage's stderr is forwarded line by line)."""
 
-    def __init__(self, path: Path, total: int | None, every: int = 10) -> None:
-        self.path, self.total, self.every = path, total, every
+    HEARTBEAT_S = 30.0
+
+    def __init__(self, path: Path, total: int | None, initial: int = 0) -> None:
+        from asp.progress import progress_bar
+
+        self.path, self.total, self.shown = path, total, initial  # shown: the last step the bar counted
+        self.bar = progress_bar(total=total, initial=initial, desc="launch", unit="step", heartbeat_s=self.HEARTBEAT_S)
 
     def __call__(self, cu: Any, metrics: dict[str, float]) -> None:
         row = {"step": cu.step, **{k: float(v) for k, v in metrics.items()}}
         with self.path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        if cu.step % self.every == 0 or cu.step == self.total:
-            shown = [f"step {cu.step}/{self.total or '?'}", f"iter {metrics.get('runtime/iteration_time_s', 0):.2f}s"]
-            for key, name in (("train/reward_mean", "reward"), ("train/lag_mean", "lag")):
-                if key in metrics:
-                    shown.append(f"{name} {metrics[key]:.3f}")
-            print("[launch] " + ", ".join(shown), file=sys.stderr, flush=True)
+        shown = {"iter": f"{metrics.get('runtime/iteration_time_s', 0):.2f}s"}
+        for key, name in (("train/reward_mean", "reward"), ("train/lag_mean", "lag")):
+            if key in metrics:
+                shown[name] = f"{metrics[key]:.3f}"
+        self.bar.set_postfix(shown)
+        self.bar.update(max(0, cu.step - self.shown))  # steps retrained after a resume are not counted twice
+        self.shown = max(self.shown, cu.step)
+
+    def close(self) -> None:
+        """The last progress line: done, or how far the run got."""
+        self.bar.close()
