@@ -113,7 +113,8 @@ def time_weighted_stats(trace: Sequence[tuple[float, float]], end: float) -> tup
     if weights.sum() <= 0:
         return float(values.mean()), float(values.std())
     mean = float(np.average(values, weights=weights))
-    return mean, float(np.sqrt(max(np.average((values - mean) ** 2, weights=weights), 0.0)))
+    variance = float(np.average((values - mean) ** 2, weights=weights))
+    return mean, float(np.sqrt(max(variance, 0.0)))
 
 
 def trend(values: Sequence[float]) -> float:

@@ -443,7 +443,7 @@ class VLLMEngine:
             raise UserError(VLLM_MISSING) from err
         tokenizer = load_tokenizer(path)
         self._attach(_build_llm(vllm, kwargs, opts.multiprocessing), tokenizer, opts, vllm.SamplingParams)
-        self.shapes = checkpoint_shapes(path)
+        self.shapes.update(checkpoint_shapes(path))
 
     @classmethod
     def from_llm(
@@ -480,7 +480,7 @@ class VLLMEngine:
         import torch
 
         self.llm, self.tokenizer, self.options, self._sampling_cls = llm, tokenizer, options, sampling_cls
-        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}  # checkpoint shapes; {} (from_llm): not checked
         if loader is None:
             transfer = plan_transfer(options.weight_transfer, cuda=torch.cuda.is_available())
             fallback = options.weight_transfer == "auto"
