@@ -4,7 +4,9 @@
 to a callback (the terminal for `asp repro`, the Prefect run logger for the flow), enforces a timeout and
 turns SIGTERM / Ctrl-C / a Prefect cancellation into a clean stop of the running stage (it receives SIGTERM,
 so its MLflow run ends KILLED, and DVC releases its lock). It returns or re-raises only once DVC and every process
-under it have ended, so the caller can put the stage's outputs back (`asp.orchestration.workspace`).
+under it have ended, so the caller can put the stage's outputs back (`asp.orchestration.workspace`). A stopped
+`dvc exp run --temp` leaves its temporary copy when DVC is killed before it cleans up: `remove_experiment_copies`
+removes the copies made since `experiment_copies` listed them (tests/orchestration/test_exp_cleanup.py).
 
 Whether DVC will skip a stage is read from its Python API (`dvc.repo.Repo.status`, what `dvc status --json
 STAGE` prints), asked right before `dvc repro --single-item STAGE` runs (`up_to_date`). Two things are still read
@@ -271,3 +273,28 @@ def run_streaming(
             lines.append(item)
             on_line(item)
     return CommandResult(rc, time.monotonic() - t0, timed_out, tuple(lines))
+
+
+# ---- the temporary copies of `dvc exp run --temp` ------------------------------------------------------------------
+EXP_TMP = Path(".dvc") / "tmp" / "exps"  # DVC makes each temporary experiment copy in here (standalone/tmpXXXXXXXX/)
+
+
+def experiment_copies(root: str | Path) -> set[Path]:
+    """The temporary experiment copies now in `root`'s ``.dvc/tmp/exps`` (DVC's ``tmp*`` folders, directly in it or
+    one level down: ``standalone/`` for `dvc exp run --temp`)."""
+    folder = Path(root) / EXP_TMP
+    found = [*folder.glob("tmp*"), *folder.glob("*/tmp*")] if folder.is_dir() else []
+    return {p for p in found if p.is_dir()}
+
+
+def remove_experiment_copies(root: str | Path, before: set[Path]) -> list[Path]:
+    """Remove the copies made since `before` (`experiment_copies` when the experiment started): DVC removes its copy
+    when an experiment ends, but not when it is stopped (SIGTERM, a cancellation, a timeout), and the copy (the
+    outputs of every stage it ran: the policy, checkpoints) stayed until a later experiment succeeded. Call it after
+    the DVC process has ended. Returns what was removed."""
+    import shutil
+
+    gone = sorted(experiment_copies(root) - before)
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone

@@ -40,6 +40,8 @@ from asp.orchestration.dvc import (
     classify,
     dvc_exp_cmd,
     dvc_repro_cmd,
+    experiment_copies,
+    remove_experiment_copies,
     run_streaming,
     stage_env,
     up_to_date,
@@ -423,10 +425,12 @@ class PipelineRun:
             marks.append((time.monotonic(), line))
             self.on_line(line)
 
+        before = experiment_copies(self.root)
         try:
             result = run_streaming(cmd, env=self.env(), on_line=note, timeout_s=timeout, cwd=self.root)
         except BaseException as exc:
             if not isinstance(exc, Exception):  # the experiment ran in a temporary copy: the workspace is untouched
+                remove_experiment_copies(self.root, before)  # DVC, stopped, leaves its copy (outputs included)
                 self.interrupted = exc
                 self.stop_note = (
                     f"DVC experiment {self.exp_name} {_stopped_by(exc)}: it ran in a temporary copy, so the "
@@ -434,6 +438,8 @@ class PipelineRun:
                 )
                 self.on_line(f"[asp] {self.stop_note}")
             raise
+        if result.timed_out:
+            remove_experiment_copies(self.root, before)
         seen = classify(result.lines)  # DVC's messages: it has no structured account of an experiment's stages
         seconds = stage_seconds(marks, time.monotonic())
         if result.returncode != 0 or result.timed_out:
