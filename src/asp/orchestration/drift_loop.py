@@ -47,7 +47,7 @@ from asp.errors import UserError
 from asp.orchestration.dvc import run_streaming
 from asp.orchestration.flow import call_stage
 from asp.orchestration.pipeline import PipelineRun
-from asp.orchestration.prefect_run import flow_run_name_for
+from asp.orchestration.prefect_run import flow_run_name_for, quiet_user_errors
 from asp.orchestration.request import RunRequest
 
 if TYPE_CHECKING:
@@ -402,6 +402,7 @@ def asp_drift_loop(max_actions: int | None = None) -> dict[str, Any]:
             runs without the handoff and finishes.
     """
     logger = get_run_logger()
+    quiet_user_errors()  # a failed run's last line at ERROR; a user error without a traceback
     result = drift_loop(
         max_actions=max_actions,
         prefect_run=(str(flow_run.id), flow_run.ui_url),
