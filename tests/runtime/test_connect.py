@@ -21,11 +21,17 @@ DRIVER = """
 import sys
 from asp.errors import UserError
 from asp.runtime.config import RuntimeConfig
+from asp.runtime.profile_actors import actor_pool
 from asp.runtime.run import ray_session
 
+config = RuntimeConfig(ray_address=sys.argv[1], ray_connect_timeout_s=float(sys.argv[2]))
 try:
-    with ray_session(RuntimeConfig(ray_address=sys.argv[1], ray_connect_timeout_s=float(sys.argv[2]))):
-        print("joined", flush=True)
+    if sys.argv[3] == "launch":  # run_async joins through ray_session
+        with ray_session(config):
+            print("joined", flush=True)
+    else:  # profile / predict on actors join through actor_pool
+        with actor_pool(config, object, lambda unit, actor: (), what=sys.argv[3], knob=f"{sys.argv[3]}.actors"):
+            print("joined", flush=True)
 except UserError as exc:
     print(exc, file=sys.stderr)
     sys.exit(exc.exit_code)
@@ -39,10 +45,12 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_closed_address_stops_within_the_timeout_naming_the_param() -> None:
+@pytest.mark.parametrize("stage", ["launch", "profile", "predict"])
+def test_closed_address_stops_within_the_timeout_naming_the_param(stage: str) -> None:
     address = f"127.0.0.1:{_closed_port()}"
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", DRIVER, address, "3"], capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-c", DRIVER, address, "3", stage]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
     assert done.returncode == 2, done.stderr[-2000:]
     assert took < 60
