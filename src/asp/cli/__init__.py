@@ -4,6 +4,7 @@
     asp stage NAME              run one pipeline stage (what dvc.yaml calls; stages/NAME.py)
     asp params check            validate params.yaml (optionally a preset, --set), check it fits in memory
     asp preset list|apply NAME  list presets in configs/ or write one over params.yaml
+    asp init --model DIR --gpus-per-node N --nodes N   a preset for your setup (configs/my-cluster.yaml)
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline
     asp heldout-reward [--weights F]    demo reward of the policy (or trained weights) on new problems
     asp reprofile [--state-dir D]       re-profile a stopped launch run and re-schedule its remaining prompts

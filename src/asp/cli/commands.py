@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from asp.cli.heldout import heldout_reward
+from asp.cli.init import explain, init
 from asp.cli.plan import app as plan_app
 from asp.cli.reprofile import reprofile
 from asp.cli.schedule import app as schedule_app
@@ -40,6 +41,7 @@ app.add_typer(simulate_app, name="simulate")
 app.add_typer(plan_app, name="plan")
 app.command("heldout-reward")(heldout_reward)
 app.command("reprofile")(reprofile)
+app.command("init")(init)
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params file")]
 
@@ -76,6 +78,9 @@ def params_check(
     lengths_note = check_lengths_file(resolved, experiment=bool(preset or set_))  # missing / not committed
     overlay = _preset_path(preset) if preset else None
     typer.echo(f"{params}{' + ' + str(overlay) if overlay else ''}: OK")
+    if overlay:
+        typer.echo(f"{overlay} sets (each key with where its value came from):")
+        typer.echo("\n".join(f"  {line}" for line in explain(overlay)))
     typer.echo(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False))
     if memory:
         typer.echo(memory)
@@ -141,8 +146,9 @@ def preset_apply(name: str, params: ParamsOpt = Path("params.yaml")) -> None:
     import yaml
 
     from asp.config import deep_merge, read_yaml, validate_params
+    from asp.orchestration.request import read_preset
 
-    merged = deep_merge(read_yaml(params), read_yaml(_preset_path(name)))
+    merged = deep_merge(read_yaml(params), read_preset(name))
     validate_params(merged, f"{params} + configs/{name}.yaml")
     from asp.io import atomic_path
 

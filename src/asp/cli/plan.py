@@ -271,12 +271,12 @@ def _check_grid_size(cluster: Cluster, grid: Grid, max_candidates: int, where: s
 def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> Params:
     """params.yaml with a preset in configs/ overlaid, then `--set` overrides, validated."""
     from asp.config import deep_merge, read_yaml, validate_params
-    from asp.orchestration.request import parse_set_args, preset_path, set_dotted
+    from asp.orchestration.request import parse_set_args, preset_path, read_preset, set_dotted
 
     raw, source = read_yaml(params), str(params)
     if preset:
         path = preset_path(preset)
-        raw, source = deep_merge(raw, read_yaml(path)), f"{source} + {path}"
+        raw, source = deep_merge(raw, read_preset(preset)), f"{source} + {path}"
     values = parse_set_args(overrides)
     if values:
         raw = set_dotted(raw, values)

@@ -68,6 +68,27 @@ def preset_path(name: str, root: str | Path = ".") -> Path:
     return path
 
 
+EXTENDS = "extends"
+
+
+def read_preset(name: str, root: str | Path = ".", _chain: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A preset's mapping with its `extends: BASE` resolved: the base preset (which may extend another) merged
+    under the preset's own keys, the `extends` key dropped. `asp init` writes presets that extend gpu-cluster, so
+    they hold only what differs. `UserError` for a base that is not a preset name or a cycle."""
+    path = preset_path(name, root)
+    raw = read_yaml(path)
+    base = raw.pop(EXTENDS, None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or base in (*_chain, name):
+        chain = " -> ".join((*_chain, name, str(base)))
+        raise UserError(
+            f"{path}: '{EXTENDS}: {base}' must name another preset in configs/ and must not lead back ({chain}). "
+            "Fix the extends line and run again."
+        )
+    return deep_merge(read_preset(base, root, (*_chain, name)), raw)
+
+
 def parse_set_args(items: Iterable[str]) -> dict[str, Any]:
     """`["schedule.k=3", "runtime.trainer=grpo"]` -> `{"schedule.k": 3, "runtime.trainer": "grpo"}` (values
     parsed as YAML scalars, as `dvc exp run -S` does)."""
@@ -139,7 +160,7 @@ def set_dotted(raw: dict[str, Any], overrides: Mapping[str, Any], origin: str = 
 def effective_overrides(request: RunRequest, root: str | Path = ".") -> dict[str, Any]:
     """Every param the run changes relative to params.yaml, as dotted keys: the preset's leaves, then the
     overrides (which win). Sorted, so the same request always gives the same `-S` list."""
-    merged = flatten(read_yaml(preset_path(request.preset, root))) if request.preset else {}
+    merged = flatten(read_preset(request.preset, root)) if request.preset else {}
     merged.update(request.overrides)
     return dict(sorted(merged.items()))
 
@@ -159,7 +180,7 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
     raw = read_yaml(Path(root) / params_path)
     source = str(params_path)
     if request.preset:
-        raw = deep_merge(raw, read_yaml(preset_path(request.preset, root)))
+        raw = deep_merge(raw, read_preset(request.preset, root))
         source += f" + configs/{request.preset}.yaml"
     if request.overrides:
         origin = request.overrides_from
