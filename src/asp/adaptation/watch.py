@@ -364,12 +364,14 @@ class DriftWatch:
             return cu.db.plan_version()
         ids = {tuple(mb): i for mb, i in zip(pending.minibatches, pending.minibatch_ids, strict=True)}
         ordered, groups = rebalance(pending.minibatches, loads, self.k, **self.balance)
-        rest = WorkPlan.from_lists(ordered, groups, [ids[tuple(mb)] for mb in ordered])
+        rest = WorkPlan.from_lists(ordered, groups, [ids[tuple(mb)] for mb in ordered], _loads_of(ordered, loads))
         if full is None:
             plan = cu.db.plan
             mb_ids = {tuple(mb): i for mb, i in zip(plan.minibatches, plan.minibatch_ids, strict=True)}
             ordered, groups = rebalance(plan.minibatches, loads, self.k, **self.balance)
-            full = WorkPlan.from_lists(ordered, groups, [mb_ids[tuple(mb)] for mb in ordered])
+            full = WorkPlan.from_lists(
+                ordered, groups, [mb_ids[tuple(mb)] for mb in ordered], _loads_of(ordered, loads)
+            )
         return cu.replan(rest, full)
 
     def _after_switch(self) -> None:
@@ -411,3 +413,8 @@ def emit_prefect_event(name: str, payload: Mapping[str, Any]) -> None:
         emit_event(event=name, resource={"prefect.resource.id": "asp.launch"}, payload=dict(payload))
     except Exception as exc:  # a missing or unreachable Prefect never fails the run
         print(f"[drift] Prefect event {name} not sent: {exc}", file=sys.stderr)
+
+
+def _loads_of(minibatches: Any, loads: Mapping[Hashable, float]) -> dict[Hashable, float]:
+    """The loads a re-plan balanced on, for its prompts (the online continuation order reads them)."""
+    return {pid: float(loads[pid]) for mb in minibatches for pid in mb if pid in loads}

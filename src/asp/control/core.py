@@ -22,6 +22,11 @@ actors start again) and `observer(out)` for every first completion. Decisions:
   dispatch units from the Database (`plan_dispatch`), nothing while backpressure pauses; **sync**: rounds of single
   minibatches up to one global batch (`plan_round`), none while a step trains;
 * **lag bound**: before a batch is cut, evict queued minibatches older than ``max_policy_lag`` (`enforce_lag_bound`);
+  before continuation items are handed out, held tasks whose oldest segment would be over the bound when the
+  continuation came back (trainer version, plus one while a step trains) are dropped or regenerated instead
+  (`_retire_stale`): no engine time on responses that cannot train. Both count prompts per length bucket
+  (``runtime/summary/stale_{dropped,regenerated}_prompts_<q1..q4>``, quarters of ``max_new_tokens`` by the prompt's
+  longest response so far);
 * **when to train, what to take**: async: a global batch once queued, the short rest at the end of a pass; sync:
   the whole queue once the round is back (`round_complete`);
 * **backpressure**: the queue depth after every change (async only);
@@ -57,12 +62,14 @@ from asp.control.metrics import (
     split_share,
     summary_metrics,
 )
+from asp.control.partial import LENGTH_BUCKETS, prompt_buckets
 from asp.control.plan import WorkPlan
 from asp.control.queue import Backpressure, TrainingQueue
 from asp.control.sender import GULoad, enforce_lag_bound, plan_dispatch, plan_round, round_complete
 from asp.control.settings import ControlSettings
 from asp.rl.lag import policy_lags
 
+_BUCKET_KEYS = tuple(f"{kind}_{b}" for kind in ("dropped", "regenerated") for b in LENGTH_BUCKETS)
 Event = tuple[float, str, int, int, int, int]  # (session time, kind, gu, actor, task id | step | version, attempt)
 
 
@@ -143,7 +150,9 @@ class ControlCore:
         self.cont_out: dict[int, tuple[int, list[ContinuationRow]]] = {}
         self.continuations = 0
         self.db.partials.cap = s.max_new_tokens
-        self.db.partials.predicted = self.db.original.predicted
+        self.db.partials.age_first = s.max_policy_lag is not None  # continue the oldest held work first
+        self.stale_held = 0  # prompts of held tasks retired (dropped or regenerated) before continuation
+        self.stale_buckets: dict[str, float] = {}  # "dropped_q1" ... "regenerated_q4" -> prompts
         self.cont_rows = s.partial.max_rows or max(len(mb) for mb in self.db.original.minibatches) * s.n_samples
 
     # ---- clock -----------------------------------------------------------------------------------------
@@ -220,6 +229,7 @@ class ControlCore:
             batches, issued = plan_round(self.db, loads, self.settings.global_batch_prompts - self.round_prompts)
             self.round_prompts += issued
         else:
+            self._retire_stale(now)
             if self.bp.paused:
                 return {}
             loads = [GULoad(g.index, g.outstanding, self.settings.gu_queue_target + len(g.alive)) for g in live]
@@ -248,13 +258,44 @@ class ControlCore:
             g = min(loads, key=lambda x: x.outstanding - x.target)
             if g.outstanding >= g.target:
                 break
-            rows = self.db.partials.take(self.cont_rows, partial.continuation_order, self.db.prompts)
+            rows = self.db.partials.take(self.cont_rows, partial.continuation_order, self.db.prompts, self._stale)
+            if not rows:
+                break
             cont_id, self.continuations = self.continuations, self.continuations + 1
             self.cont_out[cont_id] = (g.index, rows)
             seed = task_seed(self.settings.seed, -1 - cont_id)
             sent.setdefault(g.index, []).append(WorkItem(cont_id, -1, -1, 0, [], [], seed, partial.budget, rows))
             g.outstanding += 1
         return sent
+
+    @property
+    def _stale(self) -> frozenset[int]:
+        """Held tasks that could not train once a continuation handed out now came back (see `_retire_stale`)."""
+        lead = int(self.inflight is not None)  # the step in flight ends before anything handed out now returns
+        return frozenset(self.db.partials.stale_tasks(self.version + lead, self.settings.max_policy_lag))
+
+    def _retire_stale(self, now: float) -> None:
+        """Drop (``stale_samples: drop``) or regenerate the held tasks in `_stale` that have no rows at an actor (the
+        others are retired once those rows are back; their pooled rows are not handed out meanwhile)."""
+        regenerate = self.settings.stale_samples == "regenerate"
+        for task_id in sorted(self._stale):
+            if self.db.partials.tasks[task_id].out:
+                continue
+            held = self.db.retire_held(task_id, regenerate)
+            prompts = len(held.head.prompt_ids)
+            self._count_stale(prompt_buckets(held.lengths, held.n, self.settings.max_new_tokens), regenerate)
+            self.stale_held += prompts
+            self._event(now, "stale", held.head.gu, held.head.actor, task_id, held.head.attempt)
+
+    def _count_stale(self, buckets: dict[str, int], regenerate: bool) -> None:
+        """Add prompts per length bucket to the dropped (or regenerated) counters."""
+        kind = "regenerated" if regenerate else "dropped"
+        for bucket, count in buckets.items():
+            self.stale_buckets[f"{kind}_{bucket}"] = self.stale_buckets.get(f"{kind}_{bucket}", 0.0) + count
+        if regenerate:
+            self.stale_regenerated += sum(buckets.values())
+        else:
+            self.stale_dropped += sum(buckets.values())
 
     def _update_backpressure(self, now: float) -> None:
         """Feed the queue depth to backpressure (async mode only; a sync round is bounded by itself)."""
@@ -370,11 +411,12 @@ class ControlCore:
         if self.inflight is not None or self.stopped() or self.finished():
             return None
         s = self.settings
+        evicted = self._evicted_buckets()
         dropped, regenerated = enforce_lag_bound(
             self.tq, self.db, self.version, s.max_policy_lag, s.stale_samples, now
         )
-        self.stale_dropped += dropped
-        self.stale_regenerated += regenerated
+        if dropped or regenerated:
+            self._count_stale(evicted, regenerate=bool(regenerated))
         self._update_backpressure(now)
         take = self._round_take() if self.sync else self._async_take()
         if take <= 0:
@@ -384,6 +426,18 @@ class ControlCore:
         self._event(now, "train", ident=self.step + 1)
         self._update_backpressure(now)
         return batch
+
+    def _evicted_buckets(self) -> dict[str, int]:
+        """Prompts per length bucket of what `enforce_lag_bound` is about to evict (its untaken prompts)."""
+        bound, cap = self.settings.max_policy_lag, self.settings.max_new_tokens
+        counts: dict[str, int] = {}
+        if bound is None:
+            return counts
+        for e in self.tq.entries:
+            if e.out.policy_version < self.version - bound:
+                for b, c in prompt_buckets(e.out.lengths, e.out.n, cap, first=e.taken).items():
+                    counts[b] = counts.get(b, 0) + c
+        return counts
 
     def _async_take(self) -> int:
         """Prompts the next step takes: a global batch once queued, the short rest at the end of a pass, else 0."""
@@ -458,6 +512,8 @@ class ControlCore:
             "lag_sum": self.lag_sum,
             "lag_count": self.lag_count,
             "continuations": self.continuations,
+            "stale_held": self.stale_held,
+            **{f"stale_{k}": self.stale_buckets.get(k, 0.0) for k in _BUCKET_KEYS},
         }
         out = {name: self.total(name, value) for name, value in counters.items()}
         out.update(sessions=float(self.session + 1), wall_s=self.base + session_wall, lag_max=self.lag_max)
@@ -469,7 +525,17 @@ class ControlCore:
             "runtime/stale_dropped_prompts": self.total("stale_dropped", self.stale_dropped),
             "runtime/stale_regenerated_prompts": self.total("stale_regenerated", self.stale_regenerated),
             "runtime/reload_failures": self.total("reload_failures", self.reload_failures),
+            "runtime/stale_held_prompts": self.total("stale_held", self.stale_held),
+            **{
+                f"runtime/stale_{k.replace('_q', '_prompts_q')}": self.total(
+                    f"stale_{k}", self.stale_buckets.get(k, 0)
+                )
+                for k in _BUCKET_KEYS
+            },
         }
+
+    def _bucket(self, key: str) -> float:
+        return self.stale_buckets.get(key, 0.0)
 
     def all_records(self) -> list[dict[str, Any]]:
         return self.earlier_records + self.records

@@ -32,7 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from asp.control.messages import MinibatchOutput, WorkItem
-from asp.control.partial import PartialStore
+from asp.control.partial import HeldTask, PartialStore
 from asp.control.plan import WorkPlan, check_prompts
 
 
@@ -109,6 +109,7 @@ class Database:
         self.plan = self.original  # the plan of every pass created from now on
         self.version = 1  # current plan version
         self.plans: dict[int, tuple[WorkPlan | None, WorkPlan]] = {1: (None, self.original)}  # version -> rest, full
+        self.partials.predicted = dict(self.original.predicted)  # the current plan's loads (online order)
         self.replans: list[dict[str, Any]] = []  # JSON-able history, part of `state()`
         self.next_id = 0
 
@@ -245,6 +246,23 @@ class Database:
         task.regenerations += 1
         self.retry.append(task_id)
 
+    def retire_held(self, task_id: int, regenerate: bool) -> HeldTask:
+        """A held task that can no longer train (`PartialStore.stale_tasks`) leaves the store and its rows the pool:
+        sent again from its first untrained prompt, first, like `regenerate` (`regenerate`), or dropped: its prompts
+        count as consumed, never trained. Returns the held task (its responses so far, for the counts)."""
+        held = self.partials.tasks[task_id]
+        self.partials.drop_task(task_id)
+        task = self.tasks[task_id]
+        self.n_issued -= 1
+        if regenerate:
+            task.state, task.start, task.gu = TaskState.FAILED, task.consumed, -1
+            task.regenerations += 1
+            self.retry.append(task_id)
+        else:
+            task.state = TaskState.DONE
+            task.consumed += len(held.head.prompt_ids)
+        return held
+
     def mark_consumed(self, task_id: int, count: int) -> None:
         """Record that `count` more prompts of task `task_id` were trained (they come in schedule order)."""
         self.tasks[task_id].consumed += count
@@ -351,6 +369,9 @@ class Database:
         self.version += 1
         self.plan = full if full is not None else self.plan
         self.plans[self.version] = (rest, self.plan)
+        for plan in (full, rest):  # the new loads win (a re-plan's rest covers the pending prompts)
+            if plan is not None:
+                self.partials.predicted = {**self.partials.predicted, **plan.predicted}
         for rank in range(rest.n_minibatches if rest is not None else 0):
             self.pending.append(self._new_task(epoch, rank, rest=True))
 
@@ -424,17 +445,21 @@ class Database:
 
 
 def _plan_json(plan: WorkPlan | None) -> dict[str, list] | None:
-    """A plan as JSON-able lists (None stays None)."""
+    """A plan as JSON-able lists (None stays None); its loads as [prompt id, load] pairs when it has any."""
     if plan is None:
         return None
-    return {
+    data = {
         "minibatches": [list(mb) for mb in plan.minibatches],
         "group_ids": list(plan.group_ids),
         "minibatch_ids": list(plan.minibatch_ids),
     }
+    if plan.predicted:
+        data["predicted"] = [[pid, float(x)] for pid, x in plan.predicted.items()]
+    return data
 
 
 def _plan_from_json(data: Mapping[str, list] | None) -> WorkPlan | None:
     if data is None:
         return None
-    return WorkPlan.from_lists(data["minibatches"], data["group_ids"], data["minibatch_ids"])
+    predicted = {pid: float(x) for pid, x in data.get("predicted", [])}
+    return WorkPlan.from_lists(data["minibatches"], data["group_ids"], data["minibatch_ids"], predicted)

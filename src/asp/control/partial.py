@@ -23,7 +23,13 @@ over engine calls (`MinibatchOutput.padded_slots`).
 the others is estimated from those siblings and the schedule's predicted length, as the mean of a log-normal
 truncated below at the tokens already generated. ``continuation_order: online`` hands out pooled rows longest
 expected remainder first (so continuation items hold rows of similar remainders and the longest start first);
-``fifo`` in arrival order.
+``fifo`` in arrival order. Under a lag bound (``age_first``) rows of the task with the oldest segment go first in
+either order, so a long response is continued before it ages out instead of after newer, shorter work.
+
+**Stale held work** (`stale_tasks`): a held task whose oldest segment would be more than ``max_policy_lag`` versions
+behind the trainer when its continuation comes back can never train, so it is not continued: the core drops it or
+sends it again from scratch (`Database.retire_held`). `length_bucket` puts a prompt in a quarter of ``max_new_tokens``
+by its longest response so far, for the per-bucket counts of dropped and regenerated prompts.
 
 Checkpoints: `PartialStore.state` / `restore` (inside `Database.state`): a resumed run continues the held tasks from
 their last merged segment; rows that were out at an actor are pooled again. Tests: tests/control/test_partial.py.
@@ -43,6 +49,24 @@ from asp.control.messages import ContinuationRow, MinibatchOutput, SegmentOutput
 
 Order = Literal["fifo", "online"]
 SIGMA_PRIOR = 0.5  # prior spread of a group's log-lengths (one pseudo-observation)
+LENGTH_BUCKETS = ("q1", "q2", "q3", "q4")  # quarters of max_new_tokens, by a prompt's longest response
+
+
+def length_bucket(longest: int, cap: int) -> str:
+    """The quarter of `cap` (``max_new_tokens``) that a prompt's longest response (tokens) falls in: q1 = below a
+    quarter, ..., q4 = from three quarters on (a response at the cap included). Example: 300 of cap 1,000 -> q2."""
+    if cap <= 0:
+        return LENGTH_BUCKETS[-1]
+    return LENGTH_BUCKETS[min(len(LENGTH_BUCKETS) - 1, max(0, int(longest) * len(LENGTH_BUCKETS) // int(cap)))]
+
+
+def prompt_buckets(lengths: np.ndarray, n: int, cap: int, first: int = 0) -> dict[str, int]:
+    """Prompts per `length_bucket`, from a minibatch's (prompts x n,) response lengths, prompts `first`.. only."""
+    counts: dict[str, int] = {}
+    for p in range(first, len(lengths) // max(n, 1)):
+        b = length_bucket(int(np.max(lengths[p * n : (p + 1) * n], initial=0)), cap)
+        counts[b] = counts.get(b, 0) + 1
+    return counts
 
 
 # ---- online length correction ---------------------------------------------------------------------------
@@ -133,6 +157,16 @@ class HeldTask:
     def n(self) -> int:
         return self.head.n
 
+    @property
+    def oldest_version(self) -> int:
+        """The policy version of its oldest segment (what its assembled output will count its lag from)."""
+        return min((v for seg in self.segments for v, _ in seg), default=self.head.policy_version)
+
+    @property
+    def out(self) -> bool:
+        """Some of its rows are at an actor now."""
+        return "out" in self.state
+
 
 def _split(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     """Cut a flat array into per-row pieces of `lengths` (all empty when `flat` is, as in the simulator)."""
@@ -149,14 +183,17 @@ class PartialStore:
     Attributes:
         tasks: task id -> `HeldTask`.
         pool: (task id, sample) rows waiting to be continued, in arrival order.
-        predicted: prompt id -> the schedule's predicted length (for ``order: online``; may be empty).
+        predicted: prompt id -> the current plan's predicted length (for ``order: online``; may be empty); the
+            Database updates it when a re-plan brings new loads.
         cap: ``max_new_tokens`` (set by the core; 0 until known).
+        age_first: hand out rows of the task with the oldest segment first (set by the core under a lag bound).
     """
 
     tasks: dict[int, HeldTask] = field(default_factory=dict)
     pool: list[tuple[int, int]] = field(default_factory=list)
     predicted: Mapping[Any, float] = field(default_factory=dict)
     cap: int = 0
+    age_first: bool = False
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -192,13 +229,28 @@ class PartialStore:
         g = int(held.lengths[sample])
         return expected_final_length(g, siblings, self.predicted.get(pid), self.cap or 2 * g + 1) - g
 
-    def take(self, max_rows: int, order: Order, prompts: Mapping[Any, str]) -> list[ContinuationRow]:
-        """Up to `max_rows` pooled rows as one continuation item's rows (marked out), in `order`."""
+    def stale_tasks(self, version: int, bound: int | None) -> list[int]:
+        """Held tasks that cannot train: their oldest segment is more than `bound` versions behind `version` (the
+        trainer's version when a continuation handed out now can come back at the earliest). None: no bound."""
+        if bound is None:
+            return []
+        return [t for t, h in self.tasks.items() if version - h.oldest_version > bound]
+
+    def take(
+        self, max_rows: int, order: Order, prompts: Mapping[Any, str], skip: frozenset[int] = frozenset()
+    ) -> list[ContinuationRow]:
+        """Up to `max_rows` pooled rows as one continuation item's rows (marked out), in `order` (oldest task first
+        when `age_first`); rows of tasks in `skip` stay pooled."""
         if not self.pool or max_rows < 1:
             return []
         if order == "online":
             self.pool.sort(key=lambda r: -self.expected_remaining(*r))  # stable: ties keep arrival order
-        chosen, self.pool = self.pool[:max_rows], self.pool[max_rows:]
+        if self.age_first:
+            self.pool.sort(key=lambda r: self.tasks[r[0]].oldest_version)  # stable: the order above within a version
+        ready = [r for r in self.pool if r[0] not in skip]
+        chosen = ready[:max_rows]
+        taken = set(chosen)
+        self.pool = [r for r in self.pool if r not in taken]
         rows = []
         for task_id, s in chosen:
             held = self.tasks[task_id]

@@ -76,13 +76,16 @@ class WorkPlan:
         minibatches: Sequence[Iterable[Any]],
         group_ids: Sequence[int] | None = None,
         minibatch_ids: Sequence[int] | None = None,
+        predicted: Mapping[Any, float] | None = None,
     ) -> WorkPlan:
-        """From prompt-id lists in dispatch order; groups default to one per minibatch, ids to the rank."""
+        """From prompt-id lists in dispatch order; groups default to one per minibatch, ids to the rank; `predicted`:
+        the loads it was balanced on (prompt id -> tokens), when known."""
         n = len(minibatches)
         return cls(
             tuple(tuple(_plain(p) for p in mb) for mb in minibatches),
             tuple(int(i) for i in (range(n) if minibatch_ids is None else minibatch_ids)),
             tuple(int(g) for g in (range(n) if group_ids is None else group_ids)),
+            {_plain(p): float(x) for p, x in (predicted or {}).items()},
         )
 
     @classmethod
