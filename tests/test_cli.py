@@ -320,7 +320,7 @@ def test_preset_is_a_name_in_configs_never_a_path(preset: str) -> None:
         assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
         first = out.stderr.splitlines()[0]
         assert first.startswith(f"error: preset {preset!r} is not a preset name"), first
-        assert "Presets: drift-demo, gpu-cluster" in first and "-p/--params" in first
+        assert "Presets: demo-vllm, drift-demo, gpu-cluster" in first and "-p/--params" in first
     hint = "(did you mean 'gpu-cluster'?)"
     assert (hint in first) == (preset in ("configs/gpu-cluster", "gpu-cluster.yaml"))
 

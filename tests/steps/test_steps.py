@@ -13,7 +13,13 @@ from asp.schedule import build_schedule, condition_schedule
 from asp.steps.engine import engine_options, engine_spec
 from asp.steps.scheduling import schedule_predictions
 
-VLLM = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.7, "max_model_len": 4096}
+VLLM = {
+    "tensor_parallel_size": 2,
+    "gpu_memory_utilization": 0.7,
+    "max_model_len": 4096,
+    "kv_cache_gib": 1.5,
+    "multiprocessing": True,
+}
 
 
 def params(overlay: dict) -> Params:
@@ -36,7 +42,7 @@ def test_engine_options_for_profiling_and_for_the_launch_actors(tmp_path) -> Non
     runtime = params({"runtime": {"engine": {"kind": "vllm", "dtype": "bfloat16", "vllm": VLLM}}}).runtime
     spec = engine_spec(runtime, tmp_path)
     vllm = runtime.engine.vllm
-    assert (spec.kind, spec.model_path) == ("vllm", str(tmp_path))
+    assert (spec.kind, spec.model_path, spec.device) == ("vllm", str(tmp_path), "cpu")
     assert spec.options == {
         **VLLM,
         "dtype": "bfloat16",
