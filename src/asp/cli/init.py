@@ -218,7 +218,8 @@ def _write(target: Path, text: str) -> None:
 def explain(path: Path) -> list[str]:
     """`dotted.key: value   # why` for every leaf a preset file sets, from its own lines and comments (what
     `asp params check --preset` prints for a preset `asp init` wrote, or any other)."""
-    out, stack = [], []  # stack: (indent, key)
+    out: list[str] = []
+    stack: list[tuple[int, str]] = []  # the open sections: (indent, key)
     for line in path.read_text().splitlines():
         match = re.match(r"^( *)([A-Za-z_][\w.-]*):(.*)$", line)
         if not match or line.lstrip().startswith("#"):
