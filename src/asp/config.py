@@ -477,6 +477,12 @@ class PartialParams(_Params):
         "several minibatches decoded together), unless no new minibatch is left; false: continued as soon as a "
         "Generation Unit has room.",
     )
+    oldest_first: Bool = Field(
+        True,
+        description="Under a lag bound (max_policy_lag), continue the responses of the oldest held minibatch first, "
+        "so long responses finish before they are too old to train (measured: fewer long prompts dropped, "
+        "docs/partial.md); false: continuation_order alone.",
+    )
 
 
 class RuntimeParams(_Params):

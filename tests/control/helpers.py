@@ -11,7 +11,7 @@ from asp.control.plan import WorkPlan
 from asp.control.settings import ControlSettings, PartialSettings
 
 PARTIAL_OFF = PartialSettings(
-    enabled=False, token_budget=64, continuation_order="fifo", max_rows=None, wait_for_full=False
+    enabled=False, token_budget=64, continuation_order="fifo", max_rows=None, wait_for_full=False, oldest_first=True
 )
 
 

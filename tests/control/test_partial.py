@@ -25,7 +25,9 @@ from asp.sim.engine import Workload, simulate
 from .helpers import core, plan, settings
 
 BUDGET = 4
-ON = PartialSettings(enabled=True, token_budget=BUDGET, continuation_order="fifo", max_rows=None, wait_for_full=False)
+ON = PartialSettings(
+    enabled=True, token_budget=BUDGET, continuation_order="fifo", max_rows=None, wait_for_full=False, oldest_first=True
+)
 
 
 def final_length(pid, sample: int) -> int:
@@ -299,7 +301,12 @@ def test_simulator_trains_every_prompt_once_and_tokens_match_without_partial():
 
 def test_wait_for_full_sends_only_full_continuation_calls_until_no_new_minibatch_is_left():
     full = PartialSettings(
-        enabled=True, token_budget=BUDGET, continuation_order="online", max_rows=3, wait_for_full=True
+        enabled=True,
+        token_budget=BUDGET,
+        continuation_order="online",
+        max_rows=3,
+        wait_for_full=True,
+        oldest_first=True,
     )
     c = core(settings(partial=full), plan(12, 2))
     sent, trained = run_core(c)

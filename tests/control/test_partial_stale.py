@@ -85,6 +85,7 @@ def test_a_held_minibatch_over_the_lag_bound_is_dropped_not_continued(train_seco
     assert metrics["runtime/summary/stale_dropped_prompts_q1"] == 1
     assert metrics["runtime/summary/stale_dropped_prompts_q2"] == 1
     assert metrics["runtime/summary/stale_dropped_prompts"] == 2 == metrics["runtime/summary/stale_held_prompts"]
+    assert metrics["runtime/summary/stale_wasted_tokens"] == 2 + 3 + 2 + 4  # what the held responses had
     if not train_second:
         c.on_step(2, 2, 0.1, 0.0)
     trained = _finish(c, c.left + [(gu, it) for gu, its in batches.items() for it in its])

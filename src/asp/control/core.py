@@ -26,7 +26,7 @@ actors start again) and `observer(out)` for every first completion. Decisions:
   continuation came back (trainer version, plus one while a step trains) are dropped or regenerated instead
   (`_retire_stale`): no engine time on responses that cannot train. Both count prompts per length bucket
   (``runtime/summary/stale_{dropped,regenerated}_prompts_<q1..q4>``, quarters of ``max_new_tokens`` by the prompt's
-  longest response so far);
+  longest response so far) and the tokens they had generated (``stale_wasted_tokens``: decoded, never trained);
 * **when to train, what to take**: async: a global batch once queued, the short rest at the end of a pass; sync:
   the whole queue once the round is back (`round_complete`);
 * **backpressure**: the queue depth after every change (async only);
@@ -150,8 +150,9 @@ class ControlCore:
         self.cont_out: dict[int, tuple[int, list[ContinuationRow]]] = {}
         self.continuations = 0
         self.db.partials.cap = s.max_new_tokens
-        self.db.partials.age_first = s.max_policy_lag is not None  # continue the oldest held work first
+        self.db.partials.age_first = s.partial.oldest_first and s.max_policy_lag is not None
         self.stale_held = 0  # prompts of held tasks retired (dropped or regenerated) before continuation
+        self.stale_tokens = 0  # tokens generated for prompts that were then dropped or regenerated (never trained)
         self.stale_buckets: dict[str, float] = {}  # "dropped_q1" ... "regenerated_q4" -> prompts
         self.cont_rows = s.partial.max_rows or max(len(mb) for mb in self.db.original.minibatches) * s.n_samples
 
@@ -285,6 +286,7 @@ class ControlCore:
             prompts = len(held.head.prompt_ids)
             self._count_stale(prompt_buckets(held.lengths, held.n, self.settings.max_new_tokens), regenerate)
             self.stale_held += prompts
+            self.stale_tokens += int(held.lengths.sum())
             self._event(now, "stale", held.head.gu, held.head.actor, task_id, held.head.attempt)
 
     def _count_stale(self, buckets: dict[str, int], regenerate: bool) -> None:
@@ -428,7 +430,8 @@ class ControlCore:
         return batch
 
     def _evicted_buckets(self) -> dict[str, int]:
-        """Prompts per length bucket of what `enforce_lag_bound` is about to evict (its untaken prompts)."""
+        """Prompts per length bucket of what `enforce_lag_bound` is about to evict (its untaken prompts); their
+        tokens are added to the wasted tokens."""
         bound, cap = self.settings.max_policy_lag, self.settings.max_new_tokens
         counts: dict[str, int] = {}
         if bound is None:
@@ -437,6 +440,7 @@ class ControlCore:
             if e.out.policy_version < self.version - bound:
                 for b, c in prompt_buckets(e.out.lengths, e.out.n, cap, first=e.taken).items():
                     counts[b] = counts.get(b, 0) + c
+                self.stale_tokens += int(e.out.lengths[e.taken * e.out.n :].sum())
         return counts
 
     def _async_take(self) -> int:
@@ -513,6 +517,7 @@ class ControlCore:
             "lag_count": self.lag_count,
             "continuations": self.continuations,
             "stale_held": self.stale_held,
+            "stale_tokens": self.stale_tokens,
             **{f"stale_{k}": self.stale_buckets.get(k, 0.0) for k in _BUCKET_KEYS},
         }
         out = {name: self.total(name, value) for name, value in counters.items()}
@@ -526,6 +531,7 @@ class ControlCore:
             "runtime/stale_regenerated_prompts": self.total("stale_regenerated", self.stale_regenerated),
             "runtime/reload_failures": self.total("reload_failures", self.reload_failures),
             "runtime/stale_held_prompts": self.total("stale_held", self.stale_held),
+            "runtime/stale_wasted_tokens": self.total("stale_tokens", self.stale_tokens),
             **{
                 f"runtime/stale_{k.replace('_q', '_prompts_q')}": self.total(
                     f"stale_{k}", self.stale_buckets.get(k, 0)

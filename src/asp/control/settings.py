@@ -35,6 +35,8 @@ class PartialSettings:
         max_rows: most rows of one continuation item (None: the rows of the plan's largest minibatch).
         wait_for_full: pooled rows wait until `max_rows` of them can go in one call (the tails of several minibatches
             decoded together), unless no new minibatch is left to issue; False: sent as soon as a GU has room.
+        oldest_first: under a lag bound, rows of the held task with the oldest segment are continued first (before
+            the order above), so long responses finish before they age out.
     """
 
     enabled: bool
@@ -42,6 +44,7 @@ class PartialSettings:
     continuation_order: Literal["fifo", "online"]
     max_rows: int | None
     wait_for_full: bool
+    oldest_first: bool
 
     @property
     def budget(self) -> int | None:

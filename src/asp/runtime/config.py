@@ -53,6 +53,7 @@ class RuntimeConfig(RuntimeParams):
                 continuation_order=self.partial.continuation_order,
                 max_rows=self.partial.max_rows,
                 wait_for_full=self.partial.wait_for_full,
+                oldest_first=self.partial.oldest_first,
             ),
             max_new_tokens=self.max_new_tokens,
         )
