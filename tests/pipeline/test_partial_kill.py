@@ -3,6 +3,11 @@ checkpoint holds the minibatches whose responses were still being continued, the
 responses start with the checkpoint's tokens) and no prompt is trained twice or lost (the GRPO trainer's ledger,
 ``ASP_TRAINER_LEDGER``). Reuses the kill matrix's project, kill and rerun (tests/pipeline/test_kill_points.py).
 
+Deterministic (issue 37): the gate ``ASP_HOLD_CONTINUATION`` (`asp.runtime.testhooks.hold_continuation`) keeps the
+killed run's first continuation call back until its first checkpoint (step 2) is saved, so that checkpoint always
+holds unfinished responses; without it, a checkpoint that happened to hold none (a valid state) failed the test.
+No lag bound here, so the rerun continues them whatever the versions.
+
 Run: ``.venv/bin/python -m pytest tests/pipeline/test_partial_kill.py -q``
 """
 
@@ -17,6 +22,7 @@ import numpy as np
 import pytest
 
 from asp.control.partial import _held_from_json
+from asp.runtime.testhooks import HOLD_ENV
 
 from . import test_kill_points as kp
 
@@ -33,9 +39,11 @@ def test_grpo_launch_with_partial_rollouts_killed_at_a_checkpoint_continues_them
 ) -> None:
     partial = {"enabled": True, "token_budget": BUDGET, "continuation_order": "online"}
     runtime = {**kp.RUNTIME, **kp.GRPO, "heldout_problems": 0, "iterations": STEPS, "partial": partial}
-    runtime["ray_address"] = ray_address
+    runtime.update(ray_address=ray_address, max_policy_lag=None)
     root, _ = kp._project(inputs, tmp_path, {"runtime": runtime, "drift": {"enabled": False}})
+    monkeypatch.setenv(HOLD_ENV, "1")  # the killed process: its first continuation waits for checkpoint 2
     kp._killed(root, "launch", "checkpoint@2")
+    monkeypatch.delenv(HOLD_ENV)  # the rerun continues without the gate
     state = json.loads((root / "outputs/launch_state/C4/runtime_state.json").read_text())
     assert state["trainer_step"] == 2
     held = {int(t): _held_from_json(d) for t, d in state["database"].get("partials", {}).items()}

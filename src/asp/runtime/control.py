@@ -60,7 +60,7 @@ from asp.runtime import wholerun
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.runlog import RunHistory, RunLog
-from asp.runtime.testhooks import kill_point
+from asp.runtime.testhooks import hold_continuation, kill_point
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,8 @@ class ControlUnit:
         self.earlier = RunHistory()  # the run before this session (`resume_history`)
         self.resume_reason = ""
         self.flushed = (0, 0)  # records and depth-trace entries already in the run log
+        self.gate = hold_continuation() and self.checkpointer is not None  # test hook (asp.runtime.testhooks)
+        self.withheld: tuple[int, Any] | None = None  # (GU index, continuation item) the gate keeps back
 
     # ---- the position, which lives in the core (`run._restore` sets it, observers read it) --------------------
     @property
@@ -216,7 +218,22 @@ class ControlUnit:
     # ---- sender ----------------------------------------------------------------------------------------
     def _submit(self, batches: dict[int, list[Any]]) -> None:
         for index, items in batches.items():
-            self.gus[index].handle.submit.remote(items)
+            if self.gate and self.withheld is None:  # test hook: the first continuation waits for a checkpoint
+                first = next((it for it in items if it.is_continuation), None)
+                if first is not None:
+                    self.withheld = (index, first)
+                    items = [it for it in items if it is not first]
+            if items:
+                self.gus[index].handle.submit.remote(items)
+
+    def _release_withheld(self) -> None:
+        """Send the continuation item `hold_continuation` kept back (after the first checkpoint)."""
+        self.gate = False
+        if self.withheld is not None:
+            index, item = self.withheld
+            self.withheld = None
+            if not self.core.gus[index].dead:
+                self.gus[index].handle.submit.remote([item])
 
     def _set_paused(self, paused: bool) -> None:
         for g in self.gus:
@@ -319,6 +336,7 @@ class ControlUnit:
             finished=finished,
         )
         kill_point(f"checkpoint@{self.step}")
+        self._release_withheld()
         logged = bool(self.unlogged)
         self.flush_metrics()
         if logged and self.runlog is not None:

@@ -3,13 +3,17 @@ trainer trained. Never set them outside tests.
 
     ASP_KILL_AT=launch:outputs asp stage launch      # dies right after outputs/launch was written
     ASP_TRAINER_LEDGER=/tmp/ledger.jsonl asp stage launch   # runtime.trainer simulated: one line per step trained
+    ASP_HOLD_CONTINUATION=1 ASP_KILL_AT=checkpoint@2 asp stage launch   # partial rollouts: held work at the kill
 
 `kill_point(name)` does nothing unless the environment variable ``ASP_KILL_AT`` equals `name`; then it sends SIGKILL
 to its own process (no cleanup, no `finally`, no atexit: what `kill -9`, the out-of-memory killer or a lost node
 do). The names are listed in `POINTS` (``<step>`` / ``<index>`` stand for a number). `trainer_ledger()` is the
 path in ``ASP_TRAINER_LEDGER`` (or None): the launch stage's simulated trainer then appends a line per step with
 the prompts it trained (`asp.trainers.SimulatedTrainer`), so a test can check that no prompt was trained twice
-across a kill and a rerun. tests/pipeline/test_kill_points.py kills `launch` and `profile` at each point and checks
+across a kill and a rerun. `hold_continuation()` (``ASP_HOLD_CONTINUATION=1``, partial rollouts) is a gate: the Ray
+Control Unit keeps the run's first continuation item back (it stays out, its rows held) until its first checkpoint
+was saved, so that checkpoint certainly holds unfinished responses (tests/pipeline/test_partial_kill.py kills there).
+tests/pipeline/test_kill_points.py kills `launch` and `profile` at each point and checks
 what the rerun does (docs/reliability.md).
 """
 
@@ -21,6 +25,7 @@ import sys
 
 KILL_ENV = "ASP_KILL_AT"
 LEDGER_ENV = "ASP_TRAINER_LEDGER"
+HOLD_ENV = "ASP_HOLD_CONTINUATION"
 POINTS = {
     "checkpoint@<step>": "runtime: the position of <step> and its run-log segment saved, its metrics not yet logged",
     "launch:start": "launch: the run and its MLflow run are recorded, nothing trained yet",
@@ -45,3 +50,9 @@ def kill_point(name: str) -> None:
 def trainer_ledger() -> str | None:
     """The simulated trainer's ledger path from ``ASP_TRAINER_LEDGER`` (None when unset)."""
     return os.environ.get(LEDGER_ENV) or None
+
+
+def hold_continuation() -> bool:
+    """Whether ``ASP_HOLD_CONTINUATION`` asks the Control Unit to keep its first continuation item back until its first
+    checkpoint is saved (see the module docstring)."""
+    return os.environ.get(HOLD_ENV, "") not in ("", "0")
