@@ -20,7 +20,9 @@ Three parts, each printing a Markdown table:
 Columns: mean iteration time (s), generation utilization (engine seconds / (actors x wall)), padding rate of the
 engine calls (1 - tokens / row-steps), generated tokens/s, policy lag mean / max (a response counts from its oldest
 segment), share of trained responses whose segments came from more than one policy version, prompts dropped by the
-lag bound, continuation calls, and (demo) the mean GRPO reward over the run.
+lag bound (all, and those dropped while held, before any engine time was spent continuing them), tokens decoded for
+prompts that were then dropped (wasted), continuation calls, prompts dropped per length bucket (quarters of
+max_new_tokens by the prompt's longest response so far: q1 / q2 / q3 / q4) and (demo) the mean GRPO reward.
 
     .venv/bin/python benchmarks/partial_rollouts.py                      # both parts (~10-15 min on 2 busy cores)
     .venv/bin/python benchmarks/partial_rollouts.py --skip-demo          # the simulated table only (~1 min)
@@ -59,6 +61,16 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {  # name -> (condition, runti
         "C4",
         {"enabled": True, "continuation_order": "online", "wait_for_full": True},
     ),
+    # admission under a lag bound (issue 37): the default continues the oldest held minibatch first; without it,
+    # continuation_order alone (the same as the default when there is no bound)
+    "C4 + partial (fifo, not oldest first)": (
+        "C4",
+        {"enabled": True, "continuation_order": "fifo", "oldest_first": False},
+    ),
+    "C4 + partial (online, not oldest first)": (
+        "C4",
+        {"enabled": True, "continuation_order": "online", "oldest_first": False},
+    ),
 }
 DEMO_DEFAULT = ["C0", "C4", "C0 + partial (online)", "C4 + partial (online)", "C0 + partial (online, full calls)"]
 COLUMNS = {  # runtime/summary/<key> -> header
@@ -70,8 +82,17 @@ COLUMNS = {  # runtime/summary/<key> -> header
     "policy_lag_max": "lag max",
     "split_response_share": "split share",
     "stale_dropped_prompts": "dropped",
+    "stale_held_prompts": "dropped before continuing",
+    "stale_wasted_tokens": "wasted tokens",
     "continuations": "cont. calls",
 }
+BUCKETS = ("q1", "q2", "q3", "q4")  # quarters of max_new_tokens by the prompt's longest response (asp.control.partial)
+
+
+def by_bucket(m: dict[str, float]) -> str:
+    """Prompts dropped (or regenerated) per length bucket, q1 / q2 / q3 / q4."""
+    kind = "regenerated" if m.get("runtime/summary/stale_regenerated_prompts", 0) else "dropped"
+    return " / ".join(f"{m.get(f'runtime/summary/stale_{kind}_prompts_{b}', float('nan')):.0f}" for b in BUCKETS)
 
 
 def row(name: str, m: dict[str, float], extra: dict[str, str]) -> str:
@@ -123,7 +144,7 @@ def demo(iterations: int, budget: int, variants: list[str]) -> dict[str, dict[st
             )
             rows[name] = launch.run(demo_params(params, condition, partial, iterations, budget), paths, NullTracker())
         print(f"{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    table(rows, {"reward (first / last 20 %)": _reward})
+    table(rows, {"dropped q1/q2/q3/q4": by_bucket, "reward (first / last 20 %)": _reward})
     return rows
 
 
@@ -180,7 +201,9 @@ def sim(iterations: int, budget: int, n_prompts: int, variants: list[str], lag: 
         start = time.perf_counter()
         rows[name] = simulate(plans[condition], work, gen, TRAIN, cfg).metrics
         print(f"{name}: simulated in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    table(rows, {"sim gen. util.": lambda m: f"{m['sim/generation_utilization']:.3f}"})
+    table(
+        rows, {"dropped q1/q2/q3/q4": by_bucket, "sim gen. util.": lambda m: f"{m['sim/generation_utilization']:.3f}"}
+    )
     return rows
 
 
@@ -202,7 +225,9 @@ def sim_demo(iterations: int, budget: int, variants: list[str]) -> dict[str, dic
         params = demo_params(base, condition, partial, iterations, budget)
         params = params.model_copy(update={"simulate": base.simulate.model_copy(update={"conditions": [condition]})})
         rows[name] = stage.simulate_conditions(params, stage.Paths(), models)[condition].metrics
-    table(rows, {"sim gen. util.": lambda m: f"{m['sim/generation_utilization']:.3f}"})
+    table(
+        rows, {"dropped q1/q2/q3/q4": by_bucket, "sim gen. util.": lambda m: f"{m['sim/generation_utilization']:.3f}"}
+    )
     return rows
 
 
