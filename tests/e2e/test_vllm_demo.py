@@ -29,7 +29,9 @@ PRESET = yaml.safe_load((ROOT / "configs/demo-vllm.yaml").read_text())
 VLLM_POLICY = {"policy": {"demo": {"hidden_size": 64, "num_heads": 2, "intermediate_size": 128}}}
 ITERATIONS = 4
 RUN = {
+    "profile": {"vllm": {"enforce_eager": True}},  # engines start without a compile warm-up (tests only)
     "runtime": {
+        "engine": {"vllm": {"enforce_eager": True}},
         "trainer": "grpo",
         "iterations": ITERATIONS,
         "checkpoint_interval": 2,

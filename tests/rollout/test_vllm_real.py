@@ -39,7 +39,8 @@ LOGPROB_TOL = 1e-4
 
 
 def _engine(path: Path, **options) -> VLLMEngine:
-    opts = {"dtype": "float32", "max_model_len": 256, "kv_cache_gib": KV_GIB, "weight_transfer": "rpc", **options}
+    opts = {"dtype": "float32", "max_model_len": 256, "kv_cache_gib": KV_GIB, "weight_transfer": "rpc"}
+    opts.update(enforce_eager=True, **options)  # no torch.compile warm-up: an engine starts in ~1.5 s, not ~8
     return VLLMEngine(path, **opts)
 
 
@@ -297,7 +298,13 @@ def test_two_vllm_actors_on_ray_with_a_deferred_reload(ray_cluster, model_dir):
     spec = EngineSpec(
         "vllm",
         str(model_dir),
-        {"dtype": "float32", "max_model_len": 256, "kv_cache_gib": KV_GIB, "weight_transfer": "rpc"},
+        {
+            "dtype": "float32",
+            "max_model_len": 256,
+            "kv_cache_gib": KV_GIB,
+            "weight_transfer": "rpc",
+            "enforce_eager": True,
+        },
     )
     greedy = SamplingParams(n=1, max_new_tokens=12, temperature=0.0, top_p=1.0, seed=0)
     remote = ray_cluster.remote(num_cpus=1)(GenerationActor)

@@ -19,6 +19,7 @@ VLLM = {
     "max_model_len": 4096,
     "kv_cache_gib": 1.5,
     "multiprocessing": True,
+    "enforce_eager": True,
 }
 
 

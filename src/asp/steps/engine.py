@@ -33,6 +33,7 @@ def engine_options(
         "max_model_len": vllm.max_model_len,
         "kv_cache_gib": vllm.kv_cache_gib,
         "multiprocessing": vllm.multiprocessing,
+        "enforce_eager": vllm.enforce_eager,
     }
     if isinstance(vllm, VllmRuntimeParams):
         opts.update(weight_transfer=vllm.weight_transfer, weight_bucket_mb=vllm.weight_bucket_mb)
