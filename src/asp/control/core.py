@@ -253,13 +253,14 @@ class ControlCore:
         minibatch; each item takes up to `cont_rows` rows in the configured order."""
         sent: dict[int, list[WorkItem]] = {}
         partial = self.settings.partial
+        stale = self._stale  # tasks with rows still out; the others were retired by `_retire_stale`
         while loads and self.db.partials.pool:
             if partial.wait_for_full and len(self.db.partials.pool) < self.cont_rows and self.db.has_new_work:
                 break
             g = min(loads, key=lambda x: x.outstanding - x.target)
             if g.outstanding >= g.target:
                 break
-            rows = self.db.partials.take(self.cont_rows, partial.continuation_order, self.db.prompts, self._stale)
+            rows = self.db.partials.take(self.cont_rows, partial.continuation_order, self.db.prompts, stale)
             if not rows:
                 break
             cont_id, self.continuations = self.continuations, self.continuations + 1

@@ -246,7 +246,8 @@ class PartialStore:
         if order == "online":
             self.pool.sort(key=lambda r: -self.expected_remaining(*r))  # stable: ties keep arrival order
         if self.age_first:
-            self.pool.sort(key=lambda r: self.tasks[r[0]].oldest_version)  # stable: the order above within a version
+            oldest = {t: h.oldest_version for t, h in self.tasks.items()}
+            self.pool.sort(key=lambda r: oldest[r[0]])  # stable: the order above within a version
         ready = [r for r in self.pool if r[0] not in skip]
         chosen = ready[:max_rows]
         taken = set(chosen)
