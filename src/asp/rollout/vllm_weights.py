@@ -26,8 +26,14 @@ fails once a bucket has been sent may leave the workers with a mix of two snapsh
 then set and the engine refuses to generate until a reload succeeds (the generation actor offers the snapshot again
 with its next minibatch), so no sample is ever produced by a mixed policy and labelled with either version.
 
-Tests (tests/rollout/test_vllm_weights.py) run both paths on CPU with stand-ins for vLLM's ``LLM`` and worker
-(named as such) around a real tiny torch model, the CPU standing in for the CUDA device in the IPC path.
+Each bucket goes to the model's ``load_weights`` between `AspWorkerExtension.asp_reload_begin` and
+``asp_reload_end`` (vLLM's layerwise in-place reload, where the installed vLLM has it: the layers get their checkpoint
+layout back, and each is processed into its kernel layout once all its weights arrived, whatever the bucket
+boundaries; on vLLM's CPU build plain ``load_weights`` into the running model fails).
+
+Tests: the rpc path against real vLLM (CPU build) in tests/rollout/test_vllm_real.py; the IPC path, which needs
+CUDA, with stand-ins for vLLM's ``LLM`` and worker (named as such) around a real tiny torch model in
+tests/rollout/test_vllm_weights.py, the CPU standing in for the CUDA device.
 """
 
 from __future__ import annotations
