@@ -448,7 +448,7 @@ def _plan_json(plan: WorkPlan | None) -> dict[str, list] | None:
     """A plan as JSON-able lists (None stays None); its loads as [prompt id, load] pairs when it has any."""
     if plan is None:
         return None
-    data = {
+    data: dict[str, list] = {
         "minibatches": [list(mb) for mb in plan.minibatches],
         "group_ids": list(plan.group_ids),
         "minibatch_ids": list(plan.minibatch_ids),
