@@ -31,11 +31,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_checkpoint(
-    path: Path, eos_logit: float | None = None, max_positions: int = 128, hidden_size: int = 32
+    path: Path, eos_logit: float | None = None, max_positions: int = 128, hidden_size: int = 32, tied: bool = False
 ) -> Path:
     """Save a tiny random Qwen2ForCausalLM (hidden `hidden_size`, 4 heads, 2 layers) and its tokenizer to `path`.
 
-    vLLM's CPU attention kernels take head sizes of 32 and more: its engines get ``hidden_size=128``.
+    vLLM's CPU attention kernels take head sizes of 32 and more: its engines get ``hidden_size=128``. ``tied``: the
+    output head shares the input embedding (as the demo policy and small Qwen2 models do).
     """
     config = Qwen2Config(
         vocab_size=len(WORDS),
@@ -48,7 +49,7 @@ def build_tiny_checkpoint(
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
         bos_token_id=None,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)

@@ -185,6 +185,35 @@ def test_weight_update_changes_and_restores_the_output(model_dir, engine):
     assert _ids(engine.generate(PROMPTS, greedy)) == before
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["separate head", "tied embeddings"])
+def test_after_an_update_vllm_decodes_as_the_hf_engine_with_the_same_weights(tmp_path, tied):
+    """Every weight perturbed, the embedding included: vLLM's greedy output after the reload equals transformers'
+    with the same weights. With tied embeddings the layerwise reload kept the old output head (vLLM's CPU build
+    packs a copy of it) until the worker extension loaded the head from the new embedding."""
+    from asp.rollout.hf import HFEngine
+
+    path = build_tiny_checkpoint(tmp_path / "m", max_positions=256, hidden_size=128, tied=tied)
+    original, _ = _perturbed(path, 1.0)
+    generator = torch.Generator().manual_seed(1)
+    noisy = {k: v + 0.2 * v.std() * torch.randn(v.shape, generator=generator) for k, v in original.items()}
+    greedy = SamplingParams(n=1, max_new_tokens=12, temperature=0.0, top_p=1.0, seed=0)
+    hf = HFEngine(path, device="cpu", dtype="float32", num_threads=1)
+    try:
+        before = _ids(hf.generate(PROMPTS, greedy))
+        hf.update_weights(noisy)
+        expected = _ids(hf.generate(PROMPTS, greedy))
+    finally:
+        hf.close()
+    assert expected != before
+    eng = _engine(path)
+    try:
+        assert _ids(eng.generate(PROMPTS, greedy)) == before
+        eng.update_weights(noisy)
+        assert _ids(eng.generate(PROMPTS, greedy)) == expected
+    finally:
+        eng.close()
+
+
 def test_small_buckets_split_fused_layers_and_still_load(model_dir, engine):
     """Buckets of one tensor each send q, k and v (and gate and up) of a layer apart, while vLLM fuses them into one
     parameter: each layer is processed once all its weights have arrived, so the output is as with one bucket."""

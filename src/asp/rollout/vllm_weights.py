@@ -153,11 +153,31 @@ class AspWorkerExtension:
     def _asp_load_buffer(self, buffer: torch.Tensor, bucket: Bucket) -> int:
         import torch
 
+        weights = list(unpack_bucket(buffer, bucket))
+        model = self._asp_model()
         with self._asp_config():
-            self._asp_model().load_weights(weights=unpack_bucket(buffer, bucket))
+            model.load_weights(weights=weights)
+            head = self._asp_tied_head()
+            for name, tensor in weights:
+                if head is not None and name.endswith("embed_tokens.weight"):
+                    # tied embeddings: the model's loader skips lm_head, which shares the embedding's parameter, but
+                    # its layer keeps a processed copy of it (vLLM's CPU build packs the logits GEMM's weight), so
+                    # the layerwise reload would give it back the old one: load the head from the new embedding
+                    loader = getattr(head.weight, "weight_loader", None)
+                    if loader is None:
+                        from vllm.model_executor.model_loader.weight_utils import default_weight_loader as loader
+                    loader(head.weight, tensor)
         if buffer.is_cuda:
             torch.cuda.synchronize(buffer.device)
         return len(bucket.tensors)
+
+    def _asp_tied_head(self) -> Any:
+        """The model's ``lm_head`` when its weights are tied to the input embedding, else None."""
+        config = getattr(getattr(getattr(self, "vllm_config", None), "model_config", None), "hf_config", None)
+        if not getattr(config, "tie_word_embeddings", False):
+            return None
+        head = getattr(self._asp_model(), "lm_head", None)
+        return head if hasattr(head, "weight") else None
 
     def _asp_device_index(self) -> int | None:
         import torch
