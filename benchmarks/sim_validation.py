@@ -18,6 +18,7 @@ measured side is wall-clock time (every measured column is a real launch under R
     .venv/bin/python benchmarks/sim_validation.py C0 C1 C2 C3 C4     # Table 4(b) for these conditions (and sync)
     .venv/bin/python benchmarks/sim_validation.py --table sync       # the sync-vs-async table only
     .venv/bin/python benchmarks/sim_validation.py --iterations 5 --simulate-only     # a quick smoke, no launch
+    .venv/bin/python benchmarks/sim_validation.py --table sync --preset demo-vllm   # on vLLM actors (CPU build)
 
 Times on the idle 2-core machine: Table 4(b) C0 + C4 about 3 minutes, sync vs async about 4.5 minutes
 (three GRPO launches of about 1.3 minutes each plus the simulations, a few seconds each).
@@ -28,14 +29,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from launch_conditions import measure as measure_4b
 from launch_conditions import table_4b_params
 from sync_vs_async import RUNS as SYNC_RUNS
-from sync_vs_async import SETTING, bench_params
+from sync_vs_async import SETTING, bench_params, run_name
 from sync_vs_async import measure as measure_sync
 
-from asp.config import Params, load_params
+from asp.cli.plan import load_params_with
+from asp.config import Params
 from asp.env import set_offline_defaults
 from asp.pipeline import simulate as stage
 
@@ -111,13 +114,13 @@ def table_4b(params: Params, conditions: list[str], iterations: int | None, meas
 
 
 def table_sync(params: Params, iterations: int | None, measure: bool) -> None:
-    names = [f"{mode} {cond}" for mode, cond in SYNC_RUNS]
+    names = [run_name(*run) for run in SYNC_RUNS]
     print("sync-vs-async setting (benchmarks/sync_vs_async.py; simulate.lengths: empirical)")
     print(f"| metric | {' | '.join(f'{n} measured | {n} simulated | error' for n in names)} |")
     print("|---|" + "---|---|---|" * len(names))
     cells: dict[str, list[str]] = {k: [] for k in ROWS_SYNC}
-    for (mode, cond), name in zip(SYNC_RUNS, names, strict=True):
-        p = bench_params(params, mode, cond, iterations or SETTING["iterations"])
+    for (mode, cond, partial), name in zip(SYNC_RUNS, names, strict=True):
+        p = bench_params(params, mode, cond, iterations or SETTING["iterations"], partial)
         real = measure_sync(p) if measure else None
         sim, wall = simulated(p, cond)
         print(f"{name}: measured and simulated (simulation {wall:.2f} s)", file=sys.stderr)
@@ -134,9 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=None, help="trainer steps of every run (default 30)")
     parser.add_argument("--simulate-only", action="store_true", help="skip the real launches (a quick smoke)")
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--preset", help="a preset of configs/ over the params (e.g. demo-vllm: vLLM actors)")
     args = parser.parse_args(argv)
     set_offline_defaults()
-    params = load_params(args.params)
+    params = load_params_with(Path(args.params), args.preset, [])
     if args.table in ("4b", "both"):
         table_4b(params, args.conditions, args.iterations, not args.simulate_only)
     if args.table in ("sync", "both"):
