@@ -163,10 +163,7 @@ class AspWorkerExtension:
                     # tied embeddings: the model's loader skips lm_head, which shares the embedding's parameter, but
                     # its layer keeps a processed copy of it (vLLM's CPU build packs the logits GEMM's weight), so
                     # the layerwise reload would give it back the old one: load the head from the new embedding
-                    loader = getattr(head.weight, "weight_loader", None)
-                    if loader is None:
-                        from vllm.model_executor.model_loader.weight_utils import default_weight_loader as loader
-                    loader(head.weight, tensor)
+                    _weight_loader(head.weight)(head.weight, tensor)
         if buffer.is_cuda:
             torch.cuda.synchronize(buffer.device)
         return len(bucket.tensors)
@@ -195,6 +192,17 @@ def _layerwise() -> Any:
         return None
     needed = ("initialize_layerwise_reload", "finalize_layerwise_reload")
     return reload if all(hasattr(reload, n) for n in needed) else None
+
+
+def _weight_loader(param: Any) -> Any:
+    """A vLLM parameter's ``weight_loader`` (during a layerwise reload, the one that buffers until its layer is
+    complete), or vLLM's default copy."""
+    loader = getattr(param, "weight_loader", None)
+    if loader is not None:
+        return loader
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    return default_weight_loader
 
 
 def _drop_buffered(layerwise: Any, model: Any) -> None:
