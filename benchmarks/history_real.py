@@ -20,7 +20,9 @@ What the boundary knows: pass p is planned when the last minibatch of pass p-1 i
 window (q_max + units x (gu_queue_target + actors) x b prompts, the last ones dispatched) is not trained yet; those
 prompts have only older visits. Visits are aged in policy versions (one per global batch). The GPU layout needs
 more prompts than 805 to be more than a few steps: the prompt set is the 805 prompts repeated ``--gpu-copies``
-times as distinct prompts (default 20: 16,100, DeepScaleR's size), each copy with its own samples.
+times as distinct prompts (default 20: 16,100, DeepScaleR's size), each copy with its own samples; equal loads
+are scheduled in a random order (a relative jitter of 1e-9), so the copies of a prompt do not line up in the
+ties of the calibrated predictions (which would let the predictor-only schedule group identical prompts).
 
 Loads: predictor only (C4 on the calibrated predictions, what asp does without history), history only (kappa 0:
 the prediction only where a prompt has no visit) and blended (`runtime.history` defaults, kappa 0.5, delta 0.01).
@@ -148,6 +150,9 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
     n, batch = lay.settings.n_samples, lay.settings.global_batch_prompts
     sigma = sample_sigma(models[0], args.sample_tau, args.seed)
     rng = np.random.default_rng([args.seed, lay.copies])
+    # equal loads sort in random order, not by row: the copies of a prompt (equal predictions, equal true means)
+    # would otherwise sit side by side in every tie of the isotonic calibration, which real distinct prompts do not
+    tiebreak = 1.0 + 1e-9 * rng.random(pred.size)
     ids, history = np.arange(pred.size), LengthHistory()
     held: tuple[list[int], np.ndarray, np.ndarray] | None = None  # last pass's window, trained after the boundary
     steps = -(-pred.size // batch)
@@ -163,7 +168,7 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
         loads["hist"] = history.loads(list(ids), pred, version, only)
         loads["blend"] = history.loads(list(ids), pred, version, blend)
         known = float(np.mean([int(i) in history.visits for i in ids]))  # share of prompts with a visit
-        scheds = schedules(ids, loads, lay, args.seed + p, args.anneal)
+        scheds = schedules(ids, {k: v * tiebreak for k, v in loads.items()}, lay, args.seed + p, args.anneal)
         if held is not None:
             history.add(*held)
         work = Workload.from_arrays(ids, lengths, np.full(ids.size, 150, np.int32), CAP)
