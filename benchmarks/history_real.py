@@ -22,7 +22,9 @@ prompts have only older visits. Visits are aged in policy versions (one per glob
 more prompts than 805 to be more than a few steps: the prompt set is the 805 prompts repeated ``--gpu-copies``
 times as distinct prompts (default 20: 16,100, DeepScaleR's size), each copy with its own samples; equal loads
 are scheduled in a random order (a relative jitter of 1e-9), so the copies of a prompt do not line up in the
-ties of the calibrated predictions (which would let the predictor-only schedule group identical prompts).
+ties of the calibrated predictions. The copies still share their prediction and (by default) their true mean,
+which favours the predictor-only schedule there (a minibatch cut from one prediction's tie holds few distinct
+prompts); ``--copy-sigma 0.3`` gives each copy its own true-length factor, unseen by the predictor.
 
 Loads: predictor only (C4 on the calibrated predictions, what asp does without history), history only (kappa 0:
 the prediction only where a prompt has no visit) and blended (`runtime.history` defaults, kappa 0.5, delta 0.01).
@@ -112,15 +114,21 @@ def draw(means: np.ndarray, n: int, sigma: float, rng: np.random.Generator) -> n
     return np.clip(np.round(means[:, None] * noise), 1, CAP).astype(np.int32)
 
 
-def chain_inputs(chain: str, copies: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(calibrated predictions (P,), [pass-1 model means, sibling means]) in tokens, the prompts repeated."""
+def chain_inputs(chain: str, copies: int, copy_sigma: float, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(calibrated predictions (P,), [pass-1 model means, sibling means]) in tokens, the prompts repeated; with
+    `copy_sigma` > 0 and copies > 1 each copy's means (under both policies) get a factor exp(copy_sigma * z - s^2/2)
+    the predictor does not see (a variant of the prompt rather than the same prompt again)."""
     rows = json.loads(DATA.read_text())["rows"]
     source, sibling = CHAINS[chain]
     oof = json.loads(OOF.read_text())["targets"][source]
     idx = np.asarray(oof["prompt_index"])
     pred = np.asarray(oof["calibrated"], float) * TOKENS_PER_WORD
     means = [np.array([rows[i][f"words:{m}"] for i in idx], float) * TOKENS_PER_WORD for m in (source, sibling)]
-    return np.tile(pred, copies), [np.maximum(np.tile(m, copies), 1.0) for m in means]
+    factor = np.ones(idx.size * copies)
+    if copies > 1 and copy_sigma > 0:
+        z = np.random.default_rng([seed, 0xC0]).standard_normal(factor.size)
+        factor = np.exp(copy_sigma * z - copy_sigma**2 / 2)
+    return np.tile(pred, copies), [np.maximum(np.tile(m, copies) * factor, 1.0) for m in means]
 
 
 def schedules(ids: np.ndarray, loads: dict[str, np.ndarray], lay: Layout, seed: int, anneal: int) -> dict[str, Any]:
@@ -146,7 +154,7 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
     from asp.sim.timemodel import FEATURES, GenerationTimeModel
 
     gen = GenerationTimeModel("continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"])
-    pred, models = chain_inputs(chain, lay.copies)
+    pred, models = chain_inputs(chain, lay.copies, args.copy_sigma, args.seed)
     n, batch = lay.settings.n_samples, lay.settings.global_batch_prompts
     sigma = sample_sigma(models[0], args.sample_tau, args.seed)
     rng = np.random.default_rng([args.seed, lay.copies])
@@ -224,6 +232,7 @@ def main() -> None:
     ap.add_argument("--layouts", nargs="+", default=["demo", "gpu"], choices=["demo", "gpu"])
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--gpu-copies", type=int, default=20)
+    ap.add_argument("--copy-sigma", type=float, default=0.0, help="gpu: log-sd of a copy's own length factor")
     ap.add_argument("--sample-tau", type=float, default=0.70)
     ap.add_argument("--prior-samples", type=float, default=0.5, help="kappa (runtime.history.prior_samples)")
     ap.add_argument("--drift-per-version", type=float, default=0.01, help="delta (runtime.history)")
