@@ -114,7 +114,12 @@ def test_each_new_pass_is_rescheduled_on_the_realized_lengths_at_the_pass_bounda
     # pass 2's tasks dispatch the new plan
     tasks = [t for t in core.db.tasks.values() if t.epoch == 1]
     assert {core.db.plan_version(t.task_id) for t in tasks} == {2}
-    assert core.summary_metrics()["runtime/summary/history_passes"] == len(records)
+    summary = core.summary_metrics()
+    assert summary["runtime/summary/history_passes"] == len(records)
+    # which knowledge each pass ran on: pass 1's loads are all 100 (tau undefined); pass 3's order every short prompt
+    # below every long one: tau-b's ceiling with two true lengths, sqrt(48^2 / (96 * 95 / 2)) = 0.71 over one pass
+    assert np.isnan(summary["runtime/summary/load_tau/pass_1"])
+    assert summary["runtime/summary/load_tau/pass_2"] > 0.5 and summary["runtime/summary/load_tau/pass_3"] > 0.7
 
 
 def test_history_off_keeps_the_original_plan_every_pass():
@@ -122,7 +127,9 @@ def test_history_off_keeps_the_original_plan_every_pass():
     drive(core, 2 * STEPS_PER_PASS)
     assert core.finished() and core.db.replans == [] and len(core.db.history) == 0
     assert "history" not in core.db.state()
-    assert core.summary_metrics()["runtime/summary/history_passes"] == 0.0
+    summary = core.summary_metrics()
+    assert summary["runtime/summary/history_passes"] == 0.0
+    assert np.isnan(summary["runtime/summary/load_tau/pass_2"])  # every pass on the predictions (all 100)
 
 
 def test_every_trained_prompt_is_recorded_exactly_once_with_its_generating_version():

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from asp.control.database import Database, task_seed
-from asp.control.history import PASS_REASON, plan_next_pass
+from asp.control.history import PASS_REASON, loads_used, pass_load_taus, plan_next_pass
 from asp.control.messages import ContinuationRow, GlobalBatch, GUReport, MinibatchOutput, SegmentOutput, WorkItem
 from asp.control.metrics import (
     Window,
@@ -93,6 +93,7 @@ class InFlight:
     consumed: list[tuple[int, int]]
     lags: np.ndarray
     observed: tuple[list[Any], np.ndarray, np.ndarray] | None = None  # prompt ids, (B, n) lengths, (B,) versions
+    used: list[tuple[int, float, float]] = field(default_factory=list)  # (pass, load balanced, realized mean)
 
 
 @dataclass
@@ -153,6 +154,7 @@ class ControlCore:
         self.cont_rows = s.partial.max_rows or max(len(mb) for mb in self.db.original.minibatches) * s.n_samples
         self.prior: dict[Any, float] = dict(self.db.original.predicted)  # predictions history-aware loads start from
         self.now = 0.0  # the driver's clock at the latest dispatch (stamps a pass plan made inside it)
+        self.loads_used: list[tuple[int, float, float]] = []  # this session's trained prompts: pass, load, realized
         if s.history is not None:
             self.db.on_new_pass = self._next_pass
 
@@ -406,7 +408,8 @@ class ControlCore:
         if take <= 0:
             return None
         batch, consumed = self.tq.take(self.step + 1, now, take)
-        self.inflight = InFlight(consumed, policy_lags(self.version, batch.versions), _observed(batch, s))
+        lags = policy_lags(self.version, batch.versions)
+        self.inflight = InFlight(consumed, lags, _observed(batch, s), loads_used(self.db, batch))
         self._event(now, "train", ident=self.step + 1)
         self._update_backpressure(now)
         return batch
@@ -437,6 +440,7 @@ class ControlCore:
             self.prompts_trained += count
         if inflight.observed is not None:
             self.db.history.add(*inflight.observed)
+        self.loads_used.extend(inflight.used)
         self.step, self.version = step, version
         self.last_progress = self.last_step_end = now
         self._event(now, "trained", ident=step)
@@ -534,6 +538,7 @@ class ControlCore:
                 "runtime/continuations": counts["continuations"],
                 "runtime/split_response_share": split_share(records),
                 "runtime/history_passes": float(sum(r.get("reason") == PASS_REASON for r in self.db.replans)),
+                **{f"runtime/{k}": v for k, v in pass_load_taus(self.loads_used).items()},
                 **self.lag_counters(),
                 **comparison_summary(
                     records,

@@ -9,21 +9,31 @@ installs it with a replan of the next passes (no pending task is touched), recor
 run replays it instead of recomputing it from a history that has moved on. The Ray Control Unit and the simulator
 both run it, through `asp.control.core.ControlCore`.
 
+`loads_used` and `pass_load_taus` report which knowledge the schedule ran on: per pass, the Kendall tau of the
+loads its plan balanced (the calibrated predictions in the first pass, history-aware loads later) against the
+realized mean lengths of the prompts trained in this session (``runtime/summary/load_tau/pass_<p>``).
+
 Pure: no Ray, no config, no I/O. Tests: tests/control/test_history.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from asp.control.plan import WorkPlan
+from asp.predictor.metrics import kendall_tau
 from asp.schedule.history import HistoryEstimator, LengthHistory
 from asp.schedule.schedule import build_schedule
 from asp.schedule.spec import ScheduleSpec
+
+if TYPE_CHECKING:
+    from asp.control.database import Database
+    from asp.control.messages import GlobalBatch
 
 PASS_REASON = "pass"  # the `reason` of a replan that re-scheduled a new pass on history-aware loads
 
@@ -85,3 +95,32 @@ def plan_next_pass(
         shuffle=settings.shuffle,
     )
     return WorkPlan.from_schedule(schedule)
+
+
+def loads_used(db: Database, batch: GlobalBatch) -> list[tuple[int, float, float]]:
+    """(pass, load its plan balanced, realized mean length) of each prompt of `batch` whose plan had a load."""
+    lengths = np.asarray(batch.lengths, dtype=np.float64).reshape(batch.num_prompts, -1)
+    out = []
+    for pid, task_id, row in zip(batch.prompt_ids, batch.task_ids, lengths, strict=True):
+        task = db.tasks.get(int(task_id))
+        if task is None or row.size == 0:
+            continue
+        rest, full = db.plans[task.version]
+        plan = rest if task.rest and rest is not None else full
+        load = plan.predicted.get(pid)
+        if load is not None:
+            out.append((task.epoch, float(load), float(row.mean())))
+    return out
+
+
+def pass_load_taus(rows: Iterable[tuple[int, float, float]]) -> dict[str, float]:
+    """``load_tau/pass_<p>`` (p 1-based): Kendall tau of the loads against the realized means of each pass's rows
+    (NaN when a pass has fewer than 2 rows or constant values)."""
+    by_pass: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for epoch, load, realized in rows:
+        by_pass[epoch].append((load, realized))
+    out = {}
+    for epoch, pairs in sorted(by_pass.items()):
+        arr = np.asarray(pairs, dtype=np.float64)
+        out[f"load_tau/pass_{epoch + 1}"] = kendall_tau(arr[:, 0], arr[:, 1]) if len(pairs) >= 2 else float("nan")
+    return out
