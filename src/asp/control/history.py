@@ -1,4 +1,4 @@
-"""Re-scheduling each new pass over the prompt set on history-aware loads (``schedule.history``).
+"""Re-scheduling each new pass over the prompt set on history-aware loads (``runtime.history``).
 
 At a pass boundary (every task of the pass issued, the next pass not created yet) the Control Unit core asks
 `plan_next_pass` for the next pass's plan: each prompt's load is `asp.schedule.history.history_loads` of its
@@ -40,7 +40,7 @@ PASS_REASON = "pass"  # the `reason` of a replan that re-scheduled a new pass on
 
 @dataclass(frozen=True, slots=True)
 class HistorySettings:
-    """History-aware re-scheduling (``schedule.history``; built at the edge from the params).
+    """History-aware re-scheduling (``runtime.history`` with the ``schedule:`` settings; built at the edge from the params).
 
     Attributes:
         estimator: the shrinkage estimator's settings.

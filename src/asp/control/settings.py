@@ -70,7 +70,7 @@ class ControlSettings:
         seed: base sampling seed of the Database's tasks.
         partial: partial rollouts (`PartialSettings`).
         max_new_tokens: the per-response token cap (partial rollouts continue a response up to it).
-        history: re-schedule each new pass on history-aware loads (``schedule.history``; None: off).
+        history: re-schedule each new pass on history-aware loads (``runtime.history``; None: off).
     """
 
     mode: Literal["async", "sync"]

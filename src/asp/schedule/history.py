@@ -40,7 +40,7 @@ MAX_VISITS = 4  # newest visits kept per prompt; an older one weighs at most 1 /
 
 @dataclass(frozen=True, slots=True)
 class HistoryEstimator:
-    """The estimator's two settings (``schedule.history``; defaults in `asp.config`).
+    """The estimator's two settings (``runtime.history``; defaults in `asp.config`).
 
     Attributes:
         prior_samples: kappa, the samples the calibrated prediction is worth (>= 0; 0: history only).
