@@ -40,7 +40,7 @@ PASS_REASON = "pass"  # the `reason` of a replan that re-scheduled a new pass on
 
 @dataclass(frozen=True, slots=True)
 class HistorySettings:
-    """History-aware re-scheduling (``runtime.history`` with the ``schedule:`` settings; built at the edge from the params).
+    """History-aware re-scheduling (``runtime.history`` with the ``schedule:`` settings, built at the edge).
 
     Attributes:
         estimator: the shrinkage estimator's settings.
