@@ -29,6 +29,7 @@ Run: `asp stage evaluate` (what `dvc repro evaluate` calls).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from asp.config import Params
 from asp.errors import UserError
 from asp.io import write_json
 from asp.plots import save_figure
-from asp.steps.loaders import heldout_samples, load_trained_predictor, profiled_texts
+from asp.steps.loaders import load_trained_predictor, profiled_texts
 from asp.steps.paths import EvaluatePaths as Paths
 from asp.tracking import Tracker, register_predictor
 
@@ -124,6 +125,18 @@ def score(
     metrics["predictor/bias_reference_se"] = load_ratio_se(out_of_fold, true)
     metrics["predictor/median_ratio"] = median_ratio(out_of_fold, true)
     return metrics, fit_calibration(pred, true), out_of_fold, bucket_errors(pred, true, bucket_edges)
+
+
+def heldout_samples(profile_dir: Path) -> list[np.ndarray]:
+    """Each profiled held-out prompt's sample lengths in sample order (samples.parquet), by prompt id."""
+    import pandas as pd
+
+    path = profile_dir / "samples.parquet"
+    if not path.is_file():
+        raise UserError(f"{path}: missing. Run the profile stage first (`dvc repro profile`).")
+    df = pd.read_parquet(path, columns=["prompt_id", "role", "sample", "length"])
+    df = df[df["role"] == "heldout"].sort_values(["prompt_id", "sample"], kind="stable")
+    return [g["length"].to_numpy(dtype=np.float64) for _, g in df.groupby("prompt_id", sort=True)]
 
 
 def free_baselines(paths: Paths) -> dict[str, float]:

@@ -86,16 +86,6 @@ def profiled_texts(prompts_dir: Path, profile_dir: Path, role: str, text_field: 
     return df[text_field].tolist(), df["mean_length"].to_numpy(dtype=np.float64)
 
 
-def heldout_samples(profile_dir: Path) -> list[np.ndarray]:
-    """Each profiled held-out prompt's sample lengths in sample order (samples.parquet), by prompt id."""
-    path = profile_dir / "samples.parquet"
-    if not path.is_file():
-        raise UserError(f"{path}: missing. Run the profile stage first (`dvc repro profile`).")
-    df = pd.read_parquet(path, columns=["prompt_id", "role", "sample", "length"])
-    df = df[df["role"] == "heldout"].sort_values(["prompt_id", "sample"], kind="stable")
-    return [g["length"].to_numpy(dtype=np.float64) for _, g in df.groupby("prompt_id", sort=True)]
-
-
 def load_trained_predictor(
     pred_dir: Path, predictor: PredictorParams
 ) -> tuple[LengthPredictor, PreTrainedTokenizerBase, dict[str, Any]]:
