@@ -226,7 +226,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chains", nargs="+", default=list(CHAINS), choices=list(CHAINS))
     ap.add_argument("--layouts", nargs="+", default=["demo", "gpu"], choices=["demo", "gpu"])
@@ -239,7 +239,7 @@ def main() -> None:
     ap.add_argument("--anneal", type=int, default=20_000, help="balancing proposals of C4")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = []
     for name in args.layouts:
         lay = layout(name, args.gpu_copies)
