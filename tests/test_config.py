@@ -78,14 +78,19 @@ def test_rl_choices_match_the_config_literals() -> None:
     assert set(get_args(fields["advantage_scale"].annotation)) == set(ADVANTAGE_SCALES)
 
 
-def test_runtime_config_is_the_runtime_params_plus_the_seed() -> None:
+def test_runtime_config_is_the_runtime_params_plus_the_seed_and_the_schedule_settings() -> None:
     from asp.config import RuntimeParams
     from asp.runtime import RuntimeConfig
 
-    assert set(RuntimeConfig.model_fields) - set(RuntimeParams.model_fields) == {"seed"}
+    assert set(RuntimeConfig.model_fields) - set(RuntimeParams.model_fields) == {"seed", "schedule"}
     params = Params.defaults()
     config = RuntimeConfig.from_params(params)
     assert config.seed == params.common.seed and config.iterations == params.runtime.iterations == 200
+    assert config.schedule == params.schedule  # history-aware passes (runtime.history) schedule with them
+    history = config.control_settings().history
+    assert history is not None and history.spec.b == params.schedule.b and history.seed == params.common.seed
+    assert RuntimeConfig().control_settings().history is None  # no schedule settings: off
+    assert config.model_copy(update={"condition": "C0"}).control_settings().history is None  # C4 only
 
 
 def test_shipped_params_and_presets_validate() -> None:

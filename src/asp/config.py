@@ -490,6 +490,33 @@ class PartialParams(_Params):
     )
 
 
+class HistoryParams(_Params):
+    """``runtime.history``: re-schedule every new pass over the prompts on history-aware loads (docs/history.md).
+
+    A prompt's load is its calibrated prediction shrunk towards the mean lengths the run realized for it
+    (`asp.schedule.history`): load = (kappa * prediction + sum_j w_j * mean_j) / (kappa + sum_j w_j), with
+    w_j = 1 / (1 / n_j + delta * versions since visit j).
+    """
+
+    enabled: Bool = Field(
+        True,
+        description="At each pass boundary the next pass is scheduled again (DP cut + balanced groups, the schedule: "
+        "settings) on history-aware loads, without stopping; false: every pass uses the schedule stage's plan.",
+    )
+    prior_samples: Float = Field(
+        0.5,
+        ge=0,
+        description="kappa: how many samples the calibrated prediction is worth (0: history alone wherever a prompt "
+        "has one).",
+    )
+    drift_per_version: Float = Field(
+        0.01,
+        ge=0,
+        description="delta: variance a prompt's mean length drifts per policy version, in units of one sample's "
+        "variance (larger: older visits count less).",
+    )
+
+
 class RuntimeParams(_Params):
     """The `launch` stage: asynchronous multi-instance RL run (paper section 4; docs/runtime.md).
 
@@ -577,6 +604,7 @@ class RuntimeParams(_Params):
     )
     max_chunk: Int = Field(16, ge=1, description="Most minibatches handed to an actor in one coalesced call.")
     partial: PartialParams = PartialParams()
+    history: HistoryParams = HistoryParams()
     heldout_problems: Int = Field(
         256,
         ge=0,

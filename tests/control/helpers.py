@@ -45,6 +45,7 @@ def settings(**overrides) -> ControlSettings:
         seed=0,
         partial=PARTIAL_OFF,
         max_new_tokens=160,
+        history=None,
     )
     return ControlSettings(**(base | overrides))
 

@@ -155,7 +155,19 @@ def predictor_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     )
     (root / "profile").mkdir()
     stats.to_parquet(root / "profile" / "prompts.parquet", index=False)
-    return {"root": root, "frames": frames, "stats": stats}
+    factors = rng.uniform(0.5, 1.5, (len(profiled), 4))
+    factors /= factors.mean(axis=1, keepdims=True)  # 4 samples per prompt whose mean is its mean_length
+    samples = pd.DataFrame(
+        {
+            "prompt_id": np.repeat(stats["prompt_id"].to_numpy(), 4),
+            "role": np.repeat(stats["role"].to_numpy(), 4),
+            "sample": np.tile(np.arange(4), len(profiled)),
+            "length": (true[:, None] * factors).ravel(),
+            "finish_reason": "stop",
+        }
+    )
+    samples.to_parquet(root / "profile" / "samples.parquet", index=False)
+    return {"root": root, "frames": frames, "stats": stats, "samples": samples}
 
 
 @pytest.fixture(scope="session")

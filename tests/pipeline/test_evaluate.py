@@ -103,6 +103,19 @@ def test_prompt_length_baseline_drift_references_and_gate_are_in_the_metrics(
     assert run.metrics["predictor/gate_passed"] == 1.0
 
 
+def test_free_baselines_from_the_held_out_prompts_own_samples(evaluated: Built, trained_predictor: Built) -> None:
+    samples = trained_predictor.extra["samples"]
+    held = samples[samples["role"] == "heldout"].sort_values(["prompt_id", "sample"])
+    lengths = np.stack([g["length"].to_numpy() for _, g in held.groupby("prompt_id", sort=True)])  # (12, 4)
+    m = evaluated.metrics
+    history = stats.kendalltau(lengths[:, :2].mean(axis=1), lengths[:, 2:].mean(axis=1)).statistic
+    probe = stats.kendalltau(lengths[:, 0], lengths[:, 1:].mean(axis=1)).statistic
+    assert m["predictor/history_tau"] == pytest.approx(history, abs=1e-9)
+    assert m["predictor/probe_tau"] == pytest.approx(probe, abs=1e-9)
+    run = evaluated.tracker.client.get_run(evaluated.tracker.run_id).data
+    assert run.metrics["predictor/history_tau"] == pytest.approx(history)
+
+
 def test_calibration_is_monotone_and_fits_better_than_raw(
     evaluated: Built, heldout: tuple[np.ndarray, np.ndarray]
 ) -> None:

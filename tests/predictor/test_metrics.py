@@ -84,3 +84,18 @@ def test_bucket_errors_by_hand() -> None:
     assert b[0]["mae_tokens"] is None
     with pytest.raises(ValueError, match="strictly increasing"):
         bucket_errors(np.array([1, 2.0]), np.array([5, 10.0]), [0, 10, 5])
+
+
+def test_sample_baselines_hand_worked():
+    from asp.predictor.metrics import sample_baselines
+
+    # history: first half [1], [5], [2] ranks second half [3], [7], [4] -> tau 1; probe: the same here
+    out = sample_baselines([np.array([1, 3]), np.array([5, 7]), np.array([2, 4]), np.array([9])])
+    assert out == {"history_tau": 1.0, "probe_tau": 1.0, "prompts": 3.0}  # the one-sample prompt is skipped
+    # four samples: history = means of [0:2] vs [2:4]; probe = sample 0 vs mean of [1:4]
+    rows = [np.array([1, 9, 4, 4]), np.array([6, 2, 1, 1]), np.array([3, 3, 8, 8])]
+    out = sample_baselines(rows)
+    # history: (5, 4, 3) vs (4, 1, 8): pairs (0,1) +, (0,2) -, (1,2) - -> -1/3; probe: (1, 6, 3) vs (17/3, 4/3, 19/3):
+    # (0,1) -, (0,2) +, (1,2) - -> -1/3
+    assert out["history_tau"] == pytest.approx(-1 / 3) and out["probe_tau"] == pytest.approx(-1 / 3)
+    assert np.isnan(sample_baselines([np.array([1, 2])])["history_tau"])

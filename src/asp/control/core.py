@@ -35,6 +35,10 @@ actors start again) and `observer(out)` for every first completion. Decisions:
   tasks, ordered by the online length correction or in arrival order), which go out before new minibatches and count
   as outstanding work; a task whose responses all finished enters the Training Queue whole. A lost GU's or failed
   continuation item's rows are pooled again (a task whose continuations failed ``max_attempts`` times stops the run);
+* **history-aware passes** (``settings.history``, `asp.control.history`): every trained prompt's realized lengths
+  (n samples, generating policy version) go into the Database's `LengthHistory` when its step finishes (so the
+  checkpoint has exactly the trained ones); at each pass boundary the next pass is scheduled again on
+  history-aware loads (`plan_next_pass`) and installed as a replan of the later passes, without stopping;
 * **stop / replan**: after a stop nothing new is dispatched or trained; the loop ends at a checkpoint step (when the
   driver checkpoints) once no step is in flight;
 * **the run summary** (`summary_metrics`): Table 4(b) columns and counters over the whole run (earlier sessions of a
@@ -53,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from asp.control.database import Database, task_seed
+from asp.control.history import PASS_REASON, loads_used, pass_load_taus, plan_next_pass
 from asp.control.messages import ContinuationRow, GlobalBatch, GUReport, MinibatchOutput, SegmentOutput, WorkItem
 from asp.control.metrics import (
     Window,
@@ -94,6 +99,8 @@ class InFlight:
 
     consumed: list[tuple[int, int]]
     lags: np.ndarray
+    observed: tuple[list[Any], np.ndarray, np.ndarray] | None = None  # prompt ids, (B, n) lengths, (B,) versions
+    used: list[tuple[int, float, float]] = field(default_factory=list)  # (pass, load balanced, realized mean)
 
 
 @dataclass
@@ -155,6 +162,11 @@ class ControlCore:
         self.stale_tokens = 0  # tokens generated for prompts that were then dropped or regenerated (never trained)
         self.stale_buckets: dict[str, float] = {}  # "dropped_q1" ... "regenerated_q4" -> prompts
         self.cont_rows = s.partial.max_rows or max(len(mb) for mb in self.db.original.minibatches) * s.n_samples
+        self.prior: dict[Any, float] = dict(self.db.original.predicted)  # predictions history-aware loads start from
+        self.now = 0.0  # the driver's clock at the latest dispatch (stamps a pass plan made inside it)
+        self.loads_used: list[tuple[int, float, float]] = []  # this session's trained prompts: pass, load, realized
+        if s.history is not None:
+            self.db.on_new_pass = self._next_pass
 
     # ---- clock -----------------------------------------------------------------------------------------
     def begin(self, now: float) -> None:
@@ -203,8 +215,23 @@ class ControlCore:
         """Swap the pending work for `rest` (later passes use `full`); see `Database.replan`. Returns the new
         plan version."""
         version = self.db.replan(rest, full)
+        if full is not None and full.predicted:
+            self.prior = dict(full.predicted)
         self._event(now, "replan", ident=version)
         return version
+
+    def _next_pass(self) -> None:
+        """History-aware passes: at a pass boundary, schedule the next pass on history-aware loads (see the module
+        docstring); nothing when ``settings.history`` is off or there is nothing to go on."""
+        history = self.settings.history
+        if history is None or not self.db.pass_due(PASS_REASON):
+            return
+        plan = plan_next_pass(
+            self.db.plan.prompt_ids(), self.prior, self.db.history, self.version, history, self.db.epochs_created
+        )
+        if plan is not None:
+            version = self.db.replan(None, plan, reason=PASS_REASON)
+            self._event(self.now, "pass_plan", ident=version)
 
     def check_stall(self, now: float, hint: str = "") -> None:
         """Raise `RuntimeFailure` when nothing arrived and no step finished for ``stall_timeout_s``."""
@@ -222,6 +249,7 @@ class ControlCore:
         step trains (sync)."""
         if self.stopped():
             return {}
+        self.now = now
         live = [g for g in self.gus if not g.dead]
         if self.sync:
             if self.inflight is not None:
@@ -425,7 +453,8 @@ class ControlCore:
         if take <= 0:
             return None
         batch, consumed = self.tq.take(self.step + 1, now, take)
-        self.inflight = InFlight(consumed, policy_lags(self.version, batch.versions))
+        lags = policy_lags(self.version, batch.versions)
+        self.inflight = InFlight(consumed, lags, _observed(batch, s), loads_used(self.db, batch))
         self._event(now, "train", ident=self.step + 1)
         self._update_backpressure(now)
         return batch
@@ -468,6 +497,9 @@ class ControlCore:
         for task_id, count in inflight.consumed:
             self.db.mark_consumed(task_id, count)
             self.prompts_trained += count
+        if inflight.observed is not None:
+            self.db.history.add(*inflight.observed)
+        self.loads_used.extend(inflight.used)
         self.step, self.version = step, version
         self.last_progress = self.last_step_end = now
         self._event(now, "trained", ident=step)
@@ -578,6 +610,8 @@ class ControlCore:
                 "runtime/dead_actors": counts["dead_actors"],
                 "runtime/continuations": counts["continuations"],
                 "runtime/split_response_share": split_share(records),
+                "runtime/history_passes": float(sum(r.get("reason") == PASS_REASON for r in self.db.replans)),
+                **{f"runtime/{k}": v for k, v in pass_load_taus(self.loads_used).items()},
                 **self.lag_counters(),
                 **comparison_summary(
                     records,
@@ -590,3 +624,11 @@ class ControlCore:
             }
         )
         return {k.replace("runtime/", "runtime/summary/", 1): v for k, v in base.items()}
+
+
+def _observed(batch: GlobalBatch, settings: ControlSettings) -> tuple[list[Any], np.ndarray, np.ndarray] | None:
+    """What a trained batch adds to the length history (None when ``settings.history`` is off)."""
+    if settings.history is None or not batch.num_prompts:
+        return None
+    lengths = np.asarray(batch.lengths).reshape(batch.num_prompts, -1)
+    return list(batch.prompt_ids), lengths, np.asarray(batch.versions)

@@ -20,13 +20,17 @@ so a resumed run continues them instead of generating them again.
 batch group; the synchronous mode takes retries (`next_retry`) and single tasks (`next_task`) instead.
 Trained prompts are counted per task (`mark_consumed`); the checkpoint `state()` keeps only those counts, so
 on `restore` every task that was not fully trained is pending again with its trained prompts cut off: nothing
-is trained twice or lost across a restart. Pure Python, no Ray.
+is trained twice or lost across a restart. The realized lengths of the trained prompts (`history`, a
+`asp.schedule.history.LengthHistory` the core fills when a step finishes, with history-aware passes on) are saved
+and restored with those counts, so they too hold every trained prompt exactly once; `on_new_pass` lets the core
+re-plan the next passes just before dispatch creates one (a replan with ``reason``, replayed on restore like any
+other). Pure Python, no Ray.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -34,6 +38,7 @@ from typing import Any
 from asp.control.messages import MinibatchOutput, WorkItem
 from asp.control.partial import HeldTask, PartialStore
 from asp.control.plan import WorkPlan, check_prompts
+from asp.schedule.history import LengthHistory
 
 
 class TaskState(StrEnum):
@@ -102,6 +107,8 @@ class Database:
         self.n_issued = 0
         self.given_up: list[Task] = []
         self.partials = PartialStore()  # held tasks (partial rollouts)
+        self.history = LengthHistory()  # realized lengths of trained prompts (`runtime.history`), checkpointed
+        self.on_new_pass: Callable[[], None] | None = None  # called before dispatch creates a pass after the first
         self.original = plan
         self._reset_plans()
 
@@ -126,6 +133,12 @@ class Database:
             self.pending.append(self._new_task(self.epochs_created, rank, rest=False))
         self.epochs_created += 1
         return True
+
+    def _next_epoch(self) -> bool:
+        """Dispatch reached a pass boundary: let `on_new_pass` replan the next passes, then create the next pass."""
+        if self.on_new_pass is not None and self.epochs_created >= 1 and self.has_new_work:
+            self.on_new_pass()
+        return self._add_epoch()
 
     def _plan_of(self, task: Task) -> WorkPlan:
         rest, full = self.plans[task.version]
@@ -162,7 +175,7 @@ class Database:
         retry = self.next_retry(gu)
         if retry is not None:
             return [retry]
-        if not self.pending and not self._add_epoch():
+        if not self.pending and not self._next_epoch():
             return []
         key = self._group_key(self.pending[0])
         unit = []
@@ -181,7 +194,7 @@ class Database:
     def next_task(self, gu: int) -> WorkItem | None:
         """Issue the next pending task alone, in dispatch order (no retries; the synchronous mode's per-minibatch
         path, which must not overshoot a round by a whole batch group). None when no new task is left."""
-        if not self.pending and not self._add_epoch():
+        if not self.pending and not self._next_epoch():
             return None
         return self._issue(self.tasks[self.pending.popleft()], gu)
 
@@ -326,13 +339,21 @@ class Database:
         mb_ids = [self._plan_of(self.tasks[t]).minibatch_ids[self.tasks[t].rank] for t in scope]
         return WorkPlan.from_lists(self.pending_minibatches(), groups, mb_ids)
 
-    def replan(self, rest: WorkPlan | None, full: WorkPlan | None = None) -> int:
+    def pass_due(self, reason: str) -> bool:
+        """True at a pass boundary not yet re-planned with `reason`: nothing pending, at least one pass created and
+        another one still to create."""
+        if self.pending or self.epochs_created < 1 or not self.has_new_work:
+            return False
+        return not any(r.get("reason") == reason and r["epochs_created"] == self.epochs_created for r in self.replans)
+
+    def replan(self, rest: WorkPlan | None, full: WorkPlan | None = None, reason: str = "") -> int:
         """Swap the pending tasks for the tasks of `rest`; later passes use `full`. Returns the new plan version.
 
         Args:
             rest: plan over exactly `pending_prompts()` (its minibatches, groups and dispatch order are used);
                 None only when nothing is pending.
             full: the plan of every pass created after this call; None keeps the current one.
+            reason: kept in the replan's record (e.g. `asp.control.history.PASS_REASON`); empty: not kept.
 
         Raises:
             ValueError: `rest` does not cover exactly the remaining prompts (the message names the difference).
@@ -356,6 +377,8 @@ class Database:
             "rest": _plan_json(rest),
             "full": _plan_json(full),
         }
+        if reason:
+            record["reason"] = reason
         self._apply_replan(scope, rest, full)
         self.replans.append(record)
         return self.version
@@ -378,14 +401,16 @@ class Database:
     # ---- checkpoint ------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """JSON-able position: epochs created and trained-prompt counts (tasks with none are omitted), plus the
-        replans (``replans``, only when there were any) and the held tasks of partial rollouts (``partials``, only
-        when there are any)."""
+        replans (``replans``, only when there were any), the held tasks of partial rollouts (``partials``, only
+        when there are any) and the realized lengths of the trained prompts (``history``, only when recorded)."""
         consumed = {str(t.task_id): t.consumed for t in self.tasks.values() if t.consumed}
         state: dict[str, Any] = {"epochs_created": self.epochs_created, "consumed": consumed}
         if self.replans:
             state["replans"] = [dict(r) for r in self.replans]
         if self.partials.tasks:
             state["partials"] = self.partials.state()
+        if len(self.history):
+            state["history"] = self.history.state()
         return state
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -412,6 +437,7 @@ class Database:
                 task.state = TaskState.DONE
         self.n_issued = 0
         self._restore_partials(state.get("partials", {}))
+        self.history = LengthHistory.from_state(state.get("history", []))
         pending = [t for t in self.tasks.values() if t.state == TaskState.PENDING]
         self.pending = deque(t.task_id for t in sorted(pending, key=lambda t: (t.epoch, t.task_id)))
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from asp.control.history import HistorySettings
+
 
 def default_resume_depth(q_max: int, global_batch_prompts: int) -> int:
     """Depth (prompts) at or below which a paused sender resumes when ``q_resume`` is unset:
@@ -71,6 +73,7 @@ class ControlSettings:
         seed: base sampling seed of the Database's tasks.
         partial: partial rollouts (`PartialSettings`).
         max_new_tokens: the per-response token cap (partial rollouts continue a response up to it).
+        history: re-schedule each new pass on history-aware loads (``runtime.history``; None: off).
     """
 
     mode: Literal["async", "sync"]
@@ -91,6 +94,7 @@ class ControlSettings:
     seed: int
     partial: PartialSettings
     max_new_tokens: int
+    history: HistorySettings | None
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):

@@ -13,6 +13,10 @@ out-of-fold calibrated lengths, `asp.drift.monitor.bias`) on the held-out prompt
 median per-prompt ratio beside it (below 1 on right-skewed lengths: why the detector does not use it);
 `predictor/kendall_tau_se` and `predictor/bias_reference_se` are their standard errors (`asp.drift.reference`), by
 which the detector widens its bands.
+Free baselines beside the predictor, from the profile's n samples per held-out prompt (`asp.predictor.metrics.
+sample_baselines`): `predictor/history_tau` (the mean of half the samples ranking the mean of the others: what an
+earlier visit of the same policy knows, which `runtime.history` schedules on from the second pass) and
+`predictor/probe_tau` (one sample ranking the others: a group probe); NaN with one sample per prompt.
 `evaluate.min_tau` gates the pipeline: below it the stage fails (or warns, `evaluate.on_fail: warn`); the result
 is `gate` in metrics/predictor.json (passed, result, min_tau, on_fail) and `predictor/gate_passed` in MLflow.
 A predictor that passes (or is let through with a warning) is logged to the stage's MLflow run and registered in
@@ -25,6 +29,7 @@ Run: `asp stage evaluate` (what `dvc repro evaluate` calls).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -122,6 +127,26 @@ def score(
     return metrics, fit_calibration(pred, true), out_of_fold, bucket_errors(pred, true, bucket_edges)
 
 
+def heldout_samples(profile_dir: Path) -> list[np.ndarray]:
+    """Each profiled held-out prompt's sample lengths in sample order (samples.parquet), by prompt id."""
+    import pandas as pd
+
+    path = profile_dir / "samples.parquet"
+    if not path.is_file():
+        raise UserError(f"{path}: missing. Run the profile stage first (`dvc repro profile`).")
+    df = pd.read_parquet(path, columns=["prompt_id", "role", "sample", "length"])
+    df = df[df["role"] == "heldout"].sort_values(["prompt_id", "sample"], kind="stable")
+    return [g["length"].to_numpy(dtype=np.float64) for _, g in df.groupby("prompt_id", sort=True)]
+
+
+def free_baselines(paths: Paths) -> dict[str, float]:
+    """``predictor/history_tau`` and ``predictor/probe_tau`` of the held-out prompts' own samples."""
+    from asp.predictor.metrics import sample_baselines
+
+    base = sample_baselines(heldout_samples(paths.profile))
+    return {"predictor/history_tau": base["history_tau"], "predictor/probe_tau": base["probe_tau"]}
+
+
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Evaluate on held-out prompts, fit and save the calibration map, apply the τ gate."""
     evaluation = params.evaluate
@@ -130,6 +155,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     pred, true, prompt_tokens = load_heldout(params, paths)
     metrics, calibration, out_of_fold, buckets = score(pred, true, evaluation.bucket_edges)
     metrics["predictor/prompt_length_tau"] = kendall_tau(prompt_tokens, true)  # NaN when all prompts are as long
+    metrics.update(free_baselines(paths))
     tau = metrics["predictor/kendall_tau"]
     outcome = gate_result(tau, evaluation.min_tau, evaluation.on_fail)
     metrics["predictor/gate_passed"] = float(outcome["passed"])

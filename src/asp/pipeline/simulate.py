@@ -243,15 +243,17 @@ def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: C
     return Workload.from_arrays(preds["prompt_id"].tolist(), lengths, tokens, params.runtime.max_new_tokens)
 
 
-def control_settings(params: Params) -> ControlSettings:
-    """The simulated run's `asp.control.ControlSettings`: ``runtime:`` (``runtime.mode`` included: sync simulates
-    the synchronous baseline) with ``simulate.iterations`` when set, and ``common.seed``."""
+def control_settings(params: Params, condition: str = "C4") -> ControlSettings:
+    """The simulated run's `asp.control.ControlSettings` for `condition`: ``runtime:`` (``runtime.mode`` included:
+    sync simulates the synchronous baseline) with ``simulate.iterations`` when set, and ``common.seed``; history-aware
+    passes (``runtime.history``) for C4 only, as in a launch."""
     from asp.runtime.config import RuntimeConfig
 
     runtime = dict(params.runtime)
     if params.simulate.iterations is not None:
         runtime["iterations"] = params.simulate.iterations
-    return RuntimeConfig(**runtime, seed=params.common.seed).control_settings()
+    runtime["condition"] = condition
+    return RuntimeConfig(**runtime, seed=params.common.seed, schedule=params.schedule).control_settings()
 
 
 def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[str, Any]:
@@ -262,11 +264,10 @@ def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[st
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
     load = workload(params, models, preds, calibration)
-    config = control_settings(params)
     resources = Resources(cores=params.simulate.cores, threads_per_actor=params.runtime.engine.num_threads or 1)
     results = {}
     for cond, plan in plans.items():
-        results[cond] = simulate(plan, load, models.gen, models.train, config, resources)
+        results[cond] = simulate(plan, load, models.gen, models.train, control_settings(params, cond), resources)
         print(f"[simulate] {cond}: {results[cond].metrics[REPORTED[0]]:.3f} s per iteration", file=sys.stderr)
     return results
 

@@ -155,3 +155,37 @@ def bucket_errors(pred: np.ndarray, true: np.ndarray, edges: Sequence[float]) ->
             }
         )
     return out
+
+
+def sample_baselines(samples: Sequence[np.ndarray]) -> dict[str, float]:
+    """Kendall tau of the free baselines a user has without any predictor, from each prompt's own n samples.
+
+    * history: the mean of a prompt's first half of samples ranks the mean of its second half (what an earlier
+      visit of the same policy would know, with n / 2 samples);
+    * probe: a prompt's first sample ranks the mean of its others (Seer's / NeMo-RL's group probe: start one
+      response, schedule the group by it).
+
+    Each is scored against the mean of the OTHER samples (never the ones it uses), so its target has fewer
+    samples than the predictor's (the mean of all n): a little noisier, which lowers these tau slightly.
+
+    Args:
+        samples: per prompt, its (n_p,) sample lengths in sample order; prompts with n_p < 2 are skipped.
+
+    Returns:
+        ``{"history_tau", "probe_tau", "prompts"}``; the tau are NaN when fewer than 2 prompts have 2+ samples.
+
+    Example: samples [1, 3], [5, 7], [2, 4]: history = probe = tau([1, 5, 2], [3, 7, 4]) = 1.
+    """
+    rows = [np.asarray(s, dtype=np.float64) for s in samples if len(s) >= 2]
+    if len(rows) < 2:
+        return {"history_tau": float("nan"), "probe_tau": float("nan"), "prompts": float(len(rows))}
+    half = [r.size // 2 for r in rows]
+    first = np.array([r[:h].mean() for r, h in zip(rows, half, strict=True)])
+    second = np.array([r[h:].mean() for r, h in zip(rows, half, strict=True)])
+    probe = np.array([r[0] for r in rows])
+    others = np.array([r[1:].mean() for r in rows])
+    return {
+        "history_tau": kendall_tau(first, second),
+        "probe_tau": kendall_tau(probe, others),
+        "prompts": float(len(rows)),
+    }

@@ -313,10 +313,14 @@ class _Sim:
 
 
 class _NoTexts(dict):
-    """The Database wants prompt texts for its work items; the simulator never reads them."""
+    """The Database wants prompt texts for its work items, and a text for every prompt of a new plan (a replan, a
+    history-aware pass); the simulator never reads them, so every prompt has a placeholder."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
 
     def __missing__(self, key: Any) -> str:
-        return ""
+        return "-"
 
 
 def _segment(job: _Job, gu: int, now: float, cap: int) -> SegmentOutput:

@@ -75,7 +75,7 @@ class TrainPredictorPaths:
 @dataclass(frozen=True)
 class EvaluatePaths:
     prompts: Path = dep("outputs/prompts", reads=("heldout.parquet",))
-    profile: Path = dep("outputs/profile", reads=("prompts.parquet",))
+    profile: Path = dep("outputs/profile", reads=("prompts.parquet", "samples.parquet"))
     predictor: Path = dep("outputs/predictor")
     calibration: Path = output("outputs/calibration.json")
     metrics: Path = output("metrics/predictor.json")
