@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from asp.control.core import ControlCore, GUSlot
@@ -9,6 +11,7 @@ from asp.control.database import Database
 from asp.control.messages import MinibatchOutput, WorkItem
 from asp.control.plan import WorkPlan
 from asp.control.settings import ControlSettings, PartialSettings
+from asp.runtime import RuntimeConfig
 
 PARTIAL_OFF = PartialSettings(
     enabled=False, token_budget=64, continuation_order="fifo", max_rows=None, wait_for_full=False, oldest_first=True
@@ -67,9 +70,20 @@ def core(s: ControlSettings | None = None, p: WorkPlan | None = None, **kwargs) 
     return c
 
 
-def output(item: WorkItem, gu: int, actor: int, version: int, start: float, end: float, n: int = 2) -> MinibatchOutput:
-    """The completed minibatch of `item`: every sample (3 + prompt id) tokens long."""
-    lengths = np.repeat(np.asarray([3 + int(p) for p in item.prompt_ids], np.int32), n)
+def output(
+    item: WorkItem,
+    gu: int,
+    actor: int,
+    version: int,
+    start: float,
+    end: float,
+    n: int = 2,
+    lengths: np.ndarray | None = None,
+) -> MinibatchOutput:
+    """The completed minibatch of `item`: every sample (3 + prompt id) tokens long, unless `lengths` (one per sample)
+    are given."""
+    if lengths is None:
+        lengths = np.repeat(np.asarray([3 + int(p) for p in item.prompt_ids], np.int32), n)
     return MinibatchOutput(
         task_id=item.task_id,
         minibatch_id=item.minibatch_id,
@@ -88,3 +102,22 @@ def output(item: WorkItem, gu: int, actor: int, version: int, start: float, end:
         gen_start=start,
         gen_end=end,
     )
+
+
+def sim_settings(enabled: bool, order: str = "fifo", **overrides: Any) -> ControlSettings:
+    """The simulator's settings for the partial-rollout tests: 1 GU x 2 actors, global batch 4, 2 samples of at most
+    16 tokens, partial rollouts with a 4-token budget (`enabled`, `order`); `overrides`: other RuntimeConfig fields.
+    """
+    fields: dict[str, Any] = dict(
+        iterations=None,
+        max_policy_lag=None,
+        generation_units=1,
+        actors_per_unit=2,
+        gu_queue_target=2,
+        global_batch_prompts=4,
+        q_max=16,
+        n_samples=2,
+        max_new_tokens=16,
+        partial={"enabled": enabled, "token_budget": 4, "continuation_order": order},
+    )
+    return RuntimeConfig(**{**fields, **overrides}).control_settings()

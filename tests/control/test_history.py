@@ -20,6 +20,7 @@ from asp.control.messages import GUReport, MinibatchOutput, WorkItem
 from asp.control.plan import WorkPlan
 from asp.schedule.history import HistoryEstimator
 from asp.schedule.spec import ScheduleSpec
+from tests.control import helpers
 from tests.control.helpers import gu_slots, settings
 
 N_PROMPTS, STEPS_PER_PASS = 96, 24  # 96 prompts / 4 per step
@@ -49,24 +50,7 @@ def make_core(history: HistorySettings | None, passes: int) -> ControlCore:
 
 def output(item: WorkItem, gu: int, version: int) -> MinibatchOutput:
     lengths = np.repeat(np.asarray([LENGTH[p] for p in item.prompt_ids], np.int32), 2)
-    return MinibatchOutput(
-        task_id=item.task_id,
-        minibatch_id=item.minibatch_id,
-        attempt=item.attempt,
-        gu=gu,
-        actor=gu * 2,
-        policy_version=version,
-        prompt_ids=list(item.prompt_ids),
-        n=2,
-        lengths=lengths,
-        stopped=np.ones(lengths.size, bool),
-        token_ids=np.zeros(0, np.int32),
-        logprobs=np.zeros(0, np.float32),
-        prompt_tokens=np.full(len(item.prompt_ids), 5, np.int32),
-        texts=[],
-        gen_start=0.0,
-        gen_end=1.0,
-    )
+    return helpers.output(item, gu, gu * 2, version, 0.0, 1.0, lengths=lengths)
 
 
 def drive(core: ControlCore, until_step: int) -> None:

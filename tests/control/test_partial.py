@@ -19,10 +19,9 @@ from asp.control.messages import Failure, GUReport, MinibatchOutput, SegmentOutp
 from asp.control.partial import PartialStore, expected_final_length
 from asp.control.sender import enforce_lag_bound
 from asp.control.settings import PartialSettings
-from asp.runtime import RuntimeConfig
 from asp.sim.engine import Workload, simulate
 
-from .helpers import core, plan, settings
+from .helpers import core, plan, settings, sim_settings
 
 BUDGET = 4
 ON = PartialSettings(
@@ -251,19 +250,6 @@ def test_partial_rollouts_need_async_mode():
 
 
 # ---- the simulator on the same core ---------------------------------------------------------------------------
-def sim_settings(enabled: bool, order: str = "fifo"):
-    return RuntimeConfig(
-        iterations=None,
-        max_policy_lag=None,
-        generation_units=1,
-        actors_per_unit=2,
-        gu_queue_target=2,
-        global_batch_prompts=4,
-        q_max=16,
-        n_samples=2,
-        max_new_tokens=16,
-        partial={"enabled": enabled, "token_budget": 4, "continuation_order": order},
-    ).control_settings()
 
 
 class Gen:

@@ -18,10 +18,9 @@ from asp.control.database import Database, TaskState
 from asp.control.messages import GUReport
 from asp.control.partial import PartialStore, length_bucket, prompt_buckets
 from asp.control.plan import WorkPlan
-from asp.runtime import RuntimeConfig
 from asp.sim.engine import Workload, simulate
 
-from .helpers import core, plan, settings
+from .helpers import core, plan, settings, sim_settings
 from .test_partial import ON, Gen, Train, first_output, segment
 
 CAP = 16  # max_new_tokens here: the buckets are quarters of it (q1 < 4 tokens, q2 4..7, q3 8..11, q4 12..16)
@@ -158,19 +157,8 @@ def test_a_store_without_a_bound_has_no_stale_tasks():
 
 @pytest.mark.parametrize("stale", ["drop", "regenerate"])
 def test_the_simulator_on_the_same_core_retires_stale_held_work_and_loses_no_prompt(stale):
-    cfg = RuntimeConfig(
-        iterations=None,
-        max_policy_lag=0,  # every held minibatch is stale once a step trained
-        stale_samples=stale,
-        generation_units=1,
-        actors_per_unit=2,
-        gu_queue_target=2,
-        global_batch_prompts=4,
-        q_max=16,
-        n_samples=2,
-        max_new_tokens=CAP,
-        partial={"enabled": True, "token_budget": 4, "continuation_order": "fifo"},
-    ).control_settings()
+    # every held minibatch is stale once a step trained
+    cfg = sim_settings(True, max_policy_lag=0, stale_samples=stale, max_new_tokens=CAP)
     p = plan(8, 2)
     lengths = np.random.default_rng(0).integers(1, CAP + 1, (16, 2))
     work = Workload.from_arrays(p.prompt_ids(), lengths, np.full(16, 3), max_new_tokens=CAP)

@@ -46,6 +46,15 @@ def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return _sh([sys.executable, "-m", "dvc", *args], repo)
 
 
+def _unique_problems(n: int, seed: int) -> list[dict]:
+    """`n` demo problems with distinct texts: a lengths file matched by prompt text needs one prompt per text (a
+    text of several prompts, profiled and held out, is refused: docs/lengths.md, Repeated prompt texts)."""
+    seen: set[str] = set()
+    out = [r for r in generate_problems(4 * n, seed=seed) if not (r["problem"] in seen or seen.add(r["problem"]))]
+    assert len(out) >= n
+    return out[:n]
+
+
 def _write_lengths(repo: Path, records: list[dict], scale: float) -> dict[str, list[int]]:
     """Two response lengths per prompt: the demo's reference length x a seeded factor (learnable, not exact)."""
     rng = np.random.default_rng(int(scale * 10))
@@ -65,7 +74,7 @@ def test_user_lengths_jsonl_through_dvc_repro(tmp_path: Path) -> None:
     for item in ("dvc.yaml", "stages", "src", "data", "configs", ".dvcignore"):
         src, ignore = ROOT / item, shutil.ignore_patterns("__pycache__", "*.egg-info", "*.jsonl", "*.parquet", "*.csv")
         (shutil.copytree(src, repo / item, ignore=ignore) if src.is_dir() else shutil.copy(src, repo / item))
-    records = generate_problems(N_PROMPTS, seed=11)
+    records = _unique_problems(N_PROMPTS, seed=11)
     (repo / "data/my_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     lengths = _write_lengths(repo, records, 1.0)
     params = tiny_params(

@@ -69,13 +69,20 @@ def demo(tmp_path_factory: pytest.TempPathFactory, _mlflow_store: str) -> dict[s
     """Every stage run once, in order, in one temporary directory (the module's tests share it)."""
     tmp_path = tmp_path_factory.mktemp("stages_demo")
     params = validate_params(tiny_params(LEARNING_POLICY))
-    paths = _paths(tmp_path)
+    paths, run_ids = run_stages(params, tmp_path, "e2e")
+    return {"root": tmp_path, "params": params, "paths": paths, "run_ids": run_ids}
+
+
+def run_stages(params: Any, root: Path, experiment: str) -> tuple[dict[str, object], dict[str, str]]:
+    """Every stage's `run`, in order, with its paths under `root`, each in its own MLflow run of `experiment`:
+    (paths by stage, MLflow run id by stage)."""
+    paths = _paths(root)
     run_ids = {}
     for name, module in STAGES.items():
-        with open_tracker(name, experiment="e2e") as tracker:
+        with open_tracker(name, experiment=experiment) as tracker:
             module.run(params, paths[name], tracker)
             run_ids[name] = tracker.run_id
-    return {"root": tmp_path, "params": params, "paths": paths, "run_ids": run_ids}
+    return paths, run_ids
 
 
 @pytest.mark.slow

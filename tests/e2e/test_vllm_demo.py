@@ -20,20 +20,21 @@ import yaml
 from mlflow import MlflowClient
 
 from asp.config import validate_params
-from asp.tracking import open_tracker
 
 from .conftest import ROOT, TINY, tiny_params
-from .test_stages_demo import STAGES, _paths
+from .test_stages_demo import run_stages
 
 PRESET = yaml.safe_load((ROOT / "configs/demo-vllm.yaml").read_text())
 VLLM_POLICY = {"policy": {"demo": {"hidden_size": 64, "num_heads": 2, "intermediate_size": 128}}}
-ITERATIONS = 4
+ITERATIONS = 8  # x 8 prompts; q_max 8 holds generation back until training catches up, so that later minibatches
+# are certain to be generated after a weight update (with the default q_max all could be, under load, before one)
 RUN = {
     "profile": {"vllm": {"enforce_eager": True}},  # engines start without a compile warm-up (tests only)
     "runtime": {
         "engine": {"vllm": {"enforce_eager": True}},
         "trainer": "grpo",
         "iterations": ITERATIONS,
+        "q_max": 8,
         "checkpoint_interval": 2,
         "heldout_problems": 0,
         "partial": {"token_budget": 16},
@@ -46,12 +47,7 @@ RUN = {
 def test_demo_pipeline_on_vllm(tmp_path: Path, ray_cluster) -> None:
     params = validate_params(tiny_params(VLLM_POLICY, PRESET, RUN))
     assert params.profile.engine == "vllm" and params.runtime.engine.kind == "vllm" and params.runtime.partial.enabled
-    paths = _paths(tmp_path)
-    run_ids = {}
-    for name, module in STAGES.items():
-        with open_tracker(name, experiment="e2e-vllm") as tracker:
-            module.run(params, paths[name], tracker)
-            run_ids[name] = tracker.run_id
+    _, run_ids = run_stages(params, tmp_path, "e2e-vllm")
 
     prep = TINY["prepare"]
     samples = pd.read_parquet(tmp_path / "outputs/profile/samples.parquet")
