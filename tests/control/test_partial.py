@@ -177,15 +177,18 @@ def test_lag_bound_evicts_by_the_oldest_segment():
 
 
 # ---- the core -------------------------------------------------------------------------------------------------
-def run_core(c, script_fail: bool = False, lose: bool = False):
+def run_core(c, script_fail: bool = False, lose: bool = False, passes: list | None = None):
     """Drive the core to the end: every dispatched item completes on its GU in order (continuations as segments);
-    optionally the first continuation fails once, or GU 1 is lost while it holds a continuation."""
+    optionally the first continuation fails once, or GU 1 is lost while it holds a continuation. `passes` collects
+    each dispatch call's items, per GU, in the order the core sent them."""
     version, queues, sent, trained = 0, {0: [], 1: []}, [], []
     failed = lost = False
     for _ in range(500):
         for gu, items in c.dispatch(0.0).items():
             queues[gu].extend(items)
             sent.extend((gu, it) for it in items)
+            if passes is not None:
+                passes.append([it.is_continuation for it in items])
         batch = c.maybe_train(0.0)
         if batch is not None:
             version += 1
@@ -216,17 +219,31 @@ def run_core(c, script_fail: bool = False, lose: bool = False):
 @pytest.mark.parametrize("case", ["plain", "failure", "lost_gu"])
 def test_core_trains_every_prompt_once_with_continuations_first(case):
     c = core(settings(partial=ON), plan(12, 2))
-    sent, trained = run_core(c, script_fail=case == "failure", lose=case == "lost_gu")
+    passes: list[list[bool]] = []
+    sent, trained = run_core(c, script_fail=case == "failure", lose=case == "lost_gu", passes=passes)
     counts = Counter(p for ids, _ in trained for p in ids)
     assert counts == Counter(range(24))  # exactly once
     assert all(it.budget == BUDGET for _, it in sent)
     conts = [it for _, it in sent if it.is_continuation]
     assert conts and all(r.generated >= BUDGET for it in conts for r in it.rows)
-    # a continuation goes out before any new minibatch dispatched in the same pass
-    assert c.summary_metrics()["runtime/summary/split_response_share"] >= 0
+    assert all(flags == sorted(flags, reverse=True) for flags in passes)  # continuations first in every pass
     if case == "failure":
         assert c.db.failed_attempts == 1
     assert c.db.exhausted and len(c.db.partials) == 0
+
+
+def test_a_continuation_goes_out_before_new_minibatches_in_the_same_pass():
+    """With room for several items on a GU, one dispatch sends the pooled continuation first, then new minibatches
+    (the order in `ControlCore.dispatch`; swapping it fails here)."""
+    c = core(settings(partial=ON, generation_units=1, gu_queue_target=4), plan(12, 2))
+    (items,) = c.dispatch(0.0).values()
+    assert not any(it.is_continuation for it in items)
+    c.on_report(GUReport(0, outputs=[first_output(items[0], 0, 0, 0)]), 0.0)  # unfinished: its rows are pooled
+    c.on_report(GUReport(0, outputs=[first_output(items[1], 0, 0, 0)]), 0.0)
+    (again,) = c.dispatch(0.0).values()
+    flags = [it.is_continuation for it in again]
+    assert True in flags and False in flags, flags
+    assert flags == sorted(flags, reverse=True), flags
 
 
 def test_a_continuation_that_always_fails_stops_the_run():
