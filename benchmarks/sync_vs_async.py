@@ -13,9 +13,10 @@ minibatch per actor), ``q_max`` 64, 30 iterations (GRPO updates), 8 samples per 
 with other jobs running (the table prints the 1-min load), about 1.5 of which are start-up (Ray, actors, trainer).
 
 ``--preset demo-vllm`` runs the same comparison on vLLM generation actors (configs/demo-vllm.yaml: vLLM's CPU
-build, weight updates through the worker extension) and adds a fourth run, ``async C4 partial``: ASP with partial
-rollouts (``runtime.partial``: responses cut at the token budget, continued from their token ids after reloads);
-the other three runs have partial rollouts off. ``--runs`` picks runs by name.
+build, weight updates through the worker extension). Where the params turn partial rollouts on, as that preset does,
+a fourth run is added, ``async C4 partial``: ASP with partial rollouts (``runtime.partial``: responses cut at the
+token budget, continued from their token ids after reloads); the other three runs have them off. ``--runs`` picks
+runs by name.
 
 Needs the pipeline outputs up to `schedule` (`make run` or `asp repro schedule` first). Writes nothing under
 outputs/ (temporary directories) and logs nothing (NullTracker).
@@ -42,7 +43,7 @@ from asp.pipeline import launch
 from asp.tracking import NullTracker
 
 RUNS = (("sync", "C0", False), ("async", "C0", False), ("async", "C4", False))
-PARTIAL_RUN = ("async", "C4", True)  # added with --preset demo-vllm (or named in --runs)
+PARTIAL_RUN = ("async", "C4", True)  # added where the params turn partial rollouts on (demo-vllm), or by --runs
 SETTING = {
     "trainer": "grpo",
     "generation_units": 1,
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     set_offline_defaults()
     params = load_params_with(Path(args.params), args.preset, [])
-    runs = list(RUNS) + ([PARTIAL_RUN] if args.preset == "demo-vllm" else [])
+    runs = list(RUNS) + ([PARTIAL_RUN] if params.runtime.partial.enabled else [])
     if args.runs:
         known = {run_name(*r): r for r in (*RUNS, PARTIAL_RUN)}
         unknown = sorted(set(args.runs) - set(known))

@@ -382,10 +382,10 @@ def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) 
     """``vllm.LLM(**kwargs)``, with the engine core in this process or its own (`VLLMOptions.multiprocessing`).
 
     On a CPU (no CUDA) torch.compile is switched off in this process (see below). vLLM's CPU worker replaces
-    ``torch.set_num_threads`` with a no-op for the whole process (it binds OpenMP
-    threads itself); with the engine in this process that would silently pin the thread count of everything else
-    the process runs (an hf engine, the predictor, a trainer sharing the actor's process), so the original
-    function is put back once the engine is built (the engine's own threads are already set).
+    ``torch.set_num_threads`` with a no-op for the whole process (it binds OpenMP threads itself); with the engine in
+    this process that would silently pin the thread count of everything else the process runs (an hf engine, the
+    predictor, a trainer sharing the actor's process), so the original function is put back once the engine is
+    built (the engine's own threads are already set).
     """
     import os
 

@@ -119,7 +119,7 @@ class AspWorkerExtension:
         if getattr(self, "_asp_layerwise", False):
             # the last reload stopped part-way: drop the weights its layers buffered, or they would be loaded again
             # (with the failed snapshot's) once this reload completes those layers
-            _drop_buffered(layerwise, model)
+            _drop_buffered(model)
         with self._asp_config():
             layerwise.initialize_layerwise_reload(model)
         self._asp_layerwise = True
@@ -205,7 +205,7 @@ def _weight_loader(param: Any) -> Any:
     return default_weight_loader
 
 
-def _drop_buffered(layerwise: Any, model: Any) -> None:
+def _drop_buffered(model: Any) -> None:
     """Forget the weights each layer buffered during an unfinished layerwise reload (vLLM keeps them per layer until
     the layer is complete)."""
     from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
