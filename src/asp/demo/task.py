@@ -1,22 +1,32 @@
-"""Built-in demo task: step-by-step running sums modulo 10, with heavy-tailed problem sizes.
+"""Built-in demo task: step-by-step running sums modulo 10 up to a named letter, with heavy-tailed problem sizes.
 
-A problem lists lettered terms; the response adds them one step at a time, modulo 10, and ends with the
-final answer::
+A problem names the letter to stop at and lists lettered terms, a bar after the stop letter's term; the
+response adds the terms up to that letter one step at a time, modulo 10, and ends with the final answer::
 
-    problem:   "Add mod 10: A3 B4 C2 D1"
+    problem:   "Add mod 10 up to D: A3 B4 C2 D1 | E2 F4 G3"
     response:  "A3=3 B4=7 C2=9 D1=0 answer: 0"
 
 Each step copies a term (capital letter + digit) from the prompt and writes the running sum after it. Every
 step is five characters (five tokens of the demo policy's one-token-per-character tokenizer), so the response
-length is ``5 * steps + 9`` tokens: it is driven by the number of terms, which the prompt text shows (the last
-letter names it). The number of steps follows a discretized lognormal (median ``median_steps``,
-log-standard-deviation ``tail``) clipped to ``[min_steps, max_steps]``, ``max_steps <= 26`` (one letter per term).
+length is ``5 * steps + 9`` tokens: it is driven by what the prompt *says* (the stop letter, and where the bar
+stands), not by how long the prompt is. Every prompt lists more terms than it asks for: the listed count is drawn
+independently of the steps, uniformly in ``[min_listed, max_listed]`` (8..16), and raised to ``steps + 1`` where
+the steps reach it (the list always goes on past the bar). So the prompt's length alone ranks the answer lengths
+poorly (Kendall τ 0.15 on the intended lengths, from the heavy tail only, where the list must grow with the
+steps), while a text model that reads the stop letter ranks them well. The number of steps follows a discretized
+lognormal (median ``median_steps``, log-standard-deviation ``tail``) clipped to ``[min_steps, max_steps]``,
+``max_steps <= 25`` (one letter per term, one more listed).
 
-Why this shape: a tiny transformer warm-started for a minute on a CPU learns it *partly*. Terms are small
+Why this shape: a tiny transformer warm-started for a few minutes on a CPU learns it *partly*. Terms are small
 (1..``max_term``, default 4) so the previous sum alone already narrows the next one, which lets gradient descent
 find the addition; finding the term after letter D, E, ... in the prompt (an induction lookup) is learned more
-slowly, so long problems stay hard. Sampled at temperature 1 the policy's lengths follow the prompt closely
-while its reward is well inside (0, 1) -- what the profiler, the length predictor and GRPO need.
+slowly, so long problems stay hard. The bar is for the tiny policy: the lookup of the next letter's term that
+it learns anyway also tells it whether that term stands past the bar, so it learns when to stop early, while
+comparing the letter just written with the stop letter is learned slowly (measured: the policy warm-started on
+the stop letter alone wrote the asked number of steps in 57 % of its samples, with the bar 76 %). The length
+predictor reads the stop letter (one word at a fixed place). Sampled at temperature 1 the policy's lengths
+follow the prompt's instruction closely while its reward is well inside (0, 1) -- what the profiler, the length
+predictor and GRPO need.
 
 Shortcuts (the drift demo, ``configs/drift-demo.yaml``): `warm_start_responses` can replace the reference of a
 share of the longer problems by `shortcut_response`, which writes only the first half of the steps and then the
@@ -37,12 +47,14 @@ import string
 import numpy as np
 
 LETTERS = string.ascii_lowercase
-MAX_STEPS = len(LETTERS)
-PROMPT_PREFIX = "Add mod 10: "
+MAX_STEPS = len(LETTERS) - 1  # one letter per term, and the list goes on past the stop letter
+PROMPT_PREFIX = "Add mod 10 up to "  # + the stop letter + ": " + the listed terms
+REST_MARK = "|"  # between the terms to add and the rest of the list
 ANSWER_MARK = "answer:"
 TOKENS_PER_STEP = 5
 _ANSWER_RE = re.compile(r"answer\s*:\s*([^\s]*)", re.IGNORECASE)
 _TERM_RE = re.compile(r"\b([A-Z])(\d)\b")
+_STOP_RE = re.compile(r"\bup to ([A-Z])\s*:")
 _STEP_RE = re.compile(r"\b([A-Z])(\d)=(\d)\b")
 
 
@@ -54,12 +66,26 @@ def _sample_steps(
     return np.clip(np.rint(raw), min_steps, max_steps).astype(np.int64)
 
 
-def _validate(n: int, min_steps: int, max_steps: int, median_steps: float, tail: float, max_term: int) -> None:
+def _validate(
+    n: int,
+    min_steps: int,
+    max_steps: int,
+    median_steps: float,
+    tail: float,
+    max_term: int,
+    min_listed: int,
+    max_listed: int,
+) -> None:
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if not 1 <= min_steps <= max_steps <= MAX_STEPS:
         raise ValueError(
             f"need 1 <= min_steps <= max_steps <= {MAX_STEPS}, got min_steps={min_steps}, max_steps={max_steps}"
+        )
+    if not 2 <= min_listed <= max_listed <= len(LETTERS):
+        raise ValueError(
+            f"need 2 <= min_listed <= max_listed <= {len(LETTERS)}, got min_listed={min_listed}, "
+            f"max_listed={max_listed}"
         )
     if not 1 <= max_term <= 9:
         raise ValueError(f"max_term must be in [1, 9], got {max_term}")
@@ -76,6 +102,8 @@ def generate_problems(
     median_steps: float = 4.0,
     tail: float = 0.75,
     max_term: int = 4,
+    min_listed: int = 8,
+    max_listed: int = 16,
     id_prefix: str = "arith",
 ) -> list[dict]:
     """Generate `n` running-sum problems, deterministically from `seed`.
@@ -83,41 +111,63 @@ def generate_problems(
     Args:
         n: number of records.
         seed: RNG seed; the same arguments always give the same records.
-        min_steps: fewest terms per problem (>= 1).
-        max_steps: most terms per problem (<= 26, one letter per term).
+        min_steps: fewest terms to add per problem (>= 1).
+        max_steps: most terms to add per problem (<= 25: one letter per term, and one more term is listed).
         median_steps: median of the lognormal step distribution before clipping.
         tail: log-standard-deviation of the step distribution; larger = heavier tail (0 = all `median_steps`).
         max_term: terms are drawn uniformly from 1..max_term (<= 9). The policy must be warm-started on the
             same value it is later prompted with.
+        min_listed, max_listed: the number of listed terms is drawn uniformly from ``[min_listed, max_listed]``
+            independently of the steps, then raised to ``steps + 1`` (2 <= min_listed <= max_listed <= 26).
         id_prefix: prefix of the record ids (``"arith-000123"``).
 
     Returns:
-        `n` dicts with keys ``id`` (str), ``problem`` (str), ``answer`` (str, one digit) and ``steps`` (int).
+        `n` dicts with keys ``id`` (str), ``problem`` (str), ``answer`` (str, one digit) and ``steps`` (int, the
+        number of terms to add; the problem lists more).
     """
-    _validate(n, min_steps, max_steps, median_steps, tail, max_term)
+    _validate(n, min_steps, max_steps, median_steps, tail, max_term, min_listed, max_listed)
     rng = np.random.default_rng(seed)
     steps = _sample_steps(rng, n, min_steps=min_steps, max_steps=max_steps, median=median_steps, tail=tail)
+    listed_counts = np.maximum(rng.integers(min_listed, max_listed + 1, size=n), steps + 1)
     records = []
-    for i, k in enumerate(steps.tolist()):
-        terms = rng.integers(1, max_term + 1, size=k).tolist()
-        listed = " ".join(f"{LETTERS[j].upper()}{t}" for j, t in enumerate(terms))
+    for i, (k, m) in enumerate(zip(steps.tolist(), listed_counts.tolist(), strict=True)):
+        terms = rng.integers(1, max_term + 1, size=m).tolist()
+        written = [f"{LETTERS[j].upper()}{t}" for j, t in enumerate(terms)]
+        listed = " ".join(written[:k]) + f" {REST_MARK} " + " ".join(written[k:])
         records.append(
             {
                 "id": f"{id_prefix}-{i:06d}",
-                "problem": PROMPT_PREFIX + listed,
-                "answer": str(sum(terms) % 10),
+                "problem": f"{PROMPT_PREFIX}{LETTERS[k - 1].upper()}: {listed}",
+                "answer": str(sum(terms[:k]) % 10),
                 "steps": k,
             }
         )
     return records
 
 
-def parse_terms(problem: str) -> list[int]:
-    """Return the terms listed in a problem text, in order (``"Add mod 10: A3 B4"`` -> ``[3, 4]``)."""
+def listed_terms(problem: str) -> list[int]:
+    """Every term a problem text lists, in order (``"Add mod 10 up to A: A3 | B4"`` -> ``[3, 4]``)."""
     terms = [int(d) for _, d in _TERM_RE.findall(problem)]
     if not terms:
         raise ValueError(f"problem text lists no terms like 'A3': {problem!r}")
     return terms
+
+
+def parse_terms(problem: str) -> list[int]:
+    """The terms a problem asks to add, in order: those listed up to its stop letter.
+
+    ``"Add mod 10 up to B: A3 B4 | C2"`` -> ``[3, 4]`` (the stop letter decides; the bar is for the policy). A
+    text without ``up to <letter>:`` adds every listed term (``"Add mod 10: A3 B4"`` -> ``[3, 4]``). Raises
+    ValueError when no term is listed or the stop letter is past the list.
+    """
+    terms = listed_terms(problem)
+    stop = _STOP_RE.search(problem)
+    if stop is None:
+        return terms
+    k = LETTERS.index(stop.group(1).lower()) + 1
+    if k > len(terms):
+        raise ValueError(f"problem text stops at {stop.group(1)} but lists only {len(terms)} terms: {problem!r}")
+    return terms[:k]
 
 
 def reference_response(record: dict) -> str:
@@ -269,3 +319,7 @@ if __name__ == "__main__":
         print(r, "->", reference_response(r))
     qs = np.percentile(lengths, [50, 90, 99, 100])
     print(f"intended length (tokens): mean={lengths.mean():.1f} p50/p90/p99/max={qs.tolist()}")
+    from scipy.stats import kendalltau
+
+    prompt_chars = [len(r["problem"]) for r in recs]
+    print(f"Kendall tau of prompt length (characters) vs intended length: {kendalltau(prompt_chars, lengths)[0]:.3f}")

@@ -5,7 +5,7 @@ It is a `Qwen2Tokenizer` (the class `AutoTokenizer` picks for any Qwen2 checkpoi
 character (every UTF-8 byte) is one token, plus four special tokens (``<pad>``, ``<bos>``, ``<eos>``,
 ``<unk>``) and two role markers (``<|user|>``, ``<|assistant|>``) used by a small Jinja chat template::
 
-    <bos><|user|>Add mod 10: A3 B4<|assistant|>A3=3 B4=7 answer: 7<eos>
+    <bos><|user|>Add mod 10 up to B: A3 B4 | C2<|assistant|>A3=3 B4=7 answer: 7<eos>
 
 Because it is a `Qwen2Tokenizer`, the saved checkpoint tokenizes the same way whichever loader reads it:
 `AutoTokenizer` (which rebuilds a Qwen2 tokenizer from the saved vocabulary), `PreTrainedTokenizerFast`
@@ -71,6 +71,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 if __name__ == "__main__":
     tk = build_tokenizer()
-    chat = [{"role": "user", "content": "Add mod 10: A3 B4"}]
+    chat = [{"role": "user", "content": "Add mod 10 up to B: A3 B4 | C2"}]
     text = tk.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     print(len(tk), repr(text), tk.convert_ids_to_tokens(tk(text)["input_ids"]))
