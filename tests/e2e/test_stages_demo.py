@@ -28,20 +28,24 @@ from asp.tracking import open_tracker
 from .conftest import TINY, tiny_params
 
 # TINY's 1-layer policy emits lengths unrelated to its prompts (held-out τ about 0: nothing to rank); this one
-# learns the task's length rule in about 30 s (Kendall τ of terms vs profiled length 0.87), and the predictor
-# then reaches a held-out τ of 0.80 (seed 0) / 0.85 (seed 1) on this machine.
+# learns to stop at the prompt's stop letter in about 70 s (its Spearman of intended vs sampled length 0.88), and the
+# predictor then reaches a held-out τ of 0.73 on this machine (the prompt's length: -0.16). A 64-wide policy
+# warm-started for 600 steps followed the stop letter too loosely (Spearman 0.16, predictor τ 0.40).
 LEARNING_POLICY = {
     "policy": {
         "demo": {
-            "hidden_size": 64,
+            "hidden_size": 128,
             "num_layers": 2,
             "num_heads": 4,
-            "intermediate_size": 128,
-            "warm_start_steps": 300,
-            "warm_start_problems": 4000,
-            "lr": 0.005,
+            "intermediate_size": 256,
+            "warm_start_steps": 800,
+            "warm_start_problems": 8000,
+            "lr": 0.003,
         }
-    }
+    },
+    # the stop letter is one token among ~40: MiniLM needs ~1,000 prompt visits before it reads it (the demo's 340
+    # training prompts: val tau 0.30 after epoch 2, 0.80 after epoch 3), so this predictor sees its 82 more often
+    "predictor": {"epochs": 8, "lr": 0.003, "patience": 8},
 }
 MIN_TAU = 0.5  # held-out Kendall τ (and Spearman) required of the predictor
 
