@@ -73,14 +73,14 @@ def test_early_stopping_keeps_best_epoch(tiny_qwen2_path: Path) -> None:
 
 
 def test_truncation_counted_in_training(tiny_qwen2_path: Path) -> None:
-    bb = load_backbone(tiny_qwen2_path, max_length=16)
+    bb = load_backbone(tiny_qwen2_path, max_length=32)  # the 8 training texts have 28-40 tokens: 4 are cut
     model = LengthPredictor(bb, seed=0)
     texts, lengths, _ = simulated_profile(12, seed=1)
     texts = np.array(texts, dtype=object)
     res = train_predictor(
         model, bb.tokenizer, texts[:8], lengths[:8], texts[8:], lengths[8:], **{**TRAIN, "epochs": 1, "batch_size": 4}
     )
-    n_long = sum(len(bb.tokenizer(t)["input_ids"]) > 16 for t in texts[:8])
+    n_long = sum(len(bb.tokenizer(t)["input_ids"]) > 32 for t in texts[:8])
     assert res.n_truncated_train == n_long and 0 < n_long < 8
 
 
