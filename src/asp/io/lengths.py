@@ -397,11 +397,12 @@ def _matches(resp: Responses, prompts: pd.DataFrame, match: str, source: str) ->
                 rows = exact.setdefault(_norm(text), [])
                 if i not in rows:
                     rows.append(i)
-        index = ContainsIndex([_norm(t) for t in prompts["problem"]]) if match == "contains" else None
+        index: ContainsIndex | None = None  # built when a text is no prepared text itself
         by_text: dict[str, list[int]] = {}
         for text in dict.fromkeys(t for t in resp.prompt if t is not None):
             key = _norm(text)
-            if key not in exact and index is not None:
+            if key not in exact and match == "contains":
+                index = index or ContainsIndex([_norm(t) for t in prompts["problem"]])
                 key = index.longest_in(key) or key
             by_text[text] = exact.get(key, [])
         found = [by_text[t] for t in resp.prompt]  # type: ignore[index]
