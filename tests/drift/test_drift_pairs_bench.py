@@ -31,17 +31,19 @@ def bench() -> Iterator[ModuleType]:
 def test_the_tuning_pair_is_beyond_the_bands_and_caught_in_three_windows(bench: ModuleType) -> None:
     """phi-2-sft -> phi-2-dpo: answers ~60 % longer against the reference (the data README: mean 176 -> 271 words),
     the ranking about the same; caught in the minimum 3 windows on every stream, never before the change."""
-    p = bench.pair("phi-2-sft", "phi-2-dpo", splits=2, seeds=1, change_at=10, after=10)
-    assert 1.4 < p.load_ratio < 1.8 and abs(p.tau_drop) < 0.1 and p.beyond and p.widened
-    assert p.delays == [3, 3] and p.early == 0
+    found = bench.streams("phi-2-sft", "phi-2-dpo", splits=2, seeds=1, change_at=10, after=10)
+    assert [(s.split, s.seed) for s in found] == [(0, 0), (1, 0)]
+    for s in found:
+        assert 1.4 < s.load_ratio < 1.8 and abs(s.tau_drop) < 0.1 and s.beyond and s.widened
+        assert s.delay == 3 and not s.early
 
 
 def test_a_pair_of_like_lengths_is_within_the_tolerance(bench: ModuleType) -> None:
     """Qwen1.5-7B-Chat -> Qwen1.5-14B-Chat: the same family at about the same length (mean 255 / 253 words) and
     order (the sibling tau 0.71): within the tolerance, and the summary counts it in its last row."""
-    p = bench.pair("Qwen1.5-7B-Chat", "Qwen1.5-14B-Chat", splits=1, seeds=1, change_at=10, after=5)
-    assert 0.9 < p.load_ratio < 1.1 and p.tau_drop < 0.1 and not p.beyond and not p.widened
-    rows = bench.summary([p], 5)
-    assert rows[0].startswith("| A -> B pairs | pairs | streams | fired within 5 windows")
+    (s,) = bench.streams("Qwen1.5-7B-Chat", "Qwen1.5-14B-Chat", splits=1, seeds=1, change_at=10, after=5)
+    assert 0.9 < s.load_ratio < 1.1 and s.tau_drop < 0.1 and not s.beyond and not s.widened
+    rows = bench.summary([s], 5)
+    assert rows[0].startswith("| A -> B streams, by the true change on their split | pairs | streams | fired within 5")
     assert rows[-1].startswith("| within the tolerance") and "| 1 | 1 |" in rows[-1], rows
-    assert all("| 0 | 0 |" in row for row in rows[2:-1]), rows
+    assert all("| 0 | 0 | 0 (0 %) | – | 0 |" in row for row in rows[2:-1]), rows
