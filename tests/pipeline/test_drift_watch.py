@@ -207,15 +207,16 @@ def test_recalibrate_waits_for_enough_realized_prompts(
     assert len(cu.replans) == 1 and sorted(cu.replans[0][1].prompt_ids()) == sorted(cu.replans[0][0])
 
 
+@pytest.mark.parametrize("action", ["reprofile", "refit_from_run"])  # refit_from_run: the same stop, no generation
 def test_reprofile_requests_a_stop_and_later_events_only_warn(
-    stream: dict[str, Any], new_tracker: Callable[[str], MlflowTracker], tmp_path: Path
+    action: str, stream: dict[str, Any], new_tracker: Callable[[str], MlflowTracker], tmp_path: Path
 ) -> None:
-    watch = make_watch(stream, new_tracker("drift-reprofile"), tmp_path, "reprofile")
+    watch = make_watch(stream, new_tracker("drift-reprofile"), tmp_path, action)
     cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
     drive(cu, watch, stream)
-    assert cu.stop_reason == watch.stop_event.message and "Action: reprofile" in cu.stop_reason
+    assert cu.stop_reason == watch.stop_event.message and f"Action: {action}" in cu.stop_reason
     first = next(r for r in watch.windows() if r.get("event"))
-    assert first["action"] == "reprofile" and first["step"] == 5
+    assert first["action"] == action and first["step"] == 5 and watch.actions == 1
     # the Control Unit keeps ingesting what is in flight; later events only warn (a stop is pending)
     cu.stop_reason = ""
     drive(cu, watch, stream)

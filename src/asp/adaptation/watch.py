@@ -18,8 +18,8 @@ the evaluate stage's ``predictor/bias_reference``) whether drift is confirmed. O
   new map achieves out of sample; it re-balances the pending minibatches (and the plan of later passes) on the new
   loads with `asp.drift.rebalance` and swaps them in with `ControlUnit.replan`. A monotone map cannot restore a
   ranking: an event whose only signal is tau is not recalibrated (it warns and says to re-profile);
-  ``reprofile`` calls `ControlUnit.request_stop`: the session ends with a resumable checkpoint and launch
-  re-profiles (`asp.adaptation.launch_drift`).
+  ``reprofile`` and ``refit_from_run`` call `ControlUnit.request_stop`: the session ends with a resumable
+  checkpoint and launch re-profiles (`asp.adaptation.launch_drift`; refit_from_run without generation).
 
 `on_start(cu)` (passed to `run_async`) runs after the checkpoint is restored: it keeps the history up to the
 resume point (windows up to its step, switches whose plan version the checkpoint holds), rebuilds the watch's
@@ -59,6 +59,8 @@ from asp.predictor.calibration import CALIBRATION_FOLDS, CalibrationMap, cross_f
 from asp.tracking import Tracker
 
 HISTORY_FILE = "drift_history.jsonl"
+REPROFILE_ACTIONS = ("reprofile", "refit_from_run")  # stop at a checkpoint, make a new predictor version, resume
+ACTING = ("recalibrate", *REPROFILE_ACTIONS)  # the actions drift.max_actions counts
 
 
 def group_key(db: Any, task_id: int) -> tuple | None:
@@ -139,7 +141,7 @@ class DriftWatch:
         self.monitor.windows_emitted = sum(r["kind"] == "window" for r in rows)
         windows = [r for r in rows if r["kind"] == "window"]
         self.events = sum(bool(r.get("event")) for r in windows)
-        self.actions = sum(r.get("action") in ("recalibrate", "reprofile") for r in windows)
+        self.actions = sum(r.get("action") in ACTING for r in windows)
         self.seen: list[tuple[np.ndarray, np.ndarray]] = []  # (raw, realized mean) since the last switch
         self.window_ends: list[int] = []  # len(self.seen) when each window since the last switch closed
         self.refit_from = 0  # self.seen[refit_from:] are the prompts a recalibration fits on
@@ -298,7 +300,7 @@ class DriftWatch:
             action = "warn"
             message += (
                 " Only warning: the ranking dropped and a recalibration (a monotone map) cannot restore it; "
-                "set drift.action: reprofile to re-train the predictor on the current policy."
+                "set drift.action: reprofile or refit_from_run to re-train the predictor on the current policy."
             )
         row.update(event=message, signals=",".join(event.signals), action=action)
         self.warn(message, cu.step)
@@ -308,7 +310,7 @@ class DriftWatch:
             self.refit_from = self.window_ends[streak_start] if streak_start >= 0 else 0
             if not self._recalibrate(cu, event):
                 self.waiting = event
-        elif action == "reprofile":
+        elif action in REPROFILE_ACTIONS:
             self.actions += 1
             self.stop_event = event
             cu.request_stop(message)
