@@ -146,6 +146,7 @@ class DriftWatch:
         self.window_ends: list[int] = []  # len(self.seen) when each window since the last switch closed
         self.refit_from = 0  # self.seen[refit_from:] are the prompts a recalibration fits on
         self.waiting: DriftEvent | None = None  # a recalibration waiting for enough realized prompts
+        self.waiting_refit: DriftEvent | None = None  # a refit_from_run waiting for enough recorded lengths
         self.stop_event: DriftEvent | None = None
         self.groups: dict[tuple, int] = {}
 
@@ -263,6 +264,9 @@ class DriftWatch:
         }
         if self.waiting is not None and self._recalibrate(cu, self.waiting):
             self.waiting = None
+        if self.waiting_refit is not None and self._refit_ready(cu, say=False):
+            self._stop(cu, self.waiting_refit)
+            self.waiting_refit = None
         event = self.detector.update(metrics)
         if event is not None:
             self._on_event(cu, event, row)
@@ -293,7 +297,9 @@ class DriftWatch:
         self.events += 1
         action = event.action
         message = event.message
-        if action != "warn" and (self.actions >= self.params.max_actions or self.stop_event is not None):
+        if action != "warn" and (
+            self.actions >= self.params.max_actions or self.stop_event is not None or self.waiting_refit is not None
+        ):
             action = "warn"
             message += f" Only warning: drift.max_actions ({self.params.max_actions}) used or a stop is pending."
         if action == "recalibrate" and event.signals == ("tau",):
@@ -312,8 +318,23 @@ class DriftWatch:
                 self.waiting = event
         elif action in REPROFILE_ACTIONS:
             self.actions += 1
-            self.stop_event = event
-            cu.request_stop(message)
+            if action == "refit_from_run" and not self._refit_ready(cu, say=True):
+                self.waiting_refit = event
+            else:
+                self._stop(cu, event)
+
+    def _stop(self, cu: Any, event: DriftEvent) -> None:
+        """Stop the session at the next checkpoint for a re-profile (`asp.adaptation.launch_drift`)."""
+        self.stop_event = event
+        cu.request_stop(event.message)
+
+    def _refit_ready(self, cu: Any, *, say: bool) -> bool:
+        """Whether the run has recorded the realized lengths of `drift.refit_min_prompts` prompts (the Database's
+        `runtime.history`), so that a stop now gives `refit_from_run` enough to fine-tune on; says so when not."""
+        recorded, need = len(getattr(cu.db, "history", ())), self.params.refit_min_prompts
+        if recorded < need and say:
+            self._say(f"refit_from_run waits: {recorded} prompts have realized lengths, {need} needed")
+        return recorded >= need
 
     def warn(self, message: str, step: int) -> None:
         """MLflow tag ``drift.event.<i>``, Prefect event ``asp.drift.detected`` (if a server is set), stderr."""
