@@ -49,7 +49,7 @@ from asp.adaptation.reprofile import (
 )
 from asp.adaptation.versions import newest_accepted_version, versions
 from asp.config import Params
-from asp.schedule.history import MAX_VISITS, HistoryEstimator, LengthHistory
+from asp.schedule.history import HistoryEstimator, LengthHistory
 from asp.steps.loaders import load_trained_predictor
 from asp.steps.paths import LaunchPaths
 from asp.tracking import Tracker
@@ -77,9 +77,7 @@ def history_targets(history: LengthHistory, version: int, drift_per_version: flo
         ).astype({"mean_length": np.float64, "samples": np.int64, "visits": np.int64, "newest_version": np.int64})
     means, counts, ages = history.arrays(ids, version)
     estimator = HistoryEstimator(prior_samples=0.0, drift_per_version=drift_per_version)
-    fallback = means[:, 0]  # unused: every prompt here has a visit, so kappa 0 never falls back
-    target = history.loads(ids, fallback, version, estimator)
-    assert counts.shape[1] == MAX_VISITS
+    target = history.loads(ids, means[:, 0], version, estimator)  # the prior is unused: kappa 0, all visited
     return pd.DataFrame(
         {
             "prompt_id": ids,
