@@ -143,7 +143,7 @@ def drift_off(drift: DriftParams) -> str | None:
     """Why launch never hands a drift event over to the loop with these params; None when it does."""
     if not drift.enabled:
         return "drift is off (drift.enabled: false)"
-    if drift.action != "reprofile":
+    if drift.action not in ("reprofile", "refit_from_run"):
         return f"drift.action is {drift.action}, not reprofile (launch warns or recalibrates by itself)"
     return None
 
