@@ -258,7 +258,8 @@ def _sigterm_run(root: Path, tmp_path: Path, args: list[str], moment: str) -> st
     return text
 
 
-@pytest.mark.parametrize("moment", ["start", "fresh"])
+# "start" (the state not yet touched) is a variant of "fresh" (the guard is the same): extended tier
+@pytest.mark.parametrize("moment", [pytest.param("start", marks=pytest.mark.extended), "fresh"])
 def test_a_forced_run_stopped_puts_its_persistent_state_back(
     project: dict[str, Any], tmp_path: Path, moment: str
 ) -> None:

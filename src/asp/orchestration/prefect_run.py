@@ -50,7 +50,7 @@ UI_V2_ADJECTIVES = (
     "Awesome|Rustic|Small|Gorgeous|Fantastic|Sleek|Intelligent|Unbranded|Refined|Licensed|Generic|Practical|"
     "Ergonomic|Handcrafted|Tasty|Handmade|Incredible"
 )
-UI_V2_SUGGESTION = re.compile(rf"(?:{UI_V2_ADJECTIVES})-[A-Z][A-Za-z' -]{{0,5}}")
+UI_V2_SUGGESTION = re.compile(rf"(?:{UI_V2_ADJECTIVES})-[A-Z](?:[^\W\d_]|[' -]){{0,5}}")  # letters: "Vicuña"
 LABEL_TAG = "asp: {label}"
 RUNNER_CANCELLED = "Flow run was cancelled successfully."  # Prefect's runner's message (prefect.runner)
 CANCEL_WAIT_S = 120.0  # the runner kills a flow run that has not ended 30 s after its SIGTERM
