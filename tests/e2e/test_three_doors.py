@@ -555,7 +555,9 @@ def _explanation_in_the_browser(ui_link: str, put_back: str, shots: Path) -> Non
             page.goto(ui_link)
             page.get_by_role("tab", name="Details").click()
             sync_api.expect(page.get_by_text("State Message", exact=True)).to_be_visible()
-            sync_api.expect(page.get_by_text(put_back).first).to_be_visible()
+            message = page.get_by_text(put_back).first
+            sync_api.expect(message).to_be_visible()
+            message.scroll_into_view_if_needed()
             page.screenshot(path=shots / "prefect-cancelled.png")
         except Exception:
             page.screenshot(path=shots / "failure.png", full_page=True)
@@ -645,3 +647,80 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(
     assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
     if browser:
         _explanation_in_the_browser(link, put_back, shots)
+
+
+# --- cancel a launch that started afresh (issue 39 §1-3) ----------------------------------------------------------
+
+
+def _launch_files(repo: Path) -> dict[str, Any]:
+    """`dvc status` and every byte of launch's outputs (its persistent, uncached state included) and dvc.lock."""
+    tops = ["outputs/launch", "outputs/launch_state", "metrics/launch.json", "plots", "dvc.lock"]
+    files = [p for top in tops for p in ([repo / top] if (repo / top).is_file() else sorted((repo / top).rglob("*")))]
+    return {
+        "dvc": json.loads(_sh([sys.executable, "-m", "dvc", "status", "--json"], repo)),
+        "files": {str(p.relative_to(repo)): p.read_bytes() for p in files if p.is_file()},
+    }
+
+
+@pytest.mark.extended  # the guard of launch's state is test_cancel.py's (CI); this is the real launch, in the UI
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (run `make browser`)")
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "changed"])
+def test_cancelling_a_launch_that_started_afresh_leaves_it_as_it_was(
+    project: dict[str, Any], served: dict[str, str], tmp_path: Path, forced: bool
+) -> None:
+    """Issue 39: a `launch` that starts afresh (forced, or changed: the last run finished) drops the old run's state
+    in `outputs/launch_state` (persistent, not cached: DVC cannot restore it). Cancelled from the run's page once it
+    has (its iteration history emptied), `dvc status` and every byte of launch's outputs are as before, the launch
+    MLflow run is KILLED and the run's Details tab says what was put back."""
+    repo = project["repo"]
+    shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
+    params_path = repo / "params.yaml"
+    original = params_path.read_text()
+    params = yaml.safe_load(original)
+    params["runtime"].update({"iterations": 10, "trainer_step_s": 2.0})  # ~20 s of steps: time to cancel
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        if "launch" in _dvc_changed(repo):
+            _sh([sys.executable, "-m", "asp", "repro", "launch"], repo, timeout=900)  # the finished run to keep
+        if not forced:  # changed: a launch param DVC tracks (the last run finished, so it starts afresh)
+            params["runtime"]["trainer_step_s"] = 2.5
+            params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+        before = _launch_files(repo)
+        (history,) = list((repo / "outputs/launch_state").glob("*/iterations.jsonl"))
+        assert history.read_text().count("\n") == 10
+        body = {"parameters": {"stages": ["launch"], "force": forced}}
+        run = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}/create_flow_run", body)
+        deadline = time.monotonic() + 300
+        while not history.is_file() or history.read_text().count("\n") >= 10:  # the fresh start empties it
+            state = prefect_api(served, f"/flow_runs/{run['id']}")["state_type"]
+            assert state in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() < deadline, state
+            time.sleep(0.2)
+        link = f"{served['PREFECT_UI_URL']}/v2/runs/flow-run/{run['id']}"
+        _cancel_in_the_browser(link, shots)
+        run = _final(served, run["id"])
+        assert run["state_type"] == "CANCELLED", run["state"]
+        deadline = time.monotonic() + 90  # the runner's Cancelled, then asp's message again
+        while (
+            len(
+                [
+                    s
+                    for s in prefect_api(served, f"/flow_run_states/?flow_run_id={run['id']}")
+                    if s["type"] == "CANCELLED"
+                ]
+            )
+            < 3
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(1)
+        message = prefect_api(served, f"/flow_runs/{run['id']}")["state"]["message"]
+        assert "the workspace is as it was before stage 'launch' started" in message, message
+        assert "outputs/launch_state" in message and "progress" not in message, message
+        assert _launch_files(repo) == before
+        (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
+        (stage,) = [
+            r for r in _runs(project["experiment"]) if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+        ]
+        assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
+        _explanation_in_the_browser(link, "outputs/launch_state", shots)
+    finally:
+        params_path.write_text(original)
