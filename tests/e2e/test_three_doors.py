@@ -11,6 +11,7 @@ Screenshots of the browser test go to $ASP_UI_SCREENSHOT_DIR when set (docs/img)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -656,10 +657,11 @@ def _launch_files(repo: Path) -> dict[str, Any]:
     """`dvc status` and every byte of launch's outputs (its persistent, uncached state included) and dvc.lock."""
     tops = ["outputs/launch", "outputs/launch_state", "metrics/launch.json", "plots", "dvc.lock"]
     files = [p for top in tops for p in ([repo / top] if (repo / top).is_file() else sorted((repo / top).rglob("*")))]
-    return {
-        "dvc": json.loads(_sh([sys.executable, "-m", "dvc", "status", "--json"], repo)),
-        "files": {str(p.relative_to(repo)): p.read_bytes() for p in files if p.is_file()},
-    }
+    from dvc.repo import Repo
+
+    with contextlib.chdir(repo), Repo(".") as dvc:  # DVC's own status (its CLI may add a note on a stale lock)
+        status = dvc.status()
+    return {"dvc": status, "files": {str(p.relative_to(repo)): p.read_bytes() for p in files if p.is_file()}}
 
 
 @pytest.mark.extended  # the guard of launch's state is test_cancel.py's (CI); this is the real launch, in the UI
