@@ -59,32 +59,4 @@ def test_the_readme_is_a_guide() -> None:
         assert f"]({page}" in text, f"the README does not link {page}"
 
 
-COMMAND = re.compile(r"`(?:python |\.venv/bin/python |asp |make |dvc |CI=true )[^`]*`|`metrics/[\w*]+\.json`")
-
-
-def tables(text: str) -> list[tuple[int, int]]:
-    """(first, last) line index of every Markdown table outside code blocks."""
-    lines, found, start, fenced = text.splitlines(), [], None, False
-    for i, line in enumerate([*text.splitlines(), ""]):
-        fenced ^= line.startswith("```")
-        is_row = not fenced and line.lstrip().startswith("|")
-        if is_row and start is None:
-            start = i
-        elif not is_row and start is not None:
-            found.append((start, i - 1))
-            start = None
-    return [(a, b) for a, b in found if b < len(lines)]
-
-
-def test_every_results_table_names_its_command() -> None:
-    """docs/benchmarks.md: each table has a command (a script, `asp`, `make`, `dvc` or a stage's metrics file) in its
-    section before it, its header row or the three lines after it."""
-    text = (ROOT / "docs/benchmarks.md").read_text()
-    lines = text.splitlines()
-    missing = []
-    for first, last in tables(text):
-        heading = max((i for i in range(first) if lines[i].startswith("## ")), default=0)
-        around = "\n".join(lines[heading : first + 1] + lines[last + 1 : last + 4])  # the header may name it
-        if not COMMAND.search(around):
-            missing.append(lines[first])
-    assert len(tables(text)) >= 15 and not missing, f"tables without their command: {missing}"
+# Every results table names its command: tests/test_docs_commands.py (within a few lines, not only its section).

@@ -795,7 +795,8 @@ class DriftParams(_Params):
     firing does: `warn` (MLflow tag + Prefect event), `recalibrate` (refit the calibration from the run's
     realized lengths and re-balance the batch groups not dispatched yet) or `reprofile` (checkpoint, profile the
     current policy on fresh untrained prompts, fine-tune the predictor from the current adapter, gate it on tau,
-    re-schedule the remaining prompts, resume).
+    re-schedule the remaining prompts, resume) or `refit_from_run` (the same without generation: fine-tune on the
+    realized lengths of the run's most recently trained prompts, kept by runtime.history).
     """
 
     enabled: Bool = Field(True, description="Monitor lengths during launch and act on drift.")
@@ -818,8 +819,8 @@ class DriftParams(_Params):
     trend_min_r2: Float = Field(0.5, ge=0, le=1, description="... and the trend's R^2 is at least this.")
     patience: Int = Field(3, ge=1, description="Offending windows in a row before the detector fires.")
     cooldown: Int = Field(10, ge=0, description="Windows ignored after a firing.")
-    action: Literal["warn", "recalibrate", "reprofile"] = Field(
-        "recalibrate", description="What a firing does: warn | recalibrate | reprofile."
+    action: Literal["warn", "recalibrate", "reprofile", "refit_from_run"] = Field(
+        "recalibrate", description="What a firing does: warn | recalibrate | reprofile | refit_from_run."
     )
     max_actions: Int = Field(
         2, ge=0, description="Recalibrations / re-profiles per run at most; later firings only warn."
@@ -833,7 +834,19 @@ class DriftParams(_Params):
     reprofile_eval_fraction: Float = Field(
         0.33, gt=0, lt=1, description="reprofile: share of them held out for the tau gate and the calibration."
     )
-    reprofile_epochs: Int = Field(2, ge=1, description="reprofile: predictor fine-tuning epochs (warm start).")
+    reprofile_epochs: Int = Field(
+        2, ge=1, description="reprofile, refit_from_run: predictor fine-tuning epochs (warm start)."
+    )
+    # refit_from_run (issue 35): re-profile without generation, on the realized lengths the checkpoint keeps
+    refit_prompts: Int = Field(
+        512,
+        ge=16,
+        description="refit_from_run: the run's most recently trained prompts whose realized lengths (runtime.history) "
+        "fine-tune the predictor; reprofile_eval_fraction of them held out for the tau gate and the calibration.",
+    )
+    refit_min_prompts: Int = Field(
+        64, ge=8, description="refit_from_run: fewer prompts with realized lengths: no refit, the schedule stays."
+    )
     registry_model: str = Field(
         "asp-length-predictor", min_length=1, description="MLflow Model Registry name of the length predictor."
     )

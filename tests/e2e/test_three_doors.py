@@ -11,6 +11,7 @@ Screenshots of the browser test go to $ASP_UI_SCREENSHOT_DIR when set (docs/img)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -203,7 +204,10 @@ def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
         deadline = time.monotonic() + 60
         while f"/deployments/deployment/{deployment['id']}" not in bg.log(serve) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert f"{env['PREFECT_UI_URL']}/deployments/deployment/{deployment['id']}" in bg.log(serve)  # printed URL
+        # the printed URL opens the UI `/` sends a new user to: the new one (`/v2`, asp.cli.prefect_server)
+        printed = f"{env['PREFECT_UI_URL']}/v2/deployments/deployment/{deployment['id']}"
+        assert printed in bg.log(serve), bg.log(serve)
+        env["DEPLOYMENT_URL"] = printed
         assert (deployment.get("global_concurrency_limit") or {}).get("limit") == 1  # one run at a time
         env["DEPLOYMENT_ID"] = deployment["id"]
         yield env
@@ -325,9 +329,18 @@ def _ensure_ran(env: dict[str, str], parameters: dict[str, Any]) -> None:
         assert _trigger(env, parameters)["state_type"] == "COMPLETED"
 
 
+def _browser(pw: Any) -> Any:
+    return pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+
+
 @pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (run `make browser`)")
 def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict[str, str], tmp_path: Path) -> None:
+    """The UI a new user lands on (`/` -> Prefect's new UI, `/v2`): from the deployment URL `asp serve` printed,
+    Run -> Custom run, stages and overrides set, the Run Name left as the form suggests ("Generic-Moth"): the run
+    gets asp's telling name instead, and the flow run's link that MLflow keeps opens its page in the same UI."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
+    from asp.orchestration.prefect_run import generated_name
+
     _ensure_ran(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})  # so the click's run is cached
     schedule_before = _stage_runs(project["experiment"], "schedule")[-1].info.run_id
     expect = sync_api.expect
@@ -335,12 +348,12 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
     shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
 
-    def field(page: Any, name: str) -> Any:
-        label = page.locator(".schema-form-property__label", has_text=re.compile(rf"^{name}( \(Optional\))?$"))
-        return page.locator(".schema-form-property").filter(has=label)
+    def field(page: Any, name: str) -> Any:  # the innermost group holding the parameter's label
+        label = page.locator("label", has_text=re.compile(rf"^{name}( \(Optional\))?$"))
+        return page.locator("div.group").filter(has=label).last
 
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = _browser(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.set_default_timeout(60_000)  # a loaded machine (load 5-12 under `make test`) renders slowly
         busy: list[int] = []  # 503s of create_flow_run (SQLite busy) that reached the browser: none may
@@ -349,26 +362,28 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             lambda r: busy.append(r.status) if r.status == 503 and r.url.endswith("/create_flow_run") else None,
         )
         try:
-            page.goto(f"{ui}/deployments/deployment/{served['DEPLOYMENT_ID']}")
-            expect(page.get_by_text("Ready", exact=True)).to_be_visible()
+            page.goto(f"{ui}/")  # where a new user lands
+            expect(page).to_have_url(re.compile(re.escape(ui) + "/v2/"))
+            page.goto(served["DEPLOYMENT_URL"])  # what `asp serve` printed
             page.get_by_role("button", name="Run", exact=True).click()
             page.get_by_text("Custom run", exact=True).click()
             expect(page.get_by_role("heading", name="Parameters")).to_be_visible()
-            stages = field(page, "stages")  # a multi-select of dvc.yaml's stage names
-            stages.get_by_role("button", name="No items selected").click()
-            options = page.get_by_role("listbox")
-            if not options.is_visible():  # a click on the field's text opens and closes it again
-                page.keyboard.press("ArrowDown")
-            options.get_by_role("option", name="schedule", exact=True).click()
-            page.get_by_role("heading", name="Parameters").click()  # closes the list
-            expect(stages).to_contain_text("schedule")
-            page.locator(".flow-run-name-input input").fill("my-baseline-check")  # the form's Run Name, typed
-            overrides = field(page, "overrides")
-            editor = overrides.get_by_role("textbox")
+            run_name = page.get_by_label("Run Name")
+            expect(run_name).not_to_have_value("")
+            suggested = run_name.input_value()  # the form's suggestion, kept as a user who types none does
+            assert generated_name(suggested), suggested
+            page.get_by_role("button", name="Select stages").click()  # a multi-select of dvc.yaml's stage names
+            page.get_by_role("option", name="schedule", exact=True).click()
+            page.keyboard.press("Escape")
+            expect(field(page, "stages")).to_contain_text("schedule")
+            overrides = field(page, "overrides")  # an object: the new UI shows its editor on request
+            overrides.get_by_role("button", name="Open menu").click()
+            page.get_by_role("menuitem", name="Use JSON Input").click()
+            editor = overrides.locator(".cm-content")
             editor.click()
             page.keyboard.press("ControlOrMeta+a")
-            editor.fill(json.dumps({"schedule.k": 4}))  # `_ensure_ran`'s run again: DVC must not rerun it
-            page.screenshot(path=shots / "prefect-custom-run.png", full_page=True)
+            page.keyboard.type(json.dumps({"schedule.k": 4}))  # `_ensure_ran`'s run again: DVC must not rerun it
+            page.screenshot(path=shots / "prefect-custom-run.png")
             before = {r["id"] for r in prefect_api(served, "/flow_runs/filter", {})}
             # One click: Prefect's UI does not retry a 503 ("Something went wrong"), so the server must not send
             # one (asp.cli.prefect_server runs a request refused for a busy database again).
@@ -379,29 +394,35 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
                 time.sleep(0.5)
             assert not busy, "create_flow_run answered 503 (the server's SQLite busy)"
             assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 4}, new
-            page.goto(f"{ui}/runs/flow-run/{new[0]['id']}")
-            expect(page.get_by_role("banner").get_by_text("Completed", exact=True)).to_be_visible(timeout=240_000)
-            expect(page.get_by_role("banner").get_by_text("my-baseline-check").first).to_be_visible()  # kept
-            page.get_by_role("tablist").get_by_text("Artifacts", exact=True).click()
-            cards = page.get_by_role("tabpanel", name="Artifacts")
-            expect(cards.get_by_role("link", name=re.compile("asp-pipeline-run"))).to_be_visible()
+            run = _final(served, new[0]["id"])
+            assert run["state_type"] == "COMPLETED", run["state"]
+            (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
+            link = parent.data.tags["asp.prefect_flow_run_url"]  # MLflow's way back to the flow run
+            assert link == f"{ui}/v2/runs/flow-run/{run['id']}", link
+            page.goto(link)
+            expect(page.get_by_text(run["name"]).first).to_be_visible()
+            expect(page.get_by_text("Completed", exact=True).first).to_be_visible()
+            page.get_by_role("tab", name="Artifacts").click()
+            card = page.get_by_text("asp-pipeline-run").first
+            expect(card).to_be_visible()
             page.screenshot(path=shots / "prefect-flow-run.png")  # the README's picture
-            cards.get_by_role("link", name=re.compile("asp-pipeline-run")).click()
-            link = page.get_by_role("link", name="MLflow parent run", exact=True)
-            expect(link).to_be_visible()
-            assert "/#/experiments/" in (link.get_attribute("href") or "")
+            (summary,) = [a for a in _artifacts(served, run["id"]) if a["key"] == "asp-pipeline-run"]
+            page.goto(f"{ui}/v2/artifacts/artifact/{summary['id']}")  # the new UI's page of that artifact
+            mlflow = page.get_by_role("link", name="MLflow parent run", exact=True)
+            expect(mlflow).to_be_visible()
+            assert "/#/experiments/" in (mlflow.get_attribute("href") or "")
             page.screenshot(path=shots / "prefect-artifact.png")
         except Exception:
             page.screenshot(path=shots / "failure.png", full_page=True)
             raise
         finally:
             browser.close()
-    runs = _runs(project["experiment"])
     assert _stage_runs(project["experiment"], "schedule")[-1].info.run_id == schedule_before  # not rerun
-    parent = [r for r in runs if r.data.tags.get("asp.runner") == "prefect"][-1]
-    assert parent.info.run_name == "my-baseline-check" == prefect_api(served, f"/flow_runs/{new[0]['id']}")["name"]
-    assert parent.data.params["schedule.k"] == "4" and parent.data.tags["asp.prefect_flow_run_id"] == new[0]["id"]
-    note = next(a for a in _artifacts(served, new[0]["id"]) if a["key"] == "asp-schedule")
+    # asp's telling name (what runs, with an override, when), not the form's suggestion
+    assert run["name"] != suggested and "schedule.k=4" in run["name"] and re.search(STAMP + "$", run["name"]), run
+    assert parent.info.run_name == run["name"]
+    assert parent.data.params["schedule.k"] == "4" and parent.data.tags["asp.prefect_flow_run_id"] == run["id"]
+    note = next(a for a in _artifacts(served, run["id"]) if a["key"] == "asp-schedule")
     assert "run cache" in note["data"] or "up to date" in note["data"]
 
 
@@ -503,12 +524,63 @@ def _final(env: dict[str, str], flow_run_id: str, timeout_s: float = 300) -> dic
     return run
 
 
-def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(project: dict[str, Any], served: dict[str, str]) -> None:
+def _cancel_in_the_browser(ui_link: str, shots: Path) -> None:
+    """The run's page (the link asp keeps in MLflow) -> its menu -> Cancel -> Cancel Flow Run, in the new UI."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
+    with sync_api.sync_playwright() as pw:
+        browser = _browser(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(ui_link)
+            sync_api.expect(page.get_by_text("Running", exact=True).first).to_be_visible()
+            page.locator("button[aria-haspopup=menu]").first.click()  # the run's menu, top right
+            page.get_by_role("menuitem", name="Cancel", exact=True).click()
+            page.get_by_role("button", name="Cancel Flow Run", exact=True).click()
+            sync_api.expect(page.get_by_text("Cancelling", exact=True).first).to_be_visible()
+        except Exception:
+            page.screenshot(path=shots / "failure.png", full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def _explanation_in_the_browser(ui_link: str, put_back: str, shots: Path) -> None:
+    """The run's Details tab shows the state message: asp's explanation, not the runner's generic words."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
+    with sync_api.sync_playwright() as pw:
+        browser = _browser(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(ui_link)
+            page.get_by_role("tab", name="Details").click()
+            sync_api.expect(page.get_by_text("State Message", exact=True)).to_be_visible()
+            message = page.get_by_text(put_back).first
+            sync_api.expect(message).to_be_visible()
+            message.scroll_into_view_if_needed()
+            page.screenshot(path=shots / "prefect-cancelled.png")
+        except Exception:
+            page.screenshot(path=shots / "failure.png", full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(
+    project: dict[str, Any], served: dict[str, str], tmp_path: Path
+) -> None:
     """A forced `schedule` cancelled while it runs (its outputs already deleted by DVC: the stage holds on
-    $ASP_HOLD_FILE): the flow run and its task end Cancelled (not Crashed), the stage and parent MLflow runs KILLED,
-    and `dvc status`, `git status`, the outputs, metrics, plots and dvc.lock are as before; the task's state message
-    and the run's log say so."""
+    $ASP_HOLD_FILE), with the Cancel of the run's page in the new UI (where Chromium is; else the API call that
+    button makes): the flow run and its task end Cancelled (not Crashed), the stage and parent MLflow runs KILLED,
+    and `dvc status`, `git status`, the outputs, metrics, plots and dvc.lock are as before; the task's and the flow
+    run's state message say so, the latter still after Prefect's runner set its own ("Flow run was cancelled
+    successfully.", issue 39), and the run's Details tab shows it. A persistent, uncached output (launch's state)
+    put back by the same guard: tests/orchestration/test_cancel.py."""
     repo = project["repo"]
+    shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    browser = os.access(CHROMIUM, os.X_OK)
     before = _workspace(repo)
     hold = Path(served["ASP_HOLD_FILE"])
     held = Path(f"{hold}.held")
@@ -522,10 +594,16 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(project: dict[str, An
             assert state in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() - t0 < 300, state
             time.sleep(0.5)
         assert not (repo / "metrics/schedule.json").exists()  # DVC deleted the outputs: where the issue began
+        link = next(  # the flow run's page, as asp links it from MLflow
+            r.data.tags["asp.prefect_flow_run_url"] for r in _runs(project["experiment"]) if _parent_of(r, run["id"])
+        )
+        assert link == f"{served['PREFECT_UI_URL']}/v2/runs/flow-run/{run['id']}", link
         t1 = time.monotonic()
-        # what the UI's Cancel button sends (Prefect UI's FlowRunCancelModal: setFlowRunState, type cancelling)
-        cancelling = {"state": {"type": "CANCELLING", "name": "Cancelling"}}
-        assert prefect_api(served, f"/flow_runs/{run['id']}/set_state", cancelling)["status"] == "ACCEPT"
+        if browser:
+            _cancel_in_the_browser(link, shots)
+        else:  # what the UI's Cancel button sends (Prefect UI's cancel dialog: set_state, type cancelling)
+            cancelling = {"state": {"type": "CANCELLING", "name": "Cancelling"}}
+            assert prefect_api(served, f"/flow_runs/{run['id']}/set_state", cancelling)["status"] == "ACCEPT"
         run = _final(served, run["id"])
     finally:
         hold.unlink(missing_ok=True)
@@ -534,6 +612,22 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(project: dict[str, An
     print(f"cancel from the UI: stage held {t1 - t0:.1f} s after the run was created, Cancelled {done:.1f} s later")
     put_back = "the workspace is as it was before stage 'schedule' started"
     assert run["state_type"] == "CANCELLED" and put_back in run["state"]["message"], run["state"]
+    deadline = time.monotonic() + 90  # Prefect's runner sets its own Cancelled state once the process ended
+    while (
+        len(
+            cancelled := [
+                s
+                for s in prefect_api(served, f"/flow_run_states/?flow_run_id={run['id']}")
+                if s["type"] == "CANCELLED"
+            ]
+        )
+        < 3
+    ):
+        assert time.monotonic() < deadline, cancelled
+        time.sleep(1)
+    assert cancelled[1]["message"] == "Flow run was cancelled successfully.", cancelled  # the runner's
+    run = prefect_api(served, f"/flow_runs/{run['id']}")
+    assert put_back in run["state"]["message"], run["state"]  # asp's explanation, set again over it
     (task,) = prefect_api(served, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run["id"]]}}})
     assert task["state"]["name"] == "Cancelled" and put_back in task["state"]["message"], task["state"]
     body = {"logs": {"flow_run_id": {"any_": [run["id"]]}}, "limit": 200, "sort": "TIMESTAMP_ASC"}
@@ -542,7 +636,7 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(project: dict[str, An
         assert time.monotonic() < deadline, logs[-3000:]
         time.sleep(1)
     assert "Crash detected" not in logs, logs[-3000:]  # what the issue saw for a cancel the user asked for
-    assert logs.splitlines()[-1].startswith("Finished in state Cancelled("), logs[-3000:]
+    assert any(line.startswith("Finished in state Cancelled(") for line in logs.splitlines()), logs[-3000:]
     assert _workspace(repo) == before
     runs = _runs(project["experiment"])
     (parent,) = [
@@ -552,3 +646,83 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(project: dict[str, An
     ]
     (stage,) = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
+    if browser:
+        _explanation_in_the_browser(link, put_back, shots)
+
+
+# --- cancel a launch that started afresh (issue 39 §1-3) ----------------------------------------------------------
+
+
+def _launch_files(repo: Path) -> dict[str, Any]:
+    """`dvc status` and every byte of launch's outputs (its persistent, uncached state included) and dvc.lock."""
+    tops = ["outputs/launch", "outputs/launch_state", "metrics/launch.json", "plots", "dvc.lock"]
+    files = [p for top in tops for p in ([repo / top] if (repo / top).is_file() else sorted((repo / top).rglob("*")))]
+    from dvc.repo import Repo
+
+    with contextlib.chdir(repo), Repo(".") as dvc:  # DVC's own status (its CLI may add a note on a stale lock)
+        status = dvc.status()
+    return {"dvc": status, "files": {str(p.relative_to(repo)): p.read_bytes() for p in files if p.is_file()}}
+
+
+@pytest.mark.extended  # the guard of launch's state is test_cancel.py's (CI); this is the real launch, in the UI
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (run `make browser`)")
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "changed"])
+def test_cancelling_a_launch_that_started_afresh_leaves_it_as_it_was(
+    project: dict[str, Any], served: dict[str, str], tmp_path: Path, forced: bool
+) -> None:
+    """Issue 39: a `launch` that starts afresh (forced, or changed: the last run finished) drops the old run's state
+    in `outputs/launch_state` (persistent, not cached: DVC cannot restore it). Cancelled from the run's page once it
+    has (its iteration history emptied), `dvc status` and every byte of launch's outputs are as before, the launch
+    MLflow run is KILLED and the run's Details tab says what was put back."""
+    repo = project["repo"]
+    shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
+    params_path = repo / "params.yaml"
+    original = params_path.read_text()
+    params = yaml.safe_load(original)
+    params["runtime"].update({"iterations": 10, "trainer_step_s": 2.0})  # ~20 s of steps: time to cancel
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        if "launch" in _dvc_changed(repo):
+            _sh([sys.executable, "-m", "asp", "repro", "launch"], repo, timeout=900)  # the finished run to keep
+        if not forced:  # changed: a launch param DVC tracks (the last run finished, so it starts afresh)
+            params["runtime"]["trainer_step_s"] = 2.5
+            params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+        before = _launch_files(repo)
+        (history,) = list((repo / "outputs/launch_state").glob("*/iterations.jsonl"))
+        assert history.read_text().count("\n") == 10
+        body = {"parameters": {"stages": ["launch"], "force": forced}}
+        run = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}/create_flow_run", body)
+        deadline = time.monotonic() + 300
+        while not history.is_file() or history.read_text().count("\n") >= 10:  # the fresh start empties it
+            state = prefect_api(served, f"/flow_runs/{run['id']}")["state_type"]
+            assert state in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() < deadline, state
+            time.sleep(0.2)
+        link = f"{served['PREFECT_UI_URL']}/v2/runs/flow-run/{run['id']}"
+        _cancel_in_the_browser(link, shots)
+        run = _final(served, run["id"])
+        assert run["state_type"] == "CANCELLED", run["state"]
+        deadline = time.monotonic() + 90  # the runner's Cancelled, then asp's message again
+        while (
+            len(
+                [
+                    s
+                    for s in prefect_api(served, f"/flow_run_states/?flow_run_id={run['id']}")
+                    if s["type"] == "CANCELLED"
+                ]
+            )
+            < 3
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(1)
+        message = prefect_api(served, f"/flow_runs/{run['id']}")["state"]["message"]
+        assert "the workspace is as it was before stage 'launch' started" in message, message
+        assert "outputs/launch_state" in message and "progress" not in message, message
+        assert _launch_files(repo) == before
+        (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
+        (stage,) = [
+            r for r in _runs(project["experiment"]) if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+        ]
+        assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
+        _explanation_in_the_browser(link, "outputs/launch_state", shots)
+    finally:
+        params_path.write_text(original)

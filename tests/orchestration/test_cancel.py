@@ -4,6 +4,11 @@ output, a metrics file and a plot, then holds (`$ASP_HOLD_FILE`) after DVC delet
 partial new one. After the stop, `dvc status`, `git status`, every output byte and dvc.lock are as before, the
 MLflow parent run is KILLED and the last lines say the workspace was put back. The Prefect cancellation (the UI's
 Cancel button) is tested on the real `schedule` stage in tests/e2e/test_three_doors.py.
+
+Like `launch`, the stage keeps a persistent, uncached folder (`state`: DVC never deletes it and cannot restore it)
+that it rewrites as a fresh run does (drops the old run's checkpoint, appends to its log), and it opens its own
+MLflow run under the pipeline's parent and dies on SIGTERM without ending it, as a launch stage SIGKILLed past its
+grace time does (issue 39): the folder must be put back byte for byte and the stage's run end KILLED.
 """
 
 from __future__ import annotations
@@ -32,19 +37,40 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 STAGE = """\
-import json, os, pathlib, sys, time
+import json, os, pathlib, shutil, signal, sys, time
 
 run = os.environ.get("SLOW_RUN", "first")
+if os.environ.get("SLOW_MLFLOW"):  # its own MLflow run under the pipeline's, as `asp stage` opens
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    parent = client.get_run(os.environ["ASP_PARENT_RUN_ID"])
+    client.create_run(parent.info.experiment_id, tags={"mlflow.parentRunId": parent.info.run_id})
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # dies without ending its run (SIGKILLed launch)
+
+
+def hold_here(where):
+    hold = os.environ.get("ASP_HOLD_FILE", "")
+    try:
+        if hold and os.path.exists(hold) and pathlib.Path(hold).read_text() == where:
+            pathlib.Path(hold + ".held").write_text(str(os.getpid()))
+            while os.path.exists(hold):
+                time.sleep(0.1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
 pathlib.Path("out/slow").mkdir(parents=True, exist_ok=True)
 pathlib.Path("out/slow/part.txt").write_text(run)  # a partial output of this run
-hold = os.environ.get("ASP_HOLD_FILE", "")
-try:
-    if hold and os.path.exists(hold):
-        pathlib.Path(hold + ".held").write_text(str(os.getpid()))
-        while os.path.exists(hold):
-            time.sleep(0.1)
-except KeyboardInterrupt:
-    sys.exit(130)
+hold_here("start")
+state = pathlib.Path("state")  # persistent: a fresh run drops the old checkpoint and appends to the log
+shutil.rmtree(state / "ckpt", ignore_errors=True)
+(state / "ckpt/step-1").mkdir(parents=True)
+(state / "ckpt/step-1/model.bin").write_text(run * 100)
+(state / "ckpt/step-1/manifest.json").write_text("{}")
+with (state / "log.jsonl").open("a") as fh:
+    fh.write(json.dumps({"run": run}) + "\\n")
+hold_here("fresh")
 for name, text in (("metrics/slow.json", json.dumps({"run": run})), ("plots/slow.csv", f"run\\n{run}\\n")):
     pathlib.Path(name).parent.mkdir(exist_ok=True)
     pathlib.Path(name).write_text(text)
@@ -67,10 +93,11 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     params["common"]["experiment"] = experiment
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / "slow.py").write_text(STAGE)
+    (root / "knob.txt").write_text("1\n")
     spec = {
         "cmd": f"{sys.executable} slow.py",
-        "deps": ["slow.py"],
-        "outs": ["out/slow"],
+        "deps": ["slow.py", "knob.txt"],
+        "outs": ["out/slow", {"state": {"persist": True, "cache": False}}],
         "metrics": [{"metrics/slow.json": {"cache": False}}],
         "plots": [{"plots/slow.csv": {"cache": False}}],
     }
@@ -100,7 +127,7 @@ def _state(root: Path) -> dict[str, Any]:
     git = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
     files = {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for top in ("out", "metrics", "plots", "dvc.lock")
+        for top in ("out", "state", "metrics", "plots", "dvc.lock")
         for p in ([root / top] if (root / top).is_file() else sorted((root / top).rglob("*")))
         if p.is_file()
     }
@@ -108,12 +135,18 @@ def _state(root: Path) -> dict[str, Any]:
 
 
 def _parent_status(experiment: str) -> str:
+    return _statuses(experiment)[0]
+
+
+def _statuses(experiment: str) -> tuple[str, list[str]]:
+    """The newest pipeline parent run's status and its stage runs' statuses."""
     client = MlflowClient()
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs(
         [exp.experiment_id], "tags.`asp.kind` = 'pipeline'", order_by=["attributes.start_time DESC"]
     )
-    return runs[0].info.status
+    nested = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{runs[0].info.run_id}'")
+    return runs[0].info.status, [r.info.status for r in nested]
 
 
 def _terminal_signals() -> None:
@@ -133,14 +166,14 @@ def test_ctrl_c_of_asp_repro_leaves_the_workspace_as_before(project: dict[str, A
     root = project["root"]
     before = _state(root)
     hold = tmp_path / "hold"
-    hold.write_text("hold")
+    hold.write_text("fresh")
     log = tmp_path / "repro.log"
     t0 = time.monotonic()
     with log.open("w") as out:  # own session: killpg reaches what a terminal's Ctrl-C reaches
         proc = subprocess.Popen(
             [sys.executable, "-m", "asp", "repro", "--force", "slow"],
             cwd=root,
-            env=_env(ASP_HOLD_FILE=str(hold), SLOW_RUN="second"),
+            env=_env(ASP_HOLD_FILE=str(hold), SLOW_RUN="second", SLOW_MLFLOW="1"),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -162,9 +195,9 @@ def test_ctrl_c_of_asp_repro_leaves_the_workspace_as_before(project: dict[str, A
     assert code == 130 and "Traceback" not in text, text[-3000:]
     *_, restored, last = text.strip().splitlines()
     assert restored.startswith("[asp] stage 'slow' was interrupted (Ctrl-C): the workspace is as it was before"), text
-    assert "metrics/slow.json, out/slow, plots/slow.csv put back" in restored and last == "interrupted"
+    assert "metrics/slow.json, out/slow, plots/slow.csv, state put back" in restored and last == "interrupted"
     assert _state(root) == before
-    assert _parent_status(project["experiment"]) == "KILLED"
+    assert _statuses(project["experiment"]) == ("KILLED", ["KILLED"])
 
 
 def test_a_stage_past_its_timeout_leaves_the_workspace_as_before(
@@ -179,7 +212,7 @@ def test_a_stage_past_its_timeout_leaves_the_workspace_as_before(
     params_file = tmp_path / "params-timeout.yaml"  # outside the project: git status stays as it was
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))
     hold = tmp_path / "hold"
-    hold.write_text("hold")
+    hold.write_text("fresh")
     for key, value in _env(ASP_HOLD_FILE=str(hold), SLOW_RUN="third").items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(root)
@@ -191,3 +224,69 @@ def test_a_stage_past_its_timeout_leaves_the_workspace_as_before(
     assert "the workspace is as it was before stage 'slow' started" in str(failed.value)
     assert _state(root) == before
     assert _parent_status(project["experiment"]) == "KILLED"
+
+
+def _sigterm_run(root: Path, tmp_path: Path, args: list[str], moment: str) -> str:
+    """`asp repro ARGS` held at `moment` ("start": before the stage touched its state; "fresh": after it rewrote it
+    as a fresh run), then SIGTERM to `asp` alone (what Prefect's runner sends a cancelled flow run, and a job
+    scheduler a job). Returns its output; it must exit non-zero without a traceback."""
+    hold = tmp_path / "hold"
+    hold.write_text(moment)
+    log = tmp_path / "repro.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asp", "repro", *args],
+            cwd=root,
+            env=_env(ASP_HOLD_FILE=str(hold), SLOW_RUN=f"sigterm-{moment}", SLOW_MLFLOW="1"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _held(hold, proc)
+        if moment == "fresh":  # the old run's checkpoint is gone: what the issue's forced launch did
+            assert (root / "state/ckpt/step-1/model.bin").read_text().startswith(f"sigterm-{moment}")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        hold.unlink(missing_ok=True)
+    text = log.read_text()
+    assert code != 0 and "Traceback" not in text, text[-3000:]
+    return text
+
+
+# "start" (the state not yet touched) is a variant of "fresh" (the guard is the same): extended tier
+@pytest.mark.parametrize("moment", [pytest.param("start", marks=pytest.mark.extended), "fresh"])
+def test_a_forced_run_stopped_puts_its_persistent_state_back(
+    project: dict[str, Any], tmp_path: Path, moment: str
+) -> None:
+    """Issue 39: a forced run of an up-to-date stage, stopped before and after it rewrote its persistent, uncached
+    state as a fresh run does: the state is put back byte for byte (DVC cannot restore it), `dvc status` and every
+    other output as before, and the stage's own MLflow run, which its process could not end, is KILLED."""
+    root = project["root"]
+    before = _state(root)
+    text = _sigterm_run(root, tmp_path, ["--force", "slow"], moment)
+    assert "metrics/slow.json, out/slow, plots/slow.csv, state put back" in text, text[-3000:]
+    assert "progress" not in text  # the state was the last finished run's, not an interrupted one's
+    assert _state(root) == before
+    assert _statuses(project["experiment"]) == ("KILLED", ["KILLED"])
+
+
+def test_a_changed_stage_stopped_puts_its_persistent_state_back(project: dict[str, Any], tmp_path: Path) -> None:
+    """The same without --force: a changed dependency makes DVC run the stage; its persistent state still matches
+    dvc.lock (the last finished run's), so it is put back too."""
+    root = project["root"]
+    knob = root / "knob.txt"
+    knob.write_text("2\n")  # DVC: changed deps
+    try:
+        before = _state(root)
+        assert before["dvc"] == {"slow": [{"changed deps": {"knob.txt": "modified"}}]}, before["dvc"]
+        text = _sigterm_run(root, tmp_path, ["slow"], "fresh")
+        assert "state put back" in text, text[-3000:]
+        assert _state(root) == before
+        assert _statuses(project["experiment"]) == ("KILLED", ["KILLED"])
+    finally:
+        knob.write_text("1\n")

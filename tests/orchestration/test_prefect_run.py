@@ -6,16 +6,21 @@ tests/e2e/test_three_doors.py."""
 from __future__ import annotations
 
 import logging
+import random
 import re
 import sys
 import time
+from pathlib import Path
 
+import prefect
 import pytest
 from prefect.exceptions import CancelledRun
 from prefect.utilities.names import generate_slug
 
 from asp.errors import UserError
 from asp.orchestration.prefect_run import ENGINE_EXIT, flow_run_name_for, generated_name, quiet_user_errors
+
+UI_V2 = Path(prefect.__file__).parent / "server/ui-v2/assets"
 
 LABEL = "840e457 demo schedule schedule.k=4"
 # What Prefect 3.9's Custom run form suggests (its `runName` mock: greek letter [+ number] - star / place [- word])
@@ -32,6 +37,31 @@ def test_names_prefect_made_up_are_replaced_and_typed_ones_kept() -> None:
     assert flow_run_name_for(made_up[0], LABEL, when) == f"{LABEL} @ 05-14 10:32:07"
     assert flow_run_name_for(None, LABEL, when) == f"{LABEL} @ 05-14 10:32:07"
     assert not generated_name(f"{LABEL} @ 05-14 10:32:07")  # a rerun of a named run keeps its name
+
+
+def _new_ui_words() -> tuple[list[str], list[str]]:
+    """The new UI's (`/v2`) Run Name suggestion, read from the installed Prefect's UI bundle: `<adjective>-<animal>`
+    with faker's product adjectives and its animals of at most 6 characters (`J=()=>`${xe()}-${ye({maxCharCount:6})}``
+    in the deployment run form's chunk)."""
+    (chunk,) = [p for p in UI_V2.glob("deployment_._id.run-*.js") if "generate flow name" in p.read_text()]
+    text = chunk.read_text()
+    adjectives = re.search(
+        r"\[((?:`[A-Z][a-z]+`,)+`[A-Z][a-z]+`)\];function \w+\(e\)\{return \w+\(\w+,e\)\}var \w+=\(\)=>", text
+    )
+    animals = re.search(r"`(Aardvark\.[^`]+)`\.split\(`\.`\)", text)
+    assert adjectives and animals and "maxCharCount:6" in text, "the new UI's name suggestion changed: read it again"
+    return re.findall(r"`([^`]+)`", adjectives.group(1)), [a for a in animals.group(1).split(".") if len(a) <= 6]
+
+
+def test_the_new_uis_suggested_names_are_replaced() -> None:
+    """Issue 39: the new UI's Custom run form suggests capitalised names ("Generic-Moth"), which asp took for typed
+    ones; every adjective and every animal it can pick counts as made up, and typed names of that shape do not."""
+    adjectives, animals = _new_ui_words()
+    assert "Generic" in adjectives and "Moth" in animals and len(animals) > 100
+    made_up = [f"{a}-{b}" for a in adjectives for b in animals]
+    assert all(generated_name(name) for name in made_up), [n for n in made_up if not generated_name(n)][:10]
+    assert flow_run_name_for(random.choice(made_up), LABEL, 0.0).startswith(f"{LABEL} @ ")
+    assert not any(generated_name(n) for n in ("Generic-Moth-Run", "Baseline-K4", "My-Run", "Generic-Mothership"))
 
 
 def _record(logger: logging.Logger, exc: BaseException, message: str, *args: object) -> None:

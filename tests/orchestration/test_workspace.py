@@ -154,3 +154,40 @@ def test_an_interrupted_command_returns_only_after_the_processes_under_it_ended(
         assert marker.read_text() == "ended"  # the stage had ended before run_streaming gave control back
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_persistent_output_the_caller_names_is_put_back_byte_for_byte(project: Path) -> None:
+    """Issue 39: a forced `launch` that starts afresh drops the old run's checkpoints and appends to its logs in the
+    persistent `outputs/launch_state` (not cached: DVC cannot bring it back). Named in `persisted` (it matches
+    dvc.lock), it is kept as a copy and put back; a finished checkpoint directory (with its manifest.json) is kept
+    as hard links, every other file as a copy (an append into the workspace's file must not reach the kept one)."""
+    ckpt = project / "state/trainer/step-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 64)
+    (ckpt / "manifest.json").write_text('{"files": {}}')
+    (project / "state/run_log.jsonl").write_text('{"step": 2}\n')
+    before = _files(project)
+    snap = workspace.take(project, "s", persisted=["state"])
+    assert snap.paths == ("m.json", "new.csv", "out/dir", "p.png", "state") and snap.left == ()
+    kept = snap.where / "files/state"
+    assert (kept / "trainer/step-2/model.safetensors").stat().st_ino == (ckpt / "model.safetensors").stat().st_ino
+    assert (kept / "run_log.jsonl").stat().st_ino != (project / "state/run_log.jsonl").stat().st_ino
+    _as_dvc_repro_leaves_it(project)
+    with (project / "state/run_log.jsonl").open("a") as fh:  # the fresh run's log, appended in place
+        fh.write('{"step": 1}\n')
+    shutil.rmtree(project / "state/trainer")  # a fresh run drops the old checkpoints
+    (project / "state/trainer/step-1").mkdir(parents=True)
+    done = workspace.restore(snap)
+    assert done.ok and "state" in done.put_back and "progress" not in done.message
+    assert _files(project) == before and (project / "dvc.lock").read_bytes() == LOCK
+
+
+def test_a_persistent_output_not_named_keeps_the_stopped_runs_progress_and_says_so(project: Path) -> None:
+    """A persistent output that differed from dvc.lock (an interrupted attempt's resume state; `PipelineRun` does
+    not name it) keeps what the stopped run added, and the message says so instead of claiming it as before."""
+    snap = workspace.take(project, "s")
+    assert snap.left == ("state",)
+    _as_dvc_repro_leaves_it(project)
+    done = workspace.restore(snap)
+    assert (project / "state/s").read_text() == "resumable"
+    assert "state keeps the stopped run's progress" in done.message and "asp repro s" in done.message

@@ -230,3 +230,44 @@ def test_a_rejected_reprofile_keeps_the_schedule_and_the_run_continues(
     assert _plan_versions(root) == {1}
     report = read_json(root / "outputs/launch_state/C4/predictors/v2/report.json")
     assert report["accepted"] is False and report["min_tau"] == 1.0
+
+
+def test_refit_from_run_refits_in_process_without_generating_and_resumes(
+    project: dict[str, Any],
+    ray_cluster: Any,
+    new_tracker: Callable[[str], MlflowTracker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """drift.action refit_from_run: the stage stops at the next checkpoint (step 4: 16 prompts trained, their
+    lengths in the checkpoint's history), fine-tunes the predictor on them in-process (no generation), registers
+    the version with its held-out tau and resumes on its schedule in the same MLflow run."""
+    from asp.adaptation import reprofile as generation
+
+    root, name = project["root"], project["name"]
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("ASP_DRIFT_HANDOFF", raising=False)
+    monkeypatch.setattr(generation, "profile_lengths", None)  # generating would fail
+    shutil.rmtree(root / "outputs/launch_state", ignore_errors=True)
+    base = project["params"]
+    params = base.model_copy(
+        update={
+            "drift": base.drift.model_copy(update={"action": "refit_from_run", "refit_min_prompts": 8}),
+            "runtime": base.runtime.model_copy(update={"checkpoint_interval": 4}),
+        }
+    )
+    tracker = new_tracker("launch")
+    metrics = launch.run(params, rebase(launch.Paths(), root), tracker)
+    end_run(tracker)
+    assert metrics["runtime/summary/finished"] == 1 and metrics["drift/summary/reprofiles"] == 1
+    assert metrics["drift/summary/reprofile_accepted"] == 1 and metrics["drift/summary/predictor_version_final"] == 2
+    assert metrics["drift/summary/lost_prompts"] == 0 and metrics["drift/summary/duplicated_prompts"] == 0
+    assert _plan_versions(root) == {2}  # the resumed session ran on the refitted predictor's schedule
+    report = read_json(root / "outputs/launch_state/C4/predictors/v2/report.json")
+    assert report["accepted"] and report["source"] == "run" and report["generated_tokens"] == 0
+    assert report["policy_step"] == 4 and report["eval_prompts"] + report["fit_prompts"] == 16
+    newest = predictor_versions(name)[-1]
+    assert newest["version"] == report["registry"]["version"] and newest["tags"]["run_id"] == tracker.run_id
+    assert float(newest["tags"]["kendall_tau"]) == pytest.approx(report["kendall_tau"])
+    logged = tracker.client.get_run(tracker.run_id).data.metrics
+    assert logged["reprofile/accepted"] == 1 and logged["reprofile/generated_tokens"] == 0

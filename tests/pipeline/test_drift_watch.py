@@ -106,8 +106,11 @@ def drive(cu: StandInCU, watch: DriftWatch, stream: dict[str, Any], limit: int |
         for item in unit:
             assert cu.db.complete(item.task_id)
             factor = 1.5 if item.task_id >= SHIFT_AT else 1.0  # task ids go on increasing after a replan
-            watch(cu, output(item, stream["expected"], factor, cu.step, rng))
+            out = output(item, stream["expected"], factor, cu.step, rng)
+            watch(cu, out)
             cu.db.mark_consumed(item.task_id, len(item.prompt_ids))
+            trained = len(out.prompt_ids)  # the lengths runtime.history records of a trained minibatch
+            cu.db.history.add(out.prompt_ids, out.lengths.reshape(trained, -1), [out.policy_version] * trained)
             done += 1
         cu.step += 1
     return done
@@ -207,15 +210,17 @@ def test_recalibrate_waits_for_enough_realized_prompts(
     assert len(cu.replans) == 1 and sorted(cu.replans[0][1].prompt_ids()) == sorted(cu.replans[0][0])
 
 
+@pytest.mark.parametrize("action", ["reprofile", "refit_from_run"])  # refit_from_run: the same stop, no generation
 def test_reprofile_requests_a_stop_and_later_events_only_warn(
-    stream: dict[str, Any], new_tracker: Callable[[str], MlflowTracker], tmp_path: Path
+    action: str, stream: dict[str, Any], new_tracker: Callable[[str], MlflowTracker], tmp_path: Path
 ) -> None:
-    watch = make_watch(stream, new_tracker("drift-reprofile"), tmp_path, "reprofile")
+    watch = make_watch(stream, new_tracker("drift-reprofile"), tmp_path, action)
     cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
     drive(cu, watch, stream)
-    assert cu.stop_reason == watch.stop_event.message and "Action: reprofile" in cu.stop_reason
+    assert cu.stop_reason == watch.stop_event.message and f"Action: {action}" in cu.stop_reason
     first = next(r for r in watch.windows() if r.get("event"))
-    assert first["action"] == "reprofile" and first["step"] == 5
+    assert first["action"] == action and first["step"] == 5 and watch.actions == 1
+    assert len(cu.db.history) >= watch.params.refit_min_prompts  # refit_from_run had enough lengths: no wait
     # the Control Unit keeps ingesting what is in flight; later events only warn (a stop is pending)
     cu.stop_reason = ""
     drive(cu, watch, stream)
@@ -351,3 +356,19 @@ def test_recalibrate_does_not_answer_a_ranking_drop(
     assert row["action"] == "warn" and "drift.action: reprofile" in row["event"]
     assert watch.actions == 0 and cu.replans == [] and watch.waiting is None
     assert "cannot restore it" in capsys.readouterr().err
+
+
+def test_refit_from_run_waits_for_enough_recorded_lengths_before_stopping(
+    stream: dict[str, Any], new_tracker: Callable[[str], MlflowTracker], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A refit needs the realized lengths of drift.refit_min_prompts trained prompts: an event that comes earlier
+    waits (and says so), and the stop is asked for at the first window with enough of them."""
+    watch = make_watch(stream, new_tracker("drift-refit-wait"), tmp_path, "refit_from_run", refit_min_prompts=300)
+    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
+    drive(cu, watch, stream)
+    first = next(r for r in watch.windows() if r.get("event"))
+    assert first["action"] == "refit_from_run" and first["step"] == 5 and watch.actions == 1
+    err = capsys.readouterr().err
+    assert "refit_from_run waits: " in err and "300 needed" in err
+    assert cu.stop_reason == watch.stop_event.message  # asked for once the lengths were there, not before
+    assert 300 <= len(cu.db.history) < 300 + 2 * K * B and cu.step > first["step"] + 2

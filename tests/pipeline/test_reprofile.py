@@ -251,3 +251,147 @@ def test_no_checkpoint_exits_2_naming_the_directory(
     assert _cli("reprofile", "--params", str(params), "--state-dir", str(empty)) == 2
     err = capsys.readouterr().err
     assert f"error: {empty}: no runtime checkpoint" in err and "Traceback" not in err
+
+
+# ---- refit_from_run: the same new version without generation, from the run's own realized lengths ---------------
+REFIT_DONE = 16  # minibatches of 2 trained before the stop: 32 prompts with realized lengths, 16 remaining
+
+
+def _refit_state(pipeline: dict[str, Any], tmp_path: Path, done: int = REFIT_DONE) -> tuple[Path, list[Any]]:
+    """A stopped run that trained the first `done` minibatches (steps of 4 prompts) with runtime.history on: its
+    checkpoint holds each trained prompt's realized lengths (2 samples at the policy version of its step, around
+    its demo reference length). No trainer weights: the refit loads none. Returns the state directory and the
+    trained prompts."""
+    params = pipeline["params"]
+    plan = WorkPlan.from_frame(pd.read_parquet(pipeline["paths"].schedule))
+    prompts = pd.read_parquet(pipeline["paths"].prompts).set_index("prompt_id")
+    lengths = {pid: 5.0 * str(prompts.loc[pid, "problem"]).count("+") + 9 for pid in plan.prompt_ids()}
+    rng = np.random.default_rng(3)
+    trained = [pid for t in range(done) for pid in plan.minibatches[t]]
+    history = [[pid, i // 4, 2, lengths[pid] * float(rng.uniform(0.8, 1.25))] for i, pid in enumerate(trained)]
+    state = tmp_path / "launch_state" / "C4"
+    ckpt = make_checkpointer(plan, RuntimeConfig.from_params(params), state, fingerprint_extra(params.runtime))
+    ckpt.save(
+        database={
+            "epochs_created": 1,
+            "consumed": {str(t): len(plan.minibatches[t]) for t in range(done)},
+            "history": history,
+        },
+        trainer_step=len(trained) // 4,
+        policy_version=len(trained) // 4,
+        trainer_state={},
+        finished=False,
+    )
+    return state, trained
+
+
+def _reprofile_cli(pipeline: dict[str, Any], state: Path, experiment: str, *args: str) -> int:
+    params = pipeline["root"] / "params.yaml"
+    params.write_text(yaml.safe_dump(pipeline["params"].model_dump(mode="json")))
+    common = ("--params", str(params), "--state-dir", str(state), "--set", f"common.experiment={experiment}")
+    return _cli("reprofile", *common, *args)
+
+
+@pytest.mark.slow
+def test_refit_from_run_registers_a_version_with_its_held_out_tau_and_replans_without_generating(
+    pipeline: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from mlflow import MlflowClient
+
+    from asp.adaptation import refit
+
+    state, trained = _refit_state(pipeline, tmp_path)
+    monkeypatch.chdir(pipeline["root"])
+    monkeypatch.setattr(reprofile, "profile_lengths", None)  # the refit must not generate: calling it fails
+    experiment = f"refit-cli-{uuid.uuid4().hex[:8]}"
+    code = _reprofile_cli(pipeline, state, experiment, "--from-run", "--set", "drift.refit_min_prompts=16")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "| source | the run's own lengths |" in out and "| accepted | true |" in out
+
+    version = state / "predictors" / "v2"
+    files = {p.name for p in version.iterdir()}
+    assert files == {"history.parquet", "predictor", "calibration.json", "predictions.parquet", "rest.parquet"} | {
+        "full.parquet",
+        "report.json",
+    }
+    used = pd.read_parquet(version / "history.parquet")
+    assert sorted(used["prompt_id"]) == sorted(trained)  # 32 < drift.refit_prompts: the whole history
+    held = set(used.loc[used["role"] == "eval", "prompt_id"])
+    fit = set(used.loc[used["role"] != "eval", "prompt_id"])
+    assert len(held) == 11 and not held & fit  # out of sample: the held-out prompts are not fine-tuned on
+    report = read_json(version / "report.json")
+    assert report["accepted"] and report["source"] == "run" and report["generated_tokens"] == 0
+    assert report["eval_prompts"] == 11 and report["fit_prompts"] == 21 and report["truncation_rate"] is None
+    assert report["base_version"] == 1 and report["history"] and np.isfinite(report["kendall_tau"])
+    assert report["timings_s"]["profile"] == 0.0 and report["timings_s"]["train"] > 0
+    rest = WorkPlan.from_frame(pd.read_parquet(version / "rest.parquet"))
+    remaining = [pid for pid in WorkPlan.from_frame(pd.read_parquet(pipeline["paths"].schedule)).prompt_ids()]
+    remaining = [pid for pid in remaining if pid not in set(trained)]
+    assert len(remaining) == 16 and sorted(rest.prompt_ids()) == sorted(remaining)
+    assert latest_accepted(state).version == 2  # what the resumed launch applies
+
+    found = predictor_versions(pipeline["name"])
+    mine = [v for v in found if v["tags"].get("run_id") not in (None, found[0]["tags"].get("run_id"))]
+    assert mine and float(mine[-1]["tags"]["kendall_tau"]) == pytest.approx(report["kendall_tau"])
+    assert mine[-1]["tags"]["predictor_version"] == "2" and report["registry"]["version"] == mine[-1]["version"]
+    client = MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["reprofile/accepted"] == 1
+    assert run.data.metrics["reprofile/generated_tokens"] == 0 and run.info.run_id == mine[-1]["tags"]["run_id"]
+    assert refit.ACTION == "refit_from_run"
+
+
+@pytest.mark.parametrize(("done", "recorded"), [(0, 0), (REFIT_DONE // 2, 16)])
+def test_refit_from_run_with_too_little_history_says_so_and_keeps_the_schedule(
+    done: int,
+    recorded: int,
+    pipeline: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    if done:
+        state, _ = _refit_state(pipeline, tmp_path, done)
+    else:
+        state = _state_dir(pipeline, tmp_path)  # a checkpoint of a run without runtime.history: no lengths kept
+    monkeypatch.chdir(pipeline["root"])
+    experiment = f"refit-few-{uuid.uuid4().hex[:8]}"
+    sets = ["--set", "drift.refit_min_prompts=20"]
+    if not done:
+        sets += ["--set", "runtime.history.enabled=false"]
+    code = _reprofile_cli(pipeline, state, experiment, "--from-run", "--strict", *sets)
+    captured = capsys.readouterr()
+    assert code == 1, captured.out
+    message = f"the checkpoint holds realized lengths of {recorded} prompts, drift.refit_min_prompts is 20"
+    assert message in captured.out and "too little history" in captured.out and "Traceback" not in captured.err
+    assert ("runtime.history.enabled is false" in captured.out) == (not done)
+    version = state / "predictors" / "v2"
+    assert {p.name for p in version.iterdir()} == {"report.json"}  # no predictor, no plans
+    assert read_json(version / "report.json")["accepted"] is False and latest_accepted(state) is None
+
+
+def test_history_targets_weigh_newer_visits_and_choose_the_most_recent_prompts() -> None:
+    from asp.adaptation.refit import choose_recent, history_targets
+    from asp.schedule.history import LengthHistory
+
+    history = LengthHistory()
+    history.add(["a", "b"], np.array([[10.0, 10.0], [40.0, 40.0]]), [0, 0])
+    history.add(["a"], np.array([[30.0, 30.0]]), [10])
+    history.add(["c"], np.array([[20.0, 20.0]]), [9])
+    targets = history_targets(history, 10, drift_per_version=0.1).set_index("prompt_id")
+    # a: visits (v0, n 2, 10) weight 1/(1/2 + 0.1 * 10) = 2/3 and (v10, n 2, 30) weight 2 -> (20/3 + 60) / (8/3) = 25
+    assert targets.loc["a", "mean_length"] == pytest.approx(25.0) and targets.loc["a", "samples"] == 4
+    assert targets.loc["b", "mean_length"] == pytest.approx(40.0) and targets.loc["a", "visits"] == 2
+    assert targets["newest_version"].to_dict() == {"a": 10, "b": 0, "c": 9}
+    assert list(choose_recent(targets.reset_index(), 2, seed=0)["prompt_id"]) == ["a", "c"]
+    assert len(choose_recent(targets.reset_index(), 10, seed=0)) == 3
+    assert history_targets(LengthHistory(), 3, 0.01).empty
+
+
+def test_refit_from_run_needs_the_history_the_launch_keeps(tmp_path: Path) -> None:
+    from asp.adaptation.launch_drift import build_watch
+
+    params = make_params({"drift": {"action": "refit_from_run"}, "runtime": {"history": {"enabled": False}}})
+    with pytest.raises(UserError, match=r"runtime.history.enabled is false.*drift.action: reprofile"):
+        build_watch(params, rebase(launch.Paths(), tmp_path), None, tmp_path, NullTracker())

@@ -214,6 +214,74 @@ def test_after_an_update_vllm_decodes_as_the_hf_engine_with_the_same_weights(tmp
         eng.close()
 
 
+def _kept_across_an_update(engine, model_dir: Path, new: dict, recompute: bool) -> tuple[list, list, list]:
+    """vLLM's pause with requests kept (``EngineCore.pause_scheduler(mode="keep")``, what ``AsyncLLM``'s
+    ``pause_generation(mode="keep")`` does): 4 sampled requests (T = 1) stepped to 6 tokens, paused, the weights
+    reloaded, optionally preempted for recompute, resumed to 14 tokens.
+
+    Returns:
+        (contexts at the pause, tails sampled after it, the tails' log-probs).
+    """
+    llm_engine = engine.llm.llm_engine
+    core = llm_engine.engine_core.engine_core
+    ids = engine.tokenizer(PROMPTS, add_special_tokens=False)["input_ids"]
+    sampling = engine._sampling_cls(
+        n=1, max_tokens=14, temperature=1.0, top_p=1.0, seed=5, logprobs=0, ignore_eos=True, detokenize=False
+    )
+    for i, p in enumerate(ids):
+        llm_engine.add_request(f"k{i}", {"prompt_token_ids": p}, sampling)
+    latest: dict = {}
+    while not latest or min(len(o.outputs[0].token_ids) for o in latest.values()) < 6 or len(latest) < len(ids):
+        latest.update((o.request_id, o) for o in llm_engine.step())
+    at_pause = [list(latest[f"k{i}"].outputs[0].token_ids) for i in range(len(ids))]
+    core.pause_scheduler(mode="keep", clear_cache=False)
+    assert core.is_scheduler_paused()
+    engine.loader.load(new)
+    if recompute:
+        assert llm_engine.reset_prefix_cache(reset_running_requests=True)
+    core.resume_scheduler()
+    while llm_engine.has_unfinished_requests():
+        latest.update((o.request_id, o) for o in llm_engine.step())
+    contexts, tails, logprobs = [], [], []
+    for i, p in enumerate(ids):
+        out = latest[f"k{i}"].outputs[0]
+        k = len(at_pause[i])
+        assert list(out.token_ids[:k]) == at_pause[i] and len(out.token_ids) == 14
+        contexts.append(p + at_pause[i])
+        tails.append(list(out.token_ids[k:]))
+        logprobs.append([next(iter(lp.values())).logprob for lp in out.logprobs[k:]])
+    return contexts, tails, logprobs
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept KV", "recomputed KV"])
+def test_requests_kept_across_an_update_continue_on_stale_kv_unless_recomputed(model_dir, engine, recompute):
+    """Why asp re-prefills a cut response instead of using vLLM's pause with requests kept (docs/vllm.md): the
+    kept requests resume on the KV cache the old weights computed, so the log-probs vLLM reports for the tokens
+    sampled after the update are not the new policy's (the importance ratios of asp's loss assume they are);
+    preempting them for recompute (``reset_prefix_cache(reset_running_requests=True)``) gives the new policy's, at
+    the cost of prefilling prompt + tokens so far again: what asp's continuation does. benchmarks/vllm_keep.py
+    measures both side by side."""
+    from transformers import Qwen2ForCausalLM
+
+    from asp.rl.loss import token_logprobs
+
+    original, _ = _perturbed(model_dir, 1.0)
+    generator = torch.Generator().manual_seed(3)
+    new = {k: v + 0.2 * v.std() * torch.randn(v.shape, generator=generator) for k, v in original.items()}
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.load_state_dict(new)
+    contexts, tails, logprobs = _kept_across_an_update(engine, model_dir, new, recompute)
+    worst = 0.0
+    for ctx, tail, got in zip(contexts, tails, logprobs, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([ctx + tail])).logits[:, len(ctx) - 1 : -1]
+        worst = max(worst, float((token_logprobs(logits, torch.tensor([tail]))[0] - torch.tensor(got)).abs().max()))
+    if recompute:
+        assert worst < LOGPROB_TOL
+    else:
+        assert worst > 100 * LOGPROB_TOL
+
+
 def test_small_buckets_split_fused_layers_and_still_load(model_dir, engine):
     """Buckets of one tensor each send q, k and v (and gate and up) of a layer apart, while vLLM fuses them into one
     parameter: each layer is processed once all its weights have arrived, so the output is as with one bucket."""

@@ -124,6 +124,11 @@ def build_watch(params: Params, paths: LaunchPaths, plan: Any, directory: Path, 
     Raises:
         UserError: unreadable predictions or references, or a scheduled prompt without a prediction.
     """
+    if params.drift.action == "refit_from_run" and not params.runtime.history.enabled:
+        raise UserError(
+            "drift.action: refit_from_run fine-tunes the predictor on the realized lengths runtime.history keeps, but "
+            "runtime.history.enabled is false. Set runtime.history.enabled: true, or drift.action: reprofile."
+        )
     absent_inputs = [p for p in (paths.predictions, paths.predictor_metrics) if not p.is_file()]
     if absent_inputs:
         print(
@@ -209,12 +214,15 @@ def resume_after_drift(
     Returns:
         The last session's `RunSummary`.
     """
+    from asp.adaptation.refit import ACTION as REFIT
+    from asp.adaptation.refit import refit_from_run
     from asp.adaptation.reprofile import reprofile
 
+    remake = refit_from_run if params.drift.action == REFIT else reprofile
     while (event := watch.stop_event) is not None and stopped_for_drift(watch, summary) and not handoff():
         step = summary.trainer_step
         print(f"[drift] re-profiling at step {step}: {event.message}", file=sys.stderr, flush=True)
-        result = reprofile(params, watch.state_path(), tracker, reason=event.message, paths=paths)
+        result = remake(params, watch.state_path(), tracker, reason=event.message, paths=paths)
         watch.record_reprofile(result, step)
         summary = resume()
     return summary

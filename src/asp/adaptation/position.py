@@ -10,12 +10,13 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from asp.config import Params
 from asp.errors import UserError
+from asp.schedule.history import LengthHistory
 from asp.steps.launch_state import fingerprint_extra
 from asp.steps.loaders import policy_model_path
 from asp.steps.paths import LaunchPaths
@@ -27,11 +28,14 @@ WEIGHT_FILE_RE = re.compile(r".*\.(safetensors|bin|pt|pth)(\.index\.json)?$")
 @dataclass(frozen=True)
 class Position:
     """The checkpointed run: remaining prompt ids in dispatch order, the trainer step and its weights (None: the
-    initial policy)."""
+    initial policy); the realized lengths of its trained prompts (`runtime.history`; empty when it was off) and the
+    policy version they are aged from."""
 
     pending: list[Any]
     step: int
     weights: Path | None
+    history: LengthHistory = field(default_factory=LengthHistory)
+    version: int = 0
 
 
 def pending_prompts(db: Any) -> list[Any]:
@@ -75,7 +79,8 @@ def read_position(params: Params, paths: LaunchPaths, state_dir: Path, prompts_b
 
         final = final_weights(state_dir)
         weights = final[0] if final is not None and final[1] <= int(state["trainer_step"]) else None
-    return Position(pending_prompts(db), int(state["trainer_step"]), weights)
+    version = int(state.get("policy_version", state["trainer_step"]))
+    return Position(pending_prompts(db), int(state["trainer_step"]), weights, db.history, version)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

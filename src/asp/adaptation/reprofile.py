@@ -68,7 +68,9 @@ if TYPE_CHECKING:
 # report keys logged as reprofile/<key> (with reprofile/accepted and reprofile/<timing>_s)
 REPORT_METRICS: tuple[str, ...] = ("version", "kendall_tau", "previous_kendall_tau", "min_tau", "policy_step")
 REPORT_METRICS += ("remaining_prompts", "prompts", "fit_prompts", "eval_prompts", "mean_length", "truncation_rate")
+REPORT_METRICS += ("generated_tokens",)
 MIN_EVAL, MIN_FIT = 3, 4  # held-out prompts for a tau; fit prompts for a train + validation split
+SOURCE_GENERATE, SOURCE_RUN = "generate", "run"  # where a re-profile's lengths come from (report.json `source`)
 
 
 @dataclass(frozen=True)
@@ -161,10 +163,18 @@ class Attempt:
     history: list[dict[str, Any]] | None = None
     seconds: dict[str, float] | None = None
     references: dict[str, float] | None = None  # the drift detector's bias reference (+ se) of the new calibration
+    source: str = SOURCE_GENERATE  # generate: fresh profiling rollouts; run: the run's own realized lengths
+
+    @property
+    def lengths_file(self) -> str:
+        """The file of `profiled` in the version directory: profile.parquet (generated) or history.parquet."""
+        return "history.parquet" if self.source == SOURCE_RUN else "profile.parquet"
 
     def report(self, result: ReprofileResult, extra: dict[str, Any]) -> dict[str, Any]:
         prof = self.profiled
         roles = prof["role"].value_counts().to_dict() if prof is not None else {}
+        truncated = prof is not None and "truncated_frac" in prof.columns
+        generated = prof is not None and "generated_tokens" in prof.columns
         return {
             **asdict(result),
             "directory": str(result.directory),
@@ -177,7 +187,9 @@ class Attempt:
             "fit_prompts": int(roles.get("train", 0) + roles.get("val", 0)),
             "eval_prompts": int(roles.get("eval", 0)),
             "mean_length": None if prof is None else float(prof["mean_length"].mean()),
-            "truncation_rate": None if prof is None else float(prof["truncated_frac"].mean()),
+            "truncation_rate": float(prof["truncated_frac"].mean()) if prof is not None and truncated else None,
+            "source": self.source,
+            "generated_tokens": round(float(prof["generated_tokens"].sum())) if prof is not None and generated else 0,
             "history": self.history or [],
             "timings_s": self.seconds or {},
             **{k: _num(v) for k, v in (self.references or {}).items()},
@@ -213,12 +225,35 @@ def reprofile(
     new_pred, true = measure(
         params, paths, attempt, prompts.set_index("prompt_id"), candidates, field, model, tokenizer
     )
-    min_tau = params.evaluate.min_tau
+    return conclude(params, attempt, tracker, t0, (model, tokenizer, meta), prompts, field, new_pred, true)
+
+
+def conclude(
+    params: Params,
+    attempt: Attempt,
+    tracker: Tracker,
+    t0: float,
+    loaded: tuple[Any, Any, dict[str, Any]],
+    prompts: pd.DataFrame,
+    field: str,
+    new_pred: np.ndarray,
+    true: np.ndarray,
+) -> ReprofileResult:
+    """Gate the fine-tuned predictor (`loaded`: model, tokenizer, meta) on its held-out tau (`attempt.tau`); when it
+    passes, fit the calibration on the held-out part (`new_pred` against `true`), predict every training prompt,
+    schedule them and write the version (`finish`). Shared by both re-profiles."""
+    model, tokenizer, meta = loaded
+    position, base, min_tau = attempt.position, attempt.base_version, params.evaluate.min_tau
     if not (math.isfinite(attempt.tau) and attempt.tau >= min_tau):
+        more = (
+            "Use more of the run's history (drift.refit_prompts)"
+            if attempt.source == SOURCE_RUN
+            else "Profile more prompts (drift.reprofile_prompts)"
+        )
         msg = (
             f"v{attempt.version} rejected: held-out Kendall tau {attempt.tau:.3f} is below evaluate.min_tau = "
-            f"{min_tau} (v{base}: {attempt.old_tau:.3f}); the run keeps the schedule of v{base}. Profile more "
-            "prompts (drift.reprofile_prompts), train longer (drift.reprofile_epochs) or lower evaluate.min_tau."
+            f"{min_tau} (v{base}: {attempt.old_tau:.3f}); the run keeps the schedule of v{base}. {more}, train "
+            "longer (drift.reprofile_epochs) or lower evaluate.min_tau."
         )
         return finish(params, attempt, tracker, t0, accepted=False, message=msg)
     from asp.drift.monitor import bias
@@ -237,7 +272,10 @@ def reprofile(
         f"(v{base}: {attempt.old_tau:.3f}); re-scheduled the {len(position.pending)} remaining prompts"
     )
     saved = {"model": model, "tokenizer": tokenizer, "calibration": calibration, "predictions": preds, "plans": plans}
-    saved["meta"] = {**meta, "reprofile": {"version": attempt.version, "history": attempt.history}}
+    saved["meta"] = {
+        **meta,
+        "reprofile": {"version": attempt.version, "source": attempt.source, "history": attempt.history},
+    }
     return finish(params, attempt, tracker, t0, accepted=True, message=msg, saved=saved)
 
 
@@ -254,26 +292,43 @@ def measure(
     """Profile a seeded sample of `candidates` with the current policy, score the old predictor on its held-out
     part, fine-tune on the rest and score again (into `attempt`). Returns the new predictions and the profiled
     mean lengths [n_eval] of the held-out part."""
-    from asp.predictor.metrics import kendall_tau
-    from asp.predictor.train import predict_lengths
-
-    drift, seed, bs = params.drift, params.common.seed + 7919 * attempt.version, params.predict.batch_size
+    drift, seed = params.drift, params.common.seed + 7919 * attempt.version
     n = min(drift.reprofile_prompts, len(candidates))
     chosen = [candidates[i] for i in np.random.default_rng(seed).choice(len(candidates), n, replace=False)]
     t1 = time.perf_counter()
     with current_policy(paths.policy, attempt.position.weights, attempt.state_dir / VERSIONS_DIR) as model_dir:
         prof = profile_lengths(params, model_dir, chosen, prompts.loc[chosen, "prompt"].tolist(), seed)
     prof["role"] = split_roles(n, drift.reprofile_eval_fraction, params.predictor.val_fraction, seed + 1)
-    texts, lengths = prompts.loc[chosen, field].tolist(), prof["mean_length"].to_numpy(np.float64)
-    held = np.flatnonzero(prof["role"].to_numpy() == "eval")
+    prof["generated_tokens"] = prof["mean_length"] * prof["samples"]
+    attempt.seconds = {"profile": time.perf_counter() - t1}
+    return fit_and_score(params, attempt, prof, prompts.loc[chosen, field].tolist(), model, tokenizer, seed)
+
+
+def fit_and_score(
+    params: Params,
+    attempt: Attempt,
+    frame: pd.DataFrame,
+    texts: list[str],
+    model: Any,
+    tokenizer: Any,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Score the current predictor on the 'eval' rows of `frame` (its `role` and `mean_length` columns; `texts` row
+    by row), fine-tune it on the others (warm start) and score again, out of sample (into `attempt`, which keeps
+    `frame`). Returns the new predictions and the mean lengths of the held-out rows."""
+    from asp.predictor.metrics import kendall_tau
+    from asp.predictor.train import predict_lengths
+
+    bs, lengths = params.predict.batch_size, frame["mean_length"].to_numpy(np.float64)
+    held = np.flatnonzero(frame["role"].to_numpy() == "eval")
     held_texts = [texts[i] for i in held]
     attempt.old_tau = kendall_tau(predict_lengths(model, tokenizer, held_texts, batch_size=bs), lengths[held])
     t2 = time.perf_counter()
-    result = fine_tune(model, tokenizer, texts, lengths, prof["role"].to_numpy(), params, seed)
+    result = fine_tune(model, tokenizer, texts, lengths, frame["role"].to_numpy(), params, seed)
     new_pred = predict_lengths(model, tokenizer, held_texts, batch_size=bs)
-    attempt.tau, attempt.profiled = kendall_tau(new_pred, lengths[held]), prof
+    attempt.tau, attempt.profiled = kendall_tau(new_pred, lengths[held]), frame
     attempt.history = [{k: v for k, v in asdict(h).items() if k != "seconds"} for h in result.history]
-    attempt.seconds = {"profile": t2 - t1, "train": time.perf_counter() - t2}
+    attempt.seconds = {**(attempt.seconds or {}), "train": time.perf_counter() - t2}
     return new_pred, lengths[held]
 
 
@@ -328,7 +383,7 @@ def finish(
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         if attempt.profiled is not None:
-            write_parquet(attempt.profiled, tmp / "profile.parquet")
+            write_parquet(attempt.profiled, tmp / attempt.lengths_file)
         if saved is not None:
             save_accepted(params, saved, tmp)
             tags = {"kendall_tau": attempt.tau, "policy_step": attempt.position.step, "predictor_version": k}

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from asp.adaptation.versions import VERSIONS_DIR
-from asp.adaptation.watch import DriftWatch
+from asp.adaptation.watch import ACTING, DriftWatch
 from asp.io import read_json
 
 NAN = float("nan")
@@ -43,7 +43,7 @@ def drift_summary(watch: DriftWatch) -> dict[str, float]:
         "drift/summary/enabled": 1.0,
         "drift/summary/windows": float(len(windows)),
         "drift/summary/events": float(len(events)),
-        "drift/summary/actions": float(sum(r.get("action") in ("recalibrate", "reprofile") for r in events)),
+        "drift/summary/actions": float(sum(r.get("action") in ACTING for r in events)),
         "drift/summary/switches": float(len(switches)),
         "drift/summary/first_event_step": float(events[0]["step"]) if events else NAN,
         "drift/summary/tau_at_first_event": _num(events[0].get("drift/tau_window")) if events else NAN,

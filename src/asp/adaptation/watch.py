@@ -18,8 +18,8 @@ the evaluate stage's ``predictor/bias_reference``) whether drift is confirmed. O
   new map achieves out of sample; it re-balances the pending minibatches (and the plan of later passes) on the new
   loads with `asp.drift.rebalance` and swaps them in with `ControlUnit.replan`. A monotone map cannot restore a
   ranking: an event whose only signal is tau is not recalibrated (it warns and says to re-profile);
-  ``reprofile`` calls `ControlUnit.request_stop`: the session ends with a resumable checkpoint and launch
-  re-profiles (`asp.adaptation.launch_drift`).
+  ``reprofile`` and ``refit_from_run`` call `ControlUnit.request_stop`: the session ends with a resumable
+  checkpoint and launch re-profiles (`asp.adaptation.launch_drift`; refit_from_run without generation).
 
 `on_start(cu)` (passed to `run_async`) runs after the checkpoint is restored: it keeps the history up to the
 resume point (windows up to its step, switches whose plan version the checkpoint holds), rebuilds the watch's
@@ -59,6 +59,8 @@ from asp.predictor.calibration import CALIBRATION_FOLDS, CalibrationMap, cross_f
 from asp.tracking import Tracker
 
 HISTORY_FILE = "drift_history.jsonl"
+REPROFILE_ACTIONS = ("reprofile", "refit_from_run")  # stop at a checkpoint, make a new predictor version, resume
+ACTING = ("recalibrate", *REPROFILE_ACTIONS)  # the actions drift.max_actions counts
 
 
 def group_key(db: Any, task_id: int) -> tuple | None:
@@ -139,11 +141,12 @@ class DriftWatch:
         self.monitor.windows_emitted = sum(r["kind"] == "window" for r in rows)
         windows = [r for r in rows if r["kind"] == "window"]
         self.events = sum(bool(r.get("event")) for r in windows)
-        self.actions = sum(r.get("action") in ("recalibrate", "reprofile") for r in windows)
+        self.actions = sum(r.get("action") in ACTING for r in windows)
         self.seen: list[tuple[np.ndarray, np.ndarray]] = []  # (raw, realized mean) since the last switch
         self.window_ends: list[int] = []  # len(self.seen) when each window since the last switch closed
         self.refit_from = 0  # self.seen[refit_from:] are the prompts a recalibration fits on
         self.waiting: DriftEvent | None = None  # a recalibration waiting for enough realized prompts
+        self.waiting_refit: DriftEvent | None = None  # a refit_from_run waiting for enough recorded lengths
         self.stop_event: DriftEvent | None = None
         self.groups: dict[tuple, int] = {}
 
@@ -261,6 +264,9 @@ class DriftWatch:
         }
         if self.waiting is not None and self._recalibrate(cu, self.waiting):
             self.waiting = None
+        if self.waiting_refit is not None and self._refit_ready(cu, say=False):
+            self._stop(cu, self.waiting_refit)
+            self.waiting_refit = None
         event = self.detector.update(metrics)
         if event is not None:
             self._on_event(cu, event, row)
@@ -291,14 +297,16 @@ class DriftWatch:
         self.events += 1
         action = event.action
         message = event.message
-        if action != "warn" and (self.actions >= self.params.max_actions or self.stop_event is not None):
+        if action != "warn" and (
+            self.actions >= self.params.max_actions or self.stop_event is not None or self.waiting_refit is not None
+        ):
             action = "warn"
             message += f" Only warning: drift.max_actions ({self.params.max_actions}) used or a stop is pending."
         if action == "recalibrate" and event.signals == ("tau",):
             action = "warn"
             message += (
                 " Only warning: the ranking dropped and a recalibration (a monotone map) cannot restore it; "
-                "set drift.action: reprofile to re-train the predictor on the current policy."
+                "set drift.action: reprofile or refit_from_run to re-train the predictor on the current policy."
             )
         row.update(event=message, signals=",".join(event.signals), action=action)
         self.warn(message, cu.step)
@@ -308,10 +316,25 @@ class DriftWatch:
             self.refit_from = self.window_ends[streak_start] if streak_start >= 0 else 0
             if not self._recalibrate(cu, event):
                 self.waiting = event
-        elif action == "reprofile":
+        elif action in REPROFILE_ACTIONS:
             self.actions += 1
-            self.stop_event = event
-            cu.request_stop(message)
+            if action == "refit_from_run" and not self._refit_ready(cu, say=True):
+                self.waiting_refit = event
+            else:
+                self._stop(cu, event)
+
+    def _stop(self, cu: Any, event: DriftEvent) -> None:
+        """Stop the session at the next checkpoint for a re-profile (`asp.adaptation.launch_drift`)."""
+        self.stop_event = event
+        cu.request_stop(event.message)
+
+    def _refit_ready(self, cu: Any, *, say: bool) -> bool:
+        """Whether the run has recorded the realized lengths of `drift.refit_min_prompts` prompts (the Database's
+        `runtime.history`), so that a stop now gives `refit_from_run` enough to fine-tune on; says so when not."""
+        recorded, need = len(getattr(cu.db, "history", ())), self.params.refit_min_prompts
+        if recorded < need and say:
+            self._say(f"refit_from_run waits: {recorded} prompts have realized lengths, {need} needed")
+        return recorded >= need
 
     def warn(self, message: str, step: int) -> None:
         """MLflow tag ``drift.event.<i>``, Prefect event ``asp.drift.detected`` (if a server is set), stderr."""

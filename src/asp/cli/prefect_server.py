@@ -12,6 +12,8 @@ How: Prefect's own command runs unchanged, with `RetryBusy` around the app it se
 request again when Prefect's exception handler answered it 503 (Prefect's mark of a retryable database error; the
 refused transaction was rolled back), up to `ATTEMPTS` times with a growing pause, as Prefect's own client would;
 any other answer (a plain 503 such as /api/ready's too), and the last attempt's, go to the caller as they are.
+
+It also opens Prefect's new web UI at `/` (`NEW_UI_ENV`, unless set): the UI Prefect 3.9 opens, on 3.7 too.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 ATTEMPTS = 10  # pauses 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2, 2 s: up to ~9 s of retrying before a 503 gets through
 FIRST_PAUSE_S = 0.05
 MAX_PAUSE_S = 2.0
+# Prefect 3.7 serves two web UIs and sends `/` to the old one unless this is set; 3.9 sends it to the new one
+# (`/v2/...`). asp's server sets it (unless the user did), so every supported Prefect lands users on the new UI,
+# and the links asp prints ask the server which one it opens (`asp.orchestration.serve.prefect_ui_base`).
+NEW_UI_ENV = "PREFECT_SERVER_UI_V2_ENABLED"
 
 
 class RetryBusy:
@@ -122,6 +128,9 @@ def install() -> None:
 
 
 if __name__ == "__main__":
+    import os
+
+    os.environ.setdefault(NEW_UI_ENV, "true")  # the new UI wherever Prefect still defaults to the old one (3.7)
     install()
     from prefect.cli import app
 

@@ -31,7 +31,7 @@ from typing import Literal
 
 from asp.drift.reference import REFERENCE_Z
 
-Action = Literal["warn", "recalibrate", "reprofile"]
+Action = Literal["warn", "recalibrate", "reprofile", "refit_from_run"]
 SIGNALS = ("tau", "bias", "trend")
 
 # The detector's settings: fields of the params' `drift:` section (asp.config.DriftParams holds their defaults).

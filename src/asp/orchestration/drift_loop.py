@@ -47,7 +47,13 @@ from asp.errors import UserError
 from asp.orchestration.dvc import run_streaming
 from asp.orchestration.flow import call_stage
 from asp.orchestration.pipeline import PipelineRun
-from asp.orchestration.prefect_run import flow_run_name_for, quiet_user_errors
+from asp.orchestration.prefect_run import (
+    flow_run_name_for,
+    flow_run_url,
+    keep_cancel_message,
+    prefect_ui,
+    quiet_user_errors,
+)
 from asp.orchestration.request import RunRequest
 
 if TYPE_CHECKING:
@@ -143,7 +149,7 @@ def drift_off(drift: DriftParams) -> str | None:
     """Why launch never hands a drift event over to the loop with these params; None when it does."""
     if not drift.enabled:
         return "drift is off (drift.enabled: false)"
-    if drift.action != "reprofile":
+    if drift.action not in ("reprofile", "refit_from_run"):
         return f"drift.action is {drift.action}, not reprofile (launch warns or recalibrates by itself)"
     return None
 
@@ -393,7 +399,13 @@ def flow_run_name() -> str:
     return flow_run_name_for(flow_run.name, f"drift-loop {vcs.commit_label() or 'nogit'}")
 
 
-@flow(name="asp-drift-loop", flow_run_name=flow_run_name, log_prints=True, persist_result=False)
+@flow(
+    name="asp-drift-loop",
+    flow_run_name=flow_run_name,
+    log_prints=True,
+    persist_result=False,
+    on_cancellation=[keep_cancel_message],
+)
 def asp_drift_loop(max_actions: int | None = None) -> dict[str, Any]:
     """Run launch through DVC with the drift handoff; re-profile and resume on each drift event.
 
@@ -405,7 +417,7 @@ def asp_drift_loop(max_actions: int | None = None) -> dict[str, Any]:
     quiet_user_errors()  # a failed run's last line at ERROR; a user error without a traceback
     result = drift_loop(
         max_actions=max_actions,
-        prefect_run=(str(flow_run.id), flow_run.ui_url),
+        prefect_run=(str(flow_run.id), flow_run_url(prefect_ui(), str(flow_run.id))),
         on_line=logger.info,
         name=flow_run.name,  # the MLflow parent run is named as the flow run
         source=f"{flow_run.flow_name}/{deployment.name}" if deployment.name else flow_run.flow_name,

@@ -90,12 +90,31 @@ def up_to_date(root: str | Path, stage: str) -> bool:
     Raises:
         dvc.exceptions.DvcException: DVC could not read the project (dvc.yaml, its lock) or the stage.
     """
+    return not stage_status(root, stage)
+
+
+def stage_status(root: str | Path, stage: str) -> list[Any]:
+    """DVC's status of `stage` alone (`Repo.status`, what `dvc status --json STAGE` prints for it): empty when the
+    stage is unchanged, else entries such as ``{"changed outs": {"outputs/launch_state": "modified"}}``.
+
+    Raises:
+        dvc.exceptions.DvcException: DVC could not read the project (dvc.yaml, its lock) or the stage.
+    """
     from dvc.repo import Repo
 
     # DVC's Python API resolves stage files against the working directory (as its CLI does): run it from `root`
     # (the orchestrator's own directory already, so this changes nothing there; tests use other roots).
     with _dvc_log_level(logging.WARNING), contextlib.chdir(root), Repo(".") as repo:
-        return not repo.status(targets=[stage])
+        return list(repo.status(targets=[stage]).get(stage) or [])
+
+
+def changed_outputs(status: list[Any]) -> set[str]:
+    """The outputs a `stage_status` names as changed (modified, deleted, not in dvc.lock)."""
+    changed: set[str] = set()
+    for entry in status:
+        if isinstance(entry, dict) and isinstance(entry.get("changed outs"), dict):
+            changed.update(entry["changed outs"])
+    return changed
 
 
 @contextlib.contextmanager

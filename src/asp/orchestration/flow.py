@@ -35,7 +35,14 @@ from asp import vcs
 from asp.errors import UserError
 from asp.orchestration.key_metrics import key_metrics
 from asp.orchestration.pipeline import PipelineRun, StageReport
-from asp.orchestration.prefect_run import flow_run_name_for, quiet_user_errors, tag_with_label
+from asp.orchestration.prefect_run import (
+    flow_run_name_for,
+    flow_run_url,
+    keep_cancel_message,
+    prefect_ui,
+    quiet_user_errors,
+    tag_with_label,
+)
 from asp.orchestration.request import RunRequest, run_label
 from asp.stage import stage_names
 
@@ -221,7 +228,13 @@ def experiment_task(run: PipelineRun) -> list[str] | State[Any]:
     return [f"{r.stage}: {r.status}" for r in reports]
 
 
-@flow(name="asp-pipeline", flow_run_name=flow_run_name, log_prints=True, persist_result=False)
+@flow(
+    name="asp-pipeline",
+    flow_run_name=flow_run_name,
+    log_prints=True,
+    persist_result=False,
+    on_cancellation=[keep_cancel_message],  # the runner's generic message must not replace the flow's
+)
 def asp_pipeline(
     stages: list[StageName] = [],  # type: ignore[valid-type]  # noqa: B006 (shown as a multi-select; not mutated)
     preset: PresetName = NO_PRESET,  # type: ignore[valid-type]  # shown as a choice of configs/'s presets
@@ -246,7 +259,7 @@ def asp_pipeline(
         run = PipelineRun(
             request,
             runner="prefect",
-            prefect_run=(str(flow_run.id), flow_run.ui_url),
+            prefect_run=(str(flow_run.id), flow_run_url(prefect_ui(), str(flow_run.id))),
             on_line=logger.info,
             name=flow_run.name,  # the MLflow parent run is named as the flow run
             source=f"{flow_run.flow_name}/{deployment.name}" if deployment.name else flow_run.flow_name,

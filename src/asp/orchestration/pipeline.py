@@ -37,6 +37,7 @@ from asp.errors import UserError
 from asp.orchestration import workspace
 from asp.orchestration.dvc import (
     StageStatus,
+    changed_outputs,
     classify,
     dvc_exp_cmd,
     dvc_repro_cmd,
@@ -44,7 +45,7 @@ from asp.orchestration.dvc import (
     remove_experiment_copies,
     run_streaming,
     stage_env,
-    up_to_date,
+    stage_status,
 )
 from asp.orchestration.request import (
     RunRequest,
@@ -62,6 +63,7 @@ from asp.tracking import (
     PARENT_ENV,
     PREFECT_RUN_ENV,
     PREFECT_URL_ENV,
+    end_nested_runs,
     end_run,
     find_run_made_with,
     find_stage_run,
@@ -352,10 +354,11 @@ class PipelineRun:
             raise UserError("a run with a preset or overrides is a DVC experiment: use run_experiment()")
         cmd = dvc_repro_cmd(name, self.request.force)
         self.on_line(f"[asp] stage {name}: {shown_cmd(cmd)}")  # the command as it runs (--force included)
-        skips = not self.request.force and self._up_to_date(name)  # DVC's status, before it runs
+        dvc_status = self._status(name)  # DVC's status, before it runs (None: DVC cannot say)
+        skips = not self.request.force and dvc_status == []
         try:
             if not skips and name not in self._snapshots:  # DVC deletes the outputs before the command runs
-                self._snapshots[name] = self._take(name)
+                self._snapshots[name] = self._take(name, dvc_status)
             result = run_streaming(
                 cmd,
                 env=self.env(),
@@ -382,15 +385,21 @@ class PipelineRun:
         )
         return self._report(name, status, result.seconds)
 
-    def _take(self, name: str) -> workspace.Snapshot:
-        """`workspace.take` of the stage, after removing copies that killed runs (SIGKILL) left behind."""
+    def _take(self, name: str, status: list[Any] | None) -> workspace.Snapshot:
+        """`workspace.take` of the stage, after removing copies that killed runs (SIGKILL) left behind. Its
+        persistent outputs are kept too where they match dvc.lock (`status`: none of DVC's changed outs), i.e.
+        hold the last finished run's result: a forced or changed rerun that starts afresh must not lose them when
+        it is stopped. Those that differ (an interrupted attempt's resume state) keep what the stopped run adds."""
         for line in workspace.clear_stale(self.root):
             self.on_line(f"[asp] {line}")
-        return workspace.take(self.root, name)
+        _, persistent = workspace.stage_outputs(name, self.root / "dvc.yaml")
+        changed = changed_outputs(status) if status is not None else set(persistent)
+        return workspace.take(self.root, name, persisted=[p for p in persistent if p not in changed])
 
     def _put_back(self, name: str, why: str) -> str | None:
         """Put the stage's outputs and dvc.lock back as they were before it started; the line says so (or what to
         run where that was impossible) and is kept in `stop_note`. None when nothing was kept (a skipped stage)."""
+        self._end_stage_runs()
         snap = self._snapshots.pop(name, None)
         if snap is None:
             return None
@@ -399,16 +408,25 @@ class PipelineRun:
         self.on_line(f"[asp] {self.stop_note}")
         return done.message
 
-    def _up_to_date(self, name: str) -> bool:
-        """`up_to_date` (DVC's status of the stage); False with a note when DVC cannot say (the command then
-        reports the problem itself)."""
+    def _end_stage_runs(self) -> None:
+        """The stopped stage's MLflow run KILLED where its process could not end it (SIGKILLed past its grace
+        time): its processes have ended, so a run still RUNNING under the parent never ends otherwise."""
+        if self.parent is None:
+            return
+        with contextlib.suppress(Exception):  # bookkeeping never hides the stop itself
+            for run_id in end_nested_runs(self.parent, "KILLED"):
+                self.on_line(f"[asp] MLflow run {run_id}: ended KILLED (its stage process was stopped)")
+
+    def _status(self, name: str) -> list[Any] | None:
+        """`stage_status` (DVC's status of the stage: [] when up to date); None with a note when DVC cannot say
+        (the command then reports the problem itself)."""
         from dvc.exceptions import DvcException
 
         try:
-            return up_to_date(self.root, name)
+            return stage_status(self.root, name)
         except DvcException as exc:
             self.on_line(f"[asp] DVC cannot give the status of stage {name} ({exc})")
-            return False
+            return None
 
     def run_experiment(self) -> list[StageReport]:
         """`dvc exp run --temp -n NAME -S ... STAGES` (the chosen stages; DVC reruns or restores changed

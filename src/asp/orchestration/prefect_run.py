@@ -4,8 +4,15 @@
   a name Prefect made up is replaced by ours, `run_label` stamped with the start time (`840e457 demo all @
   05-14 10:32:07`), so runs are told apart. Prefect makes up two kinds (read from Prefect 3.9's server and UI):
   the server's `adjective-animal` from coolname for a run created without a name (Quick run, the API, a
-  schedule), and the Custom run form's suggestion `<greek letter>[N]-<star or place>[-<word>]`, filled in until
-  the user types over it.
+  schedule), and the Custom run form's suggestion, filled in until the user types over it: the old UI's
+  `<greek letter>[N]-<star or place>[-<word>]`, the new UI's `<Adjective>-<Animal>` ("Generic-Moth").
+* Links (`flow_run_url`, `deployment_url`: what `asp serve` prints, the MLflow runs' tags and notes) open the UI
+  the server sends a user to: Prefect 3 serves an old web UI and a new one under `/v2`, and `/` opens the one its
+  `/ui-settings` names as `default_ui` (`prefect_ui_base`; `asp ui prefect` opens the new one).
+* A cancelled run's explanation (the Cancelled state the flow returns: what became of the workspace) stays its
+  state message: Prefect's runner sets its own Cancelled state ("Flow run was cancelled successfully.") a few
+  seconds after the flow ended, over the flow's. `keep_cancel_message` (the flows' `on_cancellation` hook, which
+  the runner calls before it does so) waits for the runner's state and sets the flow's message again.
 * A user error (`asp.errors.UserError`: bad stages, preset or overrides) ends the flow run Failed with the error's
   message as the state's message, logged once (Prefect's "Finished in state Failed('...')") and without a
   traceback: `quiet_user_errors` keeps Prefect's loggers from printing one for it. It also raises that last line of a
@@ -13,13 +20,17 @@
 
     flow_run_name_for("my-baseline-check", label)   # "my-baseline-check"
     flow_run_name_for("crimson-otter", label)       # "840e457 demo all @ 05-14 10:32:07"
+    flow_run_name_for("Generic-Moth", label)        # the same: the new UI's suggestion
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +44,16 @@ GREEK = "alpha|beta|gamma|delta|epsilon|zeta|eta|theta|iota|kappa|lambda|mu|nu|x
 UI_SUGGESTION = re.compile(rf"(?:{GREEK}|phi|chi|psi|omega)\d*(?:-[a-z]+){{1,3}}")
 ENGINE_EXIT = "Engine execution exited with unexpected exception"  # Prefect's line after a flow run that failed
 FINISHED = "Finished in state "  # Prefect's last line of a run: "Finished in state Failed('...')"
+# The new UI's (`/v2`) suggestion: faker's product adjective, capitalised, "-" an animal of at most 6 characters
+# ("Generic-Moth"; Prefect UI v2's deployment run form)
+UI_V2_ADJECTIVES = (
+    "Awesome|Rustic|Small|Gorgeous|Fantastic|Sleek|Intelligent|Unbranded|Refined|Licensed|Generic|Practical|"
+    "Ergonomic|Handcrafted|Tasty|Handmade|Incredible"
+)
+UI_V2_SUGGESTION = re.compile(rf"(?:{UI_V2_ADJECTIVES})-[A-Z](?:[^\W\d_]|[' -]){{0,5}}")  # letters: "Vicuña"
 LABEL_TAG = "asp: {label}"
+RUNNER_CANCELLED = "Flow run was cancelled successfully."  # Prefect's runner's message (prefect.runner)
+CANCEL_WAIT_S = 120.0  # the runner kills a flow run that has not ended 30 s after its SIGTERM
 
 
 @functools.cache
@@ -58,10 +78,41 @@ def _coolname_words() -> tuple[frozenset[str], frozenset[str]] | None:
         return None
 
 
+@functools.lru_cache(maxsize=8)
+def prefect_ui_base(ui: str, timeout_s: float = 5.0) -> str:
+    """The address of the web UI the Prefect server at `ui` opens at `/` (its `/ui-settings`: `default_ui` and that
+    UI's base path): `ui` + `/v2` for the new UI, `ui` for the old one or a server that does not say."""
+    ui = ui.rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{ui}/ui-settings", timeout=timeout_s) as resp:
+            settings = json.loads(resp.read())
+        base = str(settings.get(f"{settings['default_ui']}_base_url") or "/")
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ui
+    return ui + base.rstrip("/") if base.startswith("/") else ui
+
+
+def prefect_ui() -> str:
+    """The Prefect UI's address as the running flow sees it (PREFECT_UI_URL, from PREFECT_API_URL by default)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+    return str(PREFECT_UI_URL.value() or str(PREFECT_API_URL.value() or "").removesuffix("/api"))
+
+
+def flow_run_url(ui: str, flow_run_id: str) -> str:
+    """A flow run's page in the UI `prefect_ui_base` finds (both UIs use the same paths below their base)."""
+    return f"{prefect_ui_base(ui)}/runs/flow-run/{flow_run_id}"
+
+
+def deployment_url(ui: str, deployment_id: str) -> str:
+    """A deployment's page in the UI `prefect_ui_base` finds."""
+    return f"{prefect_ui_base(ui)}/deployments/deployment/{deployment_id}"
+
+
 def generated_name(name: str) -> bool:
     """Whether Prefect made `name` up (the server's `adjective-animal`, the Custom run form's suggestion) rather
     than the user typing it."""
-    if UI_SUGGESTION.fullmatch(name):
+    if UI_SUGGESTION.fullmatch(name) or UI_V2_SUGGESTION.fullmatch(name):
         return True
     first, sep, second = name.partition("-")
     if not sep or not (first.isalpha() and second.isalpha() and name.islower()):
@@ -135,3 +186,46 @@ def quiet_user_errors() -> None:
     flow_runs = logging.getLogger("prefect.flow_runs")
     if not any(isinstance(f, _FailedAtError) for f in flow_runs.filters):
         flow_runs.addFilter(_FailedAtError())
+
+
+def keep_cancel_message(flow: Any, flow_run: Any, state: Any) -> None:
+    """`on_cancellation` hook (the runner calls it when a flow run is being cancelled, before it sets its own
+    Cancelled state): in the background, `restore_cancel_message` for that run."""
+    import threading
+
+    threading.Thread(
+        target=restore_cancel_message, args=(str(flow_run.id),), name=f"asp-cancel-{flow_run.id}", daemon=True
+    ).start()
+
+
+def restore_cancel_message(flow_run_id: str, wait_s: float = CANCEL_WAIT_S, poll_s: float = 1.0) -> str | None:
+    """Once flow run `flow_run_id` has been set Cancelled twice, the flow's own state and then the runner's over
+    it (`RUNNER_CANCELLED`), set the flow's message again (the newest earlier Cancelled state's message that
+    differs from the last one). Returns the message set, or None (no such state within `wait_s`, the
+    run ended otherwise, or the server did not answer: the message then stays in the run's log)."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    log = logging.getLogger("asp.orchestration")
+    deadline = time.monotonic() + wait_s
+    try:
+        with get_client(sync_client=True) as client:
+            while time.monotonic() < deadline:
+                state = client.read_flow_run(flow_run_id).state
+                if state is not None and state.is_final() and not state.is_cancelled():
+                    return None
+                if state is not None and state.is_cancelled():
+                    history = client.read_flow_run_states(flow_run_id)
+                    cancelled = [s.message for s in history if s.is_cancelled()]
+                    if len(cancelled) >= 2:  # the flow's, then the runner's over it
+                        ours = [m for m in cancelled[:-1] if m and m != cancelled[-1]]
+                        if not ours:
+                            return None
+                        client.set_flow_run_state(flow_run_id, Cancelled(message=ours[-1]), force=True)
+                        return ours[-1]
+                time.sleep(poll_s)
+    except Exception as exc:  # the explanation is also in the run's log
+        log.warning("could not keep the cancel message of flow run %s: %s", flow_run_id, exc)
+    return None

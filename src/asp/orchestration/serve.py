@@ -6,6 +6,7 @@
 Its own module (not `flow.py`), so the two flows (`asp.orchestration.flow`, `asp.orchestration.drift_loop`) are
 imported by this one module and never by each other. `prefect_api_url` and `check_server` import no prefect: the
 `asp serve` command checks the server before Prefect reads its settings.
+The deployment addresses it prints open the UI the server sends a user to (`asp.orchestration.prefect_run`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def serve(name: str = "asp-pipeline", on_ready: Callable[[str], object] = print)
 
     from asp.orchestration.drift_loop import loop_deployment
     from asp.orchestration.flow import asp_pipeline
+    from asp.orchestration.prefect_run import deployment_url
 
     deployment = asp_pipeline.to_deployment(
         name=name,
@@ -58,7 +60,7 @@ def serve(name: str = "asp-pipeline", on_ready: Callable[[str], object] = print)
     loop = loop_deployment()
     ui = prefect_api_url().rstrip("/").removesuffix("/api")
     for dep, flow_name in ((deployment, "asp-pipeline"), (loop, "asp-drift-loop")):
-        on_ready(f"deployment '{flow_name}/{dep.name}': {ui}/deployments/deployment/{dep.apply()}")
+        on_ready(f"deployment '{flow_name}/{dep.name}': {deployment_url(ui, str(dep.apply()))}")
     prefect_serve(deployment, loop, print_starting_message=False)
 
 

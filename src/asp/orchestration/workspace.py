@@ -13,9 +13,18 @@ keeps a copy of them while the stage runs:
 
 The copy lives in `.dvc/tmp/asp-snapshots/<stage>.<pid>.<id>/` (same filesystem: hard links, and renames to put it
 back; a plain copy where hard links are refused). Hard links are safe because DVC unlinks the outputs before the
-command runs, so nothing writes into the linked files. Persistent outputs (`outputs/launch_state`: launch's resume
-state) are left alone: they are kept to be resumed, not rebuilt. Where something cannot be put back, the message
-names it and says what to run. Pure file operations: no DVC, MLflow or Prefect imports.
+command runs, so nothing writes into the linked files.
+
+Persistent outputs (`persist: true`; `outputs/launch_state`: launch's resume state, not cached, so DVC can never
+restore it) are not deleted by DVC, but the stage itself may rewrite them (a forced or changed `launch` starts
+afresh and drops the old run's checkpoints). The caller says which of them to keep (`take(..., persisted=...)`):
+`PipelineRun` keeps those that match `dvc.lock` (the result of the last finished run: put back byte for byte, so
+`dvc status` is as before) and leaves the others, an interrupted attempt's resume state, to the stage (they keep
+the stopped run's progress, which a rerun resumes). A kept persistent output is a copy, since the stage writes into
+it (appends to its logs): files are copied, except those of finished checkpoint directories (a directory holding a
+``manifest.json``: written whole under another name and renamed into place, never written into again), which are
+hard links. Where something cannot be put back, the message names it and says what to run. Pure file operations: no
+DVC, MLflow or Prefect imports.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import shutil
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +58,7 @@ class Snapshot:
     paths: tuple[str, ...]
     existed: frozenset[str]
     lock: bytes | None
+    left: tuple[str, ...] = ()  # persistent outputs not kept (an interrupted attempt's state): the stage's to change
 
 
 @dataclass
@@ -61,6 +71,7 @@ class Restored:
     removed: list[str] = field(default_factory=list)
     lock: str = "unchanged"
     problems: list[str] = field(default_factory=list)
+    left: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -73,9 +84,15 @@ class Restored:
             what = ", ".join(self.put_back) or "no outputs existed"
             extra = f"; removed what it had created ({', '.join(self.removed)})" if self.removed else ""
             lock = "dvc.lock restored" if self.lock == "restored" else "dvc.lock unchanged"
+            left = (
+                f" {', '.join(self.left)} keeps the stopped run's progress (it held an interrupted run's resume state "
+                f"before, which `asp repro {self.stage}` resumes)."
+                if self.left
+                else ""
+            )
             return (
                 f"the workspace is as it was before stage '{self.stage}' started: {what} put back{extra}, {lock} "
-                "(`dvc status` and `git status` show what they showed before)."
+                f"(`dvc status` and `git status` show what they showed before).{left}"
             )
         return (
             f"the workspace could not be fully put back after stage '{self.stage}' stopped: "
@@ -132,28 +149,38 @@ def clear_stale(root: str | Path) -> list[str]:
     return lines
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """`dst` as hard links of `src` (a file, a symlink or a directory tree); copies where links are refused."""
+MANIFEST = "manifest.json"  # a finished checkpoint directory (asp.runtime.checkpoint.write_manifest)
+
+
+def _link_tree(src: Path, dst: Path, link: bool = True) -> None:
+    """`dst` as hard links of `src` (a file, a symlink or a directory tree); copies where links are refused.
+    `link=False` (a persistent output): copies, except inside finished checkpoint directories (`MANIFEST`)."""
     if src.is_symlink() or src.is_file():
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_symlink():
             os.symlink(os.readlink(src), dst)
             return
         try:
+            if not link:
+                raise OSError("a copy")
             os.link(src, dst)
-        except OSError:  # another filesystem, or one without hard links
+        except OSError:  # a persistent output, another filesystem, or one without hard links
             shutil.copy2(src, dst)
         return
     dst.mkdir(parents=True, exist_ok=True)
+    link = link or (src / MANIFEST).is_file()
     for child in src.iterdir():
-        _link_tree(child, dst / child.name)
+        _link_tree(child, dst / child.name, link)
 
 
-def take(root: str | Path, stage: str, dvc_file: str | Path | None = None) -> Snapshot:
-    """Keep `stage`'s outputs (hard links) and dvc.lock's bytes, before `dvc repro` of it runs. A partial
-    snapshot is removed if this is interrupted."""
+def take(root: str | Path, stage: str, dvc_file: str | Path | None = None, persisted: Iterable[str] = ()) -> Snapshot:
+    """Keep `stage`'s outputs (hard links) and dvc.lock's bytes, before `dvc repro` of it runs; of its persistent
+    outputs, those named in `persisted` (copies; see the module docstring). A partial snapshot is removed if this
+    is interrupted."""
     root = Path(root).resolve()
-    deleted, _ = stage_outputs(stage, dvc_file or root / "dvc.yaml")
+    deleted, kept = stage_outputs(stage, dvc_file or root / "dvc.yaml")
+    copied = sorted(set(kept) & set(persisted))
+    deleted = sorted({*deleted, *copied})
     where = root / SNAPSHOTS / f"{stage}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     try:
         where.mkdir(parents=True)
@@ -161,7 +188,7 @@ def take(root: str | Path, stage: str, dvc_file: str | Path | None = None) -> Sn
         for rel in deleted:
             path = root / rel
             if path.exists() or path.is_symlink():
-                _link_tree(path, where / "files" / rel)
+                _link_tree(path, where / "files" / rel, link=rel not in copied)
                 existed.append(rel)
         lock_path = root / LOCK_FILE
         lock = lock_path.read_bytes() if lock_path.is_file() else None
@@ -169,7 +196,8 @@ def take(root: str | Path, stage: str, dvc_file: str | Path | None = None) -> Sn
     except BaseException:
         shutil.rmtree(where, ignore_errors=True)
         raise
-    return Snapshot(stage, root, where, tuple(deleted), frozenset(existed), lock)
+    left = tuple(p for p in kept if p not in copied and (root / p).exists())
+    return Snapshot(stage, root, where, tuple(deleted), frozenset(existed), lock, left)
 
 
 def _remove(path: Path) -> None:
@@ -210,7 +238,7 @@ def _restore_lock(snap: Snapshot, done: Restored) -> None:
 def restore(snap: Snapshot) -> Restored:
     """Put `snap`'s outputs and dvc.lock back (call it once the stage's processes have ended); removes what the
     stopped run created in their place. Never raises for a path it cannot restore: `Restored.problems` says."""
-    done = Restored(snap.stage)
+    done = Restored(snap.stage, left=snap.left)
     with deferred_signals():
         for rel in snap.paths:
             target = snap.root / rel

@@ -53,6 +53,7 @@ import ray
 
 from asp.control.core import ControlCore, GUSlot, RuntimeFailure
 from asp.control.database import Database
+from asp.control.history import PASS_REASON
 from asp.control.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate
 from asp.control.metrics import RunSummary
 from asp.control.plan import WorkPlan
@@ -127,6 +128,7 @@ class ControlUnit:
         self.flushed = (0, 0)  # records and depth-trace entries already in the run log
         self.gate = hold_continuation() and self.checkpointer is not None  # test hook (asp.runtime.testhooks)
         self.withheld: tuple[int, Any] | None = None  # (GU index, continuation item) the gate keeps back
+        self.passes_saved: set[int] = set()  # passes whose history-aware plan a checkpoint holds (kill point pass@)
 
     # ---- the position, which lives in the core (`run._restore` sets it, observers read it) --------------------
     @property
@@ -182,6 +184,7 @@ class ControlUnit:
         """Run until the configured iterations (or the whole schedule) are trained; return the summary."""
         core = self.core
         core.begin(time.time())
+        self.passes_saved = self._planned_passes()  # restored from the checkpoint: saved already
         for g in self.gus:
             g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
         while not core.finished() and not core.stopped():
@@ -336,11 +339,18 @@ class ControlUnit:
             finished=finished,
         )
         kill_point(f"checkpoint@{self.step}")
+        for planned in sorted(self._planned_passes() - self.passes_saved):
+            self.passes_saved.add(planned)
+            kill_point(f"pass@{planned}")
         self._release_withheld()
         logged = bool(self.unlogged)
         self.flush_metrics()
         if logged and self.runlog is not None:
             self.runlog.mark("logged", self.step)
+
+    def _planned_passes(self) -> set[int]:
+        """The passes (1-based) the Database holds a history-aware plan of (`runtime.history`)."""
+        return {int(r["epochs_created"]) + 1 for r in self.db.replans if r.get("reason") == PASS_REASON}
 
     def flush_metrics(self) -> None:
         """Hand the held-back iteration metrics to the logger, one call per step in step order."""

@@ -4,6 +4,7 @@ trainer trained. Never set them outside tests.
     ASP_KILL_AT=launch:outputs asp stage launch      # dies right after outputs/launch was written
     ASP_TRAINER_LEDGER=/tmp/ledger.jsonl asp stage launch   # runtime.trainer simulated: one line per step trained
     ASP_HOLD_CONTINUATION=1 ASP_KILL_AT=checkpoint@2 asp stage launch   # partial rollouts: held work at the kill
+    ASP_KILL_AT=pass@2 asp stage launch              # runtime.history: just after the pass-2 plan was checkpointed
 
 `kill_point(name)` does nothing unless the environment variable ``ASP_KILL_AT`` equals `name`; then it sends SIGKILL
 to its own process (no cleanup, no `finally`, no atexit: what `kill -9`, the out-of-memory killer or a lost node
@@ -28,6 +29,7 @@ LEDGER_ENV = "ASP_TRAINER_LEDGER"
 HOLD_ENV = "ASP_HOLD_CONTINUATION"
 POINTS = {
     "checkpoint@<step>": "runtime: the position of <step> and its run-log segment saved, its metrics not yet logged",
+    "pass@<pass>": "runtime: the first checkpoint holding the history-aware plan of pass <pass> (a pass boundary)",
     "launch:start": "launch: the run and its MLflow run are recorded, nothing trained yet",
     "launch:trained": "launch: the training loop returned (summary logged), nothing of the end of the run done",
     "launch:evaluated": "launch: the held-out reward was measured (grpo), no output written",

@@ -55,6 +55,7 @@ from asp.tracking.registry import predictor_versions, register_predictor
 from asp.tracking.runs import (
     MlflowTracker,
     attach_run,
+    end_nested_runs,
     end_run,
     ensure_experiment,
     find_stage_run,
@@ -105,6 +106,7 @@ __all__ = [
     "log_text",
     "mlflow_client",
     "nested_statuses",
+    "end_nested_runs",
     "open_tracker",
     "owner_alive",
     "owner_tags",

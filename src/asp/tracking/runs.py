@@ -213,6 +213,22 @@ def nested_statuses(tracker: Tracker) -> list[str]:
     return [run.info.status for run in runs]
 
 
+def end_nested_runs(tracker: Tracker, status: str = "KILLED") -> list[str]:
+    """End the runs nested under `tracker`'s run that are still RUNNING with `status` (a stage process stopped
+    before it could end its own run: SIGKILLed past its grace time, or its signal handler replaced by Ray's);
+    returns their ids. [] without MLflow."""
+    if not isinstance(tracker, MlflowTracker):
+        return []
+    exp_id = tracker.client.get_run(tracker.run_id).info.experiment_id
+    query = f"tags.mlflow.parentRunId = '{tracker.run_id}' and attributes.status = 'RUNNING'"
+    ended = []
+    for run in tracker.client.search_runs([exp_id], query):
+        tracker.client.set_terminated(run.info.run_id, status=status)
+        drop_bookkeeping(tracker.client, run.info.run_id)
+        ended.append(run.info.run_id)
+    return ended
+
+
 def run_url(ui: str, tracker_or_ids: Tracker | tuple[str, str]) -> str | None:
     """The MLflow UI address of a run (classic runs view), from a tracker or (experiment id, run id)."""
     if isinstance(tracker_or_ids, tuple):
