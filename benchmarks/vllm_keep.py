@@ -109,19 +109,32 @@ def _logprob_gap(
 
 
 def run_reprefill(engine: Any, prompt_ids: list[list[int]], new_state: dict, args: argparse.Namespace) -> dict:
-    """asp's path: cut at the budget, reload, continue as new requests (prompt + tokens so far, prefilled again)."""
-    from asp.rollout.vllm import parse_request_outputs, token_prompts
+    """asp's path: cut at the budget, reload, continue as new requests (prompt + tokens so far, prefilled again).
+
+    The requests are built by asp's own `request_sampling_kwargs` and `continuation_requests` (what
+    `VLLMEngine.generate` / `continue_responses` send), plus ``ignore_eos`` so every response runs to its cap."""
+    from asp.rollout import SamplingParams
+    from asp.rollout.vllm import continuation_requests, parse_request_outputs, request_sampling_kwargs, token_prompts
+
+    def requests(kwargs: list[dict[str, Any]]) -> list[Any]:
+        return [engine._sampling_cls(**kw, ignore_eos=True) for kw in kwargs]
 
     llm = engine.llm
-    first = [_sampling(engine, args.budget, args.seed + i) for i in range(len(prompt_ids))]
+    cut_params = SamplingParams(n=1, max_new_tokens=args.budget, temperature=1.0, top_p=1.0, seed=args.seed)
+    first = requests(request_sampling_kwargs(cut_params, len(prompt_ids), detokenize=False))
     cut = parse_request_outputs(llm.generate(token_prompts(prompt_ids), sampling_params=first, use_tqdm=False))
     partials = [list(r.samples[0].token_ids) for r in cut]
     t0, c0 = time.perf_counter(), time.process_time()
     engine.update_weights(new_state)
     reload_s = time.perf_counter() - t0
-    contexts = [p + q for p, q in zip(prompt_ids, partials, strict=True)]
-    rest = [_sampling(engine, args.max_new_tokens - len(q), args.seed + 1000 + i) for i, q in enumerate(partials)]
-    out = parse_request_outputs(llm.generate(token_prompts(contexts), sampling_params=rest, use_tqdm=False))
+    rest_params = SamplingParams(
+        n=1, max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, seed=args.seed + 1000
+    )
+    limits = [args.max_new_tokens - len(q) for q in partials]
+    contexts, rest_kwargs = continuation_requests(prompt_ids, partials, rest_params, limits)
+    out = parse_request_outputs(
+        llm.generate(token_prompts(contexts), sampling_params=requests(rest_kwargs), use_tqdm=False)
+    )
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     tails = [list(r.samples[0].token_ids) for r in out]
     return {
