@@ -329,8 +329,21 @@ def _ensure_ran(env: dict[str, str], parameters: dict[str, Any]) -> None:
         assert _trigger(env, parameters)["state_type"] == "COMPLETED"
 
 
-def _browser(pw: Any) -> Any:
-    return pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+@contextlib.contextmanager
+def _page(sync_api: Any, shots: Path) -> Iterator[Any]:
+    """A page of headless Chromium (the system browser), 1400 x 900, patient with a loaded machine (load 5-12 under
+    `make test` renders slowly); on a failure inside, a full-page ``failure.png`` in `shots`; closed after."""
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        try:
+            yield page
+        except Exception:
+            page.screenshot(path=shots / "failure.png", full_page=True)
+            raise
+        finally:
+            browser.close()
 
 
 @pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (run `make browser`)")
@@ -352,71 +365,62 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
         label = page.locator("label", has_text=re.compile(rf"^{name}( \(Optional\))?$"))
         return page.locator("div.group").filter(has=label).last
 
-    with sync_api.sync_playwright() as pw:
-        browser = _browser(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(60_000)  # a loaded machine (load 5-12 under `make test`) renders slowly
+    with _page(sync_api, shots) as page:
         busy: list[int] = []  # 503s of create_flow_run (SQLite busy) that reached the browser: none may
         page.on(
             "response",
             lambda r: busy.append(r.status) if r.status == 503 and r.url.endswith("/create_flow_run") else None,
         )
-        try:
-            page.goto(f"{ui}/")  # where a new user lands
-            expect(page).to_have_url(re.compile(re.escape(ui) + "/v2/"))
-            page.goto(served["DEPLOYMENT_URL"])  # what `asp serve` printed
-            page.get_by_role("button", name="Run", exact=True).click()
-            page.get_by_text("Custom run", exact=True).click()
-            expect(page.get_by_role("heading", name="Parameters")).to_be_visible()
-            run_name = page.get_by_label("Run Name")
-            expect(run_name).not_to_have_value("")
-            suggested = run_name.input_value()  # the form's suggestion, kept as a user who types none does
-            assert generated_name(suggested), suggested
-            page.get_by_role("button", name="Select stages").click()  # a multi-select of dvc.yaml's stage names
-            page.get_by_role("option", name="schedule", exact=True).click()
-            page.keyboard.press("Escape")
-            expect(field(page, "stages")).to_contain_text("schedule")
-            overrides = field(page, "overrides")  # an object: the new UI shows its editor on request
-            overrides.get_by_role("button", name="Open menu").click()
-            page.get_by_role("menuitem", name="Use JSON Input").click()
-            editor = overrides.locator(".cm-content")
-            editor.click()
-            page.keyboard.press("ControlOrMeta+a")
-            page.keyboard.type(json.dumps({"schedule.k": 4}))  # `_ensure_ran`'s run again: DVC must not rerun it
-            page.screenshot(path=shots / "prefect-custom-run.png")
-            before = {r["id"] for r in prefect_api(served, "/flow_runs/filter", {})}
-            # One click: Prefect's UI does not retry a 503 ("Something went wrong"), so the server must not send
-            # one (asp.cli.prefect_server runs a request refused for a busy database again).
-            page.get_by_role("button", name="Submit", exact=True).click()
-            deadline, new = time.monotonic() + 120, []
-            while not new and not busy and time.monotonic() < deadline:  # the run the click created
-                new = [r for r in prefect_api(served, "/flow_runs/filter", {}) if r["id"] not in before]
-                time.sleep(0.5)
-            assert not busy, "create_flow_run answered 503 (the server's SQLite busy)"
-            assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 4}, new
-            run = _final(served, new[0]["id"])
-            assert run["state_type"] == "COMPLETED", run["state"]
-            (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
-            link = parent.data.tags["asp.prefect_flow_run_url"]  # MLflow's way back to the flow run
-            assert link == f"{ui}/v2/runs/flow-run/{run['id']}", link
-            page.goto(link)
-            expect(page.get_by_text(run["name"]).first).to_be_visible()
-            expect(page.get_by_text("Completed", exact=True).first).to_be_visible()
-            page.get_by_role("tab", name="Artifacts").click()
-            card = page.get_by_text("asp-pipeline-run").first
-            expect(card).to_be_visible()
-            page.screenshot(path=shots / "prefect-flow-run.png")  # the README's picture
-            (summary,) = [a for a in _artifacts(served, run["id"]) if a["key"] == "asp-pipeline-run"]
-            page.goto(f"{ui}/v2/artifacts/artifact/{summary['id']}")  # the new UI's page of that artifact
-            mlflow = page.get_by_role("link", name="MLflow parent run", exact=True)
-            expect(mlflow).to_be_visible()
-            assert "/#/experiments/" in (mlflow.get_attribute("href") or "")
-            page.screenshot(path=shots / "prefect-artifact.png")
-        except Exception:
-            page.screenshot(path=shots / "failure.png", full_page=True)
-            raise
-        finally:
-            browser.close()
+        page.goto(f"{ui}/")  # where a new user lands
+        expect(page).to_have_url(re.compile(re.escape(ui) + "/v2/"))
+        page.goto(served["DEPLOYMENT_URL"])  # what `asp serve` printed
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.get_by_text("Custom run", exact=True).click()
+        expect(page.get_by_role("heading", name="Parameters")).to_be_visible()
+        run_name = page.get_by_label("Run Name")
+        expect(run_name).not_to_have_value("")
+        suggested = run_name.input_value()  # the form's suggestion, kept as a user who types none does
+        assert generated_name(suggested), suggested
+        page.get_by_role("button", name="Select stages").click()  # a multi-select of dvc.yaml's stage names
+        page.get_by_role("option", name="schedule", exact=True).click()
+        page.keyboard.press("Escape")
+        expect(field(page, "stages")).to_contain_text("schedule")
+        overrides = field(page, "overrides")  # an object: the new UI shows its editor on request
+        overrides.get_by_role("button", name="Open menu").click()
+        page.get_by_role("menuitem", name="Use JSON Input").click()
+        editor = overrides.locator(".cm-content")
+        editor.click()
+        page.keyboard.press("ControlOrMeta+a")
+        page.keyboard.type(json.dumps({"schedule.k": 4}))  # `_ensure_ran`'s run again: DVC must not rerun it
+        page.screenshot(path=shots / "prefect-custom-run.png")
+        before = {r["id"] for r in prefect_api(served, "/flow_runs/filter", {})}
+        # One click: Prefect's UI does not retry a 503 ("Something went wrong"), so the server must not send
+        # one (asp.cli.prefect_server runs a request refused for a busy database again).
+        page.get_by_role("button", name="Submit", exact=True).click()
+        deadline, new = time.monotonic() + 120, []
+        while not new and not busy and time.monotonic() < deadline:  # the run the click created
+            new = [r for r in prefect_api(served, "/flow_runs/filter", {}) if r["id"] not in before]
+            time.sleep(0.5)
+        assert not busy, "create_flow_run answered 503 (the server's SQLite busy)"
+        assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 4}, new
+        run = _final(served, new[0]["id"])
+        assert run["state_type"] == "COMPLETED", run["state"]
+        (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
+        link = parent.data.tags["asp.prefect_flow_run_url"]  # MLflow's way back to the flow run
+        assert link == f"{ui}/v2/runs/flow-run/{run['id']}", link
+        page.goto(link)
+        expect(page.get_by_text(run["name"]).first).to_be_visible()
+        expect(page.get_by_text("Completed", exact=True).first).to_be_visible()
+        page.get_by_role("tab", name="Artifacts").click()
+        card = page.get_by_text("asp-pipeline-run").first
+        expect(card).to_be_visible()
+        page.screenshot(path=shots / "prefect-flow-run.png")  # the README's picture
+        (summary,) = [a for a in _artifacts(served, run["id"]) if a["key"] == "asp-pipeline-run"]
+        page.goto(f"{ui}/v2/artifacts/artifact/{summary['id']}")  # the new UI's page of that artifact
+        mlflow = page.get_by_role("link", name="MLflow parent run", exact=True)
+        expect(mlflow).to_be_visible()
+        assert "/#/experiments/" in (mlflow.get_attribute("href") or "")
+        page.screenshot(path=shots / "prefect-artifact.png")
     assert _stage_runs(project["experiment"], "schedule")[-1].info.run_id == schedule_before  # not rerun
     # asp's telling name (what runs, with an override, when), not the form's suggestion
     assert run["name"] != suggested and "schedule.k=4" in run["name"] and re.search(STAMP + "$", run["name"]), run
@@ -527,44 +531,26 @@ def _final(env: dict[str, str], flow_run_id: str, timeout_s: float = 300) -> dic
 def _cancel_in_the_browser(ui_link: str, shots: Path) -> None:
     """The run's page (the link asp keeps in MLflow) -> its menu -> Cancel -> Cancel Flow Run, in the new UI."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
-    with sync_api.sync_playwright() as pw:
-        browser = _browser(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(60_000)
-        try:
-            page.goto(ui_link)
-            sync_api.expect(page.get_by_text("Running", exact=True).first).to_be_visible()
-            page.locator("button[aria-haspopup=menu]").first.click()  # the run's menu, top right
-            page.get_by_role("menuitem", name="Cancel", exact=True).click()
-            page.get_by_role("button", name="Cancel Flow Run", exact=True).click()
-            sync_api.expect(page.get_by_text("Cancelling", exact=True).first).to_be_visible()
-        except Exception:
-            page.screenshot(path=shots / "failure.png", full_page=True)
-            raise
-        finally:
-            browser.close()
+    with _page(sync_api, shots) as page:
+        page.goto(ui_link)
+        sync_api.expect(page.get_by_text("Running", exact=True).first).to_be_visible()
+        page.locator("button[aria-haspopup=menu]").first.click()  # the run's menu, top right
+        page.get_by_role("menuitem", name="Cancel", exact=True).click()
+        page.get_by_role("button", name="Cancel Flow Run", exact=True).click()
+        sync_api.expect(page.get_by_text("Cancelling", exact=True).first).to_be_visible()
 
 
 def _explanation_in_the_browser(ui_link: str, put_back: str, shots: Path) -> None:
     """The run's Details tab shows the state message: asp's explanation, not the runner's generic words."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
-    with sync_api.sync_playwright() as pw:
-        browser = _browser(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(60_000)
-        try:
-            page.goto(ui_link)
-            page.get_by_role("tab", name="Details").click()
-            sync_api.expect(page.get_by_text("State Message", exact=True)).to_be_visible()
-            message = page.get_by_text(put_back).first
-            sync_api.expect(message).to_be_visible()
-            message.scroll_into_view_if_needed()
-            page.screenshot(path=shots / "prefect-cancelled.png")
-        except Exception:
-            page.screenshot(path=shots / "failure.png", full_page=True)
-            raise
-        finally:
-            browser.close()
+    with _page(sync_api, shots) as page:
+        page.goto(ui_link)
+        page.get_by_role("tab", name="Details").click()
+        sync_api.expect(page.get_by_text("State Message", exact=True)).to_be_visible()
+        message = page.get_by_text(put_back).first
+        sync_api.expect(message).to_be_visible()
+        message.scroll_into_view_if_needed()
+        page.screenshot(path=shots / "prefect-cancelled.png")
 
 
 def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(
