@@ -240,7 +240,7 @@ class ScriptedRay:
         return self.now
 
     def handle(self, gu: int) -> SimpleNamespace:
-        def submit(items):
+        def submit(items, _seq):
             self.submitted.update(((it.task_id, it.attempt), it) for it in items)
 
         def collect(_timeout):

@@ -102,3 +102,34 @@ def test_simulated_trainer_protocol_ledger_and_restore(tmp_path):
     assert line["prompt_ids"] == ["a", "b"] and line["tokens"] == 10 and line["logprob_max"] == -1.0
     fresh = SimulatedTrainer(step_time_s=0.0, refresh_delay_s=0.5)
     assert fresh.restore({"version": 4}) == WeightUpdate(4, None, 0.5) and fresh.version == 4
+
+
+def test_the_generation_unit_applies_pause_and_submit_calls_in_the_order_sent_whatever_order_ray_runs_them():
+    """Ray does not keep an async actor's calls in order: a pause sent just before a resume can run after it (seen
+    in a resumed run, which then stalled with minibatches queued in a paused GU). The sequence numbers undo that."""
+    import asyncio
+
+    from asp.runtime.generation import GenerationUnit
+
+    async def scenario() -> GenerationUnit:
+        unit = GenerationUnit(0, [], [])
+        await unit.submit([item(2, ["c"])], 1)  # overtook submit 0: waits for it
+        assert list(unit.queue) == [] and not unit.work.is_set()
+        await unit.submit([item(0, ["a"]), item(1, ["b"])], 0)
+        await unit.submit([item(3, ["d"])], 2)
+        await unit.set_paused(False, 1)  # the resume ran first ...
+        await unit.set_paused(True, 0)  # ... the older pause is stale
+        return unit
+
+    unit = asyncio.run(scenario())
+    assert [it.task_id for it in unit.queue] == [0, 1, 2, 3]
+    assert not unit.paused and unit.work.is_set()  # the feeders would hand the queue out
+
+    async def in_order() -> GenerationUnit:
+        unit = GenerationUnit(0, [], [])
+        await unit.submit([item(0, ["a"])], 0)
+        await unit.set_paused(True, 0)
+        return unit
+
+    unit = asyncio.run(in_order())
+    assert unit.paused and not unit.work.is_set()  # a pause that arrives in order still holds the queue

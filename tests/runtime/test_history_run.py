@@ -31,12 +31,7 @@ def stop_after_first_pass_plan(cu, out):
         cu.request_stop("killed at the pass boundary")
 
 
-# Extended tier, not CI: the resumed session stalls intermittently (runtime.stall_timeout_s reached with minibatches
-# submitted to the GU that never come back; seen in about 1 of 6 to 1 of 25 runs on 2 busy cores, with and without
-# minibatch coalescing), a runtime bug not yet found. CI keeps the pass-boundary kill and resume at unit level
-# (tests/control/test_history.py::test_a_resume_at_a_pass_boundary_keeps_the_history_and_replays_the_pass_plans).
 @pytest.mark.slow
-@pytest.mark.extended
 def test_a_multi_pass_run_reschedules_each_pass_and_resumes_with_its_history(ray_cluster, tmp_path):
     plan, prompts = make_plan(PROMPTS // 3, 3)  # minibatches of 3 consecutive ids, groups of 2
     plan = replace(plan, predicted={p: 10.0 for p in plan.prompt_ids()})  # a predictor that knows nothing

@@ -91,6 +91,18 @@ class GUState:
     actor_ids: list[int]
     alive: set[int]
     collect_ref: Any = None
+    submits: int = 0  # submit calls sent (their sequence numbers: `GenerationUnit.submit`)
+    pauses: int = 0  # set_paused calls sent (likewise)
+
+    def submit(self, items: list[Any]) -> None:
+        """Send minibatches to the GU, numbered so that it queues them in the order sent."""
+        self.handle.submit.remote(items, self.submits)
+        self.submits += 1
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause or resume the GU, numbered so that an overtaken call cannot undo a newer one."""
+        self.handle.set_paused.remote(paused, self.pauses)
+        self.pauses += 1
 
 
 @dataclass
@@ -227,7 +239,7 @@ class ControlUnit:
                     self.withheld = (index, first)
                     items = [it for it in items if it is not first]
             if items:
-                self.gus[index].handle.submit.remote(items)
+                self.gus[index].submit(items)
 
     def _release_withheld(self) -> None:
         """Send the continuation item `hold_continuation` kept back (after the first checkpoint)."""
@@ -236,12 +248,12 @@ class ControlUnit:
             index, item = self.withheld
             self.withheld = None
             if not self.core.gus[index].dead:
-                self.gus[index].handle.submit.remote([item])
+                self.gus[index].submit([item])
 
     def _set_paused(self, paused: bool) -> None:
         for g in self.gus:
             if not self.core.gus[g.index].dead:
-                g.handle.set_paused.remote(paused)
+                g.set_paused(paused)
 
     # ---- ingestor --------------------------------------------------------------------------------------
     def _on_report(self, g: GUState) -> None:

@@ -13,8 +13,11 @@ back as a `SegmentOutput`. Both are decoded with whatever weights the actor load
 `GenerationUnit` is the GU's control process (an async Ray actor): it holds the GU's input queue, hands
 minibatches to idle actors one at a time unless generation is paused (backpressure: queued minibatches
 wait, decoding ones finish), and returns completed outputs, failures and dead actors to the Control Unit
-in batches through a long-poll `collect`. An actor that dies mid-minibatch yields a `Failure` (the task
-goes back to the Database); Ray restarts it (``max_restarts``) and it is fed again with fresh weights.
+in batches through a long-poll `collect`. Ray does not run an async actor's calls in the order they were
+sent, so `submit` and `set_paused` carry the Control Unit's sequence numbers: a pause that overtakes the resume
+sent after it is ignored, and minibatches join the queue in the order they were sent. An actor that dies
+mid-minibatch yields a `Failure` (the task goes back to the Database); Ray restarts it (``max_restarts``) and it
+is fed again with fresh weights.
 """
 
 from __future__ import annotations
@@ -276,6 +279,9 @@ class GenerationUnit:
         self.coalesce_below_s, self.max_chunk = coalesce_below_s, max(1, max_chunk)
         self.queue: deque[WorkItem] = deque()
         self.paused = False
+        self.pause_seq = -1  # sequence number of the pause state applied last
+        self.next_submit = 0  # sequence number of the next `submit` to join the queue
+        self.early: dict[int, list[WorkItem]] = {}  # submits that overtook an earlier one, by sequence number
         self.weights: WeightUpdate | None = None
         self.report = GUReport(gu=gu)
         self.work = asyncio.Event()  # queue non-empty and not paused, or stopping
@@ -296,14 +302,22 @@ class GenerationUnit:
         else:
             self.work.clear()
 
-    async def submit(self, items: list[WorkItem]) -> None:
-        """Append minibatches to the input queue (in order)."""
-        self.queue.extend(items)
+    async def submit(self, items: list[WorkItem], seq: int) -> None:
+        """Append minibatches to the input queue, in order. `seq` numbers the Control Unit's submits to this GU
+        (0, 1, 2, ...): Ray may run a later call first, which then waits here until the ones before it arrived."""
+        self.early[seq] = items
+        while self.next_submit in self.early:
+            self.queue.extend(self.early.pop(self.next_submit))
+            self.next_submit += 1
         self._wake()
 
-    async def set_paused(self, paused: bool) -> None:
-        """Backpressure: while paused no queued minibatch starts; decoding ones finish."""
-        self.paused = paused
+    async def set_paused(self, paused: bool, seq: int) -> None:
+        """Backpressure: while paused no queued minibatch starts; decoding ones finish. `seq` numbers the Control
+        Unit's pause/resume calls: one that Ray runs after a newer one (it does not keep an async actor's calls in
+        order) is stale and ignored, so the GU ends in the state the Control Unit set last."""
+        if seq <= self.pause_seq:
+            return
+        self.pause_seq, self.paused = seq, paused
         self._wake()
 
     async def set_weights(self, update: WeightUpdate) -> None:
