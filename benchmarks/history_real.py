@@ -20,16 +20,30 @@ What the boundary knows: pass p is planned when the last minibatch of pass p-1 i
 window (q_max + units x (gu_queue_target + actors) x b prompts, the last ones dispatched) is not trained yet; those
 prompts have only older visits. Visits are aged in policy versions (one per global batch). The GPU layout needs
 more prompts than 805 to be more than a few steps: the prompt set is the 805 prompts repeated ``--gpu-copies``
-times as distinct prompts (default 20: 16,100, DeepScaleR's size), each copy with its own samples; equal loads
-are scheduled in a random order (a relative jitter of 1e-9), so the copies of a prompt do not line up in the
-ties of the calibrated predictions. The copies still share their prediction and (by default) their true mean,
-which favours the predictor-only schedule there (a minibatch cut from one prediction's tie holds few distinct
-prompts); ``--copy-sigma 0.3`` gives each copy its own true-length factor, unseen by the predictor.
+times (default 20: 16,100, DeepScaleR's size). With ``--copy-mode shuffle`` (default) copy c >= 1 of a prompt keeps
+its predictions but takes the real lengths (under both policies) of another prompt from the same bin of
+``--copy-bin`` (16) prompts adjacent in prediction order: a distinct prompt the predictor cannot tell from its
+neighbours, as in a real 16k-prompt set. ``--copy-mode exact`` repeats each prompt as it is, which flatters the
+predictor-only schedule (a minibatch cut from one prediction's tie holds copies of one prompt, equal in length);
+``--copy-sigma`` also gives each copy its own length factor, unseen by the predictor. Equal loads sort by the raw
+prediction (as the scheduler breaks ties of the calibrated ones), then at random.
+
+How the policy moves (``--drift``): "abrupt" (default) is the pass-1 model, then its sibling from pass 2 on (pass 2
+sees a whole preference-tuning or scale-up step, pass 3 revisits under the same policy); "gradual" moves every
+prompt's mean geometrically from the pass-1 model to the sibling over the passes (pass 2 half way), so each pass
+sees part of the change, as successive passes of one RL run do.
+
+Catch-up (``runtime.history.catch_up``, on unless ``--no-catch-up``): once the window has trained, the part of
+pass p not issued meanwhile (all but its first batch groups holding ``window`` prompts) is scheduled again on the
+loads the history gives then; "tau blend" and C4 hist are then those of the plan that runs (boundary head + rest).
 
 Loads: predictor only (C4 on the calibrated predictions, what asp does without history), history only (kappa 0:
-the prediction only where a prompt has no visit) and blended (`runtime.history` defaults, kappa 0.5, delta 0.01).
+the prediction only where a prompt has no visit; at the boundary) and blended (`runtime.history` defaults, kappa
+0.5, delta 0.01).
 Schedules: C0 original order (fixed minibatches of b), C4 on predictor loads, C4 on blended loads; padding rate
-and group-load CV on the pass's realized loads (`asp.schedule.schedule_metrics`). Simulator
+and group-load CV on the pass's realized loads (`asp.schedule.schedule_metrics`). ``tau ceiling``: the previous
+pass's policy's true means ranking this pass, what perfect knowledge of the previous pass would give (no sampling
+noise, no in-flight window). Simulator
 (`asp.sim.engine.simulate`, one pass each): the layouts of params.yaml (demo: 1 GU x 2 actors, batch 16) and of
 configs/gpu-cluster.yaml (3 GUs x 4 actors, batch 512, q_max 2,048, lag bound 2), both with bench_sim's ASSUMED
 vLLM-like continuous-batching time model and trainer (no GPU measured them) and the cap 8,192 tokens; balancing
@@ -38,6 +52,7 @@ with ``--anneal`` proposals.
     .venv/bin/python benchmarks/history_real.py                      # 3 chains x 2 layouts x 3 passes, ~3-6 min
     .venv/bin/python benchmarks/history_real.py --chains phi --layouts demo --passes 2      # a quick look
     .venv/bin/python benchmarks/history_real.py --json benchmarks/results/history_real.json
+    .venv/bin/python benchmarks/history_real.py --drift gradual --json benchmarks/results/history_real_gradual.json
 """
 
 from __future__ import annotations
@@ -114,21 +129,51 @@ def draw(means: np.ndarray, n: int, sigma: float, rng: np.random.Generator) -> n
     return np.clip(np.round(means[:, None] * noise), 1, CAP).astype(np.int32)
 
 
-def chain_inputs(chain: str, copies: int, copy_sigma: float, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(calibrated predictions (P,), [pass-1 model means, sibling means]) in tokens, the prompts repeated; with
-    `copy_sigma` > 0 and copies > 1 each copy's means (under both policies) get a factor exp(copy_sigma * z - s^2/2)
-    the predictor does not see (a variant of the prompt rather than the same prompt again)."""
+def chain_inputs(
+    chain: str, copies: int, copy_sigma: float, seed: int, copy_mode: str = "shuffle", copy_bin: int = 16
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """(calibrated predictions (P,), raw predictions (P,), [pass-1 model means, sibling means]) in tokens, the
+    prompts repeated `copies` times.
+
+    Copy 0 is the data. `copy_mode` "exact": every copy has its prompt's prediction and true means (a minibatch cut
+    from one prediction then holds few distinct prompts, which flatters predictor-only loads: real distinct prompts
+    with equal predictions differ). "shuffle": copy c >= 1 keeps its prompt's predictions but takes the true means
+    (under both policies: the real drift of one real prompt) of a prompt drawn without replacement from the same
+    bin of `copy_bin` prompts adjacent in calibrated-prediction order, so each copy is a distinct prompt the
+    predictor cannot tell from its neighbours, and the predictor ranks the copies about as well as the data. With
+    `copy_sigma` > 0 each copy's means (both policies) also get a factor exp(copy_sigma * z - s^2/2)."""
     rows = json.loads(DATA.read_text())["rows"]
     source, sibling = CHAINS[chain]
     oof = json.loads(OOF.read_text())["targets"][source]
     idx = np.asarray(oof["prompt_index"])
     pred = np.asarray(oof["calibrated"], float) * TOKENS_PER_WORD
+    raw = np.asarray(oof["prediction"], float) * TOKENS_PER_WORD
     means = [np.array([rows[i][f"words:{m}"] for i in idx], float) * TOKENS_PER_WORD for m in (source, sibling)]
-    factor = np.ones(idx.size * copies)
+    rng = np.random.default_rng([seed, 0xC0])
+    source_rows = [np.arange(idx.size)]
+    order = np.lexsort((np.arange(idx.size), raw, pred))  # what the scheduler sorts by
+    for _ in range(1, copies):
+        rows_c = np.arange(idx.size)
+        if copy_mode == "shuffle":
+            for start in range(0, idx.size, copy_bin):
+                members = order[start : start + copy_bin]
+                rows_c[members] = rng.permutation(members)
+        source_rows.append(rows_c)
+    src = np.concatenate(source_rows)
+    factor = np.ones(src.size)
     if copies > 1 and copy_sigma > 0:
-        z = np.random.default_rng([seed, 0xC0]).standard_normal(factor.size)
-        factor = np.exp(copy_sigma * z - copy_sigma**2 / 2)
-    return np.tile(pred, copies), [np.maximum(np.tile(m, copies) * factor, 1.0) for m in means]
+        factor = np.exp(copy_sigma * rng.standard_normal(src.size) - copy_sigma**2 / 2)
+    return np.tile(pred, copies), np.tile(raw, copies), [np.maximum(m[src] * factor, 1.0) for m in means]
+
+
+def pass_means(models: list[np.ndarray], p: int, passes: int, drift: str) -> np.ndarray:
+    """Per-prompt mean lengths under pass `p`'s policy (0-based). "abrupt": the pass-1 model, then the sibling from
+    pass 2 on. "gradual": the policy moves from the pass-1 model to the sibling over the run, each prompt's mean
+    interpolated geometrically, exp((1 - t) log a + t log b) with t = p / (passes - 1)."""
+    if drift == "abrupt":
+        return models[min(p, 1)]
+    t = p / max(passes - 1, 1)
+    return np.exp((1 - t) * np.log(models[0]) + t * np.log(models[1]))
 
 
 def schedules(ids: np.ndarray, loads: dict[str, np.ndarray], lay: Layout, seed: int, anneal: int) -> dict[str, Any]:
@@ -140,6 +185,51 @@ def schedules(ids: np.ndarray, loads: dict[str, np.ndarray], lay: Layout, seed: 
         "C4 pred": condition_schedule(ids, loads["pred"], "C4", iterations=anneal, **kw),
         "C4 hist": condition_schedule(ids, loads["blend"], "C4", iterations=anneal, **kw),
     }
+
+
+Lists = tuple[list[list[int]], list[int]]  # minibatches (prompt ids) in dispatch order, their batch groups
+
+
+def _lists(sched: Any) -> Lists:
+    """A `Schedule`'s minibatches and batch groups as lists."""
+    mbs = [[int(i) for i in mb] for mb in sched.minibatches()]
+    return mbs, [r // sched.k for r in range(len(mbs))]
+
+
+def catch_up(
+    plan: Lists,
+    boundary: np.ndarray,
+    pred: np.ndarray,
+    tiebreak: np.ndarray,
+    history: Any,
+    version: int,
+    estimator: Any,
+    lay: Layout,
+    seed: int,
+    anneal: int,
+) -> tuple[Lists, np.ndarray]:
+    """The pass plan once the boundary's in-flight window has trained: its first batch groups holding `lay.window`
+    prompts were issued meanwhile and stay; the rest is scheduled again (C4) on the loads the history gives now.
+    Returns the plan and the loads each prompt was scheduled on."""
+    from asp.schedule import condition_schedule
+
+    mbs, groups = plan
+    issued, cut = 0, 0
+    while cut < len(mbs) and issued < lay.window:
+        group = groups[cut]
+        while cut < len(mbs) and groups[cut] == group:
+            issued += len(mbs[cut])
+            cut += 1
+    rest = np.array([i for mb in mbs[cut:] for i in mb], dtype=np.int64)
+    loads = boundary.copy()
+    if rest.size == 0:
+        return plan, loads
+    loads[rest] = history.loads([int(i) for i in rest], pred[rest], version, estimator)
+    kw = {"b": lay.b, "kappa": lay.kappa, "k": lay.k, "seed": seed}
+    sched = condition_schedule(rest, loads[rest] * tiebreak[rest], "C4", iterations=anneal, **kw)
+    tail, tail_groups = _lists(sched)
+    first = groups[cut - 1] + 1 if cut else 0
+    return (mbs[:cut] + tail, groups[:cut] + [first + g for g in tail_groups]), loads
 
 
 def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -154,13 +244,14 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
     from asp.sim.timemodel import FEATURES, GenerationTimeModel
 
     gen = GenerationTimeModel("continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"])
-    pred, models = chain_inputs(chain, lay.copies, args.copy_sigma, args.seed)
+    pred, raw, models = chain_inputs(chain, lay.copies, args.copy_sigma, args.seed, args.copy_mode, args.copy_bin)
     n, batch = lay.settings.n_samples, lay.settings.global_batch_prompts
     sigma = sample_sigma(models[0], args.sample_tau, args.seed)
     rng = np.random.default_rng([args.seed, lay.copies])
-    # equal loads sort in random order, not by row: the copies of a prompt (equal predictions, equal true means)
-    # would otherwise sit side by side in every tie of the isotonic calibration, which real distinct prompts do not
-    tiebreak = 1.0 + 1e-9 * rng.random(pred.size)
+    # equal loads sort as the scheduler sorts them (by the raw prediction, then at random rather than by row: the
+    # copies of a prompt would otherwise sit side by side in every tie, which real distinct prompts do not)
+    raw_rank = np.unique(raw, return_inverse=True)[1]  # equal raw predictions, equal rank
+    tiebreak = 1.0 + 1e-9 * (raw_rank + rng.random(pred.size)) / pred.size
     ids, history = np.arange(pred.size), LengthHistory()
     held: tuple[list[int], np.ndarray, np.ndarray] | None = None  # last pass's window, trained after the boundary
     steps = -(-pred.size // batch)
@@ -168,7 +259,7 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
     only = replace(blend, prior_samples=0.0)
     out = []
     for p in range(args.passes):
-        means = models[min(p, 1)]
+        means = pass_means(models, p, args.passes, args.drift)
         lengths = draw(means, n, sigma, rng)
         realized = lengths.mean(axis=1)
         version = p * steps - lay.window // batch  # the policy version at the boundary (the window not trained)
@@ -177,16 +268,34 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
         loads["blend"] = history.loads(list(ids), pred, version, blend)
         known = float(np.mean([int(i) in history.visits for i in ids]))  # share of prompts with a visit
         scheds = schedules(ids, {k: v * tiebreak for k, v in loads.items()}, lay, args.seed + p, args.anneal)
+        plans = {name: _lists(sched) for name, sched in scheds.items()}
         if held is not None:
             history.add(*held)
+            if args.catch_up:  # the window trained: the part of this pass not issued yet is re-planned
+                plans["C4 hist"], loads["blend"] = catch_up(
+                    plans["C4 hist"],
+                    loads["blend"],
+                    pred,
+                    tiebreak,
+                    history,
+                    version + lay.window // batch,
+                    blend,
+                    lay,
+                    args.seed + p,
+                    args.anneal,
+                )
         work = Workload.from_arrays(ids, lengths, np.full(ids.size, 150, np.int32), CAP)
         row: dict[str, Any] = {"chain": chain, "layout": lay.name, "pass": p + 1, "prompts": int(ids.size)}
+        row["drift"] = args.drift
         row["known"] = known
         row.update({f"tau {k}": kendall_tau(v, realized) for k, v in loads.items()})
-        for name, sched in scheds.items():
-            m = schedule_metrics(realized, sched)
+        # the ceiling of any knowledge of the previous pass: its policy's true means (no sampling noise, no window)
+        previous = pass_means(models, p - 1, args.passes, args.drift) if p else None
+        row["tau ceiling"] = kendall_tau(previous, realized) if previous is not None else None
+        for name, (mbs, groups) in plans.items():
+            m = schedule_metrics(realized, [np.asarray(mb) for mb in mbs], k=lay.k)
             start = time.perf_counter()
-            sim = simulate(WorkPlan.from_schedule(sched), work, gen, TRAIN, lay.settings).metrics
+            sim = simulate(WorkPlan.from_lists(mbs, groups), work, gen, TRAIN, lay.settings).metrics
             print(
                 f"[history_real] {chain} {lay.name} pass {p + 1} {name}: {time.perf_counter() - start:.1f} s",
                 file=sys.stderr,
@@ -196,7 +305,7 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
         out.append(row)
         # what this pass adds to the history: trained in dispatch order of the C4-hist plan (the one that runs),
         # one policy version per global batch; its last `window` prompts only after the next boundary
-        order = np.concatenate([np.asarray(mb) for mb in scheds["C4 hist"].minibatches()])
+        order = np.concatenate([np.asarray(mb) for mb in plans["C4 hist"][0]])
         versions = p * steps + np.arange(order.size) // batch
         cut = max(order.size - lay.window, 0)
         history.add([int(i) for i in order[:cut]], lengths[order[:cut]], versions[:cut])
@@ -209,17 +318,23 @@ def _trio(row: dict[str, Any], key: str, fmt: str) -> str:
     return " / ".join(fmt.format(row[f"{key} {c}"]) for c in ("C0", "C4 pred", "C4 hist"))
 
 
+def _fmt(value: float | None) -> str:
+    """A tau with three decimals, "-" for None (pass 1 has no previous pass)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The Markdown table: one row per chain, layout and pass."""
     head = (
-        "| chain | layout | pass | known | tau pred | tau hist | tau blend | P C0 / C4 pred / C4 hist | "
+        "| chain | layout | pass | known | tau pred | tau hist | tau blend | tau ceiling | P C0 / C4 pred / C4 hist | "
         "CV C0 / C4 pred / C4 hist | iter s C0 / C4 pred / C4 hist | C4 hist / C0 | C4 pred / C0 |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         lines.append(
             f"| {r['chain']} | {r['layout']} | {r['pass']} | {r['known']:.2f} | {r['tau pred']:.3f} | "
-            f"{r['tau hist']:.3f} | {r['tau blend']:.3f} | {_trio(r, 'P', '{:.3f}')} | {_trio(r, 'CV', '{:.4f}')} | "
+            f"{r['tau hist']:.3f} | {r['tau blend']:.3f} | {_fmt(r['tau ceiling'])} | {_trio(r, 'P', '{:.3f}')} | "
+            f"{_trio(r, 'CV', '{:.4f}')} | "
             f"{_trio(r, 'iter', '{:.2f}')} | {r['iter C4 hist'] / r['iter C0']:.3f} | "
             f"{r['iter C4 pred'] / r['iter C0']:.3f} |"
         )
@@ -232,7 +347,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layouts", nargs="+", default=["demo", "gpu"], choices=["demo", "gpu"])
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--gpu-copies", type=int, default=20)
+    ap.add_argument("--copy-mode", default="shuffle", choices=["shuffle", "exact"], help="gpu: what a copy is")
+    ap.add_argument("--copy-bin", type=int, default=16, help="gpu, shuffle: prompts a copy's lengths are drawn from")
     ap.add_argument("--copy-sigma", type=float, default=0.0, help="gpu: log-sd of a copy's own length factor")
+    ap.add_argument(
+        "--catch-up",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="re-plan the rest of a pass once the boundary's window trained (runtime.history.catch_up)",
+    )
+    ap.add_argument("--drift", default="abrupt", choices=["abrupt", "gradual"], help="how the policy moves")
     ap.add_argument("--sample-tau", type=float, default=0.70)
     ap.add_argument("--prior-samples", type=float, default=0.5, help="kappa (runtime.history.prior_samples)")
     ap.add_argument("--drift-per-version", type=float, default=0.01, help="delta (runtime.history)")

@@ -27,3 +27,28 @@ def test_two_passes_at_the_demo_layout(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert second["known"] == pytest.approx(1 - 80 / 805, abs=1e-9)  # the in-flight window: 16 + 1 x (2 + 2) x 16
     assert second["tau blend"] > second["tau pred"] + 0.08
     assert "| phi | demo | 2 |" in capsys.readouterr().out
+
+
+def test_gpu_copies_are_distinct_prompts_and_gradual_drift_interpolates(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "history_real", raising=False)
+    import history_real as bench
+
+    pred, raw, (a, b) = bench.chain_inputs("tulu", 3, 0.0, 0, "shuffle", 16)
+    size = pred.size // 3
+    np.testing.assert_array_equal(pred[size : 2 * size], pred[:size])  # a copy keeps its prompt's predictions
+    np.testing.assert_array_equal(raw[2 * size :], raw[:size])
+    order = np.lexsort((np.arange(size), raw[:size], pred[:size]))
+    for c in (1, 2):
+        copy_a, copy_b = a[c * size : (c + 1) * size], b[c * size : (c + 1) * size]
+        assert not np.array_equal(copy_a, a[:size])  # another prompt's lengths ...
+        for start in range(0, size, 16):  # ... drawn from the same bin of 16 prompts adjacent in prediction
+            members = order[start : start + 16]
+            assert sorted(copy_a[members]) == sorted(a[members]) and sorted(copy_b[members]) == sorted(b[members])
+    _, _, exact = bench.chain_inputs("tulu", 3, 0.0, 0, "exact", 16)
+    np.testing.assert_array_equal(exact[0][size : 2 * size], exact[0][:size])
+    assert bench.pass_means([a, b], 1, 3, "abrupt") is b
+    np.testing.assert_allclose(bench.pass_means([a, b], 1, 3, "gradual"), np.sqrt(a * b))
+    np.testing.assert_allclose(bench.pass_means([a, b], 2, 3, "gradual"), b)

@@ -494,8 +494,8 @@ class HistoryParams(_Params):
     """``runtime.history``: re-schedule every new pass over the prompts on history-aware loads (docs/history.md).
 
     A prompt's load is its calibrated prediction shrunk towards the mean lengths the run realized for it
-    (`asp.schedule.history`): load = (kappa * prediction + sum_j w_j * mean_j) / (kappa + sum_j w_j), with
-    w_j = 1 / (1 / n_j + delta * versions since visit j).
+    (`asp.schedule.history`): with one visit, load = (kappa * prediction + w * mean) / (kappa + w), with
+    w = 1 / (1 / n + delta * versions since the visit); several visits are filtered oldest first (Kalman).
     """
 
     enabled: Bool = Field(
@@ -514,6 +514,12 @@ class HistoryParams(_Params):
         ge=0,
         description="delta: variance a prompt's mean length drifts per policy version, in units of one sample's "
         "variance (larger: older visits count less).",
+    )
+    catch_up: Bool = Field(
+        True,
+        description="Once the prompts in flight at a pass boundary are trained, the part of the new pass not issued "
+        "yet is scheduled again on the loads the history gives then (those prompts had only older visits at the "
+        "boundary); false: each pass keeps its boundary plan.",
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from asp.control.core import ControlCore
 from asp.control.database import Database
-from asp.control.history import PASS_REASON, HistorySettings, plan_next_pass
+from asp.control.history import CATCH_UP_REASON, PASS_REASON, HistorySettings, plan_next_pass
 from asp.control.messages import GUReport, MinibatchOutput, WorkItem
 from asp.control.plan import WorkPlan
 from asp.schedule.history import HistoryEstimator
@@ -72,9 +72,20 @@ def padding(plan: WorkPlan) -> float:
     return 1.0 - tokens / boxes
 
 
+def replans(core: ControlCore, reason: str) -> list[tuple[WorkPlan | None, WorkPlan]]:
+    """(rest, full) plans of each replan with `reason`, in order (the i-th replan made plan version i + 2)."""
+    return [core.db.plans[i + 2] for i, r in enumerate(core.db.replans) if r.get("reason") == reason]
+
+
 def pass_plans(core: ControlCore) -> list[WorkPlan]:
     """The full plan of each pass-boundary replan, in order."""
-    return [core.db.plans[v][1] for v in sorted(core.db.plans) if v > 1]
+    return [full for _, full in replans(core, PASS_REASON)]
+
+
+def dispatched(core: ControlCore, epoch: int) -> list[list[int]]:
+    """The minibatches pass `epoch` (0-based) trained, in task order (replaced tasks left out)."""
+    tasks = sorted((t for t in core.db.tasks.values() if t.epoch == epoch), key=lambda t: t.task_id)
+    return [list(core.db._plan_of(t).minibatches[t.rank]) for t in tasks if t.state.value != "replaced"]
 
 
 def test_each_new_pass_is_rescheduled_on_the_realized_lengths_at_the_pass_boundary():
@@ -95,15 +106,40 @@ def test_each_new_pass_is_rescheduled_on_the_realized_lengths_at_the_pass_bounda
     assert all(abs(second.predicted[p] - LENGTH[p]) < 0.28 * abs(100 - LENGTH[p]) for p in seen)
     # equal lengths paired once they are known: 46 % padding in pass 1, (almost) none later
     assert padding(original_plan()) > 0.4 and padding(second) < 0.1 and padding(third) == 0.0
-    # pass 2's tasks dispatch the new plan
+    # pass 2's tasks dispatch the new plan (the ones not issued when its in-flight prompts trained: its catch-up)
     tasks = [t for t in core.db.tasks.values() if t.epoch == 1]
-    assert {core.db.plan_version(t.task_id) for t in tasks} == {2}
+    assert {core.db.plan_version(t.task_id) for t in tasks} == {2, 3}
     summary = core.summary_metrics()
     assert summary["runtime/summary/history_passes"] == len(records)
     # which knowledge each pass ran on: pass 1's loads are all 100 (tau undefined); pass 3's order every short prompt
     # below every long one: tau-b's ceiling with two true lengths, sqrt(48^2 / (96 * 95 / 2)) = 0.71 over one pass
     assert np.isnan(summary["runtime/summary/load_tau/pass_1"])
     assert summary["runtime/summary/load_tau/pass_2"] > 0.5 and summary["runtime/summary/load_tau/pass_3"] > 0.7
+
+
+def test_the_rest_of_a_pass_is_rescheduled_once_the_prompts_in_flight_at_its_boundary_are_trained():
+    core = make_core(HISTORY, passes=3)
+    drive(core, 3 * STEPS_PER_PASS)
+    records = [r for r in core.db.replans if r.get("reason") == CATCH_UP_REASON]
+    # once in pass 2 and once in pass 3 (and in the pass 4 the sender ran ahead into while pass 3 trained)
+    assert [r["epochs_created"] for r in records][:2] == [2, 3]
+    assert all(r["replaced"] for r in records)  # it swaps pending tasks (a rest plan), later passes keep theirs
+    (rest2, _), (rest3, _) = replans(core, CATCH_UP_REASON)[:2]
+    assert rest2 is not None and rest3 is not None
+    # every load is now near the prompt's realized length: the prompts in flight at the boundary (prediction 100
+    # there) have a visit now, so the pass's rest pairs equal lengths
+    assert all(abs(rest2.predicted[p] - LENGTH[p]) < 0.28 * abs(100 - LENGTH[p]) for p in rest2.prompt_ids())
+    assert padding(pass_plans(core)[0]) > 0.0 and padding(rest2) == 0.0
+    # what pass 2 trained: the boundary plan's head, then the catch-up's rest, every prompt once
+    trained = dispatched(core, 1)
+    assert sorted(p for mb in trained for p in mb) == list(range(N_PROMPTS))
+    assert [list(mb) for mb in rest2.minibatches] == trained[-rest2.n_minibatches :]
+    assert core.summary_metrics()["runtime/summary/history_catch_ups"] == len(records)
+
+    off = make_core(replace(HISTORY, catch_up=False), passes=3)
+    drive(off, 3 * STEPS_PER_PASS)
+    assert [r.get("reason") for r in off.db.replans] == [PASS_REASON, PASS_REASON, PASS_REASON][: len(off.db.replans)]
+    assert off.summary_metrics()["runtime/summary/history_catch_ups"] == 0.0
 
 
 def test_history_off_keeps_the_original_plan_every_pass():
@@ -156,6 +192,8 @@ def test_a_resume_at_a_pass_boundary_keeps_the_history_and_replays_the_pass_plan
     again = make_core(HISTORY, passes=3)  # a second resume from the finished state replays both pass plans
     again.db.restore(resumed.db.state())
     assert [p.minibatches for p in pass_plans(again)] == [p.minibatches for p in pass_plans(resumed)]
+    rests = [[rest.minibatches for rest, _ in replans(c, CATCH_UP_REASON)] for c in (again, resumed)]
+    assert rests[0] == rests[1] and len(rests[0]) >= 2  # the catch-ups made after the resume, replayed
     assert again.db.history == resumed.db.history
 
 

@@ -46,6 +46,48 @@ def test_history_loads_hand_worked():
     np.testing.assert_allclose(old, prior, rtol=1e-9)
 
 
+def test_several_visits_are_filtered_oldest_first_and_trust_the_newest_more_than_independent_weights():
+    # two visits of 8 samples, 64 and 32 versions ago, delta 0.01, history only (kappa 0):
+    # filter: V = 1/8, drift 32 versions: V = 0.125 + 0.32 = 0.445, gain 0.445 / (0.445 + 0.125) = 0.7807,
+    # mu = 100 + 0.7807 * (200 - 100) = 178.07 (independent weights 1 / 0.765 and 1 / 0.445 would give 163.2)
+    only = HistoryEstimator(prior_samples=0.0, drift_per_version=0.01)
+    means, counts, ages = np.array([[100.0, 200.0]]), np.array([[8, 8]]), np.array([[64, 32]])
+    load = history_loads(np.array([50.0]), means, counts, ages, only)
+    np.testing.assert_allclose(load, [100 + 0.445 / 0.57 * 100])
+    # the column order does not matter (the filter sorts by age), an empty slot is skipped
+    swapped = history_loads(np.array([50.0]), means[:, ::-1], counts[:, ::-1], ages[:, ::-1], only)
+    gap = history_loads(
+        np.array([50.0]),
+        np.array([[0.0, 200.0, 9.0, 100.0]]),
+        np.array([[0, 8, 0, 8]]),
+        np.array([[0, 32, 0, 64]]),
+        only,
+    )
+    np.testing.assert_allclose([swapped[0], gap[0]], [load[0], load[0]])
+    # with the prediction: fused at the end with the filtered visits' variance drifted to now
+    est = HistoryEstimator(prior_samples=0.5, drift_per_version=0.01)
+    var_now = 0.445 * 0.125 / 0.57 + 0.01 * 32
+    expected = (0.5 * 50 + load[0] / var_now) / (0.5 + 1 / var_now)
+    np.testing.assert_allclose(history_loads(np.array([50.0]), means, counts, ages, est), [expected])
+
+
+def test_one_visit_or_no_drift_is_the_precision_weighted_mean():
+    rng = np.random.default_rng(3)
+    prior = rng.uniform(50, 500, 40)
+    means = rng.uniform(10, 900, (40, MAX_VISITS))
+    counts = rng.integers(0, 9, (40, MAX_VISITS))
+    ages = rng.integers(0, 200, (40, MAX_VISITS))
+    est = HistoryEstimator(prior_samples=0.7, drift_per_version=0.0)
+    w = visit_weights(counts, ages, 0.0)
+    pooled = (0.7 * prior + (w * means).sum(axis=1)) / (0.7 + w.sum(axis=1))
+    np.testing.assert_allclose(history_loads(prior, means, counts, ages, est), pooled)
+    one = counts * (np.arange(MAX_VISITS) == 1)  # a single visit in slot 1
+    drift = HistoryEstimator(prior_samples=0.7, drift_per_version=0.02)
+    w = visit_weights(one, ages, 0.02)
+    single = (0.7 * prior + (w * means).sum(axis=1)) / (0.7 + w.sum(axis=1))
+    np.testing.assert_allclose(history_loads(prior, means, one, ages, drift), single)
+
+
 def test_estimator_settings_are_checked():
     with pytest.raises(ValueError, match="prior_samples"):
         HistoryEstimator(prior_samples=-1.0, drift_per_version=0.0)
@@ -55,6 +97,7 @@ def test_estimator_settings_are_checked():
 
 def test_length_history_records_visits_ages_and_round_trips_its_state():
     h = LengthHistory()
+    h.add([], np.zeros((0, 8)), [])  # an empty batch records nothing
     h.add([7, "b"], np.array([[10, 20], [5, 5]]), [3, 4])
     for version in range(5, 5 + MAX_VISITS):
         h.add([7], np.array([[version, version]]), [version])

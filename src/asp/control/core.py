@@ -38,7 +38,9 @@ actors start again) and `observer(out)` for every first completion. Decisions:
 * **history-aware passes** (``settings.history``, `asp.control.history`): every trained prompt's realized lengths
   (n samples, generating policy version) go into the Database's `LengthHistory` when its step finishes (so the
   checkpoint has exactly the trained ones); at each pass boundary the next pass is scheduled again on
-  history-aware loads (`plan_next_pass`) and installed as a replan of the later passes, without stopping;
+  history-aware loads (`plan_next_pass`) and installed as a replan of the later passes, without stopping; once
+  what was in flight at the boundary is trained, the part of the pass not issued yet is planned again
+  (``catch_up``, a replan of the pending tasks);
 * **stop / replan**: after a stop nothing new is dispatched or trained; the loop ends at a checkpoint step (when the
   driver checkpoints) once no step is in flight;
 * **the run summary** (`summary_metrics`): Table 4(b) columns and counters over the whole run (earlier sessions of a
@@ -57,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from asp.control.database import Database, task_seed
-from asp.control.history import PASS_REASON, loads_used, pass_load_taus, plan_next_pass
+from asp.control.history import CATCH_UP_REASON, PASS_REASON, loads_used, pass_load_taus, plan_next_pass
 from asp.control.messages import ContinuationRow, GlobalBatch, GUReport, MinibatchOutput, SegmentOutput, WorkItem
 from asp.control.metrics import (
     Window,
@@ -232,6 +234,21 @@ class ControlCore:
         if plan is not None:
             version = self.db.replan(None, plan, reason=PASS_REASON)
             self._event(self.now, "pass_plan", ident=version)
+
+    def _catch_up(self, now: float) -> None:
+        """History-aware passes: once what was in flight at the newest pass boundary is trained, schedule the part
+        of the pass not issued yet again on the loads the history gives now (``runtime.history.catch_up``)."""
+        history = self.settings.history
+        if history is None or not history.catch_up:
+            return
+        if not self.db.catch_up_due(PASS_REASON, CATCH_UP_REASON, min_tasks=history.spec.k):
+            return
+        pass_index = self.db.epochs_created - 1
+        prompts = self.db.pending_prompts()
+        plan = plan_next_pass(prompts, self.prior, self.db.history, self.version, history, pass_index)
+        if plan is not None:
+            version = self.db.replan(plan, None, reason=CATCH_UP_REASON)
+            self._event(now, "catch_up_plan", ident=version)
 
     def check_stall(self, now: float, hint: str = "") -> None:
         """Raise `RuntimeFailure` when nothing arrived and no step finished for ``stall_timeout_s``."""
@@ -499,6 +516,7 @@ class ControlCore:
             self.prompts_trained += count
         if inflight.observed is not None:
             self.db.history.add(*inflight.observed)
+            self._catch_up(now)
         self.loads_used.extend(inflight.used)
         self.step, self.version = step, version
         self.last_progress = self.last_step_end = now
@@ -611,6 +629,7 @@ class ControlCore:
                 "runtime/continuations": counts["continuations"],
                 "runtime/split_response_share": split_share(records),
                 "runtime/history_passes": float(sum(r.get("reason") == PASS_REASON for r in self.db.replans)),
+                "runtime/history_catch_ups": float(sum(r.get("reason") == CATCH_UP_REASON for r in self.db.replans)),
                 **{f"runtime/{k}": v for k, v in pass_load_taus(self.loads_used).items()},
                 **self.lag_counters(),
                 **comparison_summary(

@@ -346,6 +346,25 @@ class Database:
             return False
         return not any(r.get("reason") == reason and r["epochs_created"] == self.epochs_created for r in self.replans)
 
+    def catch_up_due(self, after: str, reason: str, min_tasks: int = 1) -> bool:
+        """True when the newest pass was planned at its boundary (a replan with reason `after`), is not re-planned
+        with `reason` yet, still has at least `min_tasks` tasks pending (none of an older pass) and every prompt
+        of the older passes is trained: what was in flight at the boundary has reached the history."""
+        newest = self.epochs_created - 1
+        if newest < 1 or len(self.pending) < min_tasks:
+            return False
+        if any(self.tasks[t].epoch != newest for t in self.pending):
+            return False
+        if not any(r.get("reason") == after and r["epochs_created"] == newest for r in self.replans):
+            return False
+        if any(r.get("reason") == reason and r["epochs_created"] == self.epochs_created for r in self.replans):
+            return False
+        return all(
+            t.consumed >= len(self._plan_of(t).minibatches[t.rank])
+            for t in self.tasks.values()
+            if t.epoch < newest and t.state != TaskState.REPLACED
+        )
+
     def replan(self, rest: WorkPlan | None, full: WorkPlan | None = None, reason: str = "") -> int:
         """Swap the pending tasks for the tasks of `rest`; later passes use `full`. Returns the new plan version.
 

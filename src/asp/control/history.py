@@ -6,8 +6,11 @@ calibrated prediction (the plan's ``predicted``) and the realized lengths the ru
 (`LengthHistory`, kept in the Database and so in the checkpoint), and the plan is the scheduler's own DP cut +
 balanced groups (`asp.schedule.build_schedule` with the run's ``schedule:`` settings) on those loads. The core
 installs it with a replan of the next passes (no pending task is touched), recorded like any replan, so a resumed
-run replays it instead of recomputing it from a history that has moved on. The Ray Control Unit and the simulator
-both run it, through `asp.control.core.ControlCore`.
+run replays it instead of recomputing it from a history that has moved on. The prompts in flight at the boundary
+have no visit from the pass just issued yet; once they are trained (``catch_up``), the part of the new pass not
+issued yet is planned again the same way (`plan_next_pass` on those prompts) and installed as a replan of the
+pending tasks (`CATCH_UP_REASON`). The Ray Control Unit and the simulator both run it, through
+`asp.control.core.ControlCore`.
 
 `loads_used` and `pass_load_taus` report which knowledge the schedule ran on: per pass, the Kendall tau of the
 loads its plan balanced (the calibrated predictions in the first pass, history-aware loads later) against the
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from asp.control.messages import GlobalBatch
 
 PASS_REASON = "pass"  # the `reason` of a replan that re-scheduled a new pass on history-aware loads
+CATCH_UP_REASON = "catch_up"  # ... that re-scheduled the rest of a pass once the boundary's in-flight prompts trained
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +51,15 @@ class HistorySettings:
         spec: the scheduler's settings (``schedule:`` b, kappa, k, iterations, method).
         shuffle: shuffle whole batch groups after balancing (``schedule.shuffle_groups``).
         seed: base seed of the balancing (pass p uses seed + p).
+        catch_up: once every prompt of the earlier passes is trained (those in flight at the boundary had only
+            older visits then), schedule the part of the newest pass not issued yet again (`CATCH_UP_REASON`).
     """
 
     estimator: HistoryEstimator
     spec: ScheduleSpec
     shuffle: bool
     seed: int
+    catch_up: bool = True
 
 
 def plan_next_pass(
@@ -63,11 +70,11 @@ def plan_next_pass(
     settings: HistorySettings,
     pass_index: int,
 ) -> WorkPlan | None:
-    """The plan of pass `pass_index` (0-based) on history-aware loads; None when there is nothing to go on (no
-    prompt has a prediction or any history).
+    """The plan of pass `pass_index` (0-based), or of the part of it not issued yet, on history-aware loads; None
+    when there is nothing to go on (no prompt has a prediction or any history).
 
     Args:
-        prompt_ids: the pass's prompts (any order; the plan's order is the scheduler's).
+        prompt_ids: the pass's prompts, or its pending ones (any order; the plan's order is the scheduler's).
         prior: prompt id -> calibrated prediction (tokens); a prompt without one uses the mean of the others.
         history: the run's realized lengths so far.
         version: the current policy version (ages of the visits are counted from it).

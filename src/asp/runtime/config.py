@@ -82,4 +82,5 @@ class RuntimeConfig(RuntimeParams):
             ),
             shuffle=sched.shuffle_groups,
             seed=self.seed,
+            catch_up=self.history.catch_up,
         )

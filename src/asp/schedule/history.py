@@ -3,26 +3,34 @@
 An RL run visits every prompt once per pass and samples it n times, so from the second pass on the scheduler can
 know far more than the text predictor: what the policy produced for this very prompt a few versions ago.
 `LengthHistory` is the per-prompt record the run keeps (visits of (policy version, n samples, mean length), newest
-`MAX_VISITS` per prompt; JSON-able for the checkpoint) and `history_loads` the estimator:
+`MAX_VISITS` per prompt; JSON-able for the checkpoint) and `history_loads` the estimator, for a prompt with one
+visit:
 
-    load_p = (kappa * c_p + sum_j w_pj * m_pj) / (kappa + sum_j w_pj),   w_pj = 1 / (1 / n_pj + delta * a_pj)
+    load_p = (kappa * c_p + w_p * m_p) / (kappa + w_p),   w_p = 1 / (1 / n_p + delta * a_p)
 
-c_p the calibrated prediction (expected length), m_pj the mean of the n_pj samples of visit j, a_pj = current
-policy version - the version that produced them (>= 0), kappa = ``prior_samples`` and delta =
-``drift_per_version``.
+c_p the calibrated prediction (expected length), m_p the mean of the visit's n_p samples, a_p = current policy
+version - the version that produced them (>= 0), kappa = ``prior_samples`` and delta = ``drift_per_version``;
+several visits are combined by a Kalman filter of the same model (below).
 
 Why this form: it is the posterior mean of a prompt's current mean length under a Gaussian model in which a
 prompt's length scale s_p cancels out. Take the prediction as one noisy guess of the current mean with variance
 (s_p * cv_pred)^2, each sample as one with variance (s_p * cv_sample)^2, and the prompt's mean as drifting by a
 random walk of variance (s_p * cv_drift)^2 per policy version. A visit of n samples a versions ago then has
-variance s_p^2 (cv_sample^2 / n + cv_drift^2 * a); precision-weighting the prediction and the visits gives the
-formula above in units of one sample's precision (kappa = cv_sample^2 / cv_pred^2: how many samples the prediction
-is worth; delta = cv_drift^2 / cv_sample^2). So the history is trusted more with more samples (w grows with n up
-to 1 / (delta * a)) and less as the policy moves on (w falls with a), and a prompt never seen keeps its
-prediction. Visits are treated as independent given the current mean (the random walk makes them correlated; the
-simplification only over-weights several old visits a little). kappa = 0 gives "history only" (the prediction is
-used only where there is no history). Working in lengths rather than log lengths keeps the loads expected token
-counts, which is what the balancing sums.
+variance s_p^2 (cv_sample^2 / n + cv_drift^2 * a); for a single visit, precision-weighting the prediction and the
+visit gives the formula above in units of one sample's precision (kappa = cv_sample^2 / cv_pred^2: how many samples
+the prediction is worth; delta = cv_drift^2 / cv_sample^2). So the history is trusted more with more samples (w
+grows with n up to 1 / (delta * a)) and less as the policy moves on (w falls with a), and a prompt never seen keeps
+its prediction. kappa = 0 gives "history only" (the prediction is used only where there is no history).
+
+Several visits share the random walk's steps after the older one, so they are not independent given the current
+mean: the exact posterior is a Kalman filter over the visits, oldest first (`history_loads`; mean mu and variance
+V in units of one sample's variance: drift to the next visit, V += delta * versions between them; update with the
+visit, K = V / (V + 1/n), mu += K (m - mu), V *= 1 - K; drift to now), fused at the end with the prediction as
+above, load = (kappa * c + mu / V) / (kappa + 1 / V). With one visit, or with delta = 0, it is the formula above
+with w_pj = 1 / (1 / n_pj + delta * a_pj) (`visit_weights`); with more it trusts the newest visit more than
+independent weights would, which matters when the policy keeps moving in one direction (the weights of treating
+visits as independent kept ranking a run's third pass partly by its first). Working in lengths rather than log
+lengths keeps the loads expected token counts, which is what the balancing sums.
 
 Pure: numpy only. Tests: tests/schedule/test_history.py (hand-worked cases and real length streams).
 """
@@ -83,6 +91,9 @@ def history_loads(
 ) -> np.ndarray:
     """Each prompt's load: its prediction shrunk towards its history (see the module docstring).
 
+    The visits are filtered oldest first (a Kalman filter on the random-walk model), then fused with the
+    prediction; one visit weighs `visit_weights`.
+
     Args:
         prior: (P,) calibrated predictions (expected lengths, tokens).
         means: (P, V) mean realized length of each visit (ignored where counts == 0).
@@ -94,10 +105,27 @@ def history_loads(
         (P,) float64 loads; a prompt with no visit (or kappa = 0 and no visit) keeps its prediction.
     """
     c = np.asarray(prior, dtype=np.float64)
-    w = visit_weights(counts, ages, estimator.drift_per_version)
-    m = np.where(w > 0, np.asarray(means, dtype=np.float64), 0.0)
-    num = estimator.prior_samples * c + (w * m).sum(axis=1)
-    den = estimator.prior_samples + w.sum(axis=1)
+    n = np.asarray(counts, dtype=np.float64)
+    age = np.maximum(np.asarray(ages, dtype=np.float64), 0.0)
+    m = np.asarray(means, dtype=np.float64)
+    order = np.argsort(np.where(n > 0, -age, np.inf), axis=1, kind="stable")  # oldest visit first, none last
+    n, age, m = (np.take_along_axis(x, order, axis=1) for x in (n, age, m))
+    delta = estimator.drift_per_version
+    mu, var = np.zeros(c.size), np.full(c.size, np.inf)  # var inf: no visit yet
+    last = np.zeros(c.size)  # age of the visit filtered last
+    for j in range(n.shape[1]):
+        has = n[:, j] > 0
+        noise = 1.0 / np.maximum(n[:, j], 1.0)
+        first = ~np.isfinite(var)
+        drifted = np.where(first, 0.0, var) + delta * np.maximum(last - age[:, j], 0.0)
+        gain = np.where(first, 1.0, drifted / (drifted + noise))
+        mu = np.where(has, mu + gain * (m[:, j] - mu), mu)
+        var = np.where(has, np.where(first, noise, drifted * noise / (drifted + noise)), var)
+        last = np.where(has, age[:, j], last)
+    seen = np.isfinite(var)
+    precision = np.where(seen, 1.0 / np.where(seen, var + delta * last, 1.0), 0.0)
+    num = estimator.prior_samples * c + precision * np.where(seen, mu, 0.0)
+    den = estimator.prior_samples + precision
     safe = np.where(den > 0, den, 1.0)
     return np.where(den > 0, num / safe, c)
 
@@ -120,6 +148,8 @@ class LengthHistory:
             lengths: (B, n) response lengths (tokens).
             versions: (B,) generating policy version of each prompt's samples.
         """
+        if len(prompt_ids) == 0:
+            return
         arr = np.asarray(lengths, dtype=np.float64).reshape(len(prompt_ids), -1)
         for pid, row, version in zip(prompt_ids, arr, versions, strict=True):
             if row.size == 0:
