@@ -53,6 +53,7 @@ with ``--anneal`` proposals.
     .venv/bin/python benchmarks/history_real.py --chains phi --layouts demo --passes 2      # a quick look
     .venv/bin/python benchmarks/history_real.py --json benchmarks/results/history_real.json
     .venv/bin/python benchmarks/history_real.py --drift gradual --json benchmarks/results/history_real_gradual.json
+    .venv/bin/python benchmarks/history_real.py --plot docs/img/history_real_abrupt.png   # tau and C4/C0 per pass
 """
 
 from __future__ import annotations
@@ -341,6 +342,66 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+COLORS = {"phi": "#cc6677", "qwen": "#332288", "tulu": "#117733"}
+
+
+def figure(rows: list[dict[str, Any]], layout_name: str, title: str) -> Any:
+    """Two panels over the passes at one layout, a line per chain: the tau of the loads (blended: solid,
+    predictor: dashed, the previous pass's ceiling: dotted; the goal 0.60) and C4's mean iteration time over C0's
+    (history: solid, predictor: dashed; the goal 0.90)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.6))
+    for chain, color in COLORS.items():
+        rs = [r for r in rows if r["chain"] == chain and r["layout"] == layout_name]
+        if not rs:
+            continue
+        passes = [r["pass"] for r in rs]
+        left.plot(passes, [r["tau blend"] for r in rs], "-o", color=color)
+        left.plot(passes, [r["tau pred"] for r in rs], "--", color=color)
+        known = [r for r in rs if r["tau ceiling"] is not None]
+        ceiling = ([r["pass"] for r in known], [r["tau ceiling"] for r in known])
+        left.plot(*ceiling, ":", color=color)
+        right.plot(
+            passes, [r["iter C4 hist"] / r["iter C0"] for r in rs], "-o", color=color, label=f"{chain}: C4 hist"
+        )
+        right.plot(
+            passes, [r["iter C4 pred"] / r["iter C0"] for r in rs], "--", color=color, label=f"{chain}: C4 pred"
+        )
+    left.axhline(0.6, color="grey", lw=0.8)
+    right.axhline(0.9, color="grey", lw=0.8)
+    left.set(xlabel="pass", ylabel="Kendall tau of the loads vs realized", title="length knowledge", ylim=(0, 1))
+    right.set(xlabel="pass", ylabel="mean iteration time / C0's", title=f"simulated, {layout_name} layout")
+    for ax in (left, right):
+        ax.set_xticks(sorted({r["pass"] for r in rows}))
+        ax.grid(alpha=0.3)
+    from matplotlib.lines import Line2D
+
+    chains = [Line2D([], [], color=c, lw=2, label=name) for name, c in COLORS.items()]
+    styles = [
+        Line2D([], [], color="black", ls=ls, label=lab) for ls, lab in (("-", "history-aware"), ("--", "predictor"))
+    ]
+    exact = Line2D([], [], color="black", ls=":", label="previous pass's true means")
+    left.legend(handles=chains + styles + [exact], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    right.legend(
+        handles=chains
+        + [
+            Line2D([], [], color="black", label="C4, history-aware"),
+            Line2D([], [], color="black", ls="--", label="C4, predictor"),
+        ],
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncol=3,
+    )
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chains", nargs="+", default=list(CHAINS), choices=list(CHAINS))
@@ -363,6 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--anneal", type=int, default=20_000, help="balancing proposals of C4")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="PNG: tau and iteration ratio per pass (GPU layout)")
     args = ap.parse_args(argv)
     rows = []
     for name in args.layouts:
@@ -372,6 +434,13 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows))
     if args.json is not None:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+    if args.plot is not None:
+        from asp.plots.save import save_figure
+
+        name = "gpu" if "gpu" in args.layouts else args.layouts[0]
+        save_figure(
+            figure(rows, name, f"history-aware passes, {args.drift} drift (benchmarks/history_real.py)"), args.plot
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ def test_two_passes_at_the_demo_layout(monkeypatch: pytest.MonkeyPatch, tmp_path
     import history_real as bench
 
     out = tmp_path / "rows.json"
-    bench.main(["--chains", "phi", "--layouts", "demo", "--passes", "2", "--anneal", "2000", "--json", str(out)])
+    png = tmp_path / "history.png"
+    argv = ["--chains", "phi", "--layouts", "demo", "--passes", "2", "--anneal", "2000", "--json", str(out)]
+    bench.main([*argv, "--plot", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     first, second = json.loads(out.read_text())["rows"]
     assert first["known"] == 0.0 and first["tau blend"] == first["tau pred"]
     assert first["iter C4 hist"] == first["iter C4 pred"]  # the same loads, the same schedule
