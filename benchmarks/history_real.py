@@ -188,17 +188,8 @@ def schedules(ids: np.ndarray, loads: dict[str, np.ndarray], lay: Layout, seed: 
     }
 
 
-Lists = tuple[list[list[int]], list[int]]  # minibatches (prompt ids) in dispatch order, their batch groups
-
-
-def _lists(sched: Any) -> Lists:
-    """A `Schedule`'s minibatches and batch groups as lists."""
-    mbs = [[int(i) for i in mb] for mb in sched.minibatches()]
-    return mbs, [r // sched.k for r in range(len(mbs))]
-
-
 def catch_up(
-    plan: Lists,
+    plan: Any,
     boundary: np.ndarray,
     pred: np.ndarray,
     tiebreak: np.ndarray,
@@ -208,13 +199,14 @@ def catch_up(
     lay: Layout,
     seed: int,
     anneal: int,
-) -> tuple[Lists, np.ndarray]:
-    """The pass plan once the boundary's in-flight window has trained: its first batch groups holding `lay.window`
-    prompts were issued meanwhile and stay; the rest is scheduled again (C4) on the loads the history gives now.
-    Returns the plan and the loads each prompt was scheduled on."""
+) -> tuple[Any, np.ndarray]:
+    """The pass plan (a `WorkPlan`) once the boundary's in-flight window has trained: its first batch groups holding
+    `lay.window` prompts were issued meanwhile and stay; the rest is scheduled again (C4) on the loads the history
+    gives now. Returns the plan and the loads each prompt was scheduled on."""
+    from asp.control.plan import WorkPlan
     from asp.schedule import condition_schedule
 
-    mbs, groups = plan
+    mbs, groups = plan.minibatches, plan.group_ids
     issued, cut = 0, 0
     while cut < len(mbs) and issued < lay.window:
         group = groups[cut]
@@ -227,10 +219,12 @@ def catch_up(
         return plan, loads
     loads[rest] = history.loads([int(i) for i in rest], pred[rest], version, estimator)
     kw = {"b": lay.b, "kappa": lay.kappa, "k": lay.k, "seed": seed}
-    sched = condition_schedule(rest, loads[rest] * tiebreak[rest], "C4", iterations=anneal, **kw)
-    tail, tail_groups = _lists(sched)
+    tail = WorkPlan.from_schedule(
+        condition_schedule(rest, loads[rest] * tiebreak[rest], "C4", iterations=anneal, **kw)
+    )
     first = groups[cut - 1] + 1 if cut else 0
-    return (mbs[:cut] + tail, groups[:cut] + [first + g for g in tail_groups]), loads
+    merged = [*mbs[:cut], *tail.minibatches], [*groups[:cut], *(first + g for g in tail.group_ids)]
+    return WorkPlan.from_lists(*merged), loads
 
 
 def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -269,7 +263,7 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
         loads["blend"] = history.loads(list(ids), pred, version, blend)
         known = float(np.mean([int(i) in history.visits for i in ids]))  # share of prompts with a visit
         scheds = schedules(ids, {k: v * tiebreak for k, v in loads.items()}, lay, args.seed + p, args.anneal)
-        plans = {name: _lists(sched) for name, sched in scheds.items()}
+        plans = {name: WorkPlan.from_schedule(sched) for name, sched in scheds.items()}
         if held is not None:
             history.add(*held)
             if args.catch_up:  # the window trained: the part of this pass not issued yet is re-planned
@@ -293,10 +287,10 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
         # the ceiling of any knowledge of the previous pass: its policy's true means (no sampling noise, no window)
         previous = pass_means(models, p - 1, args.passes, args.drift) if p else None
         row["tau ceiling"] = kendall_tau(previous, realized) if previous is not None else None
-        for name, (mbs, groups) in plans.items():
-            m = schedule_metrics(realized, [np.asarray(mb) for mb in mbs], k=lay.k)
+        for name, plan in plans.items():
+            m = schedule_metrics(realized, [np.asarray(mb) for mb in plan.minibatches], k=lay.k)
             start = time.perf_counter()
-            sim = simulate(WorkPlan.from_lists(mbs, groups), work, gen, TRAIN, lay.settings).metrics
+            sim = simulate(plan, work, gen, TRAIN, lay.settings).metrics
             print(
                 f"[history_real] {chain} {lay.name} pass {p + 1} {name}: {time.perf_counter() - start:.1f} s",
                 file=sys.stderr,
@@ -306,7 +300,7 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
         out.append(row)
         # what this pass adds to the history: trained in dispatch order of the C4-hist plan (the one that runs),
         # one policy version per global batch; its last `window` prompts only after the next boundary
-        order = np.concatenate([np.asarray(mb) for mb in plans["C4 hist"][0]])
+        order = np.asarray(plans["C4 hist"].prompt_ids())
         versions = p * steps + np.arange(order.size) // batch
         cut = max(order.size - lay.window, 0)
         history.add([int(i) for i in order[:cut]], lengths[order[:cut]], versions[:cut])
@@ -349,10 +343,9 @@ def figure(rows: list[dict[str, Any]], layout_name: str, title: str) -> Any:
     """Two panels over the passes at one layout, a line per chain: the tau of the loads (blended: solid,
     predictor: dashed, the previous pass's ceiling: dotted; the goal 0.60) and C4's mean iteration time over C0's
     (history: solid, predictor: dashed; the goal 0.90)."""
-    import matplotlib
+    from matplotlib.lines import Line2D
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asp.plots.save import plt  # matplotlib with the Agg backend selected
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.6))
     for chain, color in COLORS.items():
@@ -365,12 +358,8 @@ def figure(rows: list[dict[str, Any]], layout_name: str, title: str) -> Any:
         known = [r for r in rs if r["tau ceiling"] is not None]
         ceiling = ([r["pass"] for r in known], [r["tau ceiling"] for r in known])
         left.plot(*ceiling, ":", color=color)
-        right.plot(
-            passes, [r["iter C4 hist"] / r["iter C0"] for r in rs], "-o", color=color, label=f"{chain}: C4 hist"
-        )
-        right.plot(
-            passes, [r["iter C4 pred"] / r["iter C0"] for r in rs], "--", color=color, label=f"{chain}: C4 pred"
-        )
+        right.plot(passes, [r["iter C4 hist"] / r["iter C0"] for r in rs], "-o", color=color)
+        right.plot(passes, [r["iter C4 pred"] / r["iter C0"] for r in rs], "--", color=color)
     left.axhline(0.6, color="grey", lw=0.8)
     right.axhline(0.9, color="grey", lw=0.8)
     left.set(xlabel="pass", ylabel="Kendall tau of the loads vs realized", title="length knowledge", ylim=(0, 1))
@@ -378,8 +367,6 @@ def figure(rows: list[dict[str, Any]], layout_name: str, title: str) -> Any:
     for ax in (left, right):
         ax.set_xticks(sorted({r["pass"] for r in rows}))
         ax.grid(alpha=0.3)
-    from matplotlib.lines import Line2D
-
     chains = [Line2D([], [], color=c, lw=2, label=name) for name, c in COLORS.items()]
     styles = [
         Line2D([], [], color="black", ls=ls, label=lab) for ls, lab in (("-", "history-aware"), ("--", "predictor"))

@@ -30,6 +30,7 @@ HISTORY = HistorySettings(
     spec=ScheduleSpec(b=2, kappa=0, k=2, iterations=2000, method="asp"),
     shuffle=False,
     seed=0,
+    catch_up=True,
 )
 
 

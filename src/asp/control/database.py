@@ -344,7 +344,11 @@ class Database:
         another one still to create."""
         if self.pending or self.epochs_created < 1 or not self.has_new_work:
             return False
-        return not any(r.get("reason") == reason and r["epochs_created"] == self.epochs_created for r in self.replans)
+        return not self._replanned(reason, self.epochs_created)
+
+    def _replanned(self, reason: str, epochs_created: int) -> bool:
+        """A replan with `reason` was made when `epochs_created` passes had been created."""
+        return any(r.get("reason") == reason and r["epochs_created"] == epochs_created for r in self.replans)
 
     def catch_up_due(self, after: str, reason: str, min_tasks: int = 1) -> bool:
         """True when the newest pass was planned at its boundary (a replan with reason `after`), is not re-planned
@@ -355,9 +359,7 @@ class Database:
             return False
         if any(self.tasks[t].epoch != newest for t in self.pending):
             return False
-        if not any(r.get("reason") == after and r["epochs_created"] == newest for r in self.replans):
-            return False
-        if any(r.get("reason") == reason and r["epochs_created"] == self.epochs_created for r in self.replans):
+        if not self._replanned(after, newest) or self._replanned(reason, self.epochs_created):
             return False
         return all(
             t.consumed >= len(self._plan_of(t).minibatches[t.rank])

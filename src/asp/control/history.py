@@ -59,7 +59,7 @@ class HistorySettings:
     spec: ScheduleSpec
     shuffle: bool
     seed: int
-    catch_up: bool = True
+    catch_up: bool
 
 
 def plan_next_pass(
