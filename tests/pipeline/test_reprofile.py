@@ -389,9 +389,7 @@ def test_history_targets_weigh_newer_visits_and_choose_the_most_recent_prompts()
     assert history_targets(LengthHistory(), 3, 0.01).empty
 
 
-def test_refit_from_run_needs_the_history_the_launch_keeps(tmp_path: Path) -> None:
-    from asp.adaptation.launch_drift import build_watch
-
-    params = make_params({"drift": {"action": "refit_from_run"}, "runtime": {"history": {"enabled": False}}})
+def test_refit_from_run_needs_the_history_the_launch_keeps() -> None:
+    """Refused when the params are validated, before any stage (tests/test_values_before_the_run.py)."""
     with pytest.raises(UserError, match=r"runtime.history.enabled is false.*drift.action: reprofile"):
-        build_watch(params, rebase(launch.Paths(), tmp_path), None, tmp_path, NullTracker())
+        make_params({"drift": {"action": "refit_from_run"}, "runtime": {"history": {"enabled": False}}})
