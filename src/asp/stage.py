@@ -51,6 +51,57 @@ def check_stage(name: str, dvc_file: str | Path = DVC_FILE) -> str:
     return name
 
 
+def _entry_path(entry: Any) -> str:
+    return next(iter(entry)) if isinstance(entry, dict) else str(entry)
+
+
+def stage_inputs(name: str, root: str | Path = ".") -> list[tuple[Path, str]]:
+    """The outputs of other stages that stage `name` depends on (dvc.yaml's deps inside another stage's outs,
+    metrics or plots), each with the stage that writes it: what a stage reads from the pipeline."""
+    import yaml
+
+    dvc_file = Path(root) / DVC_FILE
+    if not dvc_file.is_file():  # a stage run outside a DVC project (tests, a script): no declared inputs
+        return []
+    stages = (yaml.safe_load(dvc_file.read_text()) or {}).get("stages") or {}
+    owners = {
+        _entry_path(entry): other
+        for other, spec in stages.items()
+        if other != name
+        for key in ("outs", "metrics", "plots")
+        for entry in (spec or {}).get(key) or []
+    }
+    found = []
+    for dep in (stages.get(name) or {}).get("deps") or []:
+        dep = _entry_path(dep)
+        owner = next((o for out, o in owners.items() if dep == out or dep.startswith(f"{out}/")), None)
+        if owner is not None:
+            found.append((Path(root) / dep, owner))
+    return found
+
+
+def check_stage_inputs(name: str, root: str | Path = ".") -> None:
+    """Refuse to run stage `name` on a damaged input: a Parquet or JSON file written by an earlier stage that cannot
+    be read whole (truncated, corrupt). Called by the stage itself (`run_stage`) and, before DVC starts it (DVC
+    deletes a stage's outputs before it runs the command), by `asp repro` and the Prefect flow.
+
+    Raises:
+        UserError: naming the file, what is wrong and how to get it back.
+    """
+    from asp.io.inputs import damaged_files
+
+    for path, owner in stage_inputs(name, root):
+        bad = damaged_files([path])
+        if bad:
+            file, why = bad[0]
+            shown = file.relative_to(root) if file.is_relative_to(root) else file
+            raise UserError(
+                f"{shown}: {why}; it is an output of stage '{owner}' that stage '{name}' reads, damaged since that "
+                "stage wrote it. Nothing was run and no output was deleted. Restore it from DVC's cache (`dvc "
+                f"checkout --force {owner}`, for cached outputs) or rebuild it (`asp repro {owner}`), then run again."
+            )
+
+
 def run_stage(
     name: str,
     fn: StageFn,
@@ -81,6 +132,7 @@ def run_stage(
         ) as tracker,
     ):
         _hold(name)
+        check_stage_inputs(name)  # under plain `dvc repro` too, where DVC has deleted the outputs already
         metrics = fn(params, paths, tracker)
         elapsed = time.perf_counter() - t0
         tracker.log_metrics({f"{name}/stage_wall_s": elapsed})

@@ -57,7 +57,7 @@ from asp.orchestration.request import (
     run_label,
 )
 from asp.orchestration.retry import RetryPolicy, call_with_retries
-from asp.stage import stage_names
+from asp.stage import check_stage_inputs, stage_names
 from asp.tracking import (
     NOTE_TAG,
     PARENT_ENV,
@@ -349,13 +349,16 @@ class PipelineRun:
         A stage stopped by Ctrl-C, SIGTERM or a Prefect cancellation, or past its timeout, leaves the workspace as
         it was before it started: its outputs, metrics, plots and dvc.lock are put back (`workspace.restore`)
         once its processes have ended, and `stop_note` says so; the interrupt is then re-raised. A stage that
-        fails keeps DVC's outcome (its outputs deleted; a rerun rebuilds them)."""
+        fails keeps DVC's outcome (its outputs deleted; a rerun rebuilds them); one whose input file (another
+        stage's output) is damaged is refused before DVC starts (`UserError`), so nothing is deleted."""
         if self.request.is_experiment:
             raise UserError("a run with a preset or overrides is a DVC experiment: use run_experiment()")
         cmd = dvc_repro_cmd(name, self.request.force)
         self.on_line(f"[asp] stage {name}: {shown_cmd(cmd)}")  # the command as it runs (--force included)
         dvc_status = self._status(name)  # DVC's status, before it runs (None: DVC cannot say)
         skips = not self.request.force and dvc_status == []
+        if not skips:  # DVC deletes the outputs before the stage can refuse a damaged input: check it first
+            check_stage_inputs(name, self.root)
         try:
             if not skips and name not in self._snapshots:  # DVC deletes the outputs before the command runs
                 self._snapshots[name] = self._take(name, dvc_status)
