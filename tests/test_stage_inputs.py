@@ -6,7 +6,6 @@ stage's outputs are not deleted (slow: a DVC project in a subprocess)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from asp.errors import UserError
 from asp.io.inputs import damaged
 from asp.stage import check_stage_inputs, stage_inputs
+from tests.orchestration.tiny import repro, two_stage_project, user_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,65 +89,22 @@ def test_a_damaged_page_is_found_too(tmp_path: Path) -> None:
     assert (damaged(path) or "").startswith("not a readable Parquet file")
 
 
-USE = """
-import pandas as pd, pathlib, json
-pd.read_parquet("outputs/made/data.parquet")
-pathlib.Path("outputs").mkdir(exist_ok=True)
-pathlib.Path("outputs/used.txt").write_text("used")
-pathlib.Path("metrics").mkdir(exist_ok=True)
-pathlib.Path("metrics/use.json").write_text(json.dumps({"use/rows": 1}))
-"""
-MAKE = """
-import pandas as pd, pathlib
-pathlib.Path("outputs/made").mkdir(parents=True, exist_ok=True)
-pd.DataFrame({"a": range(5000)}).to_parquet("outputs/made/data.parquet")
-"""
-
-
 @pytest.mark.slow
 def test_asp_repro_refuses_a_damaged_input_before_dvc_deletes_any_output(tmp_path: Path) -> None:
-    import yaml
-
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["common"].update(tracking_uri=f"sqlite:///{tmp_path / 'store.db'}", experiment="inputs")
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    (repo / "make.py").write_text(MAKE)
-    (repo / "use.py").write_text(USE)
-    stages = {
-        "make": {"cmd": f"{sys.executable} make.py", "deps": ["make.py"], "outs": ["outputs/made"]},
-        "use": {
-            "cmd": f"{sys.executable} use.py",
-            "deps": ["use.py", "outputs/made/data.parquet"],
-            "outs": ["outputs/used.txt"],
-            "metrics": [{"metrics/use.json": {"cache": False}}],
-        },
-    }
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "ASP_PARENT_RUN_ID")}
-    env["DVC_NO_ANALYTICS"] = "1"
-    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
-        subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True, timeout=120)
-
-    def repro(*args: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "asp", "repro", *args]
-        return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-
-    assert repro().returncode == 0
+    repo = two_stage_project(tmp_path / "repo", tmp_path / "store.db")
+    assert repro(repo).returncode == 0
     lock = (repo / "dvc.lock").read_text()
     _truncate(repo / "outputs/made/data.parquet")
-    out = repro("use")
+    out = repro(repo, "use")
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.count("error:") == 1 and "Traceback" not in out.stderr
     assert "error: outputs/made/data.parquet: not a readable Parquet file" in out.stderr
     assert "Running stage 'use'" not in out.stderr + out.stdout  # DVC never started it
     assert (repo / "outputs/used.txt").read_text() == "used" and (repo / "metrics/use.json").is_file()
     assert (repo / "dvc.lock").read_text() == lock
-    subprocess.run(
-        [sys.executable, "-m", "dvc", "checkout", "--force", "make"], cwd=repo, env=env, check=True, timeout=120
-    )
+    checkout = [sys.executable, "-m", "dvc", "checkout", "--force", "make"]
+    subprocess.run(checkout, cwd=repo, env=user_env(), check=True, capture_output=True, timeout=120)
     status = subprocess.run(
-        [sys.executable, "-m", "dvc", "status", "--json"], cwd=repo, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "dvc", "status", "--json"], cwd=repo, env=user_env(), capture_output=True, text=True
     )
     assert json.loads(status.stdout) == {}  # repaired from the cache: nothing to run again

@@ -156,10 +156,15 @@ def dvc_exp_cmd(
     outputs/ stay as they are; the result is an experiment (`dvc exp show`, `dvc exp apply NAME`).
 
     `copy_paths` are uncached outputs (plots, metrics, timings) the temporary copy would otherwise lack when git
-    does not hold them, which would make DVC rerun stages that are up to date."""
+    does not hold them, which would make DVC rerun stages that are up to date.
+
+    `force` reruns the named `stages` only, as `dvc_repro_cmd` does outside an experiment: DVC's `--force` alone
+    forces every stage upstream of them too (policy, prepare, profile, ... for `launch`), so it comes with
+    `--single-item` (DVC still checks the upstream outputs out into the copy)."""
     sets = [arg for k, v in overrides.items() for arg in ("-S", f"{k}={format_value(v)}")]
     copies = [arg for path in copy_paths for arg in ("-C", path)]
-    return [*_dvc(), "exp", "run", "--temp", "-n", name, *copies, *sets, *(["--force"] if force else []), *stages]
+    forced = ["--force", "--single-item"] if force else []
+    return [*_dvc(), "exp", "run", "--temp", "-n", name, *copies, *sets, *forced, *stages]
 
 
 def stage_env(extra: Mapping[str, str]) -> dict[str, str]:
