@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +72,9 @@ shutil.rmtree(state / "ckpt", ignore_errors=True)
 (state / "ckpt/step-1/manifest.json").write_text("{}")
 with (state / "log.jsonl").open("a") as fh:
     fh.write(json.dumps({"run": run}) + "\\n")
+if os.environ.get("SLOW_PROGRESS"):  # a resume position of this run, as launch's runtime checkpoint records it
+    (state / "C4").mkdir(exist_ok=True)
+    (state / "C4/runtime_state.json").write_text(json.dumps({"finished": False, "trainer_step": 1}))
 hold_here("fresh")
 for name, text in (("metrics/slow.json", json.dumps({"run": run})), ("plots/slow.csv", f"run\\n{run}\\n")):
     pathlib.Path(name).parent.mkdir(exist_ok=True)
@@ -226,7 +231,7 @@ def test_a_stage_past_its_timeout_leaves_the_workspace_as_before(
     assert _parent_status(project["experiment"]) == "KILLED"
 
 
-def _sigterm_run(root: Path, tmp_path: Path, args: list[str], moment: str) -> str:
+def _sigterm_run(root: Path, tmp_path: Path, args: list[str], moment: str, **extra: str) -> str:
     """`asp repro ARGS` held at `moment` ("start": before the stage touched its state; "fresh": after it rewrote it
     as a fresh run), then SIGTERM to `asp` alone (what Prefect's runner sends a cancelled flow run, and a job
     scheduler a job). Returns its output; it must exit non-zero without a traceback."""
@@ -237,7 +242,7 @@ def _sigterm_run(root: Path, tmp_path: Path, args: list[str], moment: str) -> st
         proc = subprocess.Popen(
             [sys.executable, "-m", "asp", "repro", *args],
             cwd=root,
-            env=_env(ASP_HOLD_FILE=str(hold), SLOW_RUN=f"sigterm-{moment}", SLOW_MLFLOW="1"),
+            env=_env(ASP_HOLD_FILE=str(hold), SLOW_RUN=f"sigterm-{moment}", SLOW_MLFLOW="1", **extra),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -290,3 +295,31 @@ def test_a_changed_stage_stopped_puts_its_persistent_state_back(project: dict[st
         assert _statuses(project["experiment"]) == ("KILLED", ["KILLED"])
     finally:
         knob.write_text("1\n")
+
+
+def test_a_changed_stage_stopped_keeps_the_progress_it_saved(project: dict[str, Any], tmp_path: Path) -> None:
+    """A changed stage (launch after a params change: the last run finished, so it starts afresh) stopped once it
+    saved a resume position (launch's `runtime_state.json`, not finished) keeps that progress instead of the last
+    finished run's state, so a rerun resumes rather than training again; every other output and dvc.lock are put
+    back, and `dvc status` says what changed (the deps, and the state). Without saved progress the state is put
+    back (`test_a_changed_stage_stopped_puts_its_persistent_state_back`)."""
+    root = project["root"]
+    knob, backup = root / "knob.txt", tmp_path / "state-backup"
+    shutil.copytree(root / "state", backup)
+    knob.write_text("3\n")
+    try:
+        before = _state(root)
+        text = _sigterm_run(root, tmp_path, ["slow"], "fresh", SLOW_PROGRESS="1")
+        assert "state keeps the stopped run's progress" in text and "`asp repro slow` resumes it" in text, text[-3000:]
+        after = _state(root)
+        assert json.loads((root / "state/C4/runtime_state.json").read_text())["finished"] is False
+        assert (root / "state/ckpt/step-1/model.bin").read_text().startswith("sigterm-fresh")  # the stopped run's
+        kept = {k: v for k, v in after["files"].items() if not k.startswith("state")}
+        assert kept == {k: v for k, v in before["files"].items() if not k.startswith("state")}  # outputs, dvc.lock
+        changed = after["dvc"]["slow"]
+        assert {"changed deps": {"knob.txt": "modified"}} in changed and any("changed outs" in c for c in changed)
+        assert _statuses(project["experiment"]) == ("KILLED", ["KILLED"])
+    finally:
+        knob.write_text("1\n")
+        shutil.rmtree(root / "state")
+        shutil.copytree(backup, root / "state")

@@ -58,6 +58,7 @@ from asp.orchestration.request import (
 )
 from asp.orchestration.retry import RetryPolicy, call_with_retries
 from asp.stage import check_stage_inputs, stage_names
+from asp.steps.launch_state import holds_progress
 from asp.tracking import (
     NOTE_TAG,
     PARENT_ENV,
@@ -228,6 +229,7 @@ class PipelineRun:
         self.interrupted: BaseException | None = None  # the Ctrl-C / SIGTERM / cancellation that stopped a stage
         self.stop_note: str | None = None  # what became of the workspace after that stop (or a timeout)
         self._snapshots: dict[str, workspace.Snapshot] = {}  # outputs kept while a stage runs (put back on a stop)
+        self._changed: dict[str, bool] = {}  # whether DVC found the stage changed when it started (not just forced)
 
     @property
     def name(self) -> str:
@@ -359,6 +361,7 @@ class PipelineRun:
         skips = not self.request.force and dvc_status == []
         if not skips:  # DVC deletes the outputs before the stage can refuse a damaged input: check it first
             check_stage_inputs(name, self.root)
+        self._changed[name] = bool(dvc_status)  # a stop keeps a changed stage's new progress (`_put_back`)
         try:
             if not skips and name not in self._snapshots:  # DVC deletes the outputs before the command runs
                 self._snapshots[name] = self._take(name, dvc_status)
@@ -406,7 +409,10 @@ class PipelineRun:
         snap = self._snapshots.pop(name, None)
         if snap is None:
             return None
-        done = workspace.restore(snap)
+        # A changed stage (not merely forced) started afresh: its stopped run's saved progress is what a rerun
+        # resumes, so it stays; a forced rerun of an unchanged stage gets the last finished run's state back.
+        keep = holds_progress if self._changed.get(name) else None
+        done = workspace.restore(snap, keep_progress=keep)
         self.stop_note = f"stage '{name}' {why}: {done.message}"
         self.on_line(f"[asp] {self.stop_note}")
         return done.message
