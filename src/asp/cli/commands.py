@@ -186,8 +186,8 @@ def repro(
     Each stage runs as `dvc repro --single-item STAGE` (up-to-date stages are skipped by DVC); with --preset or
     --set the run is a DVC experiment (`dvc exp run --temp`), so params.yaml and outputs/ stay as they are.
     Retries and per-stage timeouts come from `orchestration:` in params.yaml. A failed stage fails the command
-    (dvc's exit code) and the parent run; Ctrl-C / SIGTERM stop the running stage (its run and the parent end
-    KILLED) and exit 130 / 143."""
+    (the stage's exit code, 2 for bad input; dvc's where it names none) and the parent run; Ctrl-C / SIGTERM stop
+    the running stage (its run and the parent end KILLED) and exit 130 / 143."""
     from asp.orchestration.pipeline import StageFailed, run_pipeline
     from asp.orchestration.request import RunRequest, parse_set_args
 
@@ -196,7 +196,7 @@ def repro(
         run_pipeline(request, params_path=params)
     except StageFailed as exc:
         typer.echo(f"error: {exc}; dvc repro failed with exit code {exc.returncode}", err=True)
-        raise typer.Exit(exc.returncode or 1) from None
+        raise typer.Exit(exc.exit_code) from None
 
 
 @app.command()

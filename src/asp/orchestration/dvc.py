@@ -82,6 +82,25 @@ def classify(lines: Iterable[str]) -> dict[str, StageStatus]:
     return out
 
 
+_STAGE_EXIT = re.compile(r"failed to run: .*, exited with (-?\d+)\s*$")
+
+
+def stage_exit_code(lines: Iterable[str]) -> int | None:
+    """The exit code of the stage command that failed under DVC (DVC itself exits 255 for any failed stage), from
+    its `ERROR: failed to reproduce 'X': failed to run: CMD, exited with N` line; None when DVC names none. A
+    negative code (killed by signal k) is given as 128 + k, as a shell does.
+
+    >>> stage_exit_code(["ERROR: failed to reproduce 'prepare': failed to run: asp stage prepare, exited with 2"])
+    2
+    """
+    for line in reversed(list(lines)):
+        match = _STAGE_EXIT.search(line)
+        if match:
+            code = int(match.group(1))
+            return 128 - code if code < 0 else code
+    return None
+
+
 def up_to_date(root: str | Path, stage: str) -> bool:
     """Whether DVC finds `stage` of the project in `root` unchanged (`Repo.status` of that stage alone, which
     `dvc status --json STAGE` prints): `dvc repro --single-item STAGE` without --force then skips it. Ask right

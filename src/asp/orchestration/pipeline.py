@@ -45,6 +45,7 @@ from asp.orchestration.dvc import (
     remove_experiment_copies,
     run_streaming,
     stage_env,
+    stage_exit_code,
     stage_status,
 )
 from asp.orchestration.request import (
@@ -82,11 +83,26 @@ class StageFailed(Exception):
     """A stage failed (or timed out) under DVC; its own MLflow run says why, its output was streamed. `workspace`:
     what became of the workspace (a timed-out stage's outputs are put back as they were)."""
 
-    def __init__(self, stage: str, returncode: int, timed_out: bool = False, workspace: str | None = None) -> None:
+    def __init__(
+        self,
+        stage: str,
+        returncode: int,
+        timed_out: bool = False,
+        workspace: str | None = None,
+        stage_code: int | None = None,
+    ) -> None:
         why = "timed out (orchestration.timeout_s)" if timed_out else f"failed (dvc exit code {returncode})"
+        if stage_code is not None and not timed_out:
+            why = f"failed (the stage exited with {stage_code}, dvc with {returncode})"
         where = f"; {workspace.rstrip('.')}" if workspace else ""
         super().__init__(f"stage '{stage}' {why}; its output is above and its MLflow run has the details{where}")
-        self.stage, self.returncode, self.timed_out = stage, returncode, timed_out
+        self.stage, self.returncode, self.timed_out, self.stage_code = stage, returncode, timed_out, stage_code
+
+    @property
+    def exit_code(self) -> int:
+        """What the command exits with: the stage's own code (2: it refused bad input) where DVC named it, else
+        DVC's (255 for any failed stage)."""
+        return self.stage_code if self.stage_code is not None and not self.timed_out else self.returncode or 1
 
 
 @dataclass
@@ -381,7 +397,7 @@ class PipelineRun:
             self.failed = True
             self.reports[name] = StageReport(name, "timeout" if result.timed_out else "failed", result.seconds)
             note = self._put_back(name, "timed out") if result.timed_out else None
-            raise StageFailed(name, result.returncode, result.timed_out, note)
+            raise StageFailed(name, result.returncode, result.timed_out, note, stage_exit_code(result.lines))
         snap = self._snapshots.pop(name, None)
         if snap is not None:
             workspace.discard(snap)
@@ -473,7 +489,7 @@ class PipelineRun:
             self.failed = True
             failed = [s for s, st in seen.items() if st == "failed"] or [s for s, st in seen.items() if st == "ran"]
             stage = failed[-1] if failed else ",".join(self.stages)
-            raise StageFailed(stage, result.returncode, result.timed_out)
+            raise StageFailed(stage, result.returncode, result.timed_out, stage_code=stage_exit_code(result.lines))
         self.exp_ref = vcs.experiment_ref(self.exp_name, self.root)
         return [self._report(name, seen.get(name, "skipped"), seconds.get(name, 0.0)) for name in self.stages]
 
