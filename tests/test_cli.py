@@ -208,7 +208,9 @@ def test_repro_retries_a_failed_stage_and_stops_one_past_its_timeout(tmp_path: P
     _tiny_dvc_project(repo, store, exit_code=99, orchestration={"retries": {"hello": 1}})
     out = _repro(repo)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "stage 'hello' failed (the stage exited with 3, dvc with 255)" in out.stderr and "retrying (1/1)" in out.stderr
+    assert (
+        "stage 'hello' failed (the stage exited with 3, dvc with 255)" in out.stderr and "retrying (1/1)" in out.stderr
+    )
 
     repo = tmp_path / "hangs"
     _tiny_dvc_project(repo, store, exit_code=98, orchestration={"timeout_s": {"hello": 3}, "retries": {"hello": 1}})

@@ -24,6 +24,7 @@ from DVC's messages (`classify`), because DVC offers no structured account of th
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -341,3 +342,67 @@ def remove_experiment_copies(root: str | Path, before: set[Path]) -> list[Path]:
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
     return gone
+
+
+EXP_MARKS = Path(".dvc") / "tmp" / "asp-exps"  # one file per running `asp` experiment: its pid and its copy
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_experiment(root: str | Path, name: str) -> Path:
+    """Record that this process runs experiment `name` (`note_copy` adds its temporary copy once DVC made it), so
+    a later run can remove the copy if this one is killed with SIGKILL, which no handler sees (`clear_stale_copies`).
+    """
+    folder = Path(root) / EXP_MARKS
+    folder.mkdir(parents=True, exist_ok=True)
+    mark = folder / f"{os.getpid()}.{name}.json"
+    mark.write_text(json.dumps({"pid": os.getpid(), "name": name, "copies": []}))
+    return mark
+
+
+def note_copy(mark: Path, root: str | Path, before: set[Path]) -> bool:
+    """Write the experiment's new temporary copies (made since `before`) into its mark; True once there is one."""
+    made = sorted(experiment_copies(root) - before)
+    if not made:
+        return False
+    record = json.loads(mark.read_text())
+    record["copies"] = [str(p) for p in made]
+    mark.write_text(json.dumps(record))
+    return True
+
+
+def clear_stale_copies(root: str | Path) -> list[str]:
+    """Remove the temporary copies of experiments whose `asp` process died (SIGKILL, a crash of the machine's OOM
+    killer), with their marks; one line each for the log, saying what was removed and how large it was."""
+    import shutil
+
+    folder = Path(root) / EXP_MARKS
+    lines = []
+    for mark in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(mark.read_text())
+            pid, name, copies = int(record["pid"]), str(record["name"]), [Path(p) for p in record["copies"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            mark.unlink(missing_ok=True)
+            continue
+        if _alive(pid):
+            continue
+        for copy in (c for c in copies if c.is_dir()):
+            size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file() and not f.is_symlink())
+            shutil.rmtree(copy, ignore_errors=True)
+            base = Path(root).resolve()
+            shown = copy.relative_to(base) if copy.is_relative_to(base) else copy
+            lines.append(
+                f"removed {shown} ({size / 2**20:.1f} MB): the temporary copy of DVC experiment {name}, whose run "
+                f"(pid {pid}) was killed (SIGKILL) before it could remove it"
+            )
+        mark.unlink(missing_ok=True)
+    return lines

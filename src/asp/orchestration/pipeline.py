@@ -39,9 +39,12 @@ from asp.orchestration.dvc import (
     StageStatus,
     changed_outputs,
     classify,
+    clear_stale_copies,
     dvc_exp_cmd,
     dvc_repro_cmd,
     experiment_copies,
+    mark_experiment,
+    note_copy,
     remove_experiment_copies,
     run_streaming,
     stage_env,
@@ -262,6 +265,8 @@ class PipelineRun:
 
     # -- the parent run -------------------------------------------------------------------------------------
     def __enter__(self) -> PipelineRun:
+        for line in clear_stale_copies(self.root):  # what experiments killed with SIGKILL left
+            self.on_line(f"[asp] {line}")
         common = self.params.common
         tags = {
             "asp.kind": "pipeline",
@@ -464,11 +469,16 @@ class PipelineRun:
         timeout = sum(self.timeout_s(s) or 0 for s in stage_names(self.root / "dvc.yaml")) or None
         marks: list[tuple[float, str]] = []  # when each line arrived: a stage's time runs to the next stage's
 
+        before = experiment_copies(self.root)
+        mark = mark_experiment(self.root, self.exp_name)  # a later run removes the copy if this one is SIGKILLed
+        noted = False
+
         def note(line: str) -> None:
+            nonlocal noted
             marks.append((time.monotonic(), line))
+            noted = noted or note_copy(mark, self.root, before)
             self.on_line(line)
 
-        before = experiment_copies(self.root)
         try:
             result = run_streaming(cmd, env=self.env(), on_line=note, timeout_s=timeout, cwd=self.root)
         except BaseException as exc:
@@ -481,6 +491,8 @@ class PipelineRun:
                 )
                 self.on_line(f"[asp] {self.stop_note}")
             raise
+        finally:
+            mark.unlink(missing_ok=True)
         if result.timed_out:
             remove_experiment_copies(self.root, before)
         seen = classify(result.lines)  # DVC's messages: it has no structured account of an experiment's stages
