@@ -102,6 +102,73 @@ def check_stage_inputs(name: str, root: str | Path = ".") -> None:
             )
 
 
+RESUME_ENV = "ASP_RESUME_DIR"  # set by the orchestrator for a DVC experiment: where a stopped one kept its progress
+
+
+def persistent_outputs(name: str, root: str | Path = ".") -> list[str]:
+    """The outputs of stage `name` that dvc.yaml marks `persist: true` (launch's resume state)."""
+    import yaml
+
+    dvc_file = Path(root) / DVC_FILE
+    if not dvc_file.is_file():
+        return []
+    spec = ((yaml.safe_load(dvc_file.read_text()) or {}).get("stages") or {}).get(name) or {}
+    return [
+        _entry_path(entry)
+        for key in ("outs", "metrics", "plots")
+        for entry in spec.get(key) or []
+        if isinstance(entry, dict) and (next(iter(entry.values())) or {}).get("persist")
+    ]
+
+
+def seed_progress(name: str, root: str | Path = ".") -> list[str]:
+    """In a DVC experiment's temporary copy, which starts without the persistent outputs (or with what git holds of
+    them): bring in what a stopped run of the same experiment kept (`$ASP_RESUME_DIR/<output>`, kept when it was
+    stopped), so the stage resumes it instead of training again. Returns the outputs brought in."""
+    import shutil
+
+    source = os.environ.get(RESUME_ENV)
+    if not source:
+        return []
+    seeded = []
+    for rel in persistent_outputs(name, root):
+        kept, target = Path(source) / rel, Path(root) / rel
+        if kept.exists():
+            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+            shutil.copytree(kept, target, symlinks=True) if kept.is_dir() else shutil.copy2(kept, target)
+            seeded.append(rel)
+            print(
+                f"[{name}] {rel}: the progress a stopped run of this experiment kept ({kept}); resuming it",
+                file=sys.stderr,
+            )
+    return seeded
+
+
+def keep_progress_on_stop(name: str, root: str | Path = ".") -> list[str]:
+    """A stage of a DVC experiment stopped (Ctrl-C, SIGTERM): copy its persistent outputs out of the temporary copy,
+    which DVC removes, to `$ASP_RESUME_DIR`, so the same run brings them back in and resumes (`seed_progress`;
+    whether the state is resumable is the stage's own decision then). Returns the outputs kept."""
+    import shutil
+
+    dest = os.environ.get(RESUME_ENV)
+    if not dest:
+        return []
+    kept = []
+    for rel in persistent_outputs(name, root):
+        source, target = Path(root) / rel, Path(dest) / rel
+        if not source.exists():
+            continue
+        partial = target.with_name(f".{target.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, partial, symlinks=True) if source.is_dir() else shutil.copy2(source, partial)
+        shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        partial.rename(target)
+        kept.append(rel)
+        print(f"[{name}] {rel}: kept in {target} for the same run to resume", file=sys.stderr, flush=True)
+    return kept
+
+
 def run_stage(
     name: str,
     fn: StageFn,
@@ -115,6 +182,7 @@ def run_stage(
     continues (the `launch` stage when it resumes from its checkpoint); None opens a new run."""
     set_offline_defaults()
     params = load_params(params_path)
+    seed_progress(name)  # before `resume_run` reads the state it brings in
     t0 = time.perf_counter()
     previous = resume_run(params, paths) if resume_run is not None else None
     common = params.common
@@ -133,7 +201,12 @@ def run_stage(
     ):
         _hold(name)
         check_stage_inputs(name)  # under plain `dvc repro` too, where DVC has deleted the outputs already
-        metrics = fn(params, paths, tracker)
+        try:
+            metrics = fn(params, paths, tracker)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: in an experiment, keep what a rerun resumes
+                keep_progress_on_stop(name)
+            raise
         elapsed = time.perf_counter() - t0
         tracker.log_metrics({f"{name}/stage_wall_s": elapsed})
         if parent is not None:  # plain `dvc repro`: the DVC command's parent run collects every stage

@@ -357,14 +357,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def mark_experiment(root: str | Path, name: str) -> Path:
+def mark_experiment(root: str | Path, name: str, progress: Path | None = None) -> Path:
     """Record that this process runs experiment `name` (`note_copy` adds its temporary copy once DVC made it), so
     a later run can remove the copy if this one is killed with SIGKILL, which no handler sees (`clear_stale_copies`).
     """
     folder = Path(root) / EXP_MARKS
     folder.mkdir(parents=True, exist_ok=True)
     mark = folder / f"{os.getpid()}.{name}.json"
-    mark.write_text(json.dumps({"pid": os.getpid(), "name": name, "copies": []}))
+    record = {"pid": os.getpid(), "name": name, "copies": [], "progress": str(progress) if progress else None}
+    mark.write_text(json.dumps(record))
     return mark
 
 
@@ -379,9 +380,10 @@ def note_copy(mark: Path, root: str | Path, before: set[Path]) -> bool:
     return True
 
 
-def clear_stale_copies(root: str | Path) -> list[str]:
-    """Remove the temporary copies of experiments whose `asp` process died (SIGKILL, a crash of the machine's OOM
-    killer), with their marks; one line each for the log, saying what was removed and how large it was."""
+def clear_stale_copies(root: str | Path, keep: Callable[[Path, Path], list[str]] | None = None) -> list[str]:
+    """Remove the temporary copies of experiments whose `asp` process died (SIGKILL, the OOM killer), with their
+    marks; one line each for the log, saying what was removed and how large it was. `keep(copy, progress_dir)`
+    first moves what the killed run would resume from out of the copy (the mark's progress folder)."""
     import shutil
 
     folder = Path(root) / EXP_MARKS
@@ -390,12 +392,14 @@ def clear_stale_copies(root: str | Path) -> list[str]:
         try:
             record = json.loads(mark.read_text())
             pid, name, copies = int(record["pid"]), str(record["name"]), [Path(p) for p in record["copies"]]
+            progress = Path(record["progress"]) if record.get("progress") else None
         except (OSError, ValueError, KeyError, TypeError):
             mark.unlink(missing_ok=True)
             continue
         if _alive(pid):
             continue
         for copy in (c for c in copies if c.is_dir()):
+            kept = keep(copy, progress) if keep is not None and progress is not None else []
             size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file() and not f.is_symlink())
             shutil.rmtree(copy, ignore_errors=True)
             base = Path(root).resolve()
@@ -403,6 +407,7 @@ def clear_stale_copies(root: str | Path) -> list[str]:
             lines.append(
                 f"removed {shown} ({size / 2**20:.1f} MB): the temporary copy of DVC experiment {name}, whose run "
                 f"(pid {pid}) was killed (SIGKILL) before it could remove it"
+                + (f"; its progress ({', '.join(kept)}) is kept for the same run to resume" if kept else "")
             )
         mark.unlink(missing_ok=True)
     return lines

@@ -17,10 +17,12 @@ what the run is and, once it ended, what each stage did.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
 import shlex
+import shutil
 import sys
 import time
 import uuid
@@ -61,7 +63,7 @@ from asp.orchestration.request import (
     run_label,
 )
 from asp.orchestration.retry import RetryPolicy, call_with_retries
-from asp.stage import check_stage_inputs, stage_names
+from asp.stage import RESUME_ENV, check_stage_inputs, persistent_outputs, stage_names
 from asp.steps.launch_state import holds_progress
 from asp.tracking import (
     NOTE_TAG,
@@ -80,6 +82,8 @@ from asp.tracking import (
     run_url,
     stamped,
 )
+
+EXP_PROGRESS = Path(".dvc/tmp/asp-exp-progress")  # what stopped experiments keep for the same run to resume
 
 
 class StageFailed(Exception):
@@ -265,7 +269,7 @@ class PipelineRun:
 
     # -- the parent run -------------------------------------------------------------------------------------
     def __enter__(self) -> PipelineRun:
-        for line in clear_stale_copies(self.root):  # what experiments killed with SIGKILL left
+        for line in clear_stale_copies(self.root, self._keep_progress):  # what SIGKILLed experiments left
             self.on_line(f"[asp] {line}")
         common = self.params.common
         tags = {
@@ -470,7 +474,8 @@ class PipelineRun:
         marks: list[tuple[float, str]] = []  # when each line arrived: a stage's time runs to the next stage's
 
         before = experiment_copies(self.root)
-        mark = mark_experiment(self.root, self.exp_name)  # a later run removes the copy if this one is SIGKILLed
+        progress = self._progress_dir(overrides)
+        mark = mark_experiment(self.root, self.exp_name, progress)  # a later run removes the copy if SIGKILLed
         noted = False
 
         def note(line: str) -> None:
@@ -480,21 +485,26 @@ class PipelineRun:
             self.on_line(line)
 
         try:
-            result = run_streaming(cmd, env=self.env(), on_line=note, timeout_s=timeout, cwd=self.root)
+            env = {**self.env(), RESUME_ENV: str(progress)}  # a stage brings in what a stopped run kept there
+            result = run_streaming(cmd, env=env, on_line=note, timeout_s=timeout, cwd=self.root)
         except BaseException as exc:
             if not isinstance(exc, Exception):  # the experiment ran in a temporary copy: the workspace is untouched
-                remove_experiment_copies(self.root, before)  # DVC, stopped, leaves its copy (outputs included)
+                kept = self._stopped_experiment(before, progress)  # DVC, stopped, leaves its copy (outputs included)
                 self.interrupted = exc
                 self.stop_note = (
                     f"DVC experiment {self.exp_name} {_stopped_by(exc)}: it ran in a temporary copy, so the "
-                    "workspace is as it was (params.yaml, outputs/, dvc.lock untouched)."
+                    "workspace is as it was (params.yaml, outputs/, dvc.lock untouched)." + kept
                 )
                 self.on_line(f"[asp] {self.stop_note}")
             raise
         finally:
             mark.unlink(missing_ok=True)
         if result.timed_out:
-            remove_experiment_copies(self.root, before)
+            self.on_line(
+                f"[asp] DVC experiment {self.exp_name} timed out.{self._stopped_experiment(before, progress)}"
+            )
+        elif result.returncode == 0:
+            shutil.rmtree(progress, ignore_errors=True)  # resumed and finished: nothing left to resume
         seen = classify(result.lines)  # DVC's messages: it has no structured account of an experiment's stages
         seconds = stage_seconds(marks, time.monotonic())
         if result.returncode != 0 or result.timed_out:
@@ -504,6 +514,31 @@ class PipelineRun:
             raise StageFailed(stage, result.returncode, result.timed_out, stage_code=stage_exit_code(result.lines))
         self.exp_ref = vcs.experiment_ref(self.exp_name, self.root)
         return [self._report(name, seen.get(name, "skipped"), seconds.get(name, 0.0)) for name in self.stages]
+
+    def _progress_dir(self, overrides: Mapping[str, Any]) -> Path:
+        """Where a stopped run of this experiment (these stages with these params) keeps its progress."""
+        key = json.dumps({"stages": self.stages, "params": overrides}, sort_keys=True, default=str)
+        return self.root / EXP_PROGRESS / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def _keep_progress(self, copy: Path, progress: Path) -> list[str]:
+        """Move the persistent outputs of a stopped experiment's `copy` that hold progress to `progress`."""
+        return workspace.keep_progress(copy, progress, self._persistent_outputs(), holds_progress)
+
+    def _persistent_outputs(self) -> list[str]:
+        return [p for name in stage_names(self.root / "dvc.yaml") for p in persistent_outputs(name, self.root)]
+
+    def _stopped_experiment(self, before: set[Path], progress: Path) -> str:
+        """Keep the stopped experiment's progress, remove its temporary copies; a sentence saying what was kept."""
+        for copy in sorted(experiment_copies(self.root) - before):  # left when DVC was killed before its cleanup
+            self._keep_progress(copy, progress)
+        remove_experiment_copies(self.root, before)
+        kept = [rel for rel in self._persistent_outputs() if (progress / rel).exists()]
+        if not kept:  # (a stage keeps its state itself when it is stopped: `asp.stage.keep_progress_on_stop`)
+            return ""
+        return (
+            f" Its progress ({', '.join(kept)}) is kept in {progress.relative_to(self.root)}: the same command "
+            "resumes it."
+        )
 
     def _metrics_of(self, name: str) -> dict[str, float]:
         files, _ = stage_files(name, self.root / "dvc.yaml")

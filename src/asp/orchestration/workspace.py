@@ -299,3 +299,20 @@ def deferred_signals() -> Iterator[list[int]]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def keep_progress(copy: Path, dest: Path, outputs: Iterable[str], holds: Callable[[Path], bool]) -> list[str]:
+    """Move the persistent `outputs` of a stopped DVC experiment's temporary `copy` that hold progress (`holds`)
+    to `dest`, replacing what an earlier stop kept there, before the copy is removed; the next run of the same
+    experiment brings them in (`asp.stage.seed_progress`). Returns those kept."""
+    kept = []
+    for rel in outputs:
+        source = copy / rel
+        if not source.exists() or not holds(source):
+            continue
+        target = dest / rel
+        _remove(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(source), target)
+        kept.append(rel)
+    return kept
