@@ -221,6 +221,11 @@ def test_closed_gate_writes_a_rejected_report_and_no_plans(
     assert report["accepted"] is False and report["min_tau"] == 1.0 and "below evaluate.min_tau" in report["message"]
     assert "| accepted | false |" in out and "rejected" in out
     assert latest_accepted(state) is None
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.status == "FAILED"  # --strict's exit 1 is a failure in MLflow too (it said FINISHED)
 
 
 def test_a_finished_run_has_nothing_left_to_reschedule(pipeline: dict[str, Any], tmp_path: Path) -> None:
