@@ -1,6 +1,7 @@
 """`asp repro STAGE -f --set ...` forces the named stage only, as `asp repro STAGE -f` does: DVC's `--force` in an
 experiment forced every upstream stage too (a forced launch re-ran policy, prepare, profile, ...). The command line
-(unit) and a tiny two-stage DVC project (slow: `make` must not run again when `use` is forced in an experiment)."""
+(unit) and a tiny two-stage DVC project (slow: `make` must not run again when `use` is forced in an experiment; a
+stage that refuses a value in an experiment makes `asp repro` exit with the stage's code, DVC's error line once)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,7 @@ def test_force_with_set_reruns_only_the_named_stage(tmp_path: Path) -> None:
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "Running stage 'use'" in text and "Running stage 'make'" not in text, text[-3000:]
+    out = repro(repo, "use", "--set", "common.seed=13")  # the stage refuses it: exit 1 (sys.exit with a message)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "stage 'use' failed (the stage exited with 1, dvc with 255)" in text, text[-3000:]
+    assert text.count("ERROR: failed to reproduce 'use'") == 1, text[-3000:]  # DVC printed it twice

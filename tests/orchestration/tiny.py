@@ -13,7 +13,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 USE = """
-import pandas as pd, pathlib, json
+import pandas as pd, pathlib, json, sys, yaml
+if yaml.safe_load(open("params.yaml"))["common"]["seed"] == 13:  # a value this stage refuses, as asp's stages do
+    sys.exit("error: params.yaml: common.seed 13 is refused")
 pd.read_parquet("outputs/made/data.parquet")
 pathlib.Path("outputs").mkdir(exist_ok=True)
 pathlib.Path("outputs/used.txt").write_text("used")

@@ -476,12 +476,15 @@ class PipelineRun:
         before = experiment_copies(self.root)
         progress = self._progress_dir(overrides)
         mark = mark_experiment(self.root, self.exp_name, progress)  # a later run removes the copy if SIGKILLed
-        noted = False
+        noted, last = False, ""
 
         def note(line: str) -> None:
-            nonlocal noted
+            nonlocal noted, last
             marks.append((time.monotonic(), line))
             noted = noted or note_copy(mark, self.root, before)
+            if line.startswith("ERROR:") and line == last:  # DVC's experiment executor and its CLI both print it
+                return
+            last = line
             self.on_line(line)
 
         try:
