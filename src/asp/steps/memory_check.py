@@ -307,10 +307,11 @@ def enforce(params: Params) -> MemoryReport | None:
         return None
     report = memory_report(params)
     if report is not None and report.problems:
+        gpu = "cuda" in (params.runtime.grpo.device[:4], params.runtime.engine.device[:4], params.profile.device[:4])
+        gib = f"runtime.memory.device_gib = {params.runtime.memory.device_gib:g}; " if gpu else ""
         raise UserError(
-            "the layout does not fit in memory (runtime.memory.device_gib = "
-            f"{params.runtime.memory.device_gib:g}; `asp plan memory` prints the table; runtime.memory.check: false "
-            "skips this check):\n" + "\n".join(report.problems)
+            f"the layout does not fit in memory ({gib}`asp plan memory` prints the table; runtime.memory.check: "
+            "false skips this check):\n" + "\n".join(report.problems)
         )
     return report
 
