@@ -1,7 +1,7 @@
 """The `asp` command: user and usage errors print one message and exit 2 without a traceback (checked in-process
 through `asp.cli.main`, the console entry point, so the exit code is the one a shell sees); `asp repro` runs DVC
-under one MLflow parent run and fails with dvc's code when DVC fails, `asp preset apply` writes a valid overlay
-or nothing, and `asp serve` registers the Prefect deployment."""
+under one MLflow parent run and fails with the failed stage's code when DVC fails, `asp preset apply` writes a valid
+overlay or nothing, and `asp serve` registers the Prefect deployment."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def test_repro_failure_fails_the_command_make_run_and_the_parent_run(tmp_path: P
     assert "stage 'hello' failed (the stage exited with 3, dvc with 255)" in out.stderr
     assert "Traceback" not in out.stderr
 
-    # `make run` (asp repro after the install step, which -o skips here) fails too; make names dvc's code
+    # `make run` (asp repro after the install step, which -o skips here) fails too; make names the stage's code
     env = dict(_env_without_store(), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     made = subprocess.run(
         ["make", "-f", str(ROOT / "Makefile"), "-o", "install", "run"],

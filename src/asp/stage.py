@@ -145,9 +145,10 @@ def seed_progress(name: str, root: str | Path = ".") -> list[str]:
 
 
 def keep_progress_on_stop(name: str, root: str | Path = ".") -> list[str]:
-    """A stage of a DVC experiment stopped (Ctrl-C, SIGTERM): copy its persistent outputs out of the temporary copy,
-    which DVC removes, to `$ASP_RESUME_DIR`, so the same run brings them back in and resumes (`seed_progress`;
-    whether the state is resumable is the stage's own decision then). Returns the outputs kept."""
+    """A stage of a DVC experiment stopped (Ctrl-C, SIGTERM): move its persistent outputs out of the temporary copy,
+    which DVC removes, to `$ASP_RESUME_DIR` (a rename: the same filesystem, so checkpoints of any size move within
+    the stop's grace time), so the same run brings them back in and resumes (`seed_progress`; whether the state is
+    resumable is the stage's own decision then). Returns the outputs kept."""
     import shutil
 
     dest = os.environ.get(RESUME_ENV)
@@ -158,12 +159,9 @@ def keep_progress_on_stop(name: str, root: str | Path = ".") -> list[str]:
         source, target = Path(root) / rel, Path(dest) / rel
         if not source.exists():
             continue
-        partial = target.with_name(f".{target.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(source, partial, symlinks=True) if source.is_dir() else shutil.copy2(source, partial)
+        target.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
-        partial.rename(target)
+        shutil.move(source, target)
         kept.append(rel)
         print(f"[{name}] {rel}: kept in {target} for the same run to resume", file=sys.stderr, flush=True)
     return kept
