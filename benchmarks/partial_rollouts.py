@@ -231,6 +231,11 @@ def sim_demo(iterations: int, budget: int, variants: list[str]) -> dict[str, dic
     return rows
 
 
+def _portable(value: Any) -> str:
+    """An argument as the results file records it: a path by its name (no machine's folders in committed results)."""
+    return value.name if isinstance(value, Path) else str(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-demo", action="store_true")
@@ -248,7 +253,7 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write every run's summary metrics here")
     args = parser.parse_args()
-    out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    out: dict[str, Any] = {"args": {k: _portable(v) for k, v in vars(args).items()}}
     if not args.skip_sim:
         out["sim"] = sim(args.sim_iterations, args.sim_budget, args.sim_prompts, args.variants, args.sim_lag)
     if not args.skip_sim_demo:

@@ -1,7 +1,7 @@
 """The `asp` command: user and usage errors print one message and exit 2 without a traceback (checked in-process
 through `asp.cli.main`, the console entry point, so the exit code is the one a shell sees); `asp repro` runs DVC
-under one MLflow parent run and fails with dvc's code when DVC fails, `asp preset apply` writes a valid overlay
-or nothing, and `asp serve` registers the Prefect deployment."""
+under one MLflow parent run and fails with the failed stage's code when DVC fails, `asp preset apply` writes a valid
+overlay or nothing, and `asp serve` registers the Prefect deployment."""
 
 from __future__ import annotations
 
@@ -181,10 +181,11 @@ def test_repro_failure_fails_the_command_make_run_and_the_parent_run(tmp_path: P
     out = _repro(repo)
     dvc_code = int(re.search(r"dvc repro failed with exit code (\d+)", out.stderr).group(1))
     (run,) = _pipeline_runs(store)
-    assert dvc_code != 0 and (out.returncode, run.info.status) == (dvc_code, "FAILED")
+    assert dvc_code == 255 and (out.returncode, run.info.status) == (3, "FAILED")  # the stage's code, not DVC's
+    assert "stage 'hello' failed (the stage exited with 3, dvc with 255)" in out.stderr
     assert "Traceback" not in out.stderr
 
-    # `make run` (asp repro after the install step, which -o skips here) fails too; make names dvc's code
+    # `make run` (asp repro after the install step, which -o skips here) fails too; make names the stage's code
     env = dict(_env_without_store(), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     made = subprocess.run(
         ["make", "-f", str(ROOT / "Makefile"), "-o", "install", "run"],
@@ -194,7 +195,7 @@ def test_repro_failure_fails_the_command_make_run_and_the_parent_run(tmp_path: P
         text=True,
         timeout=300,
     )
-    assert made.returncode == 2 and f"run] Error {dvc_code}" in made.stderr, made.stderr[-3000:]
+    assert made.returncode == 2 and "run] Error 3" in made.stderr, made.stderr[-3000:]
     assert [r.info.status for r in _pipeline_runs(store)] == ["FAILED", "FAILED"]
 
 
@@ -207,7 +208,9 @@ def test_repro_retries_a_failed_stage_and_stops_one_past_its_timeout(tmp_path: P
     _tiny_dvc_project(repo, store, exit_code=99, orchestration={"retries": {"hello": 1}})
     out = _repro(repo)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "stage 'hello' failed (dvc exit code" in out.stderr and "retrying (1/1)" in out.stderr
+    assert (
+        "stage 'hello' failed (the stage exited with 3, dvc with 255)" in out.stderr and "retrying (1/1)" in out.stderr
+    )
 
     repo = tmp_path / "hangs"
     _tiny_dvc_project(repo, store, exit_code=98, orchestration={"timeout_s": {"hello": 3}, "retries": {"hello": 1}})

@@ -134,7 +134,8 @@ def test_a_layout_that_does_not_fit_is_refused_by_params_check(project: Path, ca
         (["--gpus-per-node", "-1"], "--gpus-per-node -1: must be 0 or more"),
         (["--data", "params.yaml", "--gpus-per-node", "0"], "--data params.yaml: not a"),
         (["--name", "../x", "--gpus-per-node", "0"], "--name '../x'"),
-        ([*GPU, "--gpu-gib", "-3"], "invalid params"),
+        ([*GPU, "--gpu-gib", "-3"], "--gpu-gib -3: a GPU's memory in GiB must be more than 0"),
+        (["--gpus-per-node", "0", "--gpu-gib", "-5"], "--gpu-gib -5: a GPU's memory in GiB must be more than 0"),
     ],
 )
 def test_bad_input_is_one_message_exit_2_and_writes_nothing(
@@ -145,6 +146,24 @@ def test_bad_input_is_one_message_exit_2_and_writes_nothing(
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1 and "Traceback" not in err
     assert sorted(p.name for p in (project / "configs").iterdir()) == before
+
+
+@pytest.mark.parametrize("args", [[], ["--gpus-per-node", "0"]])
+def test_init_without_paths_writes_the_demo_as_it_is(
+    project: Path, capsys: pytest.CaptureFixture, args: list[str]
+) -> None:
+    """No flag (not on a terminal: nothing is asked) or `--gpus-per-node 0` alone: an overlay of comments only,
+    which `asp params check --preset` and `asp preset apply` take as the demo unchanged."""
+    assert asp("init", *args) == 0
+    assert "wrote configs/my-cluster.yaml (0 keys)" in capsys.readouterr().out
+    assert asp("params", "check", "--preset", "my-cluster") == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_builtin_predictor_is_taken_as_params_yaml_names_it(project: Path) -> None:
+    assert asp("init", "--gpus-per-node", "0", "--predictor", "builtin:minilm") == 0
+    assert "backbone: builtin:minilm   # --predictor" in (project / "configs/my-cluster.yaml").read_text()
+    assert asp("init", "--force", *GPU[:2], "--predictor", "builtin:minilm", *GPU[4:]) == 0
 
 
 def test_an_existing_preset_is_kept_unless_forced(project: Path, capsys: pytest.CaptureFixture) -> None:

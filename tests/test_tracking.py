@@ -162,6 +162,27 @@ def test_resumed_run_continues_and_keeps_changed_params_as_tags(exp: str, _mlflo
         assert fresh.run_id != run_id
 
 
+def test_a_resumed_run_moves_under_the_parent_that_resumed_it(
+    exp: str, _mlflow_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch stopped under one pipeline run and resumed under the next: the continued stage run is the new
+    parent's child (it stayed, FINISHED, under the KILLED parent, and the new parent had no child)."""
+    client = MlflowClient(_mlflow_store)
+    first, second = (start_run(_mlflow_store, exp, "pipeline").run_id for _ in range(2))
+    monkeypatch.setenv(PARENT_ENV, first)
+    with pytest.raises(KeyboardInterrupt), open_tracker("launch", experiment=exp) as tracker:
+        run_id = tracker.run_id
+        raise KeyboardInterrupt
+    monkeypatch.setenv(PARENT_ENV, second)
+    with open_tracker("launch", experiment=exp, resume_run_id=run_id) as again:
+        assert again.run_id == run_id
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == second
+    assert run.data.tags["asp.earlier_parent_runs"] == first
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{first}'")
+    assert children == []
+
+
 def test_status_set_inside_the_block_is_kept(exp: str, _mlflow_store: str) -> None:
     client = MlflowClient(_mlflow_store)
     with open_tracker("pipeline", experiment=exp) as tracker:  # what `asp repro` does when dvc fails

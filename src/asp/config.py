@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
@@ -45,9 +46,14 @@ LENGTHS_DIR = "data/rollouts"  # profile.lengths.path by default: a folder in th
 LENGTH_SOURCES = ("length_field", "token_ids_field", "response_field")
 
 Int = Annotated[int, Strict()]  # YAML `true` or `2.0` is not an integer
-Float = Annotated[float, Strict()]  # accepts ints (2 -> 2.0), not booleans or strings
+# Every float is finite: YAML's .inf / .nan would pass a bound such as ge=0 and break a run minutes later.
+FINITE = AllowInfNan(False)
+Float = Annotated[float, Strict(), FINITE]  # accepts ints (2 -> 2.0), not booleans, strings, .inf or .nan
 Bool = Annotated[bool, Strict()]
-PositiveFloat = Annotated[float, Strict(), Field(gt=0)]  # e.g. a custom Ray resource amount: -1 or 0 asks for nothing
+Beta = Annotated[float, FINITE, Field(ge=0, lt=1)]  # an AdamW beta
+PositiveFloat = Annotated[
+    float, Strict(), FINITE, Field(gt=0)
+]  # e.g. a custom Ray resource amount: -1 or 0 asks for nothing
 
 
 def _actors(value: Any) -> int | str:
@@ -286,7 +292,7 @@ class PredictorParams(_Params):
         "auto", description="auto: mean over tokens for encoders, the last token for decoders."
     )
     lora: LoraParams = LoraParams()
-    lexical_weights: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+    lexical_weights: list[Annotated[float, FINITE, Field(ge=0, le=1)]] = Field(
         [0.0],
         min_length=1,
         description="Blend weights of a TF-IDF ridge on the prompt's tokens, picked on validation ([0]: off).",
@@ -393,7 +399,10 @@ class GRPOParams(_Params):
 
     lr: Float = Field(1e-4, gt=0, description="AdamW learning rate (5e-4 made the demo policy worse held out).")
     weight_decay: Float = Field(0.0, ge=0)
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    betas: tuple[Annotated[float, FINITE, Field(ge=0, lt=1)], Annotated[float, FINITE, Field(ge=0, lt=1)]] = (
+        0.9,
+        0.999,
+    )
     adam_eps: Float = Field(1e-8, gt=0)
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="After warmup_steps of linear warm-up; decays over total_steps."
@@ -778,7 +787,7 @@ class OrchestrationParams(_Params):
         default_factory=lambda: {"profile": 1, "launch": 1},
         description="Extra attempts per stage after a failure (profile and launch resume from their checkpoints).",
     )
-    timeout_s: dict[str, Annotated[float, Strict(), Field(gt=0)]] = Field(
+    timeout_s: dict[str, Annotated[float, Strict(), FINITE, Field(gt=0)]] = Field(
         default_factory=lambda: dict(STAGE_TIMEOUTS_S),
         description="Wall-clock limit per stage attempt; the stage is stopped (its MLflow run KILLED) past it.",
     )
@@ -814,7 +823,7 @@ class DriftParams(_Params):
     bias_tolerance: Float = Field(
         0.1, gt=0, description="Offend when the load ratio / bias_reference leaves [1/(1+tol), 1+tol] (+ 2 SE)."
     )
-    bias_reference: Annotated[float, Strict(), Field(gt=0)] | Literal["auto"] = Field(
+    bias_reference: Annotated[float, Strict(), FINITE, Field(gt=0)] | Literal["auto"] = Field(
         "auto",
         description="The calibrated load ratio (sum realized / sum calibrated predicted): auto = the evaluate "
         "stage's predictor/bias_reference (metrics/predictor.json), or a number.",
@@ -878,7 +887,7 @@ def format_validation_error(
     lines, overrides, from_file, from_set = [], list(overrides), False, False
     for e in merge_union_errors(err.errors()):
         key = _format_loc(e["loc"])
-        overridden = _from_override(key, overrides)
+        overridden = _from_override(key, overrides) if key else any(o in str(e["msg"]) for o in overrides)
         from_set, from_file = from_set or overridden, from_file or not overridden
         mark = f" (from {origin})" if overridden else ""
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
@@ -893,7 +902,8 @@ def format_validation_error(
             where = f"'{key}' = {value!r}" if key else f"value {value!r}"
             if isinstance(value, dict):  # a whole section: the message names the offending field
                 where = f"'{key}'"
-            lines.append(f"{where}{mark}: {e['msg'].removeprefix('Value error, ')}")
+            message = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}{mark}: {message}" if key else f"{message}{mark}")  # no key: two sections
     typed = "--set value" if origin == "--set" else origin
     hint = {
         (True, False): "Fix the value in the file and run again.",
@@ -953,6 +963,17 @@ class Params(_Params):
     simulate: SimulateParams
     drift: DriftParams
     orchestration: OrchestrationParams
+
+    @model_validator(mode="after")
+    def _refit_has_history(self) -> Params:
+        """Settings of two sections that cannot work together (no key location: the message names both keys)."""
+        if self.drift.enabled and self.drift.action == "refit_from_run" and not self.runtime.history.enabled:
+            raise ValueError(
+                "drift.action = 'refit_from_run' fine-tunes the predictor on the realized lengths runtime.history "
+                "keeps, but runtime.history.enabled is false. Set runtime.history.enabled: true, or drift.action: "
+                "reprofile"
+            )
+        return self
 
     @classmethod
     def defaults(cls) -> Params:

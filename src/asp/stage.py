@@ -51,6 +51,122 @@ def check_stage(name: str, dvc_file: str | Path = DVC_FILE) -> str:
     return name
 
 
+def _entry_path(entry: Any) -> str:
+    return next(iter(entry)) if isinstance(entry, dict) else str(entry)
+
+
+def stage_inputs(name: str, root: str | Path = ".") -> list[tuple[Path, str]]:
+    """The outputs of other stages that stage `name` depends on (dvc.yaml's deps inside another stage's outs,
+    metrics or plots), each with the stage that writes it: what a stage reads from the pipeline."""
+    import yaml
+
+    dvc_file = Path(root) / DVC_FILE
+    if not dvc_file.is_file():  # a stage run outside a DVC project (tests, a script): no declared inputs
+        return []
+    stages = (yaml.safe_load(dvc_file.read_text()) or {}).get("stages") or {}
+    owners = {
+        _entry_path(entry): other
+        for other, spec in stages.items()
+        if other != name
+        for key in ("outs", "metrics", "plots")
+        for entry in (spec or {}).get(key) or []
+    }
+    found = []
+    for dep in (stages.get(name) or {}).get("deps") or []:
+        dep = _entry_path(dep)
+        owner = next((o for out, o in owners.items() if dep == out or dep.startswith(f"{out}/")), None)
+        if owner is not None:
+            found.append((Path(root) / dep, owner))
+    return found
+
+
+def check_stage_inputs(name: str, root: str | Path = ".") -> None:
+    """Refuse to run stage `name` on a damaged input: a Parquet or JSON file written by an earlier stage that cannot
+    be read whole (truncated, corrupt). Called by the stage itself (`run_stage`) and, before DVC starts it (DVC
+    deletes a stage's outputs before it runs the command), by `asp repro` and the Prefect flow.
+
+    Raises:
+        UserError: naming the file, what is wrong and how to get it back.
+    """
+    from asp.io.inputs import damaged_files
+
+    for path, owner in stage_inputs(name, root):
+        bad = damaged_files([path])
+        if bad:
+            file, why = bad[0]
+            shown = file.relative_to(root) if file.is_relative_to(root) else file
+            raise UserError(
+                f"{shown}: {why}; it is an output of stage '{owner}' that stage '{name}' reads, damaged since that "
+                "stage wrote it. Nothing was run and no output was deleted. Restore it from DVC's cache (`dvc "
+                f"checkout --force {owner}`, for cached outputs) or rebuild it (`asp repro {owner}`), then run again."
+            )
+
+
+RESUME_ENV = "ASP_RESUME_DIR"  # set by the orchestrator for a DVC experiment: where a stopped one kept its progress
+
+
+def persistent_outputs(name: str, root: str | Path = ".") -> list[str]:
+    """The outputs of stage `name` that dvc.yaml marks `persist: true` (launch's resume state)."""
+    import yaml
+
+    dvc_file = Path(root) / DVC_FILE
+    if not dvc_file.is_file():
+        return []
+    spec = ((yaml.safe_load(dvc_file.read_text()) or {}).get("stages") or {}).get(name) or {}
+    return [
+        _entry_path(entry)
+        for key in ("outs", "metrics", "plots")
+        for entry in spec.get(key) or []
+        if isinstance(entry, dict) and (next(iter(entry.values())) or {}).get("persist")
+    ]
+
+
+def seed_progress(name: str, root: str | Path = ".") -> list[str]:
+    """In a DVC experiment's temporary copy, which starts without the persistent outputs (or with what git holds of
+    them): bring in what a stopped run of the same experiment kept (`$ASP_RESUME_DIR/<output>`, kept when it was
+    stopped), so the stage resumes it instead of training again. Returns the outputs brought in."""
+    import shutil
+
+    source = os.environ.get(RESUME_ENV)
+    if not source:
+        return []
+    seeded = []
+    for rel in persistent_outputs(name, root):
+        kept, target = Path(source) / rel, Path(root) / rel
+        if kept.exists():
+            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+            shutil.copytree(kept, target, symlinks=True) if kept.is_dir() else shutil.copy2(kept, target)
+            seeded.append(rel)
+            print(
+                f"[{name}] {rel}: the progress a stopped run of this experiment kept ({kept}); resuming it",
+                file=sys.stderr,
+            )
+    return seeded
+
+
+def keep_progress_on_stop(name: str, root: str | Path = ".") -> list[str]:
+    """A stage of a DVC experiment stopped (Ctrl-C, SIGTERM): move its persistent outputs out of the temporary copy,
+    which DVC removes, to `$ASP_RESUME_DIR` (a rename: the same filesystem, so checkpoints of any size move within
+    the stop's grace time), so the same run brings them back in and resumes (`seed_progress`; whether the state is
+    resumable is the stage's own decision then). Returns the outputs kept."""
+    import shutil
+
+    dest = os.environ.get(RESUME_ENV)
+    if not dest:
+        return []
+    kept = []
+    for rel in persistent_outputs(name, root):
+        source, target = Path(root) / rel, Path(dest) / rel
+        if not source.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        shutil.move(source, target)
+        kept.append(rel)
+        print(f"[{name}] {rel}: kept in {target} for the same run to resume", file=sys.stderr, flush=True)
+    return kept
+
+
 def run_stage(
     name: str,
     fn: StageFn,
@@ -64,6 +180,7 @@ def run_stage(
     continues (the `launch` stage when it resumes from its checkpoint); None opens a new run."""
     set_offline_defaults()
     params = load_params(params_path)
+    seed_progress(name)  # before `resume_run` reads the state it brings in
     t0 = time.perf_counter()
     previous = resume_run(params, paths) if resume_run is not None else None
     common = params.common
@@ -81,7 +198,13 @@ def run_stage(
         ) as tracker,
     ):
         _hold(name)
-        metrics = fn(params, paths, tracker)
+        check_stage_inputs(name)  # under plain `dvc repro` too, where DVC has deleted the outputs already
+        try:
+            metrics = fn(params, paths, tracker)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: in an experiment, keep what a rerun resumes
+                keep_progress_on_stop(name)
+            raise
         elapsed = time.perf_counter() - t0
         tracker.log_metrics({f"{name}/stage_wall_s": elapsed})
         if parent is not None:  # plain `dvc repro`: the DVC command's parent run collects every stage

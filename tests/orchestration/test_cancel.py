@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,13 +42,26 @@ STAGE = """\
 import json, os, pathlib, shutil, signal, sys, time
 
 run = os.environ.get("SLOW_RUN", "first")
+if os.environ.get("SLOW_SEED"):  # as `asp stage` does: bring in what a stopped run of this experiment kept, and
+    from asp.stage import keep_progress_on_stop, seed_progress  # keep the state when stopped
+
+    seed_progress("slow")
+    resume = pathlib.Path("state/C4/runtime_state.json")
+    if resume.is_file() and not json.loads(resume.read_text())["finished"]:
+        print("RESUMED from", json.loads(resume.read_text())["trainer_step"], flush=True)
 if os.environ.get("SLOW_MLFLOW"):  # its own MLflow run under the pipeline's, as `asp stage` opens
     from mlflow import MlflowClient
 
     client = MlflowClient()
     parent = client.get_run(os.environ["ASP_PARENT_RUN_ID"])
     client.create_run(parent.info.experiment_id, tags={"mlflow.parentRunId": parent.info.run_id})
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # dies without ending its run (SIGKILLed launch)
+
+    def stop(*_):  # dies without ending its run (SIGKILLed launch)
+        if os.environ.get("SLOW_SEED"):
+            keep_progress_on_stop("slow")
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def hold_here(where):
@@ -70,6 +85,9 @@ shutil.rmtree(state / "ckpt", ignore_errors=True)
 (state / "ckpt/step-1/manifest.json").write_text("{}")
 with (state / "log.jsonl").open("a") as fh:
     fh.write(json.dumps({"run": run}) + "\\n")
+if os.environ.get("SLOW_PROGRESS"):  # a resume position of this run, as launch's runtime checkpoint records it
+    (state / "C4").mkdir(exist_ok=True)
+    (state / "C4/runtime_state.json").write_text(json.dumps({"finished": False, "trainer_step": 1}))
 hold_here("fresh")
 for name, text in (("metrics/slow.json", json.dumps({"run": run})), ("plots/slow.csv", f"run\\n{run}\\n")):
     pathlib.Path(name).parent.mkdir(exist_ok=True)
@@ -226,7 +244,7 @@ def test_a_stage_past_its_timeout_leaves_the_workspace_as_before(
     assert _parent_status(project["experiment"]) == "KILLED"
 
 
-def _sigterm_run(root: Path, tmp_path: Path, args: list[str], moment: str) -> str:
+def _sigterm_run(root: Path, tmp_path: Path, args: list[str], moment: str, **extra: str) -> str:
     """`asp repro ARGS` held at `moment` ("start": before the stage touched its state; "fresh": after it rewrote it
     as a fresh run), then SIGTERM to `asp` alone (what Prefect's runner sends a cancelled flow run, and a job
     scheduler a job). Returns its output; it must exit non-zero without a traceback."""
@@ -237,14 +255,14 @@ def _sigterm_run(root: Path, tmp_path: Path, args: list[str], moment: str) -> st
         proc = subprocess.Popen(
             [sys.executable, "-m", "asp", "repro", *args],
             cwd=root,
-            env=_env(ASP_HOLD_FILE=str(hold), SLOW_RUN=f"sigterm-{moment}", SLOW_MLFLOW="1"),
+            env=_env(ASP_HOLD_FILE=str(hold), SLOW_RUN=f"sigterm-{moment}", SLOW_MLFLOW="1", **extra),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:
         _held(hold, proc)
-        if moment == "fresh":  # the old run's checkpoint is gone: what the issue's forced launch did
+        if moment == "fresh" and "--set" not in args:  # the old run's checkpoint is gone (an experiment: in its copy)
             assert (root / "state/ckpt/step-1/model.bin").read_text().startswith(f"sigterm-{moment}")
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
@@ -290,3 +308,61 @@ def test_a_changed_stage_stopped_puts_its_persistent_state_back(project: dict[st
         assert _statuses(project["experiment"]) == ("KILLED", ["KILLED"])
     finally:
         knob.write_text("1\n")
+
+
+def test_a_changed_stage_stopped_keeps_the_progress_it_saved(project: dict[str, Any], tmp_path: Path) -> None:
+    """A changed stage (launch after a params change: the last run finished, so it starts afresh) stopped once it
+    saved a resume position (launch's `runtime_state.json`, not finished) keeps that progress instead of the last
+    finished run's state, so a rerun resumes rather than training again; every other output and dvc.lock are put
+    back, and `dvc status` says what changed (the deps, and the state). Without saved progress the state is put
+    back (`test_a_changed_stage_stopped_puts_its_persistent_state_back`)."""
+    root = project["root"]
+    knob, backup = root / "knob.txt", tmp_path / "state-backup"
+    shutil.copytree(root / "state", backup)
+    knob.write_text("3\n")
+    try:
+        before = _state(root)
+        text = _sigterm_run(root, tmp_path, ["slow"], "fresh", SLOW_PROGRESS="1")
+        assert "state keeps the stopped run's progress" in text and "`asp repro slow` resumes it" in text, text[-3000:]
+        after = _state(root)
+        assert json.loads((root / "state/C4/runtime_state.json").read_text())["finished"] is False
+        assert (root / "state/ckpt/step-1/model.bin").read_text().startswith("sigterm-fresh")  # the stopped run's
+        kept = {k: v for k, v in after["files"].items() if not k.startswith("state")}
+        assert kept == {k: v for k, v in before["files"].items() if not k.startswith("state")}  # outputs, dvc.lock
+        changed = after["dvc"]["slow"]
+        assert {"changed deps": {"knob.txt": "modified"}} in changed and any("changed outs" in c for c in changed)
+        assert _statuses(project["experiment"]) == ("KILLED", ["KILLED"])
+    finally:
+        knob.write_text("1\n")
+        shutil.rmtree(root / "state")
+        shutil.copytree(backup, root / "state")
+
+
+def test_a_stopped_experiment_keeps_its_progress_and_the_same_run_resumes_it(
+    project: dict[str, Any], tmp_path: Path
+) -> None:
+    """`asp repro --set ...` runs in a temporary copy that a stop removes, and the copy starts without the persistent
+    state: a stopped experiment trained again from the start. Now the stop keeps the copy's state when it holds a
+    resume position (in .dvc/tmp/asp-exp-progress/<this run's stages and params>), the same command brings it into
+    the new copy (`asp.stage.seed_progress`, as `asp stage` does) and resumes, and a finished run drops it."""
+    root = project["root"]
+    before = _state(root)
+    args = ["--force", "--set", "common.seed=11", "slow"]  # forced: the stage reads no param
+    text = _sigterm_run(root, tmp_path, args, "fresh", SLOW_PROGRESS="1", SLOW_SEED="1")
+    assert "Its progress (state) is kept in .dvc/tmp/asp-exp-progress/" in text, text[-3000:]
+    assert "the same command resumes it" in text
+    (kept,) = (root / ".dvc/tmp/asp-exp-progress").glob("*/state/C4/runtime_state.json")
+    assert json.loads(kept.read_text()) == {"finished": False, "trainer_step": 1}
+    assert _state(root) == before  # the workspace is untouched
+    out = subprocess.run(
+        [sys.executable, "-m", "asp", "repro", *args],
+        cwd=root,
+        env=_env(SLOW_RUN="resumed", SLOW_SEED="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RESUMED from 1" in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
+    assert "the progress a stopped run of this experiment kept" in out.stdout + out.stderr
+    assert not list((root / ".dvc/tmp/asp-exp-progress").glob("*/state"))  # finished: nothing left to resume

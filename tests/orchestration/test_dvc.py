@@ -20,6 +20,7 @@ from asp.orchestration.dvc import (
     format_value,
     run_streaming,
     stage_env,
+    stage_exit_code,
     up_to_date,
 )
 from asp.orchestration.pipeline import numeric_leaves, stage_files, stage_seconds, uncached_outputs
@@ -39,6 +40,16 @@ def test_classify_reads_dvcs_messages() -> None:
         "schedule": "ran",
         "launch": "failed",
     }
+
+
+def test_the_failed_stage_s_own_exit_code_is_read_from_dvc() -> None:
+    lines = [
+        "Running stage 'prepare':",
+        "ERROR: failed to reproduce 'prepare': failed to run: asp stage prepare, exited with 2",
+    ]
+    assert stage_exit_code(lines) == 2  # a stage that refused bad input: `asp repro` exits 2, not DVC's 255
+    assert stage_exit_code(["ERROR: failed to reproduce 'x': failed to run: sleep 9, exited with -15"]) == 143
+    assert stage_exit_code(["ERROR: failed to reproduce 'x': something else"]) is None
 
 
 def test_command_lines() -> None:

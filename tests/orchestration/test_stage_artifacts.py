@@ -60,7 +60,7 @@ def test_the_printed_command_is_the_one_that_runs() -> None:
     assert shown_cmd(dvc_repro_cmd("schedule", force=True)) == "dvc repro --single-item --force schedule"
     assert shown_cmd(dvc_repro_cmd("schedule")) == "dvc repro --single-item schedule"
     cmd = dvc_exp_cmd("e-1", ["schedule"], {"schedule.k": 4, "a.b": "x y"}, force=True)
-    assert shown_cmd(cmd) == "dvc exp run --temp -n e-1 -S schedule.k=4 -S 'a.b=x y' --force schedule"
+    assert shown_cmd(cmd) == "dvc exp run --temp -n e-1 -S schedule.k=4 -S 'a.b=x y' --force --single-item schedule"
     assert cmd[:3] == [sys.executable, "-m", "dvc"]
 
 

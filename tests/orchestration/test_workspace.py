@@ -191,3 +191,19 @@ def test_a_persistent_output_not_named_keeps_the_stopped_runs_progress_and_says_
     done = workspace.restore(snap)
     assert (project / "state/s").read_text() == "resumable"
     assert "state keeps the stopped run's progress" in done.message and "asp repro s" in done.message
+
+
+def test_a_launch_state_holds_progress_when_its_checkpoint_is_not_finished(tmp_path: Path) -> None:
+    """What the guard asks before keeping a stopped changed launch's state (`restore(keep_progress=...)`): the
+    runtime checkpoint the launch writes, unfinished (a resume position) or finished (the end of a run)."""
+    from asp.runtime.checkpoint import Checkpointer
+    from asp.steps.launch_state import holds_progress
+
+    state = tmp_path / "launch_state"
+    assert not holds_progress(state)
+    checkpointer = Checkpointer(state / "C4", "plan")
+    position = {"database": {}, "trainer_step": 3, "policy_version": 3, "trainer_state": {}}
+    checkpointer.save(**position, finished=False)
+    assert holds_progress(state) and holds_progress(state / "C4")
+    checkpointer.save(**position, finished=True)
+    assert not holds_progress(state)

@@ -95,6 +95,12 @@ def test_missing_field_and_bad_files(tmp_path: Path) -> None:
     (tmp_path / "obj.json").write_text('{"problem": "a"}')
     with pytest.raises(UserError, match="expected a list of JSON objects"):
         prepare.read_records(tmp_path / "obj.json")
+    (tmp_path / "bare.jsonl").write_text('{"problem": "a", "answer": "1"}\n"just a string"\n')
+    with pytest.raises(UserError, match=r"bare.jsonl: line 2 is a JSON string, not an object"):  # the line, named
+        prepare.read_records(tmp_path / "bare.jsonl")
+    (tmp_path / "mixed.json").write_text('[{"problem": "a", "answer": "1"}, 7]')
+    with pytest.raises(UserError, match=r"record 1 \(0-based\) of the list is a JSON number"):
+        prepare.read_records(tmp_path / "mixed.json")
 
 
 def _stage_prepare(tmp_path: Path, dataset: str) -> subprocess.CompletedProcess:

@@ -221,6 +221,11 @@ def test_closed_gate_writes_a_rejected_report_and_no_plans(
     assert report["accepted"] is False and report["min_tau"] == 1.0 and "below evaluate.min_tau" in report["message"]
     assert "| accepted | false |" in out and "rejected" in out
     assert latest_accepted(state) is None
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.status == "FAILED"  # --strict's exit 1 is a failure in MLflow too (it said FINISHED)
 
 
 def test_a_finished_run_has_nothing_left_to_reschedule(pipeline: dict[str, Any], tmp_path: Path) -> None:
@@ -389,9 +394,7 @@ def test_history_targets_weigh_newer_visits_and_choose_the_most_recent_prompts()
     assert history_targets(LengthHistory(), 3, 0.01).empty
 
 
-def test_refit_from_run_needs_the_history_the_launch_keeps(tmp_path: Path) -> None:
-    from asp.adaptation.launch_drift import build_watch
-
-    params = make_params({"drift": {"action": "refit_from_run"}, "runtime": {"history": {"enabled": False}}})
+def test_refit_from_run_needs_the_history_the_launch_keeps() -> None:
+    """Refused when the params are validated, before any stage (tests/test_values_before_the_run.py)."""
     with pytest.raises(UserError, match=r"runtime.history.enabled is false.*drift.action: reprofile"):
-        build_watch(params, rebase(launch.Paths(), tmp_path), None, tmp_path, NullTracker())
+        make_params({"drift": {"action": "refit_from_run"}, "runtime": {"history": {"enabled": False}}})

@@ -124,11 +124,6 @@ def build_watch(params: Params, paths: LaunchPaths, plan: Any, directory: Path, 
     Raises:
         UserError: unreadable predictions or references, or a scheduled prompt without a prediction.
     """
-    if params.drift.action == "refit_from_run" and not params.runtime.history.enabled:
-        raise UserError(
-            "drift.action: refit_from_run fine-tunes the predictor on the realized lengths runtime.history keeps, but "
-            "runtime.history.enabled is false. Set runtime.history.enabled: true, or drift.action: reprofile."
-        )
     absent_inputs = [p for p in (paths.predictions, paths.predictor_metrics) if not p.is_file()]
     if absent_inputs:
         print(

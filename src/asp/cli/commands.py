@@ -70,12 +70,14 @@ def params_check(
     from asp.cli.plan import load_params_with
     from asp.steps.layout_check import enforce_layout
     from asp.steps.lengths_file import check_lengths_file
+    from asp.steps.policy_path import check_policy_path
 
     resolved = load_params_with(params, preset, list(set_ or []))
     layout = enforce_layout(resolved)  # ranks and actors vs the declared GPUs, before the per-rank memory verdict
     memory = "\n".join(line for line in (layout, _memory_check(resolved)) if line)
     simulate_note = _simulate_check(resolved)
     lengths_note = check_lengths_file(resolved, experiment=bool(preset or set_))  # missing / not committed
+    policy_note = check_policy_path(resolved)  # `asp repro` refuses it; a preset may name another machine's path
     overlay = _preset_path(preset) if preset else None
     typer.echo(f"{params}{' + ' + str(overlay) if overlay else ''}: OK")
     if overlay:
@@ -88,6 +90,8 @@ def params_check(
         typer.echo(simulate_note)
     if lengths_note:
         typer.echo(lengths_note)
+    if policy_note:
+        typer.echo(policy_note)
 
 
 def _simulate_check(params: Params) -> str:
@@ -104,13 +108,12 @@ def _simulate_check(params: Params) -> str:
 
 
 def _memory_check(params: Params) -> str:
-    """`runtime.memory.check` with the grpo trainer: `UserError` on a misfit, else a one-line summary (or why the
-    check was skipped, or that a CPU trainer is not checked)."""
+    """`runtime.memory.check` with the grpo trainer or a vLLM engine: `UserError` on a misfit, else a one-line
+    summary (or why the check was skipped, or that a CPU trainer is not checked)."""
     from asp.sim.memory import gib
-    from asp.steps.memory_check import enforce, skip_note
+    from asp.steps.memory_check import checked, enforce, skip_note
 
-    rt = params.runtime
-    if not rt.memory.check or rt.trainer != "grpo":
+    if not checked(params):
         return ""
     report = enforce(params)
     if report is None:
@@ -121,7 +124,8 @@ def _memory_check(params: Params) -> str:
         parts.append(f"trainer rank {gib(t.device_total)} of {gib(t.capacity)} GiB")
     if report.generation is not None:
         g = report.generation
-        parts.append(f"vLLM {g.sequences} sequences of {g.max_seq_len} tokens per instance")
+        kv = f"vLLM KV cache {g.kv_cache / 2**30:.3g} GiB"
+        parts.append(f"{kv}: {g.sequences} sequences of {g.max_seq_len} tokens per instance")
     line = f"memory ({report.source}): " + ", ".join(parts) + " (asp plan memory prints the table)"
     return "\n".join([line, *(f"note: {n}" for n in report.notes)])
 
@@ -182,8 +186,8 @@ def repro(
     Each stage runs as `dvc repro --single-item STAGE` (up-to-date stages are skipped by DVC); with --preset or
     --set the run is a DVC experiment (`dvc exp run --temp`), so params.yaml and outputs/ stay as they are.
     Retries and per-stage timeouts come from `orchestration:` in params.yaml. A failed stage fails the command
-    (dvc's exit code) and the parent run; Ctrl-C / SIGTERM stop the running stage (its run and the parent end
-    KILLED) and exit 130 / 143."""
+    (the stage's exit code, 2 for bad input; dvc's where it names none) and the parent run; Ctrl-C / SIGTERM stop
+    the running stage (its run and the parent end KILLED) and exit 130 / 143."""
     from asp.orchestration.pipeline import StageFailed, run_pipeline
     from asp.orchestration.request import RunRequest, parse_set_args
 
@@ -192,7 +196,7 @@ def repro(
         run_pipeline(request, params_path=params)
     except StageFailed as exc:
         typer.echo(f"error: {exc}; dvc repro failed with exit code {exc.returncode}", err=True)
-        raise typer.Exit(exc.returncode or 1) from None
+        raise typer.Exit(exc.exit_code) from None
 
 
 @app.command()

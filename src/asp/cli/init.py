@@ -24,6 +24,7 @@ from asp.errors import UserError
 
 GPU_BASE = "gpu-cluster"
 DEMO_DATASET = "builtin:demo-arith"  # asp.config.DEMO_DATASET (not imported: `asp --help` stays fast)
+BUILTIN_PREDICTOR = "builtin:minilm"  # asp.steps.loaders.BUILTIN_MINILM: params.yaml's predictor.backbone
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
 MAX_ACTORS_PER_UNIT = 4  # the GPU preset's Generation Unit size
 
@@ -37,7 +38,9 @@ def init(
     ] = None,
     gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node; 0: the CPU demo")] = None,
     nodes: Annotated[int | None, typer.Option(help="nodes of the Ray cluster (with GPUs)")] = None,
-    predictor: Annotated[str | None, typer.Option(help="predictor backbone: a local model directory")] = None,
+    predictor: Annotated[
+        str | None, typer.Option(help=f"predictor backbone: a local model directory, or {BUILTIN_PREDICTOR}")
+    ] = None,
     gpu_gib: Annotated[float | None, typer.Option(help="memory of one GPU in GiB (default: the base's, 80)")] = None,
     snapshot_dir: Annotated[
         str | None, typer.Option(help="weight snapshots: a path every node sees (default: the base's)")
@@ -46,6 +49,8 @@ def init(
 ) -> None:
     """Write a params overlay for your model, data and cluster; check it with `asp params check --preset NAME`."""
     ask = sys.stdin.isatty()
+    if gpu_gib is not None and not gpu_gib > 0:  # also NaN
+        raise UserError(f"--gpu-gib {gpu_gib:g}: a GPU's memory in GiB must be more than 0; nothing was written.")
     gpus = _number(gpus_per_node, "--gpus-per-node", "GPUs per node (0: CPU demo)", 0, ask, minimum=0)
     count = _number(nodes, "--nodes", "nodes", 1, ask and gpus > 0, minimum=1)
     if gpus == 0 and count > 1:
@@ -97,6 +102,8 @@ def _preset_name(name: str) -> str:
 
 
 def _local_dir(path: str, flag: str, what: str) -> str:
+    """The checkpoint directory, absolute: a preset run is a DVC experiment in a temporary copy of the repository,
+    where a relative path would point into the copy (which holds only what git and DVC track)."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise UserError(f"{flag} {path}: no such directory. Give the local {what} (nothing is downloaded).")
@@ -140,7 +147,9 @@ def _keys(
     if data:
         keys.append(("prepare.dataset", _dataset(data), "--data"))
     if predictor:
-        keys.append(("predictor.backbone", _local_dir(predictor, "--predictor", "predictor backbone"), "--predictor"))
+        what = "predictor backbone"
+        backbone = predictor if predictor == BUILTIN_PREDICTOR else _local_dir(predictor, "--predictor", what)
+        keys.append(("predictor.backbone", backbone, "--predictor"))
     if not gpus:
         return keys
     lay, total = layout(gpus, nodes), gpus * nodes
@@ -199,7 +208,7 @@ def _validate(text: str, target: Path) -> None:
     from asp.config import deep_merge, read_yaml, validate_params
     from asp.orchestration.request import EXTENDS, read_preset
 
-    raw = yaml.safe_load(text)
+    raw = yaml.safe_load(text) or {}  # no flag and no GPUs: an overlay of comments only, the demo as it is
     base = raw.pop(EXTENDS, None)
     merged = deep_merge(read_yaml("params.yaml"), read_preset(base) if base else {})
     validate_params(deep_merge(merged, raw), f"params.yaml + {target} (nothing was written)")

@@ -12,13 +12,14 @@ from its newest accepted version, gates it on held-out Kendall tau (`evaluate.mi
 is generated: the predictor is fine-tuned on the realized lengths of the run's `drift.refit_prompts` most recently
 trained prompts, which the checkpoint keeps with `runtime.history` (`asp.adaptation.refit`). Logs to its own MLflow
 run (`reprofile`) unless `--run-id` names one. Prints a result table. Exit codes: 0 done (accepted or rejected),
-1 rejected with `--strict`, 2 a user error (no checkpoint, a finished run, missing pipeline outputs).
+1 rejected with `--strict` (its MLflow run FAILED), 2 a user error (no checkpoint, a finished run, missing pipeline
+outputs).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -66,20 +67,25 @@ def reprofile(
         tracker = attach_run(run_id, common.tracking_uri)
         if tracker is None:
             raise UserError(f"--run-id {run_id}: no such MLflow run in the tracking store; drop --run-id.")
-        result = run_reprofile(p, directory, tracker, reason=reason)
+        _report(run_reprofile(p, directory, tracker, reason=reason), run_reprofile is refit_from_run, strict)
     else:
         with open_tracker(
             "reprofile", experiment=common.experiment, tracking_uri=common.tracking_uri, tags={"asp.kind": "reprofile"}
         ) as new_run:
             new_run.log_params({"drift": p.drift.model_dump(), "evaluate.min_tau": p.evaluate.min_tau})
             result = run_reprofile(p, directory, new_run, reason=reason)
+            _report(result, run_reprofile is refit_from_run, strict)  # --strict's exit 1 inside: the run FAILED
+
+
+def _report(result: Any, from_run: bool, strict: bool) -> None:
+    """The result as a table and its message; `typer.Exit(1)` for a rejected predictor under --strict."""
     rows = [
         ("version", f"v{result.version}"),
         ("accepted", str(result.accepted).lower()),
         ("held-out Kendall tau", f"{result.tau:.3f}"),
         ("evaluate.min_tau", f"{result.min_tau:g}"),
         ("policy step", str(result.policy_step)),
-        ("source", "the run's own lengths" if run_reprofile is refit_from_run else "generated"),
+        ("source", "the run's own lengths" if from_run else "generated"),
         ("prompts profiled", str(result.prompts)),
         ("seconds", f"{result.seconds:.1f}"),
         ("directory", str(result.directory)),

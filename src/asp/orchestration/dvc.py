@@ -24,6 +24,7 @@ from DVC's messages (`classify`), because DVC offers no structured account of th
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -80,6 +81,25 @@ def classify(lines: Iterable[str]) -> dict[str, StageStatus]:
             if match:
                 out[match.group(1)] = status
     return out
+
+
+_STAGE_EXIT = re.compile(r"failed to run: .*, exited with (-?\d+)\s*$")
+
+
+def stage_exit_code(lines: Iterable[str]) -> int | None:
+    """The exit code of the stage command that failed under DVC (DVC itself exits 255 for any failed stage), from
+    its `ERROR: failed to reproduce 'X': failed to run: CMD, exited with N` line; None when DVC names none. A
+    negative code (killed by signal k) is given as 128 + k, as a shell does.
+
+    >>> stage_exit_code(["ERROR: failed to reproduce 'prepare': failed to run: asp stage prepare, exited with 2"])
+    2
+    """
+    for line in reversed(list(lines)):
+        match = _STAGE_EXIT.search(line)
+        if match:
+            code = int(match.group(1))
+            return 128 - code if code < 0 else code
+    return None
 
 
 def up_to_date(root: str | Path, stage: str) -> bool:
@@ -156,10 +176,15 @@ def dvc_exp_cmd(
     outputs/ stay as they are; the result is an experiment (`dvc exp show`, `dvc exp apply NAME`).
 
     `copy_paths` are uncached outputs (plots, metrics, timings) the temporary copy would otherwise lack when git
-    does not hold them, which would make DVC rerun stages that are up to date."""
+    does not hold them, which would make DVC rerun stages that are up to date.
+
+    `force` reruns the named `stages` only, as `dvc_repro_cmd` does outside an experiment: DVC's `--force` alone
+    forces every stage upstream of them too (policy, prepare, profile, ... for `launch`), so it comes with
+    `--single-item` (DVC still checks the upstream outputs out into the copy)."""
     sets = [arg for k, v in overrides.items() for arg in ("-S", f"{k}={format_value(v)}")]
     copies = [arg for path in copy_paths for arg in ("-C", path)]
-    return [*_dvc(), "exp", "run", "--temp", "-n", name, *copies, *sets, *(["--force"] if force else []), *stages]
+    forced = ["--force", "--single-item"] if force else []
+    return [*_dvc(), "exp", "run", "--temp", "-n", name, *copies, *sets, *forced, *stages]
 
 
 def stage_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -317,3 +342,72 @@ def remove_experiment_copies(root: str | Path, before: set[Path]) -> list[Path]:
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
     return gone
+
+
+EXP_MARKS = Path(".dvc") / "tmp" / "asp-exps"  # one file per running `asp` experiment: its pid and its copy
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_experiment(root: str | Path, name: str, progress: Path | None = None) -> Path:
+    """Record that this process runs experiment `name` (`note_copy` adds its temporary copy once DVC made it), so
+    a later run can remove the copy if this one is killed with SIGKILL, which no handler sees (`clear_stale_copies`).
+    """
+    folder = Path(root) / EXP_MARKS
+    folder.mkdir(parents=True, exist_ok=True)
+    mark = folder / f"{os.getpid()}.{name}.json"
+    record = {"pid": os.getpid(), "name": name, "copies": [], "progress": str(progress) if progress else None}
+    mark.write_text(json.dumps(record))
+    return mark
+
+
+def note_copy(mark: Path, root: str | Path, before: set[Path]) -> bool:
+    """Write the experiment's new temporary copies (made since `before`) into its mark; True once there is one."""
+    made = sorted(experiment_copies(root) - before)
+    if not made:
+        return False
+    record = json.loads(mark.read_text())
+    record["copies"] = [str(p) for p in made]
+    mark.write_text(json.dumps(record))
+    return True
+
+
+def clear_stale_copies(root: str | Path, keep: Callable[[Path, Path], list[str]] | None = None) -> list[str]:
+    """Remove the temporary copies of experiments whose `asp` process died (SIGKILL, the OOM killer), with their
+    marks; one line each for the log, saying what was removed and how large it was. `keep(copy, progress_dir)`
+    first moves what the killed run would resume from out of the copy (the mark's progress folder)."""
+    import shutil
+
+    folder = Path(root) / EXP_MARKS
+    lines = []
+    for mark in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(mark.read_text())
+            pid, name, copies = int(record["pid"]), str(record["name"]), [Path(p) for p in record["copies"]]
+            progress = Path(record["progress"]) if record.get("progress") else None
+        except (OSError, ValueError, KeyError, TypeError):
+            mark.unlink(missing_ok=True)
+            continue
+        if _alive(pid):
+            continue
+        for copy in (c for c in copies if c.is_dir()):
+            kept = keep(copy, progress) if keep is not None and progress is not None else []
+            size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file() and not f.is_symlink())
+            shutil.rmtree(copy, ignore_errors=True)
+            base = Path(root).resolve()
+            shown = copy.relative_to(base) if copy.is_relative_to(base) else copy
+            lines.append(
+                f"removed {shown} ({size / 2**20:.1f} MB): the temporary copy of DVC experiment {name}, whose run "
+                f"(pid {pid}) was killed (SIGKILL) before it could remove it"
+                + (f"; its progress ({', '.join(kept)}) is kept for the same run to resume" if kept else "")
+            )
+        mark.unlink(missing_ok=True)
+    return lines

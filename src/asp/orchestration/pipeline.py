@@ -17,10 +17,12 @@ what the run is and, once it ended, what each stage did.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
 import shlex
+import shutil
 import sys
 import time
 import uuid
@@ -39,12 +41,16 @@ from asp.orchestration.dvc import (
     StageStatus,
     changed_outputs,
     classify,
+    clear_stale_copies,
     dvc_exp_cmd,
     dvc_repro_cmd,
     experiment_copies,
+    mark_experiment,
+    note_copy,
     remove_experiment_copies,
     run_streaming,
     stage_env,
+    stage_exit_code,
     stage_status,
 )
 from asp.orchestration.request import (
@@ -57,7 +63,8 @@ from asp.orchestration.request import (
     run_label,
 )
 from asp.orchestration.retry import RetryPolicy, call_with_retries
-from asp.stage import stage_names
+from asp.stage import RESUME_ENV, check_stage_inputs, persistent_outputs, stage_names
+from asp.steps.launch_state import holds_progress
 from asp.tracking import (
     NOTE_TAG,
     PARENT_ENV,
@@ -76,16 +83,33 @@ from asp.tracking import (
     stamped,
 )
 
+EXP_PROGRESS = Path(".dvc/tmp/asp-exp-progress")  # what stopped experiments keep for the same run to resume
+
 
 class StageFailed(Exception):
     """A stage failed (or timed out) under DVC; its own MLflow run says why, its output was streamed. `workspace`:
     what became of the workspace (a timed-out stage's outputs are put back as they were)."""
 
-    def __init__(self, stage: str, returncode: int, timed_out: bool = False, workspace: str | None = None) -> None:
+    def __init__(
+        self,
+        stage: str,
+        returncode: int,
+        timed_out: bool = False,
+        workspace: str | None = None,
+        stage_code: int | None = None,
+    ) -> None:
         why = "timed out (orchestration.timeout_s)" if timed_out else f"failed (dvc exit code {returncode})"
+        if stage_code is not None and not timed_out:
+            why = f"failed (the stage exited with {stage_code}, dvc with {returncode})"
         where = f"; {workspace.rstrip('.')}" if workspace else ""
         super().__init__(f"stage '{stage}' {why}; its output is above and its MLflow run has the details{where}")
-        self.stage, self.returncode, self.timed_out = stage, returncode, timed_out
+        self.stage, self.returncode, self.timed_out, self.stage_code = stage, returncode, timed_out, stage_code
+
+    @property
+    def exit_code(self) -> int:
+        """What the command exits with: the stage's own code (2: it refused bad input) where DVC named it, else
+        DVC's (255 for any failed stage)."""
+        return self.stage_code if self.stage_code is not None and not self.timed_out else self.returncode or 1
 
 
 @dataclass
@@ -228,6 +252,7 @@ class PipelineRun:
         self.interrupted: BaseException | None = None  # the Ctrl-C / SIGTERM / cancellation that stopped a stage
         self.stop_note: str | None = None  # what became of the workspace after that stop (or a timeout)
         self._snapshots: dict[str, workspace.Snapshot] = {}  # outputs kept while a stage runs (put back on a stop)
+        self._changed: dict[str, bool] = {}  # whether DVC found the stage changed when it started (not just forced)
 
     @property
     def name(self) -> str:
@@ -244,6 +269,8 @@ class PipelineRun:
 
     # -- the parent run -------------------------------------------------------------------------------------
     def __enter__(self) -> PipelineRun:
+        for line in clear_stale_copies(self.root, self._keep_progress):  # what SIGKILLed experiments left
+            self.on_line(f"[asp] {line}")
         common = self.params.common
         tags = {
             "asp.kind": "pipeline",
@@ -349,13 +376,17 @@ class PipelineRun:
         A stage stopped by Ctrl-C, SIGTERM or a Prefect cancellation, or past its timeout, leaves the workspace as
         it was before it started: its outputs, metrics, plots and dvc.lock are put back (`workspace.restore`)
         once its processes have ended, and `stop_note` says so; the interrupt is then re-raised. A stage that
-        fails keeps DVC's outcome (its outputs deleted; a rerun rebuilds them)."""
+        fails keeps DVC's outcome (its outputs deleted; a rerun rebuilds them); one whose input file (another
+        stage's output) is damaged is refused before DVC starts (`UserError`), so nothing is deleted."""
         if self.request.is_experiment:
             raise UserError("a run with a preset or overrides is a DVC experiment: use run_experiment()")
         cmd = dvc_repro_cmd(name, self.request.force)
         self.on_line(f"[asp] stage {name}: {shown_cmd(cmd)}")  # the command as it runs (--force included)
         dvc_status = self._status(name)  # DVC's status, before it runs (None: DVC cannot say)
         skips = not self.request.force and dvc_status == []
+        if not skips:  # DVC deletes the outputs before the stage can refuse a damaged input: check it first
+            check_stage_inputs(name, self.root)
+        self._changed[name] = bool(dvc_status)  # a stop keeps a changed stage's new progress (`_put_back`)
         try:
             if not skips and name not in self._snapshots:  # DVC deletes the outputs before the command runs
                 self._snapshots[name] = self._take(name, dvc_status)
@@ -375,7 +406,7 @@ class PipelineRun:
             self.failed = True
             self.reports[name] = StageReport(name, "timeout" if result.timed_out else "failed", result.seconds)
             note = self._put_back(name, "timed out") if result.timed_out else None
-            raise StageFailed(name, result.returncode, result.timed_out, note)
+            raise StageFailed(name, result.returncode, result.timed_out, note, stage_exit_code(result.lines))
         snap = self._snapshots.pop(name, None)
         if snap is not None:
             workspace.discard(snap)
@@ -403,7 +434,10 @@ class PipelineRun:
         snap = self._snapshots.pop(name, None)
         if snap is None:
             return None
-        done = workspace.restore(snap)
+        # A changed stage (not merely forced) started afresh: its stopped run's saved progress is what a rerun
+        # resumes, so it stays; a forced rerun of an unchanged stage gets the last finished run's state back.
+        keep = holds_progress if self._changed.get(name) else None
+        done = workspace.restore(snap, keep_progress=keep)
         self.stop_note = f"stage '{name}' {why}: {done.message}"
         self.on_line(f"[asp] {self.stop_note}")
         return done.message
@@ -439,34 +473,75 @@ class PipelineRun:
         timeout = sum(self.timeout_s(s) or 0 for s in stage_names(self.root / "dvc.yaml")) or None
         marks: list[tuple[float, str]] = []  # when each line arrived: a stage's time runs to the next stage's
 
+        before = experiment_copies(self.root)
+        progress = self._progress_dir(overrides)
+        mark = mark_experiment(self.root, self.exp_name, progress)  # a later run removes the copy if SIGKILLed
+        noted, last = False, ""
+
         def note(line: str) -> None:
+            nonlocal noted, last
             marks.append((time.monotonic(), line))
+            noted = noted or note_copy(mark, self.root, before)
+            if line.startswith("ERROR:") and line == last:  # DVC's experiment executor and its CLI both print it
+                return
+            last = line
             self.on_line(line)
 
-        before = experiment_copies(self.root)
         try:
-            result = run_streaming(cmd, env=self.env(), on_line=note, timeout_s=timeout, cwd=self.root)
+            env = {**self.env(), RESUME_ENV: str(progress)}  # a stage brings in what a stopped run kept there
+            result = run_streaming(cmd, env=env, on_line=note, timeout_s=timeout, cwd=self.root)
         except BaseException as exc:
             if not isinstance(exc, Exception):  # the experiment ran in a temporary copy: the workspace is untouched
-                remove_experiment_copies(self.root, before)  # DVC, stopped, leaves its copy (outputs included)
+                kept = self._stopped_experiment(before, progress)  # DVC, stopped, leaves its copy (outputs included)
                 self.interrupted = exc
                 self.stop_note = (
                     f"DVC experiment {self.exp_name} {_stopped_by(exc)}: it ran in a temporary copy, so the "
-                    "workspace is as it was (params.yaml, outputs/, dvc.lock untouched)."
+                    "workspace is as it was (params.yaml, outputs/, dvc.lock untouched)." + kept
                 )
                 self.on_line(f"[asp] {self.stop_note}")
             raise
+        finally:
+            mark.unlink(missing_ok=True)
         if result.timed_out:
-            remove_experiment_copies(self.root, before)
+            self.on_line(
+                f"[asp] DVC experiment {self.exp_name} timed out.{self._stopped_experiment(before, progress)}"
+            )
+        elif result.returncode == 0:
+            shutil.rmtree(progress, ignore_errors=True)  # resumed and finished: nothing left to resume
         seen = classify(result.lines)  # DVC's messages: it has no structured account of an experiment's stages
         seconds = stage_seconds(marks, time.monotonic())
         if result.returncode != 0 or result.timed_out:
             self.failed = True
             failed = [s for s, st in seen.items() if st == "failed"] or [s for s, st in seen.items() if st == "ran"]
             stage = failed[-1] if failed else ",".join(self.stages)
-            raise StageFailed(stage, result.returncode, result.timed_out)
+            raise StageFailed(stage, result.returncode, result.timed_out, stage_code=stage_exit_code(result.lines))
         self.exp_ref = vcs.experiment_ref(self.exp_name, self.root)
         return [self._report(name, seen.get(name, "skipped"), seconds.get(name, 0.0)) for name in self.stages]
+
+    def _progress_dir(self, overrides: Mapping[str, Any]) -> Path:
+        """Where a stopped run of this experiment (these stages with these params) keeps its progress."""
+        key = json.dumps({"stages": self.stages, "params": overrides}, sort_keys=True, default=str)
+        return self.root / EXP_PROGRESS / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def _keep_progress(self, copy: Path, progress: Path) -> list[str]:
+        """Move the persistent outputs of a stopped experiment's `copy` that hold progress to `progress`."""
+        return workspace.keep_progress(copy, progress, self._persistent_outputs(), holds_progress)
+
+    def _persistent_outputs(self) -> list[str]:
+        return [p for name in stage_names(self.root / "dvc.yaml") for p in persistent_outputs(name, self.root)]
+
+    def _stopped_experiment(self, before: set[Path], progress: Path) -> str:
+        """Keep the stopped experiment's progress, remove its temporary copies; a sentence saying what was kept."""
+        for copy in sorted(experiment_copies(self.root) - before):  # left when DVC was killed before its cleanup
+            self._keep_progress(copy, progress)
+        remove_experiment_copies(self.root, before)
+        kept = [rel for rel in self._persistent_outputs() if (progress / rel).exists()]
+        if not kept:  # (a stage keeps its state itself when it is stopped: `asp.stage.keep_progress_on_stop`)
+            return ""
+        return (
+            f" Its progress ({', '.join(kept)}) is kept in {progress.relative_to(self.root)}: the same command "
+            "resumes it."
+        )
 
     def _metrics_of(self, name: str) -> dict[str, float]:
         files, _ = stage_files(name, self.root / "dvc.yaml")

@@ -24,6 +24,7 @@ from asp.config import Params, deep_merge, read_yaml, validate_params
 from asp.errors import UserError
 from asp.stage import stage_names
 from asp.steps.lengths_file import check_lengths_file
+from asp.steps.policy_path import check_policy_path
 from asp.tracking import flatten
 
 
@@ -171,7 +172,8 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
     Raises:
         UserError: an unknown stage, a missing preset, or params (with the preset and overrides applied) that
             do not validate; the message is the one `asp params check` gives. Also a missing lengths file of
-            ``profile.source: file``, or one a DVC experiment would not have (`asp.steps.lengths_file`).
+            ``profile.source: file``, or one a DVC experiment would not have (`asp.steps.lengths_file`), and a
+            ``policy.path`` that is no checkpoint here when the policy stage runs (`asp.steps.policy_path`).
     """
     order = stage_names(Path(root) / "dvc.yaml")
     unknown = [s for s in request.stages if s not in order]
@@ -191,6 +193,7 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
             source += " + overrides " + json.dumps(dict(request.overrides), default=str)
     params = validate_params(raw, source, overrides=request.overrides, origin=request.overrides_from)
     check_lengths_file(params, root, experiment=request.is_experiment)  # missing, or not in the experiment's copy
+    check_policy_path(params, root, runs_policy="policy" in ordered_stages(request, root))
     return params
 
 

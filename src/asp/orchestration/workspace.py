@@ -36,7 +36,7 @@ import shutil
 import signal
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ class Snapshot:
     existed: frozenset[str]
     lock: bytes | None
     left: tuple[str, ...] = ()  # persistent outputs not kept (an interrupted attempt's state): the stage's to change
+    copied: tuple[str, ...] = ()  # persistent outputs kept (copies of the last finished run's state)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Restored:
     lock: str = "unchanged"
     problems: list[str] = field(default_factory=list)
     left: tuple[str, ...] = ()
+    progress: list[str] = field(default_factory=list)  # persistent outputs left with the stopped run's progress
 
     @property
     def ok(self) -> bool:
@@ -90,6 +92,12 @@ class Restored:
                 if self.left
                 else ""
             )
+            if self.progress:
+                left += (
+                    f" {', '.join(self.progress)} keeps the stopped run's progress, not the last finished run's state "
+                    f"(the stage had changed, so that state was not the one a rerun uses): `asp repro {self.stage}` "
+                    "resumes it."
+                )
             return (
                 f"the workspace is as it was before stage '{self.stage}' started: {what} put back{extra}, {lock} "
                 f"(`dvc status` and `git status` show what they showed before).{left}"
@@ -197,7 +205,7 @@ def take(root: str | Path, stage: str, dvc_file: str | Path | None = None, persi
         shutil.rmtree(where, ignore_errors=True)
         raise
     left = tuple(p for p in kept if p not in copied and (root / p).exists())
-    return Snapshot(stage, root, where, tuple(deleted), frozenset(existed), lock, left)
+    return Snapshot(stage, root, where, tuple(deleted), frozenset(existed), lock, left, tuple(copied))
 
 
 def _remove(path: Path) -> None:
@@ -235,13 +243,19 @@ def _restore_lock(snap: Snapshot, done: Restored) -> None:
     done.lock = "restored"
 
 
-def restore(snap: Snapshot) -> Restored:
+def restore(snap: Snapshot, keep_progress: Callable[[Path], bool] | None = None) -> Restored:
     """Put `snap`'s outputs and dvc.lock back (call it once the stage's processes have ended); removes what the
-    stopped run created in their place. Never raises for a path it cannot restore: `Restored.problems` says."""
+    stopped run created in their place. Never raises for a path it cannot restore: `Restored.problems` says.
+
+    `keep_progress(path)`: whether a kept persistent output now holds the stopped run's progress that a rerun
+    resumes (it is then left as the run left it, not put back); None: every kept output is put back."""
     done = Restored(snap.stage, left=snap.left)
     with deferred_signals():
         for rel in snap.paths:
             target = snap.root / rel
+            if rel in snap.copied and keep_progress is not None and target.exists() and keep_progress(target):
+                done.progress.append(rel)
+                continue
             try:
                 had = target.exists() or target.is_symlink()
                 _remove(target)
@@ -285,3 +299,20 @@ def deferred_signals() -> Iterator[list[int]]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def keep_progress(copy: Path, dest: Path, outputs: Iterable[str], holds: Callable[[Path], bool]) -> list[str]:
+    """Move the persistent `outputs` of a stopped DVC experiment's temporary `copy` that hold progress (`holds`)
+    to `dest`, replacing what an earlier stop kept there, before the copy is removed; the next run of the same
+    experiment brings them in (`asp.stage.seed_progress`). Returns those kept."""
+    kept = []
+    for rel in outputs:
+        source = copy / rel
+        if not source.exists() or not holds(source):
+            continue
+        target = dest / rel
+        _remove(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(source), target)
+        kept.append(rel)
+    return kept

@@ -447,10 +447,9 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Run the asynchronous RL loop over the schedule (or finish a run a kill cut short after its last step); write
     the run summary, metrics and plot."""
     from asp.runtime.raysession import reap_dead_sessions
+    from asp.steps.memory_check import checked, enforce
 
-    if params.runtime.trainer == "grpo":  # fits-or-fails before any worker starts (runtime.memory, docs/memory.md)
-        from asp.steps.memory_check import enforce
-
+    if checked(params):  # fits-or-fails before any worker starts (runtime.memory, docs/memory.md)
         enforce(params)
     reap_dead_sessions()  # Ray processes a killed launch left running
     prompts, prompts_by_id = load_prompts(paths.prompts)

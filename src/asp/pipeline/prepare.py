@@ -51,9 +51,15 @@ def read_records(path: str | Path) -> pd.DataFrame:
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise UserError(f"{path}: line {lineno} is not valid JSON ({exc.msg}). Fix or remove it.") from None
+            if not isinstance(row, dict):
+                raise UserError(
+                    f"{path}: line {lineno} is a JSON {_json_kind(row)}, not an object; each line must be one prompt "
+                    'record such as {"problem": ..., "answer": ...}. Fix or remove it.'
+                )
+            rows.append(row)
         return _frame(rows, path)
     if suffix == ".json":
         try:
@@ -81,9 +87,20 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         ) from None
 
 
+def _json_kind(value: Any) -> str:
+    names = {str: "string", list: "array", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 def _frame(rows: Any, path: Path) -> pd.DataFrame:
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise UserError(f"{path}: expected a list of JSON objects (one per prompt).")
+    if not isinstance(rows, list):
+        raise UserError(f"{path}: expected a list of JSON objects (one per prompt), got a JSON {_json_kind(rows)}.")
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise UserError(
+            f"{path}: record {bad} (0-based) of the list is a JSON {_json_kind(rows[bad])}, not an object; expected a "
+            "list of JSON objects (one per prompt). Fix or remove it."
+        )
     if rows and not any(rows):
         raise UserError(f"{path}: all {len(rows)} records are empty objects; each needs a problem and an answer.")
     return pd.DataFrame.from_records(rows)

@@ -38,8 +38,9 @@ Trainer device (one of ``world_size`` FSDP2 ranks, N = world_size, P = parameter
 
 Generation device (one vLLM instance over ``tensor_parallel_size`` = t GPUs, d engine dtype bytes): weights
 ``P d / t``; KV cache per token ``2 L ceil(kv_heads / t) head_dim d``; budget ``gpu_memory_utilization x
-device``; allowance ``1 GiB`` (CUDA graphs, non-torch memory) + the profile run's activations
-``8192 tokens x (4h + M) d`` with M = 3 I / t for a dense MLP and ``k (3 I_e / t + h) + 3 I_s / t`` for an MoE
+device`` (with ``kv_cache_gib`` set: weights + allowance + that KV cache, which must fit the device); allowance
+``1 GiB`` (CUDA graphs, non-torch memory) + the profile run's activations ``8192 tokens x (4h + M) d`` with
+M = 3 I / t for a dense MLP and ``k (3 I_e / t + h) + 3 I_s / t`` for an MoE
 block (vLLM's fused-MoE workspaces: each token's k gate/up, activation and output rows; the larger when a model
 has both) + sampler logits ``256 sequences x V x 4``; sequences that fit =
 ``(budget - weights - allowance) / (KV per token x sequence length)``. vLLM refuses to start below one.
@@ -170,6 +171,7 @@ class GenerationSettings:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     max_seq_len: int = 4096
     device_gib: float = DEVICE_GIB
+    kv_cache_gib: float | None = None  # vLLM's kv_cache_memory_bytes: a KV cache of this size, not a share
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,7 @@ class GenerationEstimate:
     budget: int
     kv_bytes_per_token: int
     max_seq_len: int
+    capacity: int  # the device's bytes
 
     @property
     def kv_cache(self) -> int:
@@ -191,7 +194,7 @@ class GenerationEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.sequences >= 1
+        return self.sequences >= 1 and self.budget <= self.capacity
 
 
 def _vllm_mlp_width(arch: Architecture, t: int) -> int:
@@ -211,8 +214,12 @@ def generation_memory(arch: Architecture, s: GenerationSettings) -> GenerationEs
     kv = 2 * arch.num_layers * math.ceil(arch.num_kv_heads / t) * arch.head_dim * d
     act = PROFILE_TOKENS * (4 * arch.hidden_size + _vllm_mlp_width(arch, t)) * d
     allowance = GRAPH_ALLOWANCE + act + SAMPLER_SEQS * arch.vocab_size * 4
-    budget = int(s.gpu_memory_utilization * s.device_gib * GIB)
-    return GenerationEstimate(weights, allowance, budget, kv, s.max_seq_len)
+    capacity = int(s.device_gib * GIB)
+    if s.kv_cache_gib is None:
+        budget = int(s.gpu_memory_utilization * capacity)
+    else:  # vLLM sizes the KV cache as asked and takes weights and activations besides
+        budget = weights + allowance + int(s.kv_cache_gib * GIB)
+    return GenerationEstimate(weights, allowance, budget, kv, s.max_seq_len, capacity)
 
 
 def gib(n: float) -> str:
@@ -327,6 +334,8 @@ def generation_problem(arch: Architecture, s: GenerationSettings) -> str | None:
     est = generation_memory(arch, s)
     if est.fits:
         return None
+    if s.kv_cache_gib is not None:
+        return _kv_cache_problem(est, s)
     fixes = generation_suggestions(arch, s) or ["use a larger device or a smaller policy"]
     kv_need = est.kv_bytes_per_token * s.max_seq_len
     return (
@@ -334,4 +343,21 @@ def generation_problem(arch: Architecture, s: GenerationSettings) -> str | None:
         f"{gib(est.budget)} GiB (gpu_memory_utilization {s.gpu_memory_utilization} x {s.device_gib:g} GiB); "
         f"weights {gib(est.weights)} + allowance {gib(est.allowance)} leave {gib(max(est.kv_cache, 0))} GiB of KV "
         f"cache, less than one {s.max_seq_len}-token sequence ({gib(kv_need)} GiB). To fit: {'; or '.join(fixes)}."
+    )
+
+
+def _kv_cache_problem(est: GenerationEstimate, s: GenerationSettings) -> str:
+    """A KV cache set in GiB (kv_cache_gib) that, with the weights, exceeds the device or holds no sequence."""
+    kv_need = est.kv_bytes_per_token * s.max_seq_len
+    room = est.capacity - est.weights - est.allowance
+    if est.budget > est.capacity:
+        what = f"needs {gib(est.budget)} GiB of the device's {gib(est.capacity)} GiB"
+        fix = f"lower kv_cache_gib to {gib(room)} GiB or less" if room >= kv_need else "use a larger device"
+    else:
+        what = f"holds less than one {s.max_seq_len}-token sequence ({gib(kv_need)} GiB)"
+        fix = f"raise kv_cache_gib to {gib(kv_need)} GiB or more, or lower max_model_len"
+    return (
+        f"generation device: vLLM (tensor_parallel_size {s.tensor_parallel_size}) with a KV cache of "
+        f"{s.kv_cache_gib:g} GiB (kv_cache_gib) + weights {gib(est.weights)} GiB + allowance {gib(est.allowance)} GiB "
+        f"{what}. To fit: {fix}."
     )

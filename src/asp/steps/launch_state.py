@@ -60,6 +60,22 @@ def fingerprint_extra(runtime: RuntimeParams) -> dict[str, Any]:
     return {"trainer": "grpo", "mode": runtime.mode, "grpo": grpo}
 
 
+def holds_progress(state_dir: Path) -> bool:
+    """Whether `state_dir` (``outputs/launch_state``, or one condition's folder in it) holds an interrupted run's
+    resume position: a runtime checkpoint not marked finished, which the next launch of the same plan resumes."""
+    from asp.runtime.checkpoint import FILENAME
+
+    files = [state_dir] if state_dir.name == FILENAME else sorted(state_dir.rglob(FILENAME))
+    for path in files:
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and state.get("finished") is False:
+            return True
+    return False
+
+
 def read_history(path: Path, upto_step: int) -> list[dict[str, float]]:
     """Iteration rows recorded so far with step <= `upto_step` (later ones are re-run after a resume)."""
     if upto_step <= 0:

@@ -11,6 +11,7 @@ the estimate and a note. Tests: tests/steps/test_memory_check.py.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -117,6 +118,16 @@ def trainer_settings(params: Params) -> TrainerSettings:
     )
 
 
+def host_gib() -> float:
+    """This machine's memory in GiB: the device of vLLM's CPU build (its KV cache lives in RAM)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def device_gib(params: Params, device: str) -> float:
+    """The memory of one generation device: this machine's RAM for a CPU engine, else runtime.memory.device_gib."""
+    return host_gib() if device == "cpu" else params.runtime.memory.device_gib
+
+
 def generation_settings(params: Params, arch: Architecture) -> GenerationSettings | None:
     """One vLLM instance's settings (None for the hf engine); max_model_len defaults to the model's context."""
     engine = params.runtime.engine
@@ -128,7 +139,24 @@ def generation_settings(params: Params, arch: Architecture) -> GenerationSetting
         tensor_parallel_size=engine.vllm.tensor_parallel_size,
         gpu_memory_utilization=engine.vllm.gpu_memory_utilization,
         max_seq_len=seq,
-        device_gib=params.runtime.memory.device_gib,
+        device_gib=device_gib(params, engine.device),
+        kv_cache_gib=engine.vllm.kv_cache_gib,
+    )
+
+
+def profile_kv_problem(params: Params) -> str | None:
+    """The profile stage's vLLM engine asked for a KV cache larger than its device (RAM on a CPU), else None."""
+    prof = params.profile
+    kv = prof.vllm.kv_cache_gib
+    if prof.engine != "vllm" or kv is None:
+        return None
+    capacity = device_gib(params, prof.device)
+    if kv < capacity:
+        return None
+    where = "this machine's memory" if prof.device == "cpu" else "runtime.memory.device_gib"
+    return (
+        f"profile engine: profile.vllm.kv_cache_gib = {kv:g} GiB is not below {where} ({capacity:.1f} GiB), "
+        "which also holds the weights. Lower profile.vllm.kv_cache_gib."
     )
 
 
@@ -151,7 +179,11 @@ def memory_report(params: Params) -> MemoryReport | None:
     if gs is not None:
         problem = generation_problem(arch, gs)
         if problem:
-            problems.append(problem)
+            where = "runtime.engine.vllm" if gs.kv_cache_gib is not None else ""
+            problems.append(problem.replace("(kv_cache_gib)", f"({where}.kv_cache_gib)") if where else problem)
+    problem = profile_kv_problem(params)
+    if problem:
+        problems.append(problem)
     trainer = trainer_memory(arch, ts) if ts else None
     generation = generation_memory(arch, gs) if gs else None
     return MemoryReport(source, arch, trainer, generation, ts, gs, problems, notes)
@@ -216,7 +248,7 @@ def format_report(r: MemoryReport) -> str:
             f"generation (vLLM, tensor_parallel_size {gs.tensor_parallel_size}, per GPU):",
             "| generation component | GiB |",
             "|---|---|",
-            f"| budget (gpu_memory_utilization {gs.gpu_memory_utilization} x {gs.device_gib:g}) | {gib(g.budget)} |",
+            f"| budget ({_budget(gs)}) | {gib(g.budget)} |",
             f"| weights | {gib(g.weights)} |",
             f"| activations + CUDA graphs allowance | {gib(g.allowance)} |",
             f"| KV cache ({g.kv_bytes_per_token / 1024:.0f} KiB per token) | {gib(max(g.kv_cache, 0))} |",
@@ -225,6 +257,12 @@ def format_report(r: MemoryReport) -> str:
     lines += [f"note: {n}" for n in r.notes]
     lines.append("memory: fits" if r.fits else "memory: does NOT fit")
     return "\n".join(lines)
+
+
+def _budget(gs: GenerationSettings) -> str:
+    if gs.kv_cache_gib is not None:
+        return f"weights + allowance + kv_cache_gib {gs.kv_cache_gib:g}, of {round(gs.device_gib, 1):g}"
+    return f"gpu_memory_utilization {gs.gpu_memory_utilization} x {round(gs.device_gib, 1):g}"
 
 
 def report_dict(r: MemoryReport) -> dict:
@@ -244,6 +282,7 @@ def report_dict(r: MemoryReport) -> dict:
         g = r.generation
         out["generation"] = {
             "budget": g.budget,
+            "capacity": g.capacity,
             "weights": g.weights,
             "allowance": g.allowance,
             "kv_cache": g.kv_cache,
@@ -256,16 +295,23 @@ def report_dict(r: MemoryReport) -> dict:
     return out
 
 
+def checked(params: Params) -> bool:
+    """Whether the memory check has something to check: a GRPO trainer or a vLLM engine (runtime.memory.check on)."""
+    uses_vllm = "vllm" in (params.runtime.engine.kind, params.profile.engine)
+    return params.runtime.memory.check and (params.runtime.trainer == "grpo" or uses_vllm)
+
+
 def enforce(params: Params) -> MemoryReport | None:
     """Raise `UserError` with the numbers and what to change when the run cannot fit (runtime.memory.check on)."""
     if not params.runtime.memory.check:
         return None
     report = memory_report(params)
     if report is not None and report.problems:
+        gpu = "cuda" in (params.runtime.grpo.device[:4], params.runtime.engine.device[:4], params.profile.device[:4])
+        gib = f"runtime.memory.device_gib = {params.runtime.memory.device_gib:g}; " if gpu else ""
         raise UserError(
-            "the layout does not fit in memory (runtime.memory.device_gib = "
-            f"{params.runtime.memory.device_gib:g}; `asp plan memory` prints the table; runtime.memory.check: false "
-            "skips this check):\n" + "\n".join(report.problems)
+            f"the layout does not fit in memory ({gib}`asp plan memory` prints the table; runtime.memory.check: "
+            "false skips this check):\n" + "\n".join(report.problems)
         )
     return report
 

@@ -160,6 +160,26 @@ def reopen_run(uri: str, run_id: str, key: str | None = None) -> MlflowTracker |
     return tracker
 
 
+EARLIER_PARENTS_TAG = "asp.earlier_parent_runs"  # parent runs a resumed run was nested under before (oldest first)
+
+
+def move_under(tracker: MlflowTracker, parent: str | None) -> None:
+    """Nest a continued run under this attempt's parent run (`parent`; None: leave it where it is): a resumed
+    launch belongs to the pipeline run that finished it, not to the one that was stopped (which would keep a
+    FINISHED child under its KILLED self while the new parent had none). The earlier parents stay listed in
+    `EARLIER_PARENTS_TAG`."""
+    if not parent:
+        return
+    tags = tracker.client.get_run(tracker.run_id).data.tags
+    old = tags.get("mlflow.parentRunId")
+    if old == parent:
+        return
+    moved = {"mlflow.parentRunId": parent}
+    if old:
+        moved[EARLIER_PARENTS_TAG] = ",".join(filter(None, [tags.get(EARLIER_PARENTS_TAG), old]))
+    tracker.set_tags(moved)
+
+
 def drop_bookkeeping(client: MlflowClient, run_id: str) -> None:
     """Delete the owner and key tags of a run that ended (`BOOKKEEPING_TAGS`; those it lacks are skipped)."""
     for tag in BOOKKEEPING_TAGS:
@@ -352,8 +372,10 @@ def open_tracker(
     uri = resolve_tracking_uri(tracking_uri)
     with store_errors(uri):
         tracker = reopen_run(uri, resume_run_id, key) if resume_run_id else None
-        if tracker is None:
-            parent = os.environ.get(PARENT_ENV)
+        parent = os.environ.get(PARENT_ENV)
+        if tracker is not None:
+            move_under(tracker, parent)
+        else:
             tracker = start_run(
                 uri, experiment, run_name, parent, tags, key=key, description=description, source=source
             )

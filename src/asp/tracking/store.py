@@ -14,6 +14,7 @@ project would show and write the original's artifacts; `relocate_artifacts` poin
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import urllib.parse
@@ -107,8 +108,9 @@ def file_store_problem(uri: str) -> str | None:
         return None
     folder = Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path) if scheme == "file" else uri)
     suggestion = f"sqlite:///{(folder.expanduser().absolute() / 'mlflow.db').as_posix()}"
+    what = "is a folder" if folder.expanduser().is_dir() else f"is a path ({folder} does not exist) read as a folder"
     return (
-        f"the MLflow store {uri} (MLFLOW_TRACKING_URI or common.tracking_uri) is a folder, MLflow's filesystem "
+        f"the MLflow store {uri} (MLFLOW_TRACKING_URI or common.tracking_uri) {what}, MLflow's filesystem "
         f"backend, which this MLflow refuses. Use an SQLite store instead, e.g. MLFLOW_TRACKING_URI={suggestion}, "
         "or unset MLFLOW_TRACKING_URI for the project's own mlflow.db (ASP_TRACKING=0 runs without tracking)."
     )
@@ -149,7 +151,13 @@ def _check_existing_store(where: str, path: Path, writable: bool) -> None:
             f"(mv {path} {path}.damaged; runs logged there are no longer listed), restore it from a backup, "
             f"{_OTHER_STORE}."
         )
-    if writable and _cannot_open_for_writing(path):
+    refused = _cannot_open_for_writing(path) if writable else None
+    if refused == errno.EROFS:  # chmod cannot help there
+        raise UserError(
+            f"{where}: {path} is on a read-only filesystem (a read-only mount), so no run can be logged. Mount it "
+            f"read-write or copy the store to a writable disk, {_OTHER_STORE}."
+        )
+    if refused is not None:
         raise UserError(
             f"{where}: {path} is read-only for this user, so no run can be logged. Fix its permissions "
             f"(chmod u+w {path}), {_OTHER_STORE}."
@@ -161,13 +169,14 @@ def _check_existing_store(where: str, path: Path, writable: bool) -> None:
         )
 
 
-def _cannot_open_for_writing(path: Path) -> bool:
-    """Whether opening `path` for writing fails (tried: permission bits do not bind root; read-only mounts)."""
+def _cannot_open_for_writing(path: Path) -> int | None:
+    """None when `path` opens for writing (tried: permission bits do not bind root; read-only mounts), else the
+    error number (EROFS: a read-only filesystem; 0 when the system gave none)."""
     try:
         with path.open("r+b"):
-            return False
-    except OSError:
-        return True
+            return None
+    except OSError as exc:
+        return exc.errno or 0
 
 
 def _not_writable(folder: Path) -> str | None:
