@@ -4,6 +4,7 @@ experiment), the command lines, streaming with a timeout and a clean stop of the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,10 +15,12 @@ import pytest
 import yaml
 
 from asp.orchestration.dvc import (
+    RWLOCK,
     classify,
     dvc_exp_cmd,
     dvc_repro_cmd,
     format_value,
+    release_locks_of,
     run_streaming,
     stage_env,
     stage_exit_code,
@@ -134,3 +137,61 @@ def test_dvcs_status_says_when_dvc_repro_skips_a_stage(tmp_path: Path) -> None:
     assert repro() == (False, "restored") and (tmp_path / "out.txt").read_text() == "aa"  # from the run cache
     (tmp_path / "make.py").unlink()
     assert not up_to_date(tmp_path, "hello")  # a missing dependency: DVC would run the stage (and fail)
+
+
+def _dead_pid() -> int:
+    """A PID that has just ended (a finished child, reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_release_locks_of_removes_only_the_ended_processes_entries(tmp_path: Path) -> None:
+    from dvc.rwlock import SCHEMA
+
+    dead, alive = _dead_pid(), os.getpid()
+    lock_file = tmp_path / RWLOCK
+    lock_file.parent.mkdir(parents=True)
+    mine, theirs = {"pid": dead, "cmd": "dvc repro launch"}, {"pid": alive, "cmd": "dvc status"}
+    lock = {
+        "write": {"/p/outputs/launch": mine, "/p/outputs/schedule": theirs},
+        "read": {"/p/params.yaml": [mine, theirs], "/p/src/asp": [mine]},
+    }
+    lock_file.write_text(json.dumps(lock))
+    assert release_locks_of(tmp_path, [dead, alive]) == 3
+    left = SCHEMA(json.loads(lock_file.read_text()))  # still a lock file DVC reads
+    assert left == {"write": {"/p/outputs/schedule": theirs}, "read": {"/p/params.yaml": [theirs]}}
+    assert release_locks_of(tmp_path, [dead]) == 0  # nothing of it left; a live PID's entries are never touched
+    assert release_locks_of(tmp_path / "nowhere", [dead]) == 0  # no lock file: nothing to do
+
+
+@pytest.mark.slow
+def test_a_stopped_dvc_repro_leaves_no_lock_entry_behind(tmp_path: Path) -> None:
+    """A stage that ignores SIGTERM makes the stop terminate and then kill DVC itself, which never releases its
+    rwlock entries: after the stop none of its process's entries is left, and `dvc status` warns of none."""
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
+    )
+    (tmp_path / "stage.py").write_text(stubborn)
+    (tmp_path / "params.yaml").write_text("a: 1\n")
+    stage = {"cmd": f"{sys.executable} stage.py", "deps": ["stage.py"], "params": ["a"], "outs": ["out.txt"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"hold": stage}}))
+    env = stage_env({"DVC_NO_ANALYTICS": "1"})
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, env=env, check=True)
+    seen: list[str] = []
+    done = run_streaming(
+        [sys.executable, "-m", "dvc", "repro", "hold"],
+        env=env,
+        on_line=seen.append,
+        cwd=tmp_path,
+        timeout_s=8.0,
+        grace_s=4.0,
+    )
+    assert done.timed_out and "up" in seen, seen
+    lock_file = tmp_path / RWLOCK
+    assert lock_file.is_file()  # DVC had written its entries
+    assert json.loads(lock_file.read_text() or "{}") in ({}, {"read": {}, "write": {}}), lock_file.read_text()
+    status = subprocess.run(
+        [sys.executable, "-m", "dvc", "status"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert "had been killed" not in status.stdout + status.stderr

@@ -248,6 +248,57 @@ def _stop(proc: subprocess.Popen, grace_s: float) -> None:
     _wait_all(proc, tree, 5.0)
 
 
+RWLOCK = Path(".dvc") / "tmp" / "rwlock"  # DVC's record of which process reads / writes which path
+
+
+def release_locks_of(root: str | Path, pids: Iterable[int]) -> int:
+    """Remove from `root`'s DVC rwlock (``.dvc/tmp/rwlock``) every entry held by one of `pids` that has ended.
+
+    A DVC process that is SIGTERMed or SIGKILLed never runs its `finally` that releases its entries, so they stay
+    until a later DVC command finds the PID dead, warns "had been killed. Auto removed it from the lock file" and
+    drops them one by one -- or, when the PID has been reused, refuses the paths as busy. The file is edited under
+    DVC's own guard of it (``rwlock.lock``, `dvc.lock.make_lock`), as DVC edits it.
+
+    Args:
+        root: the DVC project's root.
+        pids: the processes of the stopped DVC command (DVC itself and what ran under it).
+
+    Returns:
+        The number of entries removed (0 when there is no rwlock file or nothing of `pids` in it).
+    """
+    import psutil
+    from dvc.lock import make_lock
+
+    path = Path(root) / RWLOCK
+    dead = {pid for pid in pids if not psutil.pid_exists(pid)}
+    if not dead or not path.is_file():
+        return 0
+    with make_lock(str(path.with_name("rwlock.lock")), tmp_dir=str(path.parent), wait=True):
+        try:
+            lock = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return 0  # DVC itself reports an unreadable lock file, naming it
+        removed = 0
+        writes = lock.get("write", {})
+        for target in [t for t, info in writes.items() if info.get("pid") in dead]:
+            del writes[target]
+            removed += 1
+        reads = lock.get("read", {})
+        for target, infos in list(reads.items()):
+            kept = [info for info in infos if info.get("pid") not in dead]
+            removed += len(infos) - len(kept)
+            if kept:
+                reads[target] = kept
+            else:
+                del reads[target]
+        if removed:
+            lock = {k: v for k, v in lock.items() if v}
+            tmp = path.with_name(f"rwlock.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(lock), encoding="utf-8")
+            os.replace(tmp, path)
+    return removed
+
+
 def run_streaming(
     cmd: list[str],
     *,
@@ -260,7 +311,7 @@ def run_streaming(
     """Run `cmd` to the end, passing each output line (stdout and stderr, `\\r` progress split into lines) to
     `on_line`. Past `timeout_s` the stage is stopped (SIGTERM, then SIGKILL after `grace_s`) and the result says
     `timed_out`. An interrupt of this process (Ctrl-C, SIGTERM, a Prefect cancellation) stops it the same way and
-    is re-raised after the stage has ended."""
+    is re-raised after the stage has ended. A stop leaves DVC's rwlock as it found it (`release_locks_of`)."""
     t0 = time.monotonic()
     lines: list[str] = []
     proc = subprocess.Popen(
@@ -279,6 +330,12 @@ def run_streaming(
     reader = threading.Thread(target=read, name="dvc-output", daemon=True)
     reader.start()
     timed_out = False
+    stopped: set[int] = set()
+
+    def stop(grace: float) -> None:
+        stopped.update([proc.pid, *(p.pid for p in _descendants(proc.pid))])
+        _stop(proc, grace)
+
     try:
         with sigterm_as_interrupt():
             while True:
@@ -288,7 +345,7 @@ def run_streaming(
                     if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                         timed_out = True
                         on_line(f"timeout: stopping after {timeout_s:g} s (orchestration.timeout_s)")
-                        _stop(proc, grace_s)
+                        stop(grace_s)
                         break
                     continue
                 if line is None:
@@ -300,16 +357,20 @@ def run_streaming(
             # Ctrl-C in a terminal reached the whole process group: the stage is already ending its run KILLED
             # and DVC then exits; a SIGTERM now would cut that short. A second Ctrl-C stops them at once.
             tree = _descendants(proc.pid)
+            stopped.update([proc.pid, *(p.pid for p in tree)])
             try:
                 if not _wait_all(proc, tree, grace_s):
-                    _stop(proc, INTERRUPT_GRACE_S)
+                    stop(INTERRUPT_GRACE_S)
             except KeyboardInterrupt:
-                _stop(proc, INTERRUPT_GRACE_S)
+                stop(INTERRUPT_GRACE_S)
         if proc.poll() is None:
             # a SIGTERM (a job scheduler, Prefect's cancellation) is followed by SIGKILL within ~30 s: stop sooner
-            _stop(proc, min(grace_s, INTERRUPT_GRACE_S))
+            stop(min(grace_s, INTERRUPT_GRACE_S))
+        release_locks_of(cwd or ".", stopped)
         raise
     rc = proc.wait()
+    if stopped:
+        release_locks_of(cwd or ".", stopped)
     reader.join(5)
     while not pending.empty():
         item = pending.get_nowait()
