@@ -218,9 +218,10 @@ def bench_params(params: Params, name: str, seed: int, setting: dict[str, int]) 
     grpo = runtime.grpo.model_copy(
         update={"eval_interval": setting["eval_interval"], "eval_problems": setting["eval_problems"]}
     )
-    update = {
+    sizes: dict[str, int] = {k: setting[k] for k in ("global_batch_prompts", "q_max") if k in setting}
+    update: dict[str, Any] = {
         **SETTING,
-        **{k: setting[k] for k in ("global_batch_prompts", "q_max") if k in setting},
+        **sizes,
         "iterations": setting["iterations"],
         "checkpoint_interval": setting["checkpoint_interval"],
         "mode": mode,
@@ -270,6 +271,34 @@ def figure(summary: dict[str, dict[str, Any]], path: Path) -> None:
     save_figure(fig, path)
 
 
+def write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def run_all(args: argparse.Namespace, setting: dict[str, int], names: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every condition once per seed, interleaved per seed; with --json the runs so far are saved after each one
+    (--from-json makes the table of the seeds every condition finished)."""
+    set_offline_defaults()
+    params = load_params_with(args.params or args.root / "params.yaml", None, [])
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for seed in range(setting["seeds"]):
+        for name in names:
+            run = measure(bench_params(params, name, seed, setting), args.root)
+            runs[name].append({"seed": seed, **run})
+            final = run["points"][-1]
+            print(
+                f"seed {seed} {name}: final {final['reward']:.3f} at {final['elapsed_s']:.0f} s "
+                f"({run['total_s']:.0f} s with start-up and evaluation, load {run['load_start']:.1f})",
+                file=sys.stderr,
+            )
+            if args.json is not None:
+                write(args.json, {"setting": setting, "runs": runs})
+    return runs
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -284,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser.add_argument("--params", type=Path, help="params file (default: <root>/params.yaml)")
     parser.add_argument("--json", type=Path, help="write every run and the summary here")
     parser.add_argument("--plot", type=Path, help="write the figure here")
+    parser.add_argument("--from-json", type=Path, help="no runs: the table and figure of an earlier --json")
     args = parser.parse_args(argv)
     setting = dict(QUICK if args.quick else FULL)
     for key in ("seeds", "iterations", "eval_interval", "eval_problems"):
@@ -292,25 +322,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     if args.eval_interval is not None:
         setting["checkpoint_interval"] = args.eval_interval
     names = [BASELINE, *[n for n in args.conditions if n != BASELINE]]
-    set_offline_defaults()
-    params = load_params_with(args.params or args.root / "params.yaml", None, [])
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    for seed in range(setting["seeds"]):  # arms interleaved per seed
-        for name in names:
-            run = measure(bench_params(params, name, seed, setting), args.root)
-            runs[name].append({"seed": seed, **run})
-            final = run["points"][-1]
-            print(
-                f"seed {seed} {name}: final {final['reward']:.3f} at {final['elapsed_s']:.0f} s "
-                f"({run['total_s']:.0f} s with start-up and evaluation, load {run['load_start']:.1f})",
-                file=sys.stderr,
-            )
+    if args.from_json is not None:  # the table and figure again from a (possibly cut short) earlier run
+        saved = json.loads(args.from_json.read_text())
+        setting, runs = saved["setting"], saved["runs"]
+        complete = min(len(rs) for rs in runs.values())
+        runs = {n: rs[:complete] for n, rs in runs.items()}
+    else:
+        runs = run_all(args, setting, names)
     summary = summarize(runs)
-    print(f"setting: {setting}; conditions: {names}")
+    print(f"setting: {setting}; conditions: {list(runs)}; seeds: {len(runs[BASELINE])}")
     print(table(summary))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"setting": setting, "runs": runs, "summary": summary}, indent=1))
+        write(args.json, {"setting": setting, "runs": runs, "summary": summary})
     if args.plot is not None:
         figure(summary, args.plot)
     return summary
