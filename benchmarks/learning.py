@@ -16,7 +16,7 @@ the wall-clock axis is the run's iteration time only. Printed (mean ± SE over s
 wall-clock to reach the sync baseline's final reward of the same seed (time to target; linear between evaluations)
 and its ratio to sync's; the paired difference of each condition's final reward minus sync's with a 95 % t interval
 ("no degradation" for C4); the area under the curve; and what length-homogeneous batches do to the update: the
-spread of mean rewards between a batch's prompts, of batch mean rewards over steps, the mean |advantage| and the
+spread of mean rewards between a batch's prompts, of batch mean rewards over steps, the mean absolute advantage and the
 spread of gradient norms. The figure draws the mean curves (band ± 1 SE) against step and wall-clock.
 
 Needs the pipeline outputs up to `schedule` in `--root` (`asp repro schedule`). Writes nothing under outputs/
@@ -199,7 +199,7 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
         ("policy lag mean (steps)", lambda r: pm(r["lag_mean"], ".2f")),
         ("reward spread between a batch's prompts (std)", lambda r: pm(r["prompt_reward_std"], ".3f")),
         ("batch mean reward spread over steps (std)", lambda r: pm(r["batch_reward_std"], ".3f")),
-        ("mean |advantage|", lambda r: pm(r["adv_abs_mean"], ".3f")),
+        ("mean absolute advantage", lambda r: pm(r["adv_abs_mean"], ".3f")),
         ("grad norm mean", lambda r: pm(r["grad_norm_mean"], ".3f")),
         ("grad norm spread over steps (std)", lambda r: pm(r["grad_norm_std"], ".3f")),
         ("evaluation time, apart (s)", lambda r: pm(r["eval_s"], ".0f")),
@@ -280,7 +280,7 @@ def write(path: Path, data: dict[str, Any]) -> None:
 
 def run_all(args: argparse.Namespace, setting: dict[str, int], names: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Every condition once per seed, interleaved per seed; with --json the runs so far are saved after each one
-    (--from-json makes the table of the seeds every condition finished)."""
+    (--from-json makes the table of what finished: each condition over the seeds it ran)."""
     set_offline_defaults()
     params = load_params_with(args.params or args.root / "params.yaml", None, [])
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
@@ -325,12 +325,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     if args.from_json is not None:  # the table and figure again from a (possibly cut short) earlier run
         saved = json.loads(args.from_json.read_text())
         setting, runs = saved["setting"], saved["runs"]
-        complete = min(len(rs) for rs in runs.values())
-        runs = {n: rs[:complete] for n, rs in runs.items()}
+        paired = {r["seed"] for r in runs[BASELINE]}  # a run counts when the baseline ran its seed
+        runs = {n: [r for r in rs if r["seed"] in paired] for n, rs in runs.items() if rs}
     else:
         runs = run_all(args, setting, names)
     summary = summarize(runs)
-    print(f"setting: {setting}; conditions: {list(runs)}; seeds: {len(runs[BASELINE])}")
+    print(f"setting: {setting}; seeds per condition: { {n: len(rs) for n, rs in runs.items()} }")
     print(table(summary))
     if args.json is not None:
         write(args.json, {"setting": setting, "runs": runs, "summary": summary})

@@ -47,6 +47,33 @@ def test_statistics_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     assert lo == pytest.approx(-hi)
 
 
+def _run(seed: int, rewards: list[float], seconds: float) -> dict:
+    points = [{"step": 4 * i, "elapsed_s": seconds * i, "reward": r} for i, r in enumerate(rewards)]
+    spread = {"prompt_reward_std": 0.3, "batch_reward_std": 0.1, "adv_abs_mean": 0.5, "grad_norm_mean": 1.0}
+    spread |= {"grad_norm_std": 0.2, "iteration_time_s": seconds / 4, "lag_mean": 1.0}
+    return {"seed": seed, "metrics": {"learning/auc_step": 0.5}, "points": points, "spread": spread}
+
+
+def test_summary_of_saved_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--from-json: the table and figure of runs cut short (async C4 ran one seed of two): paired by seed."""
+    bench = _bench(monkeypatch)
+    runs = {
+        "sync C0": [_run(0, [0.4, 0.5, 0.6], 10.0), _run(1, [0.4, 0.45, 0.5], 10.0)],
+        "async C4": [_run(0, [0.4, 0.6, 0.7], 5.0)],
+    }
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"setting": {"iterations": 8}, "runs": runs}))
+    png = tmp_path / "fig.png"
+    summary = bench.main(["--from-json", str(saved), "--plot", str(png)])
+    c4, sync = summary["async C4"], summary["sync C0"]
+    assert c4["seeds"] == [0] and sync["seeds"] == [0, 1]
+    assert c4["diff_vs_sync"][0] == pytest.approx(0.1) and math.isnan(c4["diff_vs_sync"][1])  # one pair: no interval
+    assert c4["time_to_target_s"][0] == pytest.approx(5.0)  # sync's final 0.6, reached by C4 at its 2nd point
+    assert c4["ratio"][0] == pytest.approx(5.0 / 20.0) and sync["ratio"][0] == pytest.approx(1.0)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| … its ratio to sync's | 1.00 ± 0.00 | 0.25 |" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 @pytest.mark.extended
 def test_quick_run_writes_table_json_and_figure(
