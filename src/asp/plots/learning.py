@@ -44,6 +44,7 @@ def learning_curve_figure(
         ax.grid(alpha=0.3)
     axes[0].set(xlabel="trainer step", ylabel="held-out reward (mean, band: ± 1 SE)", title=title)
     axes[1].set(xlabel="elapsed wall-clock (s, iteration time; evaluation excluded)", title=f"{title} vs time")
-    axes[1].legend(loc="lower right", fontsize=8)
+    if curves:
+        axes[1].legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     return fig
