@@ -108,6 +108,7 @@ def measure(params: Params, action: str, settle: int) -> dict[str, float]:
             state_dir=t / "state",
             metrics=t / "m.json",
             plot=t / "p.png",
+            curve_plot=t / "curve.png",
             drift_plot=Path(f"plots/drift_demo_{action}.png"),
         )
         metrics = launch.run(params, paths, NullTracker())

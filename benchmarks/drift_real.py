@@ -165,6 +165,7 @@ def demo_launch() -> dict[str, float]:
             state_dir=t / "state",
             metrics=t / "launch.json",
             plot=t / "timeline.png",
+            curve_plot=t / "curve.png",
             drift_plot=t / "drift.png",
         )
         metrics = launch.run(params, paths, NullTracker())

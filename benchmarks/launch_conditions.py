@@ -60,7 +60,12 @@ def measure(params: Params, condition: str, iterations: int | None = None) -> di
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         paths = replace(
-            launch.Paths(), out_dir=t / "launch", state_dir=t / "state", metrics=t / "m.json", plot=t / "p.png"
+            launch.Paths(),
+            out_dir=t / "launch",
+            state_dir=t / "state",
+            metrics=t / "m.json",
+            plot=t / "p.png",
+            curve_plot=t / "curve.png",
         )
         return launch.run(table_4b_params(params, condition, iterations), paths, NullTracker())
 

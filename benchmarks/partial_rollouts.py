@@ -140,7 +140,12 @@ def demo(iterations: int, budget: int, variants: list[str]) -> dict[str, dict[st
         with tempfile.TemporaryDirectory() as tmp:
             t = Path(tmp)
             paths = replace(
-                launch.Paths(), out_dir=t / "launch", state_dir=t / "state", metrics=t / "m.json", plot=t / "p.png"
+                launch.Paths(),
+                out_dir=t / "launch",
+                state_dir=t / "state",
+                metrics=t / "m.json",
+                plot=t / "p.png",
+                curve_plot=t / "curve.png",
             )
             rows[name] = launch.run(demo_params(params, condition, partial, iterations, budget), paths, NullTracker())
         print(f"{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)

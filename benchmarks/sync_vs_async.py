@@ -93,7 +93,12 @@ def measure(params: Params) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         paths = replace(
-            launch.Paths(), out_dir=t / "launch", state_dir=t / "state", metrics=t / "m.json", plot=t / "p.png"
+            launch.Paths(),
+            out_dir=t / "launch",
+            state_dir=t / "state",
+            metrics=t / "m.json",
+            plot=t / "p.png",
+            curve_plot=t / "curve.png",
         )
         metrics = launch.run(params, paths, NullTracker())
     total = time.perf_counter() - start

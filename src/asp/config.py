@@ -448,6 +448,14 @@ class GRPOParams(_Params):
     cpu_offload: Bool = Field(
         False, description="FSDP2 CPU offload: sharded parameters, gradients and AdamW state live in host memory."
     )
+    eval_interval: Int = Field(
+        20,
+        ge=0,
+        description="Learning curve: held-out reward every this many trainer steps (rounded up to a multiple of "
+        "runtime.checkpoint_interval), measured after the run; 0: off (built-in demo task only).",
+    )
+    eval_problems: Int = Field(128, ge=1, description="Learning curve: held-out problems per evaluation.")
+    eval_samples: Int = Field(2, ge=1, description="Learning curve: responses per held-out problem.")
 
 
 class TrainerMemoryParams(_Params):

@@ -45,6 +45,7 @@ TINY: dict[str, Any] = {
         "refresh_delay_s": 0.01,
         "checkpoint_interval": 1,
         "heldout_problems": 16,
+        "grpo": {"eval_problems": 16},  # the learning curve of a grpo run: as few problems as the held-out reward
     },
 }
 

@@ -10,8 +10,10 @@ through the same `run_stage`. Checked after the rerun:
   minibatches.parquet cover the whole run as an unkilled run's do (same steps, same minibatches and prompts); the
   summary counts equal the unkilled run's; there is one MLflow run, the killed attempt's, FINISHED, and every metric
   is logged once per step;
-* launch with GRPO, killed after training / after the held-out evaluation: the held-out reward is measured once
-  over both attempts, no trainer step is repeated;
+* launch with GRPO, killed mid-run / after training / in the learning curve / after the held-out evaluation: the
+  held-out reward and every point of the learning curve are measured once over both attempts (the rerun evaluates
+  only the steps the killed attempt did not), the curve holds steps 0, 2, 4, 6, its wall-clock is the run's summed
+  iteration time (evaluation counted apart) and its MLflow series are logged once;
 * profile (6 prompts in 3 one-minibatch chunks): the rerun generates only the minibatches no saved chunk holds, and
   writes the same samples as an unkilled run, in the killed attempt's MLflow run, FINISHED, metrics logged once.
 
@@ -73,7 +75,19 @@ RUNTIME = {
     "memory": {"check": False},
 }
 PROFILE = {"n_samples": 2, "max_new_tokens": 8, "minibatch_prompts": 2, "chunk_minibatches": 1}
-GRPO = {"trainer": "grpo", "heldout_problems": 4, "grpo": {"lr": 1e-3, "num_threads": 1, "micro_batch_tokens": 2048}}
+GRPO = {
+    "trainer": "grpo",
+    "heldout_problems": 4,
+    "grpo": {
+        "lr": 1e-3,
+        "num_threads": 1,
+        "micro_batch_tokens": 2048,
+        "eval_interval": 2,
+        "eval_problems": 4,
+        "eval_samples": 2,
+    },
+}
+CURVE = [0, 2, 4, 6]  # the learning curve's steps (eval_interval 2 = checkpoint_interval)
 
 
 @pytest.fixture(scope="module")
@@ -233,13 +247,17 @@ def test_launch_killed_at_a_phase_boundary_continues_exactly_once(
     assert steps["runtime/summary/iterations"] == [STEPS]
 
 
-GRPO_POINTS = {"launch:trained": (0, 1), "launch:evaluated": (1, 0)}  # held-out measured by (killed, rerun)
+GRPO_POINTS = {  # point -> held-out measured by (killed, rerun); the curve steps the rerun evaluates
+    "checkpoint@4": ((0, 1), CURVE),  # mid-run: step 2's weights kept by the killed attempt, step 4's by the rerun
+    "launch:trained": ((0, 1), CURVE),
+    "launch:curve@2": ((0, 1), [4, 6]),  # steps 0 and 2 measured before the kill
+    "launch:evaluated": ((1, 0), []),
+}
+GRPO_CI = ("checkpoint@4", "launch:curve@2")  # CI: the resumed curve; make test-all: every point
 
 
-@pytest.mark.parametrize(
-    "point", [pytest.param(p, marks=EXTENDED) if p == "launch:trained" else p for p in GRPO_POINTS]
-)
-def test_grpo_launch_killed_around_the_heldout_evaluation_measures_it_once(
+@pytest.mark.parametrize("point", [p if p in GRPO_CI else pytest.param(p, marks=EXTENDED) for p in GRPO_POINTS])
+def test_grpo_launch_killed_measures_heldout_and_learning_curve_once(
     point: str,
     inputs: Path,
     ray_address: str,
@@ -251,17 +269,42 @@ def test_grpo_launch_killed_around_the_heldout_evaluation_measures_it_once(
     err = _killed(root, "launch", point)
     metrics = _rerun(root, "launch", monkeypatch)
     again = capsys.readouterr().err
+    heldout, curve_steps = GRPO_POINTS[point]
     measured = (err.count("held-out reward:"), again.count("held-out reward:"))
-    assert measured == GRPO_POINTS[point], metrics.get("grpo/heldout_note")
-    assert "nothing is trained again" in again and metrics["grpo/iterations"] == STEPS
+    assert measured == heldout, metrics.get("grpo/heldout_note")
+    assert (
+        metrics["grpo/iterations"] == STEPS
+        and ("after step 4" if point == "checkpoint@4" else "nothing is trained again") in again
+    )
     assert metrics["grpo/heldout_measured"] == 1 and metrics["grpo/heldout_weights_step"] == STEPS
     trained = sorted(p.name for p in (root / "outputs/launch_state/C4/trainer").iterdir())
     assert trained[-1] == f"step-{STEPS:08d}"
+
+    # the learning curve: every step once, the rerun measuring only what the killed attempt did not
+    assert (f"learning curve: steps {curve_steps}" in again) == bool(curve_steps), again[-3000:]
+    assert metrics["learning/measured"] == 1 and metrics["learning/evaluations"] == len(CURVE)
+    curve = {
+        s: {k: metrics[f"learning/curve/step_{s:05d}/{k}"] for k in ("reward", "elapsed_s", "eval_s")} for s in CURVE
+    }
+    elapsed = [curve[s]["elapsed_s"] for s in CURVE]
+    assert elapsed[0] == 0 and elapsed == sorted(set(elapsed))  # increasing: continuous across the resume
+    iterations = pd.read_parquet(root / "outputs/launch/iterations.parquet")
+    assert elapsed[-1] == pytest.approx(iterations["runtime/iteration_time_s"].sum())  # iteration time only
+    assert metrics["learning/eval_seconds"] == pytest.approx(sum(c["eval_s"] for c in curve.values()))
+    assert all(c["eval_s"] > 0 and 0 <= c["reward"] <= 1 for c in curve.values())
+    assert metrics["learning/final"] == curve[STEPS]["reward"]
+    assert (root / "plots/learning_curve.png").stat().st_size > 10_000
+
     (run,) = _runs(params)
     assert run.info.status == "FINISHED"
     steps = _logged_once(run.info.run_id)
     assert steps["train/reward_mean"] == list(range(1, STEPS + 1)) and steps["grpo/heldout_reward_after"] == [STEPS]
     assert run.data.metrics["grpo/heldout_reward_after"] == metrics["grpo/heldout_reward_after"]
+    assert steps["learning/heldout_reward"] == steps["learning/elapsed_s"] == CURVE
+    assert steps["learning/heldout_reward_by_ms"] == [round(1000 * e) for e in elapsed]
+    client = MlflowClient()
+    series = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "learning/heldout_reward")}
+    assert series == {s: curve[s]["reward"] for s in CURVE}
 
 
 @pytest.fixture(scope="module")

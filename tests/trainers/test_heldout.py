@@ -108,6 +108,9 @@ def test_rewards_follow_the_loaded_weights(policies: tuple[Path, Path], monkeypa
     assert not np.array_equal(own_a.per_problem, own_b.per_problem)  # the two random policies answer differently
     np.testing.assert_array_equal(a_with_b.per_problem, own_b.per_problem)  # b's weights over a = b
     np.testing.assert_array_equal(heldout_rewards(a, None, records, **sampling).per_problem, own_a.per_problem)
+    # any reward: a package.module:function one scores the same responses (here the demo's, by its import path)
+    by_path = heldout_rewards(a, None, records, reward="asp.rl.rewards:demo_reward", **sampling)
+    np.testing.assert_array_equal(by_path.per_problem, own_a.per_problem)
 
     out = compare_heldout(a, b / "model.safetensors", records, **sampling)
     assert out["reward_before"] == pytest.approx(own_a.mean) and out["reward_after"] == pytest.approx(own_b.mean)

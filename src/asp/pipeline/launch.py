@@ -22,8 +22,15 @@ training (`asp.trainers.heldout`): `runtime.heldout_problems` new problems that 
 held-out split excluded from GRPO training, so there ``grpo/heldout_measured`` is 0 and ``grpo/heldout_note``
 says why.
 
-Writes outputs/launch/ (summary.json, iterations.parquet, minibatches.parquet), metrics/launch.json and
-plots/launch_timeline.png; logs every iteration to MLflow.
+With the grpo trainer on the demo task the stage also draws the learning curve (`asp.steps.learning_curve`): the
+weights of every `runtime.grpo.eval_interval`-th step are kept while the run trains, and after it each is scored on
+a fixed subset of held-out problems (``learning/...``: every point against the step and the run's elapsed
+iteration time, the area under the curve, the best; MLflow series; plots/learning_curve.png). Evaluation runs after
+training, so its seconds (``learning/eval_seconds``) are never part of an iteration time; a rerun after a kill
+evaluates only the steps not yet measured.
+
+Writes outputs/launch/ (summary.json, iterations.parquet, minibatches.parquet), metrics/launch.json,
+plots/launch_timeline.png and plots/learning_curve.png; logs every iteration to MLflow.
 
 With ``drift.enabled`` a `DriftWatch` observes every ingested minibatch (``drift/...`` metrics per window, warn /
 recalibrate / reprofile on confirmed drift); a session stopped for a re-profile is re-profiled and resumed here,
@@ -53,6 +60,7 @@ from asp.plots import save_figure
 from asp.runtime.testhooks import kill_point, trainer_ledger
 from asp.steps.engine import engine_spec
 from asp.steps.launch_state import HISTORY_FILE, Recorder, continued_run_id, fingerprint_extra, start_session
+from asp.steps.learning_curve import CURVE_PREFIX, WeightKeeper, interval_of, measure_curve
 from asp.steps.loaders import policy_model_path
 from asp.steps.paths import LaunchPaths as Paths
 from asp.steps.scheduling import load_plan
@@ -186,6 +194,16 @@ def timeline_figure(iterations: list[dict[str, float]]) -> Figure:
     return fig
 
 
+def curve_figure(points: list[dict[str, float]], note: str) -> Figure:
+    """plots/learning_curve.png: held-out reward vs step and vs wall-clock, or a panel saying why there is none."""
+    from asp.plots.learning import learning_curve_figure
+
+    fig = learning_curve_figure({"held-out reward": points} if points else {}, title="Learning curve")
+    if not points:
+        fig.axes[0].text(0.02, 0.5, note, transform=fig.axes[0].transAxes, fontsize=8, wrap=True)
+    return fig
+
+
 def load_prompts(path: Path) -> tuple[pd.DataFrame, dict[Any, str]]:
     """The training prompts (prepare stage output) and the prompt id -> text mapping the actors decode."""
     if not path.is_file():
@@ -195,8 +213,15 @@ def load_prompts(path: Path) -> tuple[pd.DataFrame, dict[Any, str]]:
 
 
 def begin(point: ResumePoint, runtime: RuntimeParams, tracker: Tracker) -> None:
-    """Record this session in the state directory (`asp.steps.launch_state.start_session`) and say what it does."""
+    """Record this session in the state directory (`asp.steps.launch_state.start_session`) and say what it does; a
+    fresh run forgets an earlier run's learning curve, a resumed one keeps the weights its last checkpoint holds."""
+    from asp.trainers import learning
+
     start_session(point.directory, point.state is None, point.step, tracker.run_id, point.fingerprint)
+    if point.state is None:
+        learning.reset(point.directory)
+    else:
+        learning.keep_checkpointed(point.directory, interval_of(runtime))
     done = f"after step {point.step}" if point.state is not None else f"fresh run ({point.reason})"
     print(f"[launch] {runtime.condition}, trainer {runtime.trainer}: {done}", file=sys.stderr)
 
@@ -216,6 +241,12 @@ def run_session(
 
     hooks = {} if watch is None else {"observer": watch, "on_start": watch.on_start}
     recorder = Recorder(point.directory / HISTORY_FILE, runtime.iterations, initial=point.step)
+    keeper = WeightKeeper(point.directory, interval_of(runtime))
+
+    def on_iteration(cu: Any, metrics: dict[str, float]) -> None:
+        recorder(cu, metrics)
+        keeper(cu, metrics)
+
     try:
         return run_async(
             point.plan,
@@ -227,7 +258,7 @@ def run_session(
             checkpoint_dir=point.directory,
             resume=point.state is not None,
             fingerprint_extra=point.extra,
-            on_iteration=recorder,
+            on_iteration=on_iteration,
             **hooks,
         )
     finally:
@@ -424,16 +455,38 @@ def end_of_run(
         drift = launch_drift.finish(watch, summary, point.directory, paths.drift_plot, tracker, log=False)
         metrics.update(drift)
         final.update(drift)
+    points: list[dict[str, float]] = []
     if runtime.trainer == "grpo" and not summary.stopped:
+        curve, points = measure_curve(
+            params,
+            point.directory,
+            policy_model_path(paths.policy),
+            set(prompts["problem"]) if "problem" in prompts.columns else set(),
+            summary.iterations,
+            summary.trainer_step,
+            tracker,
+        )
+        metrics.update(curve)
         metrics.update(measured_heldout(params, paths, point, prompts, summary))
         kill_point("launch:evaluated")
     elif runtime.trainer == "grpo":
-        metrics.update({"grpo/heldout_measured": 0, "grpo/heldout_note": "not measured: the run stopped for drift"})
+        stopped = "not measured: the run stopped for drift"
+        metrics.update({"grpo/heldout_measured": 0, "grpo/heldout_note": stopped})
+        metrics.update({"learning/measured": 0, "learning/note": stopped})
     save_outputs(paths.out_dir, runtime, summary, metrics, tracker.run_id)
     kill_point("launch:outputs")
     write_json(metrics, paths.metrics)
     save_figure(timeline_figure(summary.iterations), paths.plot, tracker)
-    grpo = {k: v for k, v in metrics.items() if k.startswith("grpo/")} if runtime.trainer == "grpo" else {}
+    save_figure(
+        curve_figure(points, metrics.get("learning/note", "not measured: runtime.trainer is not grpo")),
+        paths.curve_plot,
+        tracker,
+    )
+    grpo = (
+        {k: v for k, v in metrics.items() if k.startswith(("grpo/", "learning/")) and not k.startswith(CURVE_PREFIX)}
+        if runtime.trainer == "grpo"
+        else {}
+    )
     final.update(grpo)
     numbers = {k: float(v) for k, v in final.items() if isinstance(v, int | float)}
     tracker.log_metrics(numbers, step=summary.trainer_step)

@@ -36,6 +36,9 @@ HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics as they finished 
 # GRPO settings that change neither the learning problem nor the results: a checkpoint stays resumable
 # when only these differ (e.g. a smaller micro-batch after running out of memory).
 GRPO_OPERATIONAL = (
+    "eval_interval",
+    "eval_problems",
+    "eval_samples",
     "micro_batch_tokens",
     "device",
     "autocast_dtype",

@@ -131,6 +131,7 @@ class LaunchPaths:
     state_dir: Path = output("outputs/launch_state")
     metrics: Path = output("metrics/launch.json")
     plot: Path = output("plots/launch_timeline.png")
+    curve_plot: Path = output("plots/learning_curve.png")
     drift_plot: Path = untracked("plots/launch_drift.png")  # drawn only with drift.enabled
 
 

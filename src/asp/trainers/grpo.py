@@ -175,6 +175,10 @@ class GRPOTrainer:
             "train/solved_fraction": float((rewards >= 1.0 - 1e-9).mean()) if rewards.size else float("nan"),
             "train/reward_errors": float(errors),
             "train/zero_signal_prompts": float(zero_signal_groups(rewards, batch.n)) if rewards.size else 0.0,
+            "train/prompt_reward_std": float(rewards.reshape(-1, batch.n).mean(axis=1).std())
+            if rewards.size
+            else float("nan"),
+            "train/adv_abs_mean": float(np.abs(adv).mean()) if adv.size else float("nan"),
             "train/prompts": float(batch.num_prompts),
             "train/mean_response_length": float(batch.lengths.mean()) if batch.lengths.size else 0.0,
             "train/nan_skipped_steps": float(self.counters["nan_skipped"]),

@@ -97,6 +97,7 @@ def heldout_rewards(
     device: str = "cpu",
     num_threads: int | None = None,
     batch_size: int = 64,
+    reward: str | None = None,
 ) -> HeldoutResult:
     """Demo reward of the policy at `model_path` (with `weights` loaded over it, if given) on `records`.
 
@@ -111,6 +112,8 @@ def heldout_rewards(
         device: torch device of the model.
         num_threads: torch CPU threads while sampling (None: as is).
         batch_size: prompts per `generate` call.
+        reward: the reward that scores each response (`asp.rl.get_reward`: demo, demo_steps, math, pkg.mod:fn;
+            None: the demo task's verifier); a response whose reward raises scores 0.
 
     Returns:
         The per-problem mean rewards and the sampling time.
@@ -123,7 +126,7 @@ def heldout_rewards(
     from transformers import AutoModelForCausalLM
 
     from asp.demo.policy import sample_responses, torch_threads
-    from asp.demo.task import reward
+    from asp.rl import compute_rewards, get_reward
     from asp.rollout import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -146,9 +149,12 @@ def heldout_rewards(
             seed=seed,
             batch_size=batch_size,
         )
-    per_problem = [
-        np.mean([reward(text, r["answer"]) for text, _, _ in rs]) for r, rs in zip(records, responses, strict=True)
-    ]
+    score = get_reward(reward or "demo")
+    texts = [text for rs in responses for text, _, _ in rs]
+    answers = [str(r["answer"]) for r, rs in zip(records, responses, strict=True) for _ in rs]
+    prompts = [str(r["problem"]) for r, rs in zip(records, responses, strict=True) for _ in rs]
+    flat, _ = compute_rewards(score, texts, answers, prompts)
+    per_problem = [float(flat[i * samples : (i + 1) * samples].mean()) for i in range(len(records))]
     return HeldoutResult(np.asarray(per_problem, dtype=np.float64), samples, time.perf_counter() - t0)
 
 
