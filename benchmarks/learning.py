@@ -22,7 +22,7 @@ spread of gradient norms. The figure draws the mean curves (band ± 1 SE) agains
 Needs the pipeline outputs up to `schedule` in `--root` (`asp repro schedule`). Writes nothing under outputs/
 (temporary directories) and logs nothing (NullTracker).
 
-    flock /work/bench.lock .venv/bin/python benchmarks/learning.py --json benchmarks/results/learning.json \
+    .venv/bin/python benchmarks/learning.py --json benchmarks/results/learning.json \
         --plot docs/img/learning.png                           # 3 seeds x 4 conditions
     .venv/bin/python benchmarks/learning.py --quick           # 1 seed, 4 steps of 8 prompts, 8 problems (a smoke)
 """
