@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     train = set(pd.read_parquet(paths.prompts)["problem"])
     steps = checkpoint_steps(args.iterations, args.evals)
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+    setting = {k: getattr(args, k) for k in ("seeds", "iterations", "evals", "heldout")}
     for seed in args.seeds:
         records, _ = heldout_problems(args.heldout, seed=seed, exclude=train)
         for arm in args.arms:
@@ -367,13 +368,13 @@ def main(argv: list[str] | None = None) -> None:
             r["seed"] = seed
             results[arm].append(r)
             print(f"seed {seed} {arm}: {json.dumps(r)}", file=sys.stderr, flush=True)
+            write_json({"setting": {**setting, "checkpoint_steps": steps}, "results": results}, Path(args.out))
         if "TRL" in results and results["TRL"]:
             target = results["TRL"][-1]["final_heldout_reward"]
             for arm in args.arms:
                 results[arm][-1]["time_to_trl_reward_s"] = time_to(results[arm][-1]["checkpoints"], target)
     text = summarize(results)
     print(text)
-    setting = {k: getattr(args, k) for k in ("seeds", "iterations", "evals", "heldout")}
     write_json({"setting": {**setting, "checkpoint_steps": steps}, "results": results, "table": text}, Path(args.out))
 
 
