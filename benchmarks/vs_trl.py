@@ -253,7 +253,7 @@ def run_asp(params: Any, paths: Any, seed: int, iterations: int, steps: list[int
     total = time.perf_counter() - start
     checkpoints = []
     for step in steps:
-        weights = next(state.glob(f"**/trainer/step-{step}/model.safetensors"), None)
+        weights = next(state.glob(f"**/trainer/step-{step:08d}/model.safetensors"), None)
         if weights is not None:  # wall-clock: when the checkpoint's weights were written, from the arm's start
             checkpoints.append({"step": step, "wall_s": weights.stat().st_mtime - epoch, "weights": str(weights)})
     return {
