@@ -129,3 +129,27 @@ def test_next_epoch_replans_on_the_recorded_lengths() -> None:
     expected = build_schedule(plan.prompt_ids, np.array([realized[p] for p in ids]), **SPEC.kwargs(), seed=1)
     assert [mb.tolist() for mb in plan.next_epoch()] == [mb.tolist() for mb in expected.minibatches()]
     assert plan.epochs == 2
+
+
+def test_steps_per_generation_keep_one_minibatch_per_generation_batch(tmp_path: Path) -> None:
+    policy = save_tiny_demo_policy(tmp_path / "policy")
+    plan = make_plan()
+    records = generate_problems(8, seed=3)
+    dataset = Dataset.from_dict({
+        "prompt": [r["problem"] for r in records], "answer": [r["answer"] for r in records],
+        PROMPT_ID_COLUMN: [int(p) for p in plan.prompt_ids],
+    })  # fmt: skip
+    seen: list[list[int]] = []
+
+    def demo_reward(completions, prompt_id, **_):
+        seen.append(list(dict.fromkeys(prompt_id)))
+        return [0.0] * len(completions)
+
+    # 2 samples per micro-batch x 2 steps per generation = 4 samples = 2 prompts x 2 generations per generation batch
+    args = grpo_config(tmp_path, per_device_train_batch_size=2, steps_per_generation=2, num_train_epochs=1)
+    trainer = ScheduledGRPOTrainer(
+        model=str(policy), reward_funcs=demo_reward, args=args, train_dataset=dataset, asp_plan=plan
+    )
+    trainer.train()
+    assert seen == [mb.tolist() for mb in plan.first]  # one generation per minibatch, in dispatch order
+    assert trainer.state.global_step == 8  # two optimizer steps per generation batch
