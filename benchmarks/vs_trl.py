@@ -131,6 +131,10 @@ def run_trl(params: Any, paths: Any, seed: int, iterations: int, steps: list[int
     from asp.rollout import load_tokenizer
     from asp.steps.loaders import policy_model_path
 
+    from trl import GRPOTrainer  # imported before the clock starts (the first arm would pay it alone)
+
+    from asp.integrations.trl import ScheduledGRPOTrainer
+
     start = time.perf_counter()
     torch.set_num_threads(TRL_THREADS)
     prompts = pd.read_parquet(paths.prompts)
@@ -160,10 +164,6 @@ def run_trl(params: Any, paths: Any, seed: int, iterations: int, steps: list[int
                 save_model(model, str(path))
                 checkpoints.append({"step": state.global_step, "wall_s": wall, "weights": str(path)})
             return control
-
-    from trl import GRPOTrainer
-
-    from asp.integrations.trl import ScheduledGRPOTrainer
 
     model_dir = policy_model_path(paths.policy)
     kwargs = dict(
