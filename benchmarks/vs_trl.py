@@ -24,7 +24,7 @@ Needs the pipeline outputs up to `schedule` (``asp repro schedule`` after its up
 (``--out``); nothing under outputs/.
 
     .venv/bin/python benchmarks/vs_trl.py --quick             # 1 seed, 6 updates, 2 checkpoints, 32 held-out problems
-    flock /work/bench.lock .venv/bin/python benchmarks/vs_trl.py   # 3 seeds, 30 updates (docs/benchmarks.md)
+    .venv/bin/python benchmarks/vs_trl.py                     # 3 seeds, 30 updates (docs/benchmarks.md)
 """
 
 from __future__ import annotations

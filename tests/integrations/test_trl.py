@@ -107,7 +107,7 @@ def test_real_grpo_trainer_walks_and_replans_the_schedule(tmp_path: Path) -> Non
     trainer.train()
     first = [mb.tolist() for mb in plan.first]
     assert seen[:4] == first  # epoch 1: the schedule's minibatches in dispatch order, one per generation batch
-    assert plan.epochs == 2 and trainer.state.global_step == 8
+    assert plan.epochs_planned == 2 and trainer.state.global_step == 8
     assert sorted(plan.history.visits) == sorted(plan.prompt_ids.tolist())
     visits = [v for pid in plan.prompt_ids.tolist() for v in plan.history.visits[pid]]
     assert all(n == 2 and 0 <= m <= 6 for _, n, m in visits) and len(visits) == 16  # 2 samples, 2 epochs each
@@ -128,7 +128,7 @@ def test_next_epoch_replans_on_the_recorded_lengths() -> None:
     assert plan.history.visits[ids[0]] == [(4, 2, realized[ids[0]])]
     expected = build_schedule(plan.prompt_ids, np.array([realized[p] for p in ids]), **SPEC.kwargs(), seed=1)
     assert [mb.tolist() for mb in plan.next_epoch()] == [mb.tolist() for mb in expected.minibatches()]
-    assert plan.epochs == 2
+    assert plan.epochs_planned == 2
 
 
 def test_steps_per_generation_keep_one_minibatch_per_generation_batch(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ class SchedulePlan:
         shuffle: shuffle whole batch groups after balancing.
         history: realized lengths recorded so far.
         version: the trainer's current policy version (TRL's ``global_step``).
-        epochs: epochs planned so far.
+        epochs_planned: epochs planned so far.
     """
 
     prompt_ids: np.ndarray
@@ -77,7 +77,7 @@ class SchedulePlan:
     shuffle: bool = False
     history: LengthHistory = field(default_factory=LengthHistory)
     version: int = 0
-    epochs: int = 0
+    epochs_planned: int = 0
 
     @classmethod
     def from_schedule(
@@ -105,7 +105,7 @@ class SchedulePlan:
         Raises:
             ScheduleMismatchError: a re-plan cut a minibatch of another size than the first epoch's.
         """
-        epoch, self.epochs = self.epochs, self.epochs + 1
+        epoch, self.epochs_planned = self.epochs_planned, self.epochs_planned + 1
         if epoch == 0 or not len(self.history):
             return list(self.first)
         loads = np.maximum(self.history.loads(list(self.prompt_ids), self.prior, self.version, self.estimator), 1e-6)
