@@ -7,6 +7,8 @@ offline. Values the user already set win (`os.environ.setdefault`); never applie
 a `KeyboardInterrupt`, in the main thread, so the cleanup Ctrl-C gets (MLflow runs end KILLED, temporary files
 removed) happens too. It yields the signals it turned into `Terminated`, so a command can exit with 128 + the
 signal (143) instead of Ctrl-C's 130.
+
+`pid_alive(pid)`: whether a process of that id exists (one of another user's counts as alive).
 """
 
 from __future__ import annotations
@@ -67,3 +69,14 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
         yield received
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists: signal 0 reaches it, or it exists but belongs to another user."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import yaml
 
-from asp.env import Terminated, sigterm_as_interrupt
+from asp.env import Terminated, pid_alive, sigterm_as_interrupt
 
 StageStatus = Literal["ran", "skipped", "restored", "failed", "timeout"]
 # DVC's messages, for what it offers no structured output for (see the module docstring).
@@ -408,16 +408,6 @@ def remove_experiment_copies(root: str | Path, before: set[Path]) -> list[Path]:
 EXP_MARKS = Path(".dvc") / "tmp" / "asp-exps"  # one file per running `asp` experiment: its pid and its copy
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def mark_experiment(root: str | Path, name: str, progress: Path | None = None) -> Path:
     """Record that this process runs experiment `name` (`note_copy` adds its temporary copy once DVC made it), so
     a later run can remove the copy if this one is killed with SIGKILL, which no handler sees (`clear_stale_copies`).
@@ -457,7 +447,7 @@ def clear_stale_copies(root: str | Path, keep: Callable[[Path, Path], list[str]]
         except (OSError, ValueError, KeyError, TypeError):
             mark.unlink(missing_ok=True)
             continue
-        if _alive(pid):
+        if pid_alive(pid):
             continue
         for copy in (c for c in copies if c.is_dir()):
             kept = keep(copy, progress) if keep is not None and progress is not None else []

@@ -43,6 +43,8 @@ from typing import Any
 
 import yaml
 
+from asp.env import pid_alive
+
 SNAPSHOTS = Path(".dvc/tmp/asp-snapshots")
 LOCK_FILE = "dvc.lock"
 
@@ -129,13 +131,7 @@ def _owner_alive(name: str) -> bool:
         pid = int(name.split(".")[-2])
     except (IndexError, ValueError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def stale_snapshots(root: str | Path) -> list[Path]:
