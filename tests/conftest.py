@@ -219,6 +219,7 @@ LONGEST_MODULES = (
     "tests/test_signals.py",
     "tests/test_cli.py",
     "tests/orchestration/test_cancel.py",
+    "tests/pipeline/test_stop_resume.py",
     "tests/test_team_server.py",
     "tests/predictor/test_train.py",
     "tests/runtime/test_runtime.py",

@@ -5,10 +5,13 @@ trainer trained. Never set them outside tests.
     ASP_TRAINER_LEDGER=/tmp/ledger.jsonl asp stage launch   # runtime.trainer simulated: one line per step trained
     ASP_HOLD_CONTINUATION=1 ASP_KILL_AT=checkpoint@2 asp stage launch   # partial rollouts: held work at the kill
     ASP_KILL_AT=pass@2 asp stage launch              # runtime.history: just after the pass-2 plan was checkpointed
+    ASP_HOLD_AT=checkpoint@2 ASP_HOLD_MARK=/tmp/held asp stage launch   # waits there until a signal stops it
 
 `kill_point(name)` does nothing unless the environment variable ``ASP_KILL_AT`` equals `name`; then it sends SIGKILL
 to its own process (no cleanup, no `finally`, no atexit: what `kill -9`, the out-of-memory killer or a lost node
-do). The names are listed in `POINTS` (``<step>`` / ``<index>`` stand for a number). `trainer_ledger()` is the
+do). With ``ASP_HOLD_AT`` equal to `name` instead, it writes its PID to the file ``ASP_HOLD_MARK`` and waits there
+until a signal stops it (Ctrl-C, SIGTERM, a Prefect Cancel: what a user's stop does, at a known point). The names
+are listed in `POINTS` (``<step>`` / ``<index>`` stand for a number). `trainer_ledger()` is the
 path in ``ASP_TRAINER_LEDGER`` (or None): the launch stage's simulated trainer then appends a line per step with
 the prompts it trained (`asp.trainers.SimulatedTrainer`), so a test can check that no prompt was trained twice
 across a kill and a rerun. `hold_continuation()` (``ASP_HOLD_CONTINUATION=1``, partial rollouts) is a gate: the Ray
@@ -23,10 +26,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 KILL_ENV = "ASP_KILL_AT"
 LEDGER_ENV = "ASP_TRAINER_LEDGER"
 HOLD_ENV = "ASP_HOLD_CONTINUATION"
+HOLD_AT_ENV = "ASP_HOLD_AT"
+HOLD_MARK_ENV = "ASP_HOLD_MARK"
 POINTS = {
     "checkpoint@<step>": "runtime: the position of <step> and its run-log segment saved, its metrics not yet logged",
     "pass@<pass>": "runtime: the first checkpoint holding the history-aware plan of pass <pass> (a pass boundary)",
@@ -42,7 +49,15 @@ POINTS = {
 
 
 def kill_point(name: str) -> None:
-    """SIGKILL this process when ``ASP_KILL_AT`` is `name` (see the module docstring); otherwise nothing."""
+    """SIGKILL this process when ``ASP_KILL_AT`` is `name`; hold it there until a signal when ``ASP_HOLD_AT`` is
+    (see the module docstring); otherwise nothing."""
+    if os.environ.get(HOLD_AT_ENV) == name:
+        print(f"[hold point] {name}: waiting for a signal", file=sys.stderr, flush=True)
+        mark = os.environ.get(HOLD_MARK_ENV)
+        if mark:
+            Path(mark).write_text(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
     if os.environ.get(KILL_ENV) != name:
         return
     print(f"[kill point] {name}: SIGKILL", file=sys.stderr, flush=True)
