@@ -860,7 +860,7 @@ class DriftParams(_Params):
     reprofile_epochs: Int = Field(
         2, ge=1, description="reprofile, refit_from_run: predictor fine-tuning epochs (warm start)."
     )
-    # refit_from_run (issue 35): re-profile without generation, on the realized lengths the checkpoint keeps
+    # refit_from_run: re-profile without generation, on the realized lengths the checkpoint keeps
     refit_prompts: Int = Field(
         512,
         ge=16,

@@ -1,4 +1,4 @@
-"""The launch stage's drift handling (issue 12): build the `DriftWatch`, re-profile and resume, hand off, report.
+"""The launch stage's drift handling (docs/drift.md): build the `DriftWatch`, re-profile and resume, hand off, report.
 
 With ``drift.enabled`` the launch stage (`asp.pipeline.launch`) passes the watch to `run_async` as observer and
 its `on_start`. When the watch stopped the session for the ``reprofile`` action:

@@ -1,4 +1,4 @@
-"""`DriftWatch`: the launch run's length-drift watch (issue 12), the Control Unit's `observer`.
+"""`DriftWatch`: the launch run's length-drift watch (docs/drift.md), the Control Unit's `observer`.
 
 For every minibatch the Control Unit ingests the first time, the watch builds a `MinibatchObservation` (the
 prompts' calibrated predicted lengths, the realized lengths of all n responses, the generating policy version,

@@ -1,4 +1,4 @@
-"""Length-drift detector: thresholds, patience and cooldown over the monitor's windows (issue 12, part 2).
+"""Length-drift detector: thresholds, patience and cooldown over the monitor's windows (docs/drift.md).
 
 Pure Python, no I/O. `DriftDetector.update(metrics)` reads one window's metric dict from
 `asp.drift.monitor.DriftMonitor` and returns a `DriftEvent` when drift is confirmed, else None. A window

@@ -1,4 +1,4 @@
-"""Length-drift monitor: per-window statistics of what the launch run ingests (issue 12, part 1; docs/drift.md).
+"""Length-drift monitor: per-window statistics of what the launch run ingests (docs/drift.md).
 
 Pure numpy/scipy, no I/O. For every ingested minibatch the Control Unit knows the prompts' calibrated
 predicted lengths, the realized lengths of all n responses and the policy version that produced them; it

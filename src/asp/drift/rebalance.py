@@ -1,4 +1,4 @@
-"""Re-balance scheduled minibatches on new loads: the `recalibrate` drift action's scheduling step (issue 12).
+"""Re-balance scheduled minibatches on new loads: the `recalibrate` drift action's scheduling step (docs/drift.md).
 
 When the calibration map is refitted during a run, the minibatches that are still pending keep their prompts
 (the DP cut them on predicted order, which a monotone recalibration does not change) but their loads change,

@@ -71,7 +71,7 @@ def gate(tau: float, min_tau: float, on_fail: str) -> None:
     """Fail (or warn) when the held-out τ is below `evaluate.min_tau`."""
     if tau >= min_tau:
         return
-    from asp.schedule.min_tau import gate_message  # what the threshold means and what to do (issue 21 §5)
+    from asp.schedule.min_tau import gate_message  # what the threshold means and what to do
 
     msg = gate_message(tau, min_tau)
     if on_fail == "error":

@@ -1,4 +1,4 @@
-"""Figure of the launch run's length-drift history (plots/launch_drift.png; issue 12).
+"""Figure of the launch run's length-drift history (plots/launch_drift.png; docs/drift.md).
 
 `drift_figure(rows)` takes the `DriftWatch` history rows (``kind`` window / switch / reprofile) and draws two
 panels over trainer steps: the window Kendall tau (with the reference and the detector's floor) and the window
