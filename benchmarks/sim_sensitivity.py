@@ -55,7 +55,9 @@ def setup(seed: int = 0):
     work = Workload.from_arrays(ids, lengths, np.full(PROMPTS, 150, np.int32), max_new_tokens=CAP)
     predicted, _ = perturb_predictions(lengths.mean(axis=1), TAU, seed=seed)
     plans = {
-        c: WorkPlan.from_schedule(condition_schedule(ids, predicted, c, b=B, kappa=KAPPA, k=K, seed=seed, iterations=20_000))
+        c: WorkPlan.from_schedule(
+            condition_schedule(ids, predicted, c, b=B, kappa=KAPPA, k=K, seed=seed, iterations=20_000)
+        )
         for c in ("C0", "C4")
     }
     return ids, predicted, work, plans
@@ -142,7 +144,8 @@ def main() -> None:
         print(f"| {key} faster | {v[0]:+.1f} % | {min(v):+.1f} % | {max(v):+.1f} % | {holds} |")
     if layouts:
         distinct = sorted(set(layouts))
-        print(f"| planner's best layout | {layouts[0]} | - | - | {'yes' if len(distinct) == 1 else 'changes: ' + '; '.join(distinct)} |")  # noqa: E501
+        verdict = "yes" if len(distinct) == 1 else "changes: " + "; ".join(distinct)
+        print(f"| planner's best layout | {layouts[0]} | - | - | {verdict} |")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ from asp.sim.timemodel import FEATURES
 
 
 def test_every_preset_loads_by_name_and_every_coefficient_has_a_source() -> None:
-    assert {"h100-qwen2.5-1.5b", "h100-qwen2.5-7b", "h100-qwen3-8b", "h100-qwen3-30b-a3b", PAPER_PRESET} <= set(PRESETS)
+    assert {"h100-qwen2.5-1.5b", "h100-qwen2.5-7b", "h100-qwen3-8b", "h100-qwen3-30b-a3b", PAPER_PRESET} <= set(
+        PRESETS
+    )
     for name, preset in PRESETS.items():
         assert get_preset(name) is preset
         by_coef = {s.coefficient: s for s in preset.sources}

@@ -181,8 +181,9 @@ def fit_models(params: Params, paths: Paths) -> Models:
     if why := untimed(paths):
         raise UserError(f"cannot simulate: {why}")
     timings = pd.read_csv(_need(paths.timings, "profile"))
+    gen_report: dict[str, float] = {}
     if preset is not None:
-        gen, gen_report = preset.gen, {}
+        gen = preset.gen
     else:
         try:
             gen, gen_report = fit_generation_model(
