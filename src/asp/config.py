@@ -39,6 +39,7 @@ from asp.control.settings import resume_depth
 from asp.errors import UserError
 from asp.rollout.weight_transfer import DEFAULT_BUCKET_MB, DEFAULT_WEIGHT_TRANSFER
 from asp.sim.memory import DEVICE_GIB, GPU_MEMORY_UTILIZATION, MICRO_BATCH_TOKENS, RESERVE_GIB
+from asp.sim.presets import FIT, PRESETS
 
 DEMO_DATASET = "builtin:demo-arith"
 LENGTHS_DIR = "data/rollouts"  # profile.lengths.path by default: a folder in the repository for rollout files
@@ -783,8 +784,21 @@ class SimulateParams(_Params):
     )
     folds: Int = Field(5, ge=2, description="Cross-validation folds of the time-model fit (held-out R², MdAPE).")
     iterations: Int | None = Field(None, ge=1, description="Trainer steps simulated; null: runtime.iterations.")
+    time_model: str = Field(
+        FIT,
+        description="fit: generation times fitted on the profile's timings, training from simulate.training; or a "
+        f"preset of published GPU/NPU times ({', '.join(PRESETS)}; docs/simulator.md), shown with its "
+        "sensitivity range.",
+    )
     training: SimTrainingParams = SimTrainingParams()
     plan: PlanParams = PlanParams()
+
+    @field_validator("time_model")
+    @classmethod
+    def _known_time_model(cls, value: str) -> str:
+        if value != FIT and value not in PRESETS:
+            raise ValueError(f"unknown time model {value!r}; valid: {FIT!r} or a preset: {', '.join(PRESETS)}")
+        return value
 
 
 class OrchestrationParams(_Params):

@@ -72,6 +72,21 @@ def markdown_table(metrics: dict[str, Any], conditions: list[str]) -> str:
     return "\n".join(lines)
 
 
+def range_table(
+    metrics: dict[str, Any], ranges: dict[str, dict[str, tuple[float, float]]], conditions: list[str]
+) -> str:
+    """`markdown_table` with each cell's min-max over the sensitivity grid beside the preset's value."""
+    lines = ["| metric | " + " | ".join(conditions) + " |", "|---|" + "---|" * len(conditions)]
+    for key, label in COLUMNS.items():
+        cells = []
+        for c in conditions:
+            full = next((k for k in ranges[c] if k.split("/")[-1] == key), None)
+            low, high = ranges[c][full] if full is not None else (float("nan"), float("nan"))
+            cells.append(f"{metrics[f'simulate/{c}/{key}']:.4g} [{low:.4g}-{high:.4g}]")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 @app.callback(invoke_without_command=True)
 def simulate_command(
     ctx: typer.Context,
@@ -97,13 +112,23 @@ def simulate_command(
     models = stage.fit_models(p, paths)
     results = stage.simulate_conditions(p, paths, models)
     metrics = stage.run_metrics(models, results)
-    fit = models.gen_report
-    typer.echo(
-        f"generation-time model ({models.gen.form}): held-out R² {fit['r2_heldout']:.3f}, "
-        f"MdAPE {100 * fit['mdape_heldout']:.1f} % over {int(fit['minibatches'])} profiled minibatches; "
-        f"runtime.mode: {p.runtime.mode}"
-    )
-    typer.echo(markdown_table(metrics, list(results)))
+    preset = stage.time_model_preset(p)
+    if preset is None:
+        fit = models.gen_report
+        typer.echo(
+            f"generation-time model ({models.gen.form}): held-out R² {fit['r2_heldout']:.3f}, "
+            f"MdAPE {100 * fit['mdape_heldout']:.1f} % over {int(fit['minibatches'])} profiled minibatches; "
+            f"runtime.mode: {p.runtime.mode}"
+        )
+        typer.echo(markdown_table(metrics, list(results)))
+    else:
+        typer.echo(
+            f"time model: preset {preset.name} ({preset.description}; published measurements, "
+            f"extrapolated: {', '.join(preset.extrapolated) or 'none'}; docs/simulator.md); runtime.mode: "
+            f"{p.runtime.mode}. Each cell: the preset's value [min-max over the sensitivity grid: decode x0.5-2, "
+            "trainer x0.5-2, reload x0.5-4]"
+        )
+        typer.echo(range_table(metrics, stage.sensitivity_ranges(p, paths, models), list(results)))
     if out is not None:
         write_json(metrics, out / "simulate.json")
         save_figure(timeline_figure({c: r.iterations for c, r in results.items()}), out / "timeline.png")

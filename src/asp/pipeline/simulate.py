@@ -43,8 +43,9 @@ from asp.tracking import Tracker
 if TYPE_CHECKING:
     from asp.control.settings import ControlSettings
     from asp.predictor.calibration import CalibrationMap
-    from asp.sim.engine import Workload
+    from asp.sim.engine import Resources, Workload
     from asp.sim.lengths import EmpiricalLengthModel, LengthModel
+    from asp.sim.presets import TimeModelPreset
     from asp.sim.timemodel import TrainingTimeModel
 
 # the Table 4(b) columns and the simulator's own, as reported per condition
@@ -174,16 +175,22 @@ def fit_models(params: Params, paths: Paths) -> Models:
     from asp.sim.lengths import fit_empirical_length_model, fit_length_model
     from asp.sim.timemodel import fit_generation_model
 
-    check_gpu_gaps(params)
+    preset = time_model_preset(params)
+    if preset is None:
+        check_gpu_gaps(params)
     if why := untimed(paths):
         raise UserError(f"cannot simulate: {why}")
     timings = pd.read_csv(_need(paths.timings, "profile"))
-    try:
-        gen, gen_report = fit_generation_model(
-            timings, generation_form(params), folds=params.simulate.folds, seed=params.common.seed
-        )
-    except ValueError as exc:
-        raise UserError(f"{paths.timings}: cannot fit a generation-time model: {exc}") from None
+    gen_report: dict[str, float] = {}
+    if preset is not None:
+        gen = preset.gen
+    else:
+        try:
+            gen, gen_report = fit_generation_model(
+                timings, generation_form(params), folds=params.simulate.folds, seed=params.common.seed
+            )
+        except ValueError as exc:
+            raise UserError(f"{paths.timings}: cannot fit a generation-time model: {exc}") from None
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     heldout = pd.read_parquet(_need(paths.heldout, "prepare"), columns=["prompt_id"])
     samples = pd.read_parquet(_need(paths.samples, "profile"), columns=["prompt_id", "length"])
@@ -206,7 +213,24 @@ def fit_models(params: Params, paths: Paths) -> Models:
     else:
         lengths, length_report = fit_length_model(predicted, calibrated, sample_lengths, index, cap)
     prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
-    return Models(gen, gen_report, lengths, length_report, training_model(params), prompt_tokens)
+    train = preset.train if preset is not None else training_model(params)
+    return Models(gen, gen_report, lengths, length_report, train, prompt_tokens)
+
+
+def time_model_preset(params: Params) -> TimeModelPreset | None:
+    """The `simulate.time_model` preset (published GPU/NPU times), or None for the default fit."""
+    from asp.sim.presets import FIT, get_preset
+
+    name = params.simulate.time_model
+    return None if name == FIT else get_preset(name)
+
+
+def resources(params: Params) -> Resources:
+    """Shared CPU cores as `simulate.cores` says; a device per actor (no sharing) under a GPU/NPU preset."""
+    from asp.sim.engine import Resources
+
+    cores = None if time_model_preset(params) is not None else params.simulate.cores
+    return Resources(cores=cores, threads_per_actor=params.runtime.engine.num_threads or 1)
 
 
 def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibration: Any) -> dict[str, Any]:
@@ -258,18 +282,39 @@ def control_settings(params: Params, condition: str = "C4") -> ControlSettings:
 
 def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[str, Any]:
     """condition -> `SimResult` of `runtime:` over that condition's plan."""
-    from asp.sim.engine import Resources, simulate
+    from asp.sim.engine import simulate
 
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
     load = workload(params, models, preds, calibration)
-    resources = Resources(cores=params.simulate.cores, threads_per_actor=params.runtime.engine.num_threads or 1)
+    res = resources(params)
     results = {}
     for cond, plan in plans.items():
-        results[cond] = simulate(plan, load, models.gen, models.train, control_settings(params, cond), resources)
+        results[cond] = simulate(plan, load, models.gen, models.train, control_settings(params, cond), res)
         print(f"[simulate] {cond}: {results[cond].metrics[REPORTED[0]]:.3f} s per iteration", file=sys.stderr)
     return results
+
+
+def sensitivity_ranges(params: Params, paths: Paths, models: Models) -> dict[str, dict[str, tuple[float, float]]]:
+    """condition -> metric (a ``REPORTED`` key) -> (min, max) over `asp.sim.presets.SENSITIVITY_GRID`: the time
+    model's decode, trainer and reload costs scaled over their plausible range, everything else as simulated."""
+    from asp.sim.engine import simulate
+    from asp.sim.presets import SENSITIVITY_GRID, scaled_models
+
+    preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
+    calibration = load_calibration(paths.calibration)
+    plans = condition_plans(params, paths, preds, calibration)
+    load = workload(params, models, preds, calibration)
+    res = resources(params)
+    values: dict[str, dict[str, list[float]]] = {c: {k: [] for k in REPORTED} for c in plans}
+    for scale in SENSITIVITY_GRID:
+        gen, train = scaled_models(models.gen, models.train, scale)
+        for cond, plan in plans.items():
+            metrics = simulate(plan, load, gen, train, control_settings(params, cond), res).metrics
+            for key in REPORTED:
+                values[cond][key].append(float(metrics[key]))
+    return {c: {k: (min(v), max(v)) for k, v in per.items()} for c, per in values.items()}
 
 
 def run_metrics(models: Models, results: dict[str, Any]) -> dict[str, Any]:
