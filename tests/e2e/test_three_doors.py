@@ -267,7 +267,7 @@ def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], se
     repo = project["repo"]
     params_before = (repo / "params.yaml").read_bytes()
     t0 = time.monotonic()
-    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})
+    run = _trigger(served, {"stages": ["schedule"], "overrides": ["schedule.k=4"]})
     print(f"UI-triggered schedule run with an override: {time.monotonic() - t0:.1f} s wall")
     assert run["state_type"] == "COMPLETED", run["state"]
     assert run["name"] == f"{project['commit'][:7]} demo schedule schedule.k=4" or "schedule.k=4" in run["name"]
@@ -288,10 +288,10 @@ def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], se
 
 def test_a_bad_override_fails_the_flow_run_at_once(project: dict[str, Any], served: dict[str, str]) -> None:
     schedule_runs = [r.info.run_id for r in _stage_runs(project["experiment"], "schedule")]
-    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.kk": 3}}, name="my-bad-override")
+    run = _trigger(served, {"stages": ["schedule"], "overrides": ["schedule.kk=3"]}, name="my-bad-override")
     assert run["state_type"] == "FAILED" and run["name"] == "my-bad-override"  # the Run Name typed in the UI
     message = run["state"]["message"]  # one message naming the field it came from, as typed
-    assert message.startswith('params.yaml + overrides {"schedule.kk": 3}: invalid params: unknown key'), message
+    assert message.startswith("params.yaml + overrides [schedule.kk=3]: invalid params: unknown key"), message
     assert "(from overrides)" in message and message.endswith("Fix the overrides and run again."), message
     deadline = time.monotonic() + 30  # the runner sends logs in batches; Prefect's last line carries the message
     while "Finished in state Failed" not in (logs := _log_text(served, run["id"])):
@@ -354,8 +354,9 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
     from asp.orchestration.prefect_run import generated_name
 
-    _ensure_ran(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})  # so the click's run is cached
+    _ensure_ran(served, {"stages": ["schedule"], "overrides": ["schedule.k=4"]})  # so the click's run is cached
     schedule_before = _stage_runs(project["experiment"], "schedule")[-1].info.run_id
+    params_before = (project["repo"] / "params.yaml").read_bytes()
     expect = sync_api.expect
     ui = served["PREFECT_UI_URL"]
     shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
@@ -385,13 +386,12 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
         page.get_by_role("option", name="schedule", exact=True).click()
         page.keyboard.press("Escape")
         expect(field(page, "stages")).to_contain_text("schedule")
-        overrides = field(page, "overrides")  # an object: the new UI shows its editor on request
-        overrides.get_by_role("button", name="Open menu").click()
-        page.get_by_role("menuitem", name="Use JSON Input").click()
-        editor = overrides.locator(".cm-content")
-        editor.click()
-        page.keyboard.press("ControlOrMeta+a")
-        page.keyboard.type(json.dumps({"schedule.k": 4}))  # `_ensure_ran`'s run again: DVC must not rerun it
+        overrides = field(page, "overrides")  # a list of text boxes, typed in as a user would (no JSON mode)
+        overrides.get_by_role("button", name="Add item").click()
+        item = overrides.locator("input").last
+        item.click()
+        page.keyboard.type("schedule.k=4")  # `_ensure_ran`'s run again: DVC must not rerun it
+        expect(item).to_have_value("schedule.k=4")
         page.screenshot(path=shots / "prefect-custom-run.png")
         before = {r["id"] for r in prefect_api(served, "/flow_runs/filter", {})}
         # One click: Prefect's UI does not retry a 503 ("Something went wrong"), so the server must not send
@@ -402,7 +402,7 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             new = [r for r in prefect_api(served, "/flow_runs/filter", {}) if r["id"] not in before]
             time.sleep(0.5)
         assert not busy, "create_flow_run answered 503 (the server's SQLite busy)"
-        assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 4}, new
+        assert new and new[0]["parameters"]["overrides"] == ["schedule.k=4"], new
         run = _final(served, new[0]["id"])
         assert run["state_type"] == "COMPLETED", run["state"]
         (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
@@ -426,6 +426,8 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
     assert run["name"] != suggested and "schedule.k=4" in run["name"] and re.search(STAMP + "$", run["name"]), run
     assert parent.info.run_name == run["name"]
     assert parent.data.params["schedule.k"] == "4" and parent.data.tags["asp.prefect_flow_run_id"] == run["id"]
+    assert parent.data.tags["asp.dvc_exp"] and json.loads(parent.data.tags["asp.overrides"]) == {"schedule.k": 4}
+    assert (project["repo"] / "params.yaml").read_bytes() == params_before  # the override: this run's only
     note = next(a for a in _artifacts(served, run["id"]) if a["key"] == "asp-schedule")
     assert "run cache" in note["data"] or "up to date" in note["data"]
 
@@ -461,10 +463,11 @@ def test_the_deployments_parameters_are_typed_and_the_drift_loop_says_drift_is_o
     re-profile here."""
     props = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}")["parameter_openapi_schema"]["properties"]
     types = {name: prop.get("type") for name, prop in props.items()}
-    assert types == {"stages": "array", "preset": "string", "overrides": "object", "force": "boolean"}
+    assert types == {"stages": "array", "preset": "string", "overrides": "array", "force": "boolean"}
     presets = sorted(p.stem for p in (project["repo"] / "configs").glob("*.yaml"))
     assert props["preset"]["enum"] == ["none", *presets] and props["preset"]["default"] == "none"
-    assert props["overrides"]["default"] == {} and "dotted keys" in props["overrides"]["description"]
+    assert props["overrides"]["default"] == [] and props["overrides"]["items"] == {"type": "string"}
+    assert "schedule.k=3" in props["overrides"]["description"]
     assert props["stages"]["items"]["enum"] == stage_names(project["repo"] / "dvc.yaml")
     loop = prefect_api(served, "/deployments/name/asp-drift-loop/asp-drift-loop")["description"]
     assert "drift.action is recalibrate, not reprofile" in loop and "asp preset apply drift-demo" in loop
@@ -478,7 +481,7 @@ def test_an_override_runs_note_links_its_own_mlflow_run_and_plots(
     here or restored from DVC's run cache) and that run's logged plots, not the workspace's files; its metrics
     table holds the schedule's key metrics with that run's values."""
     t0 = time.monotonic()
-    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})
+    run = _trigger(served, {"stages": ["schedule"], "overrides": ["schedule.k=4"]})
     print(f"override run for its artifacts: {time.monotonic() - t0:.1f} s wall")
     assert run["state_type"] == "COMPLETED", run["state"]
     found = {a["key"]: a for a in _artifacts(served, run["id"])}

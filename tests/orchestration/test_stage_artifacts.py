@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from asp.errors import UserError
 from asp.orchestration.dvc import dvc_exp_cmd, dvc_repro_cmd
 from asp.orchestration.key_metrics import FALLBACK, KEY_METRICS, key_metrics
 from asp.orchestration.pipeline import StageReport, numeric_leaves, shown_cmd, stage_files
@@ -109,11 +110,22 @@ def test_the_parameters_are_typed_for_the_ui() -> None:
     presets = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
     assert props["preset"]["type"] == "string" and props["preset"]["enum"] == [NO_PRESET, *presets]
     assert props["preset"]["default"] == NO_PRESET and "configs/" in props["preset"]["description"]
-    assert props["overrides"]["type"] == "object" and props["overrides"]["default"] == {}
-    assert '{"schedule.k": 3}' in props["overrides"]["description"]
+    # a list of text boxes ("Add item") in the new UI's form, not an object only its JSON mode can fill
+    assert props["overrides"]["type"] == "array" and props["overrides"]["items"] == {"type": "string"}
+    assert props["overrides"]["default"] == [] and "schedule.k=3" in props["overrides"]["description"]
     assert props["stages"]["items"]["enum"] == stage_names(ROOT / "dvc.yaml")
-    assert {p["type"] for p in props.values()} == {"array", "string", "object", "boolean"}
-    assert _request([], NO_PRESET, {}, False).preset is None and _request([], "gpu-cluster", {}, False).preset
+    assert {p["type"] for p in props.values()} == {"array", "string", "boolean"}
+    assert _request([], NO_PRESET, [], False).preset is None and _request([], "gpu-cluster", [], False).preset
+
+
+def test_overrides_are_typed_as_set_takes_them() -> None:
+    from asp.orchestration.flow import parse_overrides
+
+    typed = parse_overrides(["schedule.k=4", " ", "runtime.trainer=grpo", "evaluate.min_tau=0.5"])
+    assert typed == {"schedule.k": 4, "runtime.trainer": "grpo", "evaluate.min_tau": 0.5}
+    assert parse_overrides([]) == parse_overrides(None) == {}
+    with pytest.raises(UserError, match=r"^overrides: 'schedule.k 4' is not SECTION.KEY=VALUE .*Fix the overrides"):
+        parse_overrides(["schedule.k 4"])
 
 
 def _loop_project(root: Path, drift: dict[str, object]) -> Path:

@@ -18,7 +18,7 @@ time (concurrency limit 1), retries `profile` and `launch` (they resume) and sto
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -43,7 +43,7 @@ from asp.orchestration.prefect_run import (
     quiet_user_errors,
     tag_with_label,
 )
-from asp.orchestration.request import RunRequest, run_label
+from asp.orchestration.request import RunRequest, parse_set_args, run_label
 from asp.stage import stage_names
 
 STATE_NAMES = {"ran": "Completed", "skipped": "Skipped", "restored": "Restored"}
@@ -72,11 +72,18 @@ def _preset_type() -> Any:
 PresetName = _preset_type()
 
 
+def parse_overrides(overrides: Iterable[str] | None) -> dict[str, Any]:
+    """The flow's `overrides`, the run form's list of `SECTION.KEY=VALUE` items (blank ones skipped; values read as
+    YAML scalars, as `asp repro --set` reads them), as dotted keys. `UserError` naming a bad item. (A JSON object
+    of dotted keys is refused by the server before the run starts: the deployment enforces the list's schema.)"""
+    return parse_set_args((str(o).strip() for o in overrides or () if str(o).strip()), origin="overrides")
+
+
 def _request(stages: Any, preset: Any, overrides: Any, force: Any) -> RunRequest:
     return RunRequest(
         tuple(stages or ()),
         None if preset in (None, "", NO_PRESET) else preset,
-        dict(overrides or {}),
+        parse_overrides(overrides),
         bool(force),
         overrides_from="overrides",  # the parameter's name, in the UI's form: messages name it
     )
@@ -86,8 +93,8 @@ def flow_run_name() -> str:
     """Name of a flow run, and of its MLflow parent run: the Run Name the user typed in the UI, else what runs
     (`run_label`: commit, preset, stages, overrides) stamped with the start time (`asp.orchestration.prefect_run`)."""
     p = flow_run.parameters
-    request = _request(p.get("stages"), p.get("preset"), p.get("overrides"), p.get("force"))
     try:
+        request = _request(p.get("stages"), p.get("preset"), p.get("overrides"), p.get("force"))
         label = run_label(request, vcs.commit_label(), stage_names())
     except UserError:
         label = "asp-pipeline (no dvc.yaml)"
@@ -238,7 +245,7 @@ def experiment_task(run: PipelineRun) -> list[str] | State[Any]:
 def asp_pipeline(
     stages: list[StageName] = [],  # type: ignore[valid-type]  # noqa: B006 (shown as a multi-select; not mutated)
     preset: PresetName = NO_PRESET,  # type: ignore[valid-type]  # shown as a choice of configs/'s presets
-    overrides: dict[str, Any] = {},  # noqa: B006 (typed `object` in the UI, not `None`; not mutated)
+    overrides: list[str] = [],  # noqa: B006 (a list of text boxes in the UI's form, not `None`; not mutated)
     force: bool = False,
 ) -> dict[str, str] | State[Any]:
     """Run the chosen stages (default: all, in dvc.yaml order) through DVC under one MLflow parent run; a bad
@@ -248,14 +255,16 @@ def asp_pipeline(
         stages: stage names from dvc.yaml; none means all.
         preset: a preset in configs/ applied on top of params.yaml for this run only (the run is then a DVC
             experiment); none: params.yaml as it is.
-        overrides: params for this run only, a JSON object of dotted keys, e.g. {"schedule.k": 3}; the run is then
-            a DVC experiment and params.yaml stays as it is. Checked against the params models before anything runs.
-        force: rerun stages even when DVC finds them up to date.
+        overrides: params for this run only, one SECTION.KEY=VALUE per item (dotted keys), e.g. schedule.k=3 or
+            runtime.trainer=grpo, as `asp repro --set` takes them; the run is then a DVC experiment and params.yaml
+            stays as it is. Checked against the params models before anything runs.
+        force: rerun stages even when DVC finds them up to date (force=true with no overrides reruns them in the
+            workspace). How to run, cancel and read a run: docs/ui.md.
     """
     logger = get_run_logger()
     quiet_user_errors()
-    request = _request(stages, preset, overrides, force)
     try:  # bad stages, preset or overrides fail here, before DVC or MLflow is touched
+        request = _request(stages, preset, overrides, force)
         run = PipelineRun(
             request,
             runner="prefect",
