@@ -9,8 +9,9 @@ done, and at the end, with no carriage returns::
     [train predictor] 40% (80/200 step) 12.3s elapsed, ~18s left, val_tau=0.812
 
 The time left is estimated from the steps after the first (the first carries the loop's start-up), so it shows
-from the second update on. Without a total, a line every 30 s and one at the end; with a total and ``heartbeat_s``, also a line whenever that
-long passed since the last one (launch: steps of many seconds). `ASP_PROGRESS=0` silences both (the tests set it).
+from the second update on. Without a total, a line every 30 s and one at the end; with a total and
+``heartbeat_s``, also a line whenever that long passed since the last one (launch: steps of many seconds).
+`ASP_PROGRESS=0` silences both (the tests set it).
 Tests: tests/test_progress.py.
 """
 
