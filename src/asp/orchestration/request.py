@@ -93,7 +93,7 @@ def read_preset(name: str, root: str | Path = ".", _chain: tuple[str, ...] = ())
 def parse_set_args(items: Iterable[str], origin: str = "--set") -> dict[str, Any]:
     """`["schedule.k=3", "runtime.trainer=grpo"]` -> `{"schedule.k": 3, "runtime.trainer": "grpo"}` (values
     parsed as YAML scalars, as `dvc exp run -S` does). `origin` names where they were typed in a bad item's message:
-    `--set` (the command line) or `overrides` (the Prefect run form's list)."""
+    `--set` (the command line) or `overrides` (the Prefect run form's text box)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = str(item).partition("=")
@@ -101,7 +101,7 @@ def parse_set_args(items: Iterable[str], origin: str = "--set") -> dict[str, Any
             if origin == "--set":
                 raise UserError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set schedule.k=3.")
             raise UserError(
-                f"{origin}: {item!r} is not SECTION.KEY=VALUE (e.g. schedule.k=3, one per item). "
+                f"{origin}: {item!r} is not SECTION.KEY=VALUE (e.g. schedule.k=3 runtime.trainer=grpo). "
                 f"Fix the {origin} and run again."
             )
         try:
@@ -113,14 +113,14 @@ def parse_set_args(items: Iterable[str], origin: str = "--set") -> dict[str, Any
 
 def _typed(origin: str, key: Any, value: Any = ...) -> str:
     """An override as the user typed it: `--set schedule.k=3` on the command line, `schedule.k=3` in the
-    Prefect UI's `overrides` (a list of such items)."""
+    Prefect UI's `overrides`."""
     text = f"{key}" + ("" if value is ... else f"={_short(value)}")
     return f"--set {text}" if origin == "--set" else text
 
 
 def typed_overrides(overrides: Mapping[str, Any]) -> str:
-    """The overrides as a user types them in the Prefect UI's list: `[schedule.k=3, runtime.trainer=grpo]`."""
-    return "[" + ", ".join(_typed("overrides", k, v) for k, v in overrides.items()) + "]"
+    """The overrides as typed in the Prefect UI's text box, bracketed: `[schedule.k=3 runtime.trainer=grpo]`."""
+    return "[" + " ".join(_typed("overrides", k, v) for k, v in overrides.items()) + "]"
 
 
 def _head(origin: str) -> str:
