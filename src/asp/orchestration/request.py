@@ -31,9 +31,10 @@ from asp.tracking import flatten
 @dataclass(frozen=True)
 class RunRequest:
     """A pipeline run: `stages` in dvc.yaml order (empty: all), a preset in configs/ and dotted-key
-    overrides (`{"schedule.k": 3}`), both applied on top of params.yaml. `force` reruns up-to-date stages.
-    `overrides_from` is where the user typed the overrides, named by every message about them: `--set` (the
-    command line) or `overrides` (the Prefect run's parameter, in the UI's form)."""
+    overrides (`{"schedule.k": 3}`, parsed from `--set` or the Prefect run form), both applied on top of
+    params.yaml. `force` reruns up-to-date stages. `overrides_from` is where the user typed the overrides, named
+    by every message about them: `--set` (the command line) or `overrides` (the Prefect run's parameter, in the UI's
+    form)."""
 
     stages: tuple[str, ...] = ()
     preset: str | None = None
