@@ -217,3 +217,15 @@ def test_the_run_that_made_the_outputs_is_found_by_its_params(tmp_path: Path, mo
     assert made_by(now) == ids["k4-exp"] and made_by(now, workspace_only=True) == ids["k4"]
     assert made_by({"schedule.k": 3}) == ids["k3"] and made_by({"schedule": {"k": 5}}) is None
     assert run_artifacts(ids["k4"]) == ["plots/schedule_loads.png"] and run_artifacts(ids["k3"]) == []
+
+
+def test_the_run_summary_links_mlflow_from_the_start_and_each_stage_at_the_end() -> None:
+    from asp.orchestration.flow import run_summary
+
+    parent = "http://127.0.0.1:5000/#/experiments/3/runs/p1"
+    start = run_summary("abc1234 demo schedule", parent, [], None)  # published when the run starts
+    assert start == f"### abc1234 demo schedule\n\n[MLflow parent run]({parent})"
+    end = run_summary("abc1234 demo schedule", parent, [_report("exp-1")], "exp-1")
+    assert f"| schedule | restored | 2.5 | [MLflow run]({_report(None).mlflow_url}) |" in end
+    assert "`dvc exp apply exp-1`" in end
+    assert run_summary("x", None, [], None) == "### x\n\nMLflow tracking is off"
