@@ -24,11 +24,11 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from launch_paths import scratch_launch_paths
 
 from asp.config import Params, load_params
 from asp.env import set_offline_defaults
@@ -101,16 +101,7 @@ def measure(params: Params, action: str, settle: int) -> dict[str, float]:
     params = params.model_copy(update={"drift": params.drift.model_copy(update={"enabled": True, "action": action})})
     load_start, start = os.getloadavg()[0], time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        t = Path(tmp)
-        paths = replace(
-            launch.Paths(),
-            out_dir=t / "launch",
-            state_dir=t / "state",
-            metrics=t / "m.json",
-            plot=t / "p.png",
-            curve_plot=t / "curve.png",
-            drift_plot=Path(f"plots/drift_demo_{action}.png"),
-        )
+        paths = scratch_launch_paths(Path(tmp), drift_plot=Path(f"plots/drift_demo_{action}.png"))
         metrics = launch.run(params, paths, NullTracker())
         windows = window_rows(paths.state_dir / params.runtime.condition)
     total = time.perf_counter() - start

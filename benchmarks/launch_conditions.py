@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
+
+from launch_paths import scratch_launch_paths
 
 from asp.config import Params, load_params
 from asp.env import set_offline_defaults
@@ -58,15 +59,7 @@ def measure(params: Params, condition: str, iterations: int | None = None) -> di
     """One real launch (Ray, the demo policy generating, simulated training) in a temporary directory; its
     ``runtime/summary/...`` metrics."""
     with tempfile.TemporaryDirectory() as tmp:
-        t = Path(tmp)
-        paths = replace(
-            launch.Paths(),
-            out_dir=t / "launch",
-            state_dir=t / "state",
-            metrics=t / "m.json",
-            plot=t / "p.png",
-            curve_plot=t / "curve.png",
-        )
+        paths = scratch_launch_paths(Path(tmp))
         return launch.run(table_4b_params(params, condition, iterations), paths, NullTracker())
 
 

@@ -36,12 +36,12 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from launch_paths import scratch_launch_paths
 
 from asp.cli.plan import load_params_with
 from asp.config import Params
@@ -238,14 +238,7 @@ def measure(params: Params, root: Path) -> dict[str, Any]:
     load, start = os.getloadavg()[0], time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        paths = replace(
-            rebase(launch.Paths(), root),
-            out_dir=t / "launch",
-            state_dir=t / "state",
-            metrics=t / "m.json",
-            plot=t / "p.png",
-            curve_plot=t / "curve.png",
-        )
+        paths = scratch_launch_paths(t, rebase(launch.Paths(), root))
         metrics = launch.run(params, paths, NullTracker())
         iterations = pd.read_parquet(t / "launch" / "iterations.parquet")
     if metrics.get("learning/measured") != 1:

@@ -37,7 +37,6 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +120,8 @@ def demo_params(params: Any, condition: str, partial: dict[str, Any], iterations
 
 
 def demo(iterations: int, budget: int, variants: list[str]) -> dict[str, dict[str, float]]:
+    from launch_paths import scratch_launch_paths
+
     from asp.config import load_params
     from asp.env import set_offline_defaults
     from asp.pipeline import launch
@@ -138,15 +139,7 @@ def demo(iterations: int, budget: int, variants: list[str]) -> dict[str, dict[st
         condition, partial = VARIANTS[name]
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            t = Path(tmp)
-            paths = replace(
-                launch.Paths(),
-                out_dir=t / "launch",
-                state_dir=t / "state",
-                metrics=t / "m.json",
-                plot=t / "p.png",
-                curve_plot=t / "curve.png",
-            )
+            paths = scratch_launch_paths(Path(tmp))
             rows[name] = launch.run(demo_params(params, condition, partial, iterations, budget), paths, NullTracker())
         print(f"{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
     table(rows, {"dropped q1/q2/q3/q4": by_bucket, "reward (first / last 20 %)": _reward})

@@ -33,8 +33,9 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
+
+from launch_paths import scratch_launch_paths
 
 from asp.cli.plan import load_params_with
 from asp.config import Params
@@ -91,16 +92,7 @@ def measure(params: Params) -> dict[str, float]:
     the machine's 1-min load average before and after (``bench/load_start|end``: other jobs slow every timing)."""
     load_start, start = os.getloadavg()[0], time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        t = Path(tmp)
-        paths = replace(
-            launch.Paths(),
-            out_dir=t / "launch",
-            state_dir=t / "state",
-            metrics=t / "m.json",
-            plot=t / "p.png",
-            curve_plot=t / "curve.png",
-        )
-        metrics = launch.run(params, paths, NullTracker())
+        metrics = launch.run(params, scratch_launch_paths(Path(tmp)), NullTracker())
     total = time.perf_counter() - start
     return {**metrics, "bench/total_s": total, "bench/load_start": load_start, "bench/load_end": os.getloadavg()[0]}
 

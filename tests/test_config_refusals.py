@@ -74,3 +74,53 @@ def test_chat_prompt_without_content_is_named(message: dict) -> None:
     text = str(err.value)
     assert text.startswith("r.jsonl line 1: the last user message of 'prompt' has no text in 'content'"), text
     assert "NoneType" not in text
+
+
+STAGES = "policy, prepare, profile, train_predictor, evaluate, predict, schedule, simulate, launch"
+
+
+@pytest.mark.parametrize("section", ["retries", "timeout_s"])
+def test_a_stage_key_that_names_no_stage_is_refused_by_params_check(section: str) -> None:
+    """`orchestration.retries` / `timeout_s` are keyed by stage: a typo (`profil`) would be silently unused."""
+    out = subprocess.run(
+        [sys.executable, "-m", "asp", "params", "check", "--set", f"orchestration.{section}={{profil: 1}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert f"orchestration.{section}.profil: no stage is named 'profil'; dvc.yaml defines {STAGES}." in out.stderr
+
+
+def test_a_stage_key_that_names_no_stage_is_refused_at_load_and_by_a_run_request(tmp_path: Path) -> None:
+    from asp.config import check_stage_keys, load_params, pipeline_stages
+    from asp.orchestration.request import RunRequest, check_request
+
+    assert ", ".join(pipeline_stages(ROOT / "dvc.yaml")) == STAGES
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    raw = read_yaml(ROOT / "params.yaml")
+    raw["orchestration"]["retries"] = {"profile": 1, "launch": 1, "lanch": 2}
+    (tmp_path / "params.yaml").write_text(yaml_dump(raw))
+    with pytest.raises(UserError, match=r"params\.yaml: orchestration\.retries\.lanch: no stage is named 'lanch'"):
+        load_params(tmp_path / "params.yaml")
+    with pytest.raises(UserError, match=rf"orchestration\.retries\.lanch: .*defines {STAGES}\. Use one"):
+        check_request(RunRequest(), root=tmp_path)
+    (tmp_path / "dvc.yaml").write_text("stages:\n  hello:\n    cmd: echo hello\n")
+    raw["orchestration"]["retries"] = {"profile": 1, "hello": 2}  # asp's default keys stay allowed in any pipeline
+    (tmp_path / "params.yaml").write_text(yaml_dump(raw))
+    assert load_params(tmp_path / "params.yaml").orchestration.retries == {"profile": 1, "hello": 2}
+    raw["orchestration"]["retries"] = {"lanch": 2}
+    (tmp_path / "params.yaml").write_text(yaml_dump(raw))
+    with pytest.raises(UserError, match=r"orchestration\.retries\.lanch: .*dvc\.yaml defines hello\. Use one"):
+        load_params(tmp_path / "params.yaml")
+    (tmp_path / "dvc.yaml").unlink()  # a params file outside a pipeline: nothing to check against
+    assert load_params(tmp_path / "params.yaml").orchestration.retries["lanch"] == 2
+    good = validate_params(read_yaml(ROOT / "params.yaml"))
+    assert check_stage_keys(good, STAGES.split(", "), "params.yaml") is good  # the shipped keys are all stages
+
+
+def yaml_dump(raw: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(raw, sort_keys=False)

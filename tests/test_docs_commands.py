@@ -8,8 +8,12 @@ lines that start with a program below or `$ `) and the inline code spans of the 
 configs/ flows/ tests/ src/ docs/ path a file or folder, and `--preset NAME` (or `asp preset apply NAME`) a
 configs/NAME.yaml or a preset the same page writes with `asp init`. A results table (a markdown table with a
 measured number in a data cell past the first column: a decimal, a number with a unit or percent, or "a / b") of
-README.md, docs/benchmarks.md or docs/drift.md has the command that produced it within a few lines before or after
-it (or in it): a code span or block naming a benchmark, script, `asp`, `make`, `dvc` or `python` command.
+any page (README.md, CONTRIBUTING.md, CHANGELOG.md, docs/*.md) has the command that produced it within a few lines
+before or after it (or in it): a code span or block naming a benchmark, script, `asp`, `make`, `dvc` or `python`
+command, or a `tests/...` file (a table of behaviours names the tests that check them). Two readings keep that
+honest without repeating a command: a table printed inside a fenced console block (``$ asp plan memory ...``) has
+the block's command, and a table that follows another with only blank lines between (one command prints both) has
+the first one's.
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-RESULTS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "drift.md"]
+RESULTS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("asp", "make", "python", "python3", ".venv/bin/python", ".venv/bin/asp", "dvc", "uv")
 SHELL = ("bash", "sh", "shell", "console")
 PATH = re.compile(r"^(?:\./)?((?:benchmarks|scripts|stages|configs|flows|tests|src|docs)/[\w./-]*\w)")
 NEAR = 6  # lines before / after a table where its command may be
-COMMAND = re.compile(r"`[^`\n]*(?:\basp |\bmake |\bpython3? |\bdvc |benchmarks/\w|scripts/\w)[^`\n]*`")
+COMMAND = re.compile(r"`[^`\n]*(?:\basp |\bmake |\bpython3? |\bdvc |benchmarks/\w|scripts/\w|tests/\w)[^`\n]*`")
 NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+|\s*(?:%|×|x\b|s\b|ms\b|min\b|h\b|GiB|MB|tok/s))|\b\d+ / \d+\b")
 
 
@@ -244,14 +248,35 @@ def _has_command(lines: list[str]) -> bool:
     if COMMAND.search(text):
         return True
     blocks = re.findall(r"^```[^\n]*\n(.*?)(?:^```|\Z)", text, flags=re.M | re.S)
-    return any(line.split()[:1] and line.split()[0] in PROGRAMS for b in blocks for line in b.splitlines())
+    return any(_program(line) in PROGRAMS for b in blocks for line in b.splitlines())
+
+
+def _program(line: str) -> str:
+    """The program a block's line runs (a console prompt ``$ `` dropped), or ""."""
+    words = line.split()
+    if words[:1] == ["$"]:
+        words = words[1:]
+    return words[0] if words else ""
+
+
+def _block_start(lines: list[str], line: int) -> int | None:
+    """The 0-based line of the fence opening the block `line` is in, or None outside a fenced block."""
+    fences = [i for i in range(line) if lines[i].lstrip().startswith("```")]
+    return fences[-1] if len(fences) % 2 else None
 
 
 def tables_without_command(doc: Path) -> list[str]:
     lines = doc.read_text().splitlines()
     out = []
+    run_start, previous_end = -1, -2
     for first, last in results_tables(doc):
-        if not _has_command(lines[max(0, first - NEAR) : last + 1 + NEAR]):
+        if previous_end < 0 or any(line.strip() for line in lines[previous_end + 1 : first]):
+            run_start = first  # not right after the previous table: a run of tables starts here
+        previous_end = last
+        start = min(run_start, first) - NEAR
+        block = _block_start(lines, first)
+        start = min(start, block) if block is not None else start
+        if not _has_command(lines[max(0, start) : last + 1 + NEAR]):
             out.append(f"{_rel(doc)}:{first + 1}: {lines[first][:100]}")
     return out
 
@@ -299,3 +324,12 @@ def test_a_broken_command_name_is_caught(tmp_path: Path) -> None:
     assert tables_without_command(doc)
     doc.write_text(f"`asp repro`\n\n{filler * (NEAR - 2)}{table}")
     assert not tables_without_command(doc)
+    # a table right after another shares its command; one after a paragraph does not
+    doc.write_text(f"`asp repro`\n\n{table}\n{table.replace('1.5', '2.5') * 1}\n{filler * NEAR}\n{table}\n{table}")
+    assert len(tables_without_command(doc)) == 2
+    # a table inside a console block has the block's command; the same block without a command has none
+    block = f"```\n$ asp plan memory\n{filler * NEAR}{table}```\n"
+    doc.write_text(block)
+    assert not tables_without_command(doc)
+    doc.write_text(block.replace("$ asp plan memory", "$ echo hi"))
+    assert tables_without_command(doc)

@@ -60,3 +60,10 @@ def test_the_readme_is_a_guide() -> None:
 
 
 # Every results table names its command: tests/test_docs_commands.py (within a few lines, not only its section).
+
+
+def test_the_docs_index_lists_every_page() -> None:
+    """docs/README.md ("which page answers what") links every page in docs/."""
+    index = set(links(ROOT / "docs" / "README.md"))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
+    assert sorted(p for p in pages if p not in {t.partition("#")[0] for t in index}) == []

@@ -82,3 +82,22 @@ def test_atomic_paths_write_all_or_none(tmp_path: Path) -> None:
         tb.write_text("{}")
     assert tree(tmp_path) == {"out", "out/a.parquet", "b.json"}
     assert pd.read_parquet(a)["x"].tolist() == [1]
+
+
+def test_user_json_readers_name_the_bad_line_and_unwrap_data(tmp_path: Path) -> None:
+    from asp.errors import UserError
+
+    lines = tmp_path / "d.jsonl"
+    lines.write_text('{"a": 1}\n\n[2]\n')
+    assert io.read_user_jsonl(lines) == [(1, {"a": 1}), (3, [2])]  # blank lines skipped, values as they are
+    lines.write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(UserError, match=r"d\.jsonl: line 2 is not valid JSON"):
+        io.read_user_jsonl(lines)
+    whole = tmp_path / "d.json"
+    whole.write_text('{"data": [{"a": 1}]}')
+    assert io.read_user_json(whole) == [{"a": 1}]
+    whole.write_text('{"data": 3}')
+    assert io.read_user_json(whole) == {"data": 3}  # only a list under "data" is unwrapped
+    whole.write_text('[{"a": 1},\n oops]')
+    with pytest.raises(UserError, match=r"d\.json: not valid JSON \(line 2: "):
+        io.read_user_json(whole)

@@ -11,7 +11,8 @@ tests/test_defaults.py scans `src/asp` for a default that shares a field's name 
 
 Every model forbids unknown keys and is frozen. `load_params(path)` reads the YAML, applies an optional
 preset overlay, validates, and turns any problem into one `UserError` that names the file, the key, the
-value and what is allowed. Run `asp params check [params.yaml]` to validate a file from the shell.
+value and what is allowed; with a dvc.yaml beside the file, `orchestration`'s per-stage keys must name its stages.
+Run `asp params check [params.yaml]` to validate a file from the shell.
 """
 
 from __future__ import annotations
@@ -803,7 +804,9 @@ class SimulateParams(_Params):
 
 class OrchestrationParams(_Params):
     """How `asp repro` and the Prefect flow drive the DVC stages (nothing here changes a stage's outputs, so no
-    stage lists these params: changing them never makes DVC rerun anything)."""
+    stage lists these params: changing them never makes DVC rerun anything). `retries` and `timeout_s` are keyed
+    by stage name; the names are dvc.yaml's, so they are checked against it where both are known
+    (`check_stage_keys`: `load_params`, `asp params check`, a run request), not by the model."""
 
     retries: dict[str, Annotated[int, Strict(), Field(ge=0, le=5)]] = Field(
         default_factory=lambda: {"profile": 1, "launch": 1},
@@ -1092,10 +1095,55 @@ def validate_params(
 
 
 def load_params(path: str | Path = "params.yaml", overlay: str | Path | None = None) -> Params:
-    """Load and validate `params.yaml`, optionally overlaid with a preset file."""
+    """Load and validate `params.yaml`, optionally overlaid with a preset file; with a ``dvc.yaml`` beside it, the
+    stage names `orchestration` keys by are checked against it (`check_stage_keys`)."""
     raw = read_yaml(path)
     source = str(path)
     if overlay is not None:
         raw = deep_merge(raw, read_yaml(overlay))
         source = f"{path} + {overlay}"
-    return validate_params(raw, source)
+    return check_stage_keys_beside(validate_params(raw, source), path, source)
+
+
+def pipeline_stages(dvc_file: str | Path) -> list[str]:
+    """The stage names `dvc_file` lists under ``stages:``, in its order ([] when it lists none).
+
+    Raises:
+        UserError: the file is not valid YAML.
+    """
+    data = yaml.safe_load(Path(dvc_file).read_text()) or {}
+    if not isinstance(data, dict):
+        raise UserError(f"{dvc_file}: expected a mapping with 'stages:' at the top level.")
+    return list(data.get("stages") or {})
+
+
+STAGE_KEYED = ("retries", "timeout_s")  # the orchestration settings keyed by stage name
+
+
+def check_stage_keys(params: Params, stages: Iterable[str], source: str) -> Params:
+    """`params` when every key of ``orchestration.retries`` and ``orchestration.timeout_s`` names one of `stages`
+    (the pipeline's, from dvc.yaml) or is one of the defaults' own keys (asp's stages: a project with a dvc.yaml of
+    its own that keeps asp's defaults, ``profile: 1`` for a pipeline without a profile stage, is not refused).
+
+    Raises:
+        UserError: one message naming the first key that is neither (a typo such as ``profil: 1``, silently
+            unused otherwise), where it came from (`source`) and dvc.yaml's stage names.
+    """
+    names = list(stages)
+    defaults = OrchestrationParams()
+    for section in STAGE_KEYED:
+        known = {*names, *getattr(defaults, section)}
+        unknown = [key for key in getattr(params.orchestration, section) if key not in known]
+        if unknown:
+            raise UserError(
+                f"{source}: orchestration.{section}.{unknown[0]}: no stage is named '{unknown[0]}'; dvc.yaml defines "
+                f"{', '.join(names)}. Use one of those names (or remove the key)."
+            )
+    return params
+
+
+def check_stage_keys_beside(params: Params, params_path: str | Path, source: str) -> Params:
+    """`check_stage_keys` against the ``dvc.yaml`` in the folder of `params_path` (nothing to check without one:
+    a params file outside a pipeline)."""
+    dvc_file = Path(params_path).parent / "dvc.yaml"
+    return check_stage_keys(params, pipeline_stages(dvc_file), source) if dvc_file.is_file() else params

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asp.config import Params, load_params
+from asp.config import Params, load_params, pipeline_stages
 from asp.env import set_offline_defaults, sigterm_as_interrupt
 from asp.errors import UserError
 from asp.tracking import Tracker, dvc_parent, open_tracker, record_in_parent
@@ -32,15 +32,13 @@ def stage_names(dvc_file: str | Path = DVC_FILE) -> list[str]:
     Raises:
         UserError: `dvc.yaml` is missing (not run from the repository root) or has no stages.
     """
-    import yaml
-
     path = Path(dvc_file)
     if not path.is_file():
         raise UserError(f"{path}: not found. Run from the repository root (where dvc.yaml is).")
-    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+    stages = pipeline_stages(path)
     if not stages:
         raise UserError(f"{path}: no stages defined under 'stages:'.")
-    return list(stages)
+    return stages
 
 
 def check_stage(name: str, dvc_file: str | Path = DVC_FILE) -> str:

@@ -253,7 +253,7 @@ def test_vllm_options_are_checked_before_vllm_is_imported(tiny_model, bad, match
 def test_make_engine_takes_exactly_the_vllm_options(tiny_model):
     with pytest.raises(UserError, match=r"does not take option\(s\) \['device'\]") as err:
         make_engine("vllm", tiny_model, device="cpu")
-    assert all(f.name in str(err.value) for f in dataclasses.fields(VLLMOptions))
+    assert all(name in str(err.value) for name in VLLMOptions.model_fields)
 
 
 def test_worker_extension_path_points_at_the_class():
@@ -293,3 +293,22 @@ def test_vllm_engine_without_vllm_is_a_user_error(tiny_model, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # where vLLM is not installed, `import vllm` raises ImportError
     with pytest.raises(UserError, match="vLLM is not installed"):
         VLLMEngine(tiny_model)
+
+
+def test_the_engine_options_are_the_params_model():
+    """One model: `VLLMOptions` is `runtime.engine.vllm`'s (`VllmRuntimeParams`) plus dtype, seed and logprobs_mode,
+    with the params' checks (max_model_len >= 16, as `asp params check` says), and the options the pipeline builds
+    from params are its fields."""
+    from asp.config import VllmParams, VllmRuntimeParams
+    from asp.steps.engine import engine_options
+
+    assert issubclass(VLLMOptions, VllmRuntimeParams)
+    assert set(VLLMOptions.model_fields) - set(VllmRuntimeParams.model_fields) == {"dtype", "seed", "logprobs_mode"}
+    with pytest.raises(ValueError, match="max_model_len"):
+        VLLMOptions(max_model_len=8)
+    runtime = VllmRuntimeParams(max_model_len=512, kv_cache_gib=1.5, weight_bucket_mb=7)
+    opts = engine_options("vllm", "cpu", "float32", None, runtime, seed=4)
+    assert set(opts) == set(VLLMOptions.model_fields) - {"logprobs_mode"}  # the pipeline keeps the default mode
+    assert VLLMOptions(**opts) == VLLMOptions(**runtime.model_dump(), dtype="float32", seed=4)
+    profile = engine_options("vllm", "cpu", "bfloat16", None, VllmParams(tensor_parallel_size=2))
+    assert VLLMOptions(**profile).tensor_parallel_size == 2 and "weight_transfer" not in profile

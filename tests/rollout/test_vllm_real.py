@@ -157,12 +157,15 @@ def test_continuing_a_partial_response_from_its_token_ids(engine):
     cut = [w.token_ids[:5] for w in whole]
     limits = [max(1, w.length - 5) for w in whole]
     more = engine.continue_responses(PROMPTS, cut, greedy, limits)
+    compared = 0
     for w, c, m in zip(whole, cut, more, strict=True):
         if w.length <= 5:
             continue
         assert c + m.token_ids == w.token_ids
         assert m.logprobs == pytest.approx(w.logprobs[5:], abs=LOGPROB_TOL)
         assert m.text == w.text
+        compared += 1
+    assert compared >= 2, f"only {compared} of {len(PROMPTS)} greedy responses are longer than the 5-token cut"
 
 
 def _perturbed(model_dir: Path, scale: float) -> tuple[dict, dict]:

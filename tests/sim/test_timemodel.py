@@ -5,6 +5,8 @@ Run: ``.venv/bin/python -m pytest tests/sim/test_timemodel.py -q`` (``-s`` print
 
 from __future__ import annotations
 
+import io
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -136,10 +138,22 @@ def test_fit_generation_rejects_bad_frames():
         fit_generation_model(frame, "paged")
 
 
+def real_profile_timings() -> pd.DataFrame:
+    """metrics/profile_timings.csv, a profile-stage output committed to git: the working copy, or (while a profile
+    run is rewriting it) the committed one. Never skipped: a checkout without it fails here."""
+    if REAL_TIMINGS.exists():
+        return pd.read_csv(REAL_TIMINGS)
+    root = REAL_TIMINGS.parents[1]
+    shown = subprocess.run(
+        ["git", "show", f"HEAD:{REAL_TIMINGS.relative_to(root).as_posix()}"], cwd=root, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, f"{REAL_TIMINGS} is absent and not committed: {shown.stderr.strip()}"
+    return pd.read_csv(io.StringIO(shown.stdout))
+
+
 def test_fit_on_real_profile_timings():
-    if not REAL_TIMINGS.exists():
-        pytest.skip(f"{REAL_TIMINGS} is absent (the profile stage is rewriting it)")
-    frame = pd.read_csv(REAL_TIMINGS)
+    frame = real_profile_timings()
+    assert len(frame) >= 7  # enough rows for the fit's folds: a truncated file fails here, not by a skip
     for form in ("static", "continuous"):
         fitted, report = fit_generation_model(frame, form)
         print(form, {k: round(v, 3) for k, v in report.items()}, fitted.coef)

@@ -270,7 +270,7 @@ def _check_grid_size(cluster: Cluster, grid: Grid, max_candidates: int, where: s
 
 def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> Params:
     """params.yaml with a preset in configs/ overlaid, then `--set` overrides, validated."""
-    from asp.config import deep_merge, read_yaml, validate_params
+    from asp.config import check_stage_keys_beside, deep_merge, read_yaml, validate_params
     from asp.orchestration.request import parse_set_args, preset_path, read_preset, set_dotted
 
     raw, source = read_yaml(params), str(params)
@@ -281,7 +281,7 @@ def load_params_with(params: Path, preset: str | None, overrides: list[str]) -> 
     if values:
         raw = set_dotted(raw, values)
         source += "".join(f" + {k}={v}" for k, v in values.items())
-    return validate_params(raw, source, overrides=values)
+    return check_stage_keys_beside(validate_params(raw, source, overrides=values), params, source)
 
 
 def _list_architectures() -> None:

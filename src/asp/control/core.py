@@ -44,20 +44,21 @@ actors start again) and `observer(out)` for every first completion. Decisions:
 * **stop / replan**: after a stop nothing new is dispatched or trained; the loop ends at a checkpoint step (when the
   driver checkpoints) once no step is in flight;
 * **the run summary** (`summary_metrics`): Table 4(b) columns and counters over the whole run (earlier sessions of a
-  resumed run included through `earlier_*`).
+  resumed run included through the core's `asp.control.accounts.RunAccounts`, which a driver fills with `resume`
+  and reads the run log's segments from with `take_segment`).
 
 Pure: no Ray, no config, no I/O, no tracking. Tests: tests/control.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from asp.control.accounts import RunAccounts
 from asp.control.database import Database, task_seed
 from asp.control.history import CATCH_UP_REASON, PASS_REASON, loads_used, pass_load_taus, plan_next_pass
 from asp.control.messages import ContinuationRow, GlobalBatch, GUReport, MinibatchOutput, SegmentOutput, WorkItem
@@ -139,22 +140,14 @@ class ControlCore:
         self.stop_reason = ""
         self.iterations: list[dict[str, float]] = []  # this session's steps
         self.records: list[dict[str, Any]] = []  # this session's minibatch records
-        self.by_gu: dict[int, int] = defaultdict(int)
-        self.by_actor: dict[int, int] = {a: 0 for g in self.gus for a in g.actor_ids}
+        # the whole run across sessions: prompts per GU and actor, policy lags, earlier sessions of a resumed run
+        self.accounts = RunAccounts(actor_ids=[a for g in self.gus for a in g.actor_ids])
         self.tokens = self.dead_actors = self.prompts_trained = 0
         self.stale_dropped = self.stale_regenerated = self.reload_failures = 0
-        self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, float("nan")  # over every trained prompt
         self.t0 = 0.0  # the session's start on the driver's clock
-        self.base = 0.0  # run time at the position this session resumed from
-        self.session = 0  # sessions of this run before this one
         self.last_progress = 0.0
         self.last_step_end: float | None = None
         self.window = Window(start=0.0)
-        # the run before this session (a resumed runtime run; see asp.runtime.wholerun)
-        self.earlier_totals: dict[str, float] = {}
-        self.earlier_records: list[dict[str, Any]] = []
-        self.earlier_iterations: list[dict[str, float]] = []
-        self.earlier_trace: list[tuple[float, float]] = []
         # partial rollouts: continuation items out at GUs (id -> GU index, rows) and their count
         self.cont_out: dict[int, tuple[int, list[ContinuationRow]]] = {}
         self.continuations = 0
@@ -178,7 +171,7 @@ class ControlCore:
 
     def run_time(self, t: float) -> float:
         """A time on the driver's clock as run time (seconds over the run's sessions)."""
-        return t - self.t0 + self.base
+        return t - self.t0 + self.accounts.base
 
     def _event(self, now: float, kind: str, gu: int = -1, actor: int = -1, ident: int = -1, attempt: int = -1) -> None:
         if self.record_events:
@@ -212,6 +205,12 @@ class ControlCore:
         self.stop_reason = reason or "stop requested"
         self._event(now, "stop", ident=self.step)
         return True
+
+    def restore_position(self, step: int, version: int) -> None:
+        """Start this session at a checkpointed position: trainer step `step` (also the session's start step) and
+        policy `version`; call it before `begin`."""
+        self.step = self.start_step = step
+        self.version = version
 
     def replan(self, rest: WorkPlan | None, full: WorkPlan | None, now: float) -> int:
         """Swap the pending work for `rest` (later passes use `full`); see `Database.replan`. Returns the new
@@ -393,14 +392,13 @@ class ControlCore:
         before = self.tq.put(out, now)
         depth_batches = before / self.settings.global_batch_prompts
         self.window.add(out, depth_batches)
-        self.by_gu[out.gu] += out.num_prompts
-        self.by_actor[out.actor] = self.by_actor.get(out.actor, 0) + out.num_prompts
+        self.accounts.count_prompts(out.gu, out.actor, out.num_prompts)
         self.tokens += out.total_tokens
         self.reload_failures += bool(out.reload_error)
         self._event(now, "recv", out.gu, out.actor, out.task_id, out.attempt)
         version = self.db.plan_version(out.task_id)
-        record = minibatch_record(out, self.run_time(now), depth_batches, self.t0 - self.base, version)
-        self.records.append({**record, "session": self.session})
+        record = minibatch_record(out, self.run_time(now), depth_batches, self.t0 - self.accounts.base, version)
+        self.records.append({**record, "session": self.accounts.session})
         self._update_backpressure(now)
         if self.observer is not None:
             self.observer(out)
@@ -521,15 +519,15 @@ class ControlCore:
         self.step, self.version = step, version
         self.last_progress = self.last_step_end = now
         self._event(now, "trained", ident=step)
-        self._count_lags(inflight.lags)
+        self.accounts.count_lags(inflight.lags)
         out = iteration_metrics(
             self.window,
             now,
             queue_depth=self.tq.depth,
             n_samples=self.settings.n_samples,
-            actor_ids=sorted(self.by_actor),
-            prompts_by_gu=dict(self.by_gu),
-            prompts_by_actor=self.by_actor,
+            actor_ids=sorted(self.accounts.by_actor),
+            prompts_by_gu=dict(self.accounts.by_gu),
+            prompts_by_actor=self.accounts.by_actor,
             lags=inflight.lags,
             paused=self.bp.paused,
         )
@@ -541,16 +539,47 @@ class ControlCore:
         self.iterations.append({"step": step, **out})
         return out
 
-    def _count_lags(self, lags: np.ndarray) -> None:
-        if lags.size:
-            self.lag_sum += float(lags.sum())
-            self.lag_count += int(lags.size)
-            self.lag_max = float(np.nanmax([self.lag_max, float(lags.max())]))
-
     # ---- whole-run counters and the summary ------------------------------------------------------------
+    @property
+    def lag_sum(self) -> float:
+        """The policy lags of this session's trained prompts, summed."""
+        return self.accounts.lag_sum
+
+    @property
+    def lag_count(self) -> int:
+        """This session's trained prompts with a policy lag."""
+        return self.accounts.lag_count
+
+    @property
+    def lag_max(self) -> float:
+        """The largest policy lag of a trained prompt over the whole run (NaN before any)."""
+        return self.accounts.lag_max
+
+    def resume(
+        self,
+        totals: Mapping[str, float],
+        records: list[dict[str, Any]],
+        iterations: list[dict[str, Any]],
+        trace: list[tuple[float, float]],
+    ) -> None:
+        """Continue a run whose earlier sessions the run log describes at the restored position (see
+        `asp.control.accounts.RunAccounts.resume`); call it before `begin`."""
+        self.accounts.resume(totals, records, iterations, trace)
+
+    def take_segment(self) -> dict[str, Any]:
+        """What the run log's next segment holds from the core: the session number, this session's minibatch
+        records and queue-depth changes (run time) since the previous segment, and the whole run's counters."""
+        records, trace = self.accounts.take_segment(self.records, self.tq.trace)
+        return {
+            "session": self.accounts.session,
+            "records": records,
+            "trace": [(self.run_time(t), d) for t, d in trace],
+            "totals": self.totals(),
+        }
+
     def total(self, name: str, session_value: float) -> float:
         """A counter over the whole run: the earlier sessions' (at the resumed position) plus this session's."""
-        return float(self.earlier_totals.get(name, 0.0)) + float(session_value)
+        return self.accounts.total(name, session_value)
 
     def totals(self) -> dict[str, float]:
         """The run's cumulative counters (earlier sessions up to the resumed position, plus this one)."""
@@ -572,7 +601,8 @@ class ControlCore:
             **{f"stale_{k}": self.stale_buckets.get(k, 0.0) for k in _BUCKET_KEYS},
         }
         out = {name: self.total(name, value) for name, value in counters.items()}
-        out.update(sessions=float(self.session + 1), wall_s=self.base + session_wall, lag_max=self.lag_max)
+        a = self.accounts
+        out.update(sessions=float(a.session + 1), wall_s=a.base + session_wall, lag_max=a.lag_max)
         return out
 
     def lag_counters(self) -> dict[str, float]:
@@ -595,24 +625,26 @@ class ControlCore:
         return self.stale_buckets.get(key, 0.0)
 
     def all_records(self) -> list[dict[str, Any]]:
-        return self.earlier_records + self.records
+        """The whole run's minibatch records (earlier sessions first)."""
+        return self.accounts.all_records(self.records)
 
-    def all_iterations(self) -> list[dict[str, float]]:
-        return self.earlier_iterations + self.iterations
+    def all_iterations(self) -> list[dict[str, Any]]:
+        """The whole run's steps (earlier sessions first)."""
+        return self.accounts.all_iterations(self.iterations)
 
     def summary_metrics(self) -> dict[str, float]:
         """The run summary, ``runtime/summary/...`` (Table 4(b) columns first), over the whole run."""
         counts = self.totals()
         wall = counts["wall_s"]
         records, iterations = self.all_records(), self.all_iterations()
-        trace = self.earlier_trace + [(self.run_time(t), d) for t, d in self.tq.trace]
+        trace = self.accounts.all_trace([(self.run_time(t), d) for t, d in self.tq.trace])
         base = summary_metrics(
             [it["runtime/iteration_time_s"] for it in iterations],
             trace,
             [r["depth_at_arrival_batches"] for r in records],
             [r["gen_s"] for r in records],
             [r["padding_rate"] for r in records],
-            self.by_actor,
+            self.accounts.by_actor,
             n_samples=self.settings.n_samples,
             tokens=sum(int(r["tokens"]) for r in records),
             wall_s=wall,
@@ -636,7 +668,7 @@ class ControlCore:
                     records,
                     [it["runtime/train_step_s"] for it in iterations],
                     (counts["lag_sum"], int(counts["lag_count"]), self.lag_max),
-                    actors=len(self.by_actor),
+                    actors=len(self.accounts.by_actor),
                     wall_s=wall,
                     sync=self.sync,
                 ),

@@ -16,6 +16,8 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -255,6 +257,65 @@ def sample_responses(
     return out
 
 
+Score = Callable[[list[str], list[Any], list[Any]], np.ndarray]  # (texts, answers, problems) -> (S,) rewards
+
+
+@dataclass
+class Scored:
+    """Responses sampled for task records and their rewards (`sample_and_score`).
+
+    Attributes:
+        samples: per record (input order), its `sample_responses` tuples ``(text, n_tokens, truncated)``.
+        rewards: (records * n_samples,) reward of each response, record-major (the order of `samples` flattened).
+        seconds: wall time of the sampling (not the scoring).
+    """
+
+    samples: list[list[tuple[str, int, bool]]]
+    rewards: np.ndarray
+    seconds: float
+
+
+def demo_score(texts: list[str], answers: list[Any], problems: list[Any]) -> np.ndarray:
+    """The demo task's verifier (`asp.demo.task.reward`, which never raises) on each response."""
+    return np.asarray([reward(text, answer) for text, answer in zip(texts, answers, strict=True)], dtype=np.float64)
+
+
+def sample_and_score(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    records: Sequence[dict],
+    *,
+    n_samples: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int,
+    num_threads: int | None = None,
+    score: Score = demo_score,
+) -> Scored:
+    """Sample `n_samples` responses per task record (``problem``, ``answer``) with `sample_responses`, with
+    `num_threads` torch threads (`torch_threads`), then score each with `score` (texts, the records' answers and
+    problems, one per response; default: the demo task's verifier). Used by `evaluate_policy` and by the held-out
+    reward (`asp.trainers.heldout.heldout_rewards`)."""
+    t0 = time.perf_counter()
+    with torch_threads(num_threads):
+        samples = sample_responses(
+            model,
+            tokenizer,
+            [r["problem"] for r in records],
+            n_samples=n_samples,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            batch_size=batch_size,
+        )
+    seconds = time.perf_counter() - t0
+    texts = [text for ss in samples for text, _, _ in ss]
+    answers = [r["answer"] for r, ss in zip(records, samples, strict=True) for _ in ss]
+    problems = [r["problem"] for r, ss in zip(records, samples, strict=True) for _ in ss]
+    return Scored(samples, score(texts, answers, problems), seconds)
+
+
 def evaluate_policy(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerBase,
@@ -288,22 +349,20 @@ def evaluate_policy(
     """
     if not records or n_samples < 1:
         raise ValueError(f"need records and n_samples >= 1, got {len(records)} records, n_samples={n_samples}")
-    t0 = time.perf_counter()
-    with torch_threads(num_threads):
-        samples = sample_responses(
-            model,
-            tokenizer,
-            [r["problem"] for r in records],
-            n_samples=n_samples,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            batch_size=batch_size,
-        )
-    seconds = time.perf_counter() - t0
+    scored = sample_and_score(
+        model,
+        tokenizer,
+        records,
+        n_samples=n_samples,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        batch_size=batch_size,
+        num_threads=num_threads,
+    )
+    samples, rewards, seconds = scored.samples, scored.rewards, scored.seconds
     intended = [intended_length(r) for r, ss in zip(records, samples, strict=True) for _ in ss]
     lengths = np.array([n for ss in samples for _, n, _ in ss], dtype=float)
-    rewards = [reward(text, r["answer"]) for r, ss in zip(records, samples, strict=True) for text, _, _ in ss]
     truncated = [t for ss in samples for _, _, t in ss]
     defined = len(set(intended)) > 1 and np.ptp(lengths) > 0
     rho = spearmanr(intended, lengths).statistic if defined else float("nan")

@@ -6,7 +6,8 @@
         model.save_pretrained(tmp)
 
 * `files`: `atomic_path` / `atomic_paths`, `write_parquet`, `write_json` / `json_text` / `json_safe`, `read_json`,
-  `read_json_lines` (append-only JSON-lines files whose last line a kill may have cut short);
+  `read_json_lines` (append-only JSON-lines files whose last line a kill may have cut short), `read_user_json` /
+  `read_user_jsonl` (a user's dataset or rollouts file: bad JSON is one `UserError` naming the line);
 * `schedule`: reading length / prediction / calibration files for the scheduler CLI and stage.
 
 Imports pandas (`write_parquet`). Tests: tests/test_io.py.
@@ -19,6 +20,8 @@ from asp.io.files import (
     json_text,
     read_json,
     read_json_lines,
+    read_user_json,
+    read_user_jsonl,
     read_utf8_text,
     write_json,
     write_parquet,
@@ -31,6 +34,8 @@ __all__ = [
     "json_text",
     "read_json",
     "read_json_lines",
+    "read_user_json",
+    "read_user_jsonl",
     "read_utf8_text",
     "write_json",
     "write_parquet",

@@ -1,4 +1,5 @@
-"""Atomic file writers and the JSON readers the stages share (re-exported by `asp.io`).
+"""Atomic file writers and the JSON readers the stages share (re-exported by `asp.io`): `read_user_json` and
+`read_user_jsonl` read a user's dataset or rollouts file (one `UserError` naming the line of bad JSON).
 
 Nothing is half-written: every writer writes to a temporary name in the same directory and renames; on an error
 the temporary files and the directories the writer created are removed. `atomic_paths` does the same for several
@@ -125,6 +126,39 @@ def read_json_lines(path: str | Path) -> list[dict[str, Any]]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def read_user_jsonl(path: Path) -> list[tuple[int, Any]]:
+    """A user's JSON-lines file (UTF-8): ``(line number, value)`` of every line that is not blank, in order.
+
+    Raises:
+        UserError: bytes that are not UTF-8 (`read_utf8_text`), or a line that is not valid JSON (named).
+    """
+    values = []
+    for lineno, line in enumerate(read_utf8_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: line {lineno} is not valid JSON ({exc.msg}). Fix or remove it.") from None
+    return values
+
+
+def read_user_json(path: Path) -> Any:
+    """A user's JSON file (UTF-8): its value, with an object whose ``data`` is a list read as that list (the
+    shape of dataset exports such as ``{"data": [...]}``).
+
+    Raises:
+        UserError: bytes that are not UTF-8 (`read_utf8_text`), or text that is not valid JSON (line named).
+    """
+    try:
+        data = json.loads(read_utf8_text(path))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    return data
 
 
 def read_utf8_text(path: Path) -> str:

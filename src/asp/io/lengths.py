@@ -19,7 +19,6 @@ tests/pipeline/test_profile_import.py.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -33,7 +32,7 @@ import pandas as pd
 
 from asp.config import LengthsFileParams
 from asp.errors import UserError
-from asp.io.files import read_utf8_text
+from asp.io.files import read_user_json, read_user_jsonl
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 FINISH_REASONS = ("stop", "length")
@@ -85,22 +84,9 @@ def read_rollouts(path: str | Path) -> list[Record]:
 def _read_file(path: Path) -> list[Record]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        out = []
-        for lineno, line in enumerate(read_utf8_text(path).split("\n"), start=1):
-            if line.strip():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path} line {lineno}: not valid JSON ({exc.msg}). Fix or remove it.") from None
-                out.append((f"{path} line {lineno}", _object(rec, f"{path} line {lineno}")))
-        return out
+        return [(f"{path} line {n}", _object(rec, f"{path} line {n}")) for n, rec in read_user_jsonl(path)]
     if suffix == ".json":
-        try:
-            data = json.loads(read_utf8_text(path))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
-        if isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = data["data"]
+        data = read_user_json(path)
         if not isinstance(data, list):
             raise UserError(f"{path}: expected a JSON list of records (one object per rollout).")
         return [(f"{path} record {i}", _object(rec, f"{path} record {i}")) for i, rec in enumerate(data)]

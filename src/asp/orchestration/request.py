@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from asp.config import Params, deep_merge, read_yaml, validate_params
+from asp.config import Params, check_stage_keys, deep_merge, read_yaml, validate_params
 from asp.errors import UserError
 from asp.stage import stage_names
 from asp.steps.lengths_file import check_lengths_file
@@ -203,6 +203,7 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
         else:
             source += " + overrides " + typed_overrides(request.overrides)
     params = validate_params(raw, source, overrides=request.overrides, origin=request.overrides_from)
+    check_stage_keys(params, order, source)  # orchestration.retries / timeout_s name dvc.yaml's stages
     check_lengths_file(params, root, experiment=request.is_experiment)  # missing, or not in the experiment's copy
     check_policy_path(params, root, runs_policy="policy" in ordered_stages(request, root))
     return params

@@ -17,7 +17,6 @@ Run: `asp stage prepare` (what `dvc repro prepare` calls).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import pandas as pd
 
 from asp.config import DEMO_DATASET, Params, PrepareParams
 from asp.errors import UserError
-from asp.io import read_utf8_text, write_json, write_parquet
+from asp.io import read_user_json, read_user_jsonl, write_json, write_parquet
 from asp.steps.loaders import load_policy_tokenizer, policy_context_length
 from asp.steps.paths import PreparePaths as Paths
 from asp.tracking import Tracker
@@ -47,13 +46,7 @@ def read_records(path: str | Path) -> pd.DataFrame:
         return _read_parquet(path)
     if suffix == ".jsonl":
         rows = []
-        for lineno, line in enumerate(read_utf8_text(path).split("\n"), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}: line {lineno} is not valid JSON ({exc.msg}). Fix or remove it.") from None
+        for lineno, row in read_user_jsonl(path):
             if not isinstance(row, dict):
                 raise UserError(
                     f"{path}: line {lineno} is a JSON {_json_kind(row)}, not an object; each line must be one prompt "
@@ -62,13 +55,7 @@ def read_records(path: str | Path) -> pd.DataFrame:
             rows.append(row)
         return _frame(rows, path)
     if suffix == ".json":
-        try:
-            data = json.loads(read_utf8_text(path))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
-        if isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = data["data"]
-        return _frame(data, path)
+        return _frame(read_user_json(path), path)
     raise UserError(f"{path}: unsupported file type '{suffix}'. Use .json (a list of objects), .jsonl or .parquet.")
 
 

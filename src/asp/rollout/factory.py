@@ -4,7 +4,6 @@ options checked against what the engine takes (re-exported by `asp.rollout`)."""
 from __future__ import annotations
 
 import inspect
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +25,8 @@ def make_engine(kind: str, model_path: str | Path, **kwargs: Any) -> Engine:
         kind: ``"hf"`` or ``"vllm"``.
         model_path: local checkpoint directory (config.json, tokenizer files, *.safetensors).
         **kwargs: engine options: `HFEngine` (device, dtype, logprobs_mode, attn_implementation, num_threads) or
-            `VLLMEngine` (the fields of `asp.rollout.vllm.VLLMOptions`: tensor_parallel_size,
-            gpu_memory_utilization, dtype, max_model_len, seed, logprobs_mode, enforce_eager).
+            `VLLMEngine` (the fields of `asp.rollout.vllm.VLLMOptions`: those of ``runtime.engine.vllm``, i.e.
+            `asp.config.VllmRuntimeParams`, plus dtype, seed and logprobs_mode).
 
     Raises:
         UserError: unknown kind, a missing or incomplete model directory, vLLM not installed, or an
@@ -46,7 +45,7 @@ def make_engine(kind: str, model_path: str | Path, **kwargs: Any) -> Engine:
         from asp.rollout.vllm import VLLMEngine, VLLMOptions
 
         cls = VLLMEngine
-        allowed = [f.name for f in fields(VLLMOptions)]
+        allowed = list(VLLMOptions.model_fields)
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise UserError(f"engine {kind!r} does not take option(s) {unknown}; it takes {allowed}.")

@@ -49,22 +49,18 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import field_validator
+
+from asp.config import Int, VllmRuntimeParams
 from asp.errors import UserError
 from asp.rollout.base import FinishReason, PromptResult, Sample, SamplingParams, validate_logprobs_mode
 from asp.rollout.model_dir import check_model_dir, load_tokenizer
 from asp.rollout.vllm_weights import BucketedLoader
-from asp.rollout.weight_transfer import (
-    DEFAULT_BUCKET_MB,
-    DEFAULT_WEIGHT_TRANSFER,
-    MIB,
-    WEIGHT_TRANSFERS,
-    plan_transfer,
-)
-from asp.sim.memory import GPU_MEMORY_UTILIZATION
+from asp.rollout.weight_transfer import MIB, plan_transfer
 
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 WORKER_EXTENSION = "asp.rollout.vllm_weights.AspWorkerExtension"
@@ -119,61 +115,31 @@ def request_sampling_kwargs(
     return [sampling_kwargs(params.with_seed(s), logprobs=logprobs, detokenize=detokenize) for s in seeds]
 
 
-@dataclass(frozen=True, slots=True)
-class VLLMOptions:
-    """Options of a `VLLMEngine` (the ``vllm.LLM`` settings asp chooses), checked when built.
+class VLLMOptions(VllmRuntimeParams):
+    """Options of a `VLLMEngine` (the ``vllm.LLM`` settings asp chooses), checked when built: the params' model of
+    ``runtime.engine.vllm`` (`asp.config.VllmRuntimeParams`, whose fields and checks are the engine's too:
+    tensor_parallel_size, gpu_memory_utilization, max_model_len, kv_cache_gib, multiprocessing, enforce_eager,
+    weight_transfer, weight_bucket_mb) plus what the pipeline passes from elsewhere:
 
     Attributes:
-        tensor_parallel_size: GPUs per engine instance.
-        gpu_memory_utilization: fraction of GPU memory vLLM may reserve, in (0, 1].
-        dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``.
-        max_model_len: context length cap (prompt + response); None = the model's.
+        dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32`` (``profile.dtype`` / ``runtime.engine.dtype``).
         seed: engine seed.
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (see `asp.rollout.base`).
-        enforce_eager: disable CUDA graphs (faster start, slower decode).
-        weight_transfer: how `VLLMEngine.update_weights` reaches the workers: ``auto`` (CUDA IPC where CUDA
-            exists, else rpc), ``ipc`` or ``rpc`` (see `asp.rollout.vllm_weights`).
-        weight_bucket_mb: most MiB of weights sent per bucket (one staging buffer per GPU of this size).
-        kv_cache_gib: KV cache size in GiB (vLLM's ``kv_cache_memory_bytes``) instead of a share of the device's
-            memory; None = ``gpu_memory_utilization`` decides. On vLLM's CPU backend ``gpu_memory_utilization``
-            is a share of the machine's RAM (0.85 of it by default), so CPU engines should set this.
-        multiprocessing: run vLLM's engine core in its own process (vLLM's default,
-            ``VLLM_ENABLE_V1_MULTIPROCESSING``); None = vLLM's default where CUDA exists, in this process on a
-            CPU (engine start ~5 s instead of 30-70 s on 2 cores; the engine lives in the generation actor's
-            process either way).
 
     Raises:
-        ValueError: naming the option and its value when it is out of range.
+        pydantic.ValidationError (a ValueError): naming the option and its value when it is out of range or
+            unknown.
     """
 
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # params' default too (one value: asp.sim.memory)
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    seed: int = 0
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    seed: Int = 0
     logprobs_mode: str = "processed_logprobs"
-    enforce_eager: bool = False
-    weight_transfer: str = DEFAULT_WEIGHT_TRANSFER
-    weight_bucket_mb: int = DEFAULT_BUCKET_MB
-    kv_cache_gib: float | None = None
-    multiprocessing: bool | None = None
 
-    def __post_init__(self) -> None:
-        validate_logprobs_mode(self.logprobs_mode)
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.dtype not in VLLM_DTYPES:
-            raise ValueError(f"dtype must be one of {VLLM_DTYPES}, got {self.dtype!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be None or >= 1, got {self.max_model_len}")
-        if self.weight_transfer not in WEIGHT_TRANSFERS:
-            raise ValueError(f"weight_transfer must be one of {WEIGHT_TRANSFERS}, got {self.weight_transfer!r}")
-        if self.weight_bucket_mb < 1:
-            raise ValueError(f"weight_bucket_mb must be >= 1, got {self.weight_bucket_mb}")
-        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
-            raise ValueError(f"kv_cache_gib must be None or > 0, got {self.kv_cache_gib}")
+    @field_validator("logprobs_mode")
+    @classmethod
+    def _known_logprobs_mode(cls, value: str) -> str:
+        validate_logprobs_mode(value)
+        return value
 
 
 def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:

@@ -57,7 +57,6 @@ from asp.control.history import PASS_REASON
 from asp.control.messages import GUReport, MinibatchOutput, StepResult, WeightUpdate
 from asp.control.metrics import RunSummary
 from asp.control.plan import WorkPlan
-from asp.runtime import wholerun
 from asp.runtime.checkpoint import Checkpointer
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.runlog import RunHistory, RunLog
@@ -135,37 +134,27 @@ class ControlUnit:
         self.inflight_ref: Any = None
         self.unlogged: list[tuple[int, dict[str, float]]] = []  # (step, metrics) awaiting the next checkpoint
         self.warned_unpublished = False
-        self.earlier = RunHistory()  # the run before this session (`resume_history`)
         self.resume_reason = ""
-        self.flushed = (0, 0)  # records and depth-trace entries already in the run log
         self.gate = hold_continuation() and self.checkpointer is not None  # test hook (asp.runtime.testhooks)
         self.withheld: tuple[int, Any] | None = None  # (GU index, continuation item) the gate keeps back
         self.passes_saved: set[int] = set()  # passes whose history-aware plan a checkpoint holds (kill point pass@)
 
-    # ---- the position, which lives in the core (`run._restore` sets it, observers read it) --------------------
+    # ---- the position, which lives in the core (`restore_position` sets it, observers read it) ----------------
     @property
     def step(self) -> int:
         return self.core.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.core.step = value
 
     @property
     def version(self) -> int:
         return self.core.version
 
-    @version.setter
-    def version(self, value: int) -> None:
-        self.core.version = value
-
     @property
     def start_step(self) -> int:
         return self.core.start_step
 
-    @start_step.setter
-    def start_step(self, value: int) -> None:
-        self.core.start_step = value
+    def restore_position(self, step: int, version: int) -> None:
+        """Start this session at a checkpointed position (see `ControlCore.restore_position`)."""
+        self.core.restore_position(step, version)
 
     @property
     def t0(self) -> float:
@@ -180,13 +169,33 @@ class ControlUnit:
     def sync(self) -> bool:
         return self.core.sync
 
-    # ---- the whole run (asp.runtime.wholerun) ----------------------------------------------------------------
+    # ---- the whole run across sessions (the core's `asp.control.accounts.RunAccounts`) ------------------------
     def resume_history(self, history: RunHistory) -> None:
-        """Continue the run `history` describes (see `asp.runtime.wholerun.resume`)."""
-        wholerun.resume(self, history)
+        """Continue the run `history` describes (from the run log at the restored position): its counters,
+        records, queue trace and steps go to the core; the steps whose metrics a kill kept from the logger are
+        logged now."""
+        self.core.resume(history.totals, history.records, history.iterations, history.trace)
+        if self.logger is not None:
+            for step, metrics in history.unlogged:
+                self.logger.log_metrics(metrics, step=step)
+        if history.unlogged and self.runlog is not None:
+            self.runlog.mark("logged", self.step)
 
     def _segment(self, finished: bool) -> dict[str, Any]:
-        return wholerun.segment(self, finished)
+        """The run-log line written before the position of the current step is saved (`asp.runtime.runlog`)."""
+        part = self.core.take_segment()
+        entry: dict[str, Any] = {
+            "kind": "segment",
+            "step": self.step,
+            "session": part["session"],
+            "iterations": [{"step": step, **metrics} for step, metrics in self.unlogged],
+            "records": part["records"],
+            "trace": part["trace"],
+            "totals": part["totals"],
+        }
+        if finished:
+            entry["summary"] = self._summary().to_record()
+        return entry
 
     # ---- loop ------------------------------------------------------------------------------------------
     def finished(self) -> bool:
@@ -374,4 +383,17 @@ class ControlUnit:
     # ---- summary ---------------------------------------------------------------------------------------
     def _summary(self) -> RunSummary:
         """The summary of the whole run: earlier sessions (from the run log) and this one."""
-        return wholerun.summary(self)
+        core = self.core
+        return RunSummary(
+            metrics=core.summary_metrics(),
+            iterations=core.all_iterations(),
+            minibatches=core.all_records(),
+            events=core.events,
+            trainer_step=self.step,
+            policy_version=self.version,
+            resumed_from_step=self.start_step,
+            resume_reason=self.resume_reason,
+            finished=self.finished(),
+            checkpoint_path=str(self.checkpointer.path) if self.checkpointer else None,
+            stopped=self.stop_reason,
+        )

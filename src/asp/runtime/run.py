@@ -412,8 +412,7 @@ def _restore(cu: ControlUnit, trainer: Any, state: Mapping[str, Any]) -> None:
     import ray
 
     cu.db.restore(state["database"])
-    cu.step = cu.start_step = int(state["trainer_step"])
-    cu.version = int(state["policy_version"])
+    cu.restore_position(int(state["trainer_step"]), int(state["policy_version"]))
     cu.trainer_state = dict(state["trainer_state"])
     if cu.runlog is not None:
         cu.resume_history(cu.runlog.restore(cu.step, state["database"].get("consumed", {})))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asp.config import ProfileParams, RuntimeParams, VllmParams, VllmRuntimeParams
+from asp.config import ProfileParams, RuntimeParams, VllmParams
 
 if TYPE_CHECKING:
     from asp.rollout import Engine
@@ -22,21 +22,13 @@ if TYPE_CHECKING:
 def engine_options(
     kind: str, device: str, dtype: str, num_threads: int | None, vllm: VllmParams, *, seed: int | None = None
 ) -> dict[str, Any]:
-    """Keyword options of an engine of `kind`: device, dtype and threads for hf; the vLLM settings (with the
-    weight-transfer settings of ``runtime.engine.vllm``, and `seed` when given) for vllm."""
+    """Keyword options of an engine of `kind`: device, dtype and threads for hf; for vllm every field of `vllm`
+    (``profile.vllm``, or ``runtime.engine.vllm`` with its weight-transfer settings), `dtype`, and `seed` when
+    given."""
     if kind != "vllm":
         return {"device": device, "dtype": dtype, "num_threads": num_threads}
-    opts: dict[str, Any] = {
-        "tensor_parallel_size": vllm.tensor_parallel_size,
-        "dtype": dtype,
-        "gpu_memory_utilization": vllm.gpu_memory_utilization,
-        "max_model_len": vllm.max_model_len,
-        "kv_cache_gib": vllm.kv_cache_gib,
-        "multiprocessing": vllm.multiprocessing,
-        "enforce_eager": vllm.enforce_eager,
-    }
-    if isinstance(vllm, VllmRuntimeParams):
-        opts.update(weight_transfer=vllm.weight_transfer, weight_bucket_mb=vllm.weight_bucket_mb)
+    # the params' model is the engine's (`asp.rollout.vllm.VLLMOptions` extends it): its fields pass as they are
+    opts: dict[str, Any] = {**vllm.model_dump(), "dtype": dtype}
     if seed is not None:
         opts["seed"] = seed
     return opts

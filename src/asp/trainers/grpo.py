@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from asp.rl.batching import pack_rows, plan_micro_batches
 from asp.rl.lr import lr_factor
 from asp.trainers import distributed as dist
 from asp.trainers.lag import LagMonitor
+from asp.trainers.ledger import append_ledger, ledger_record
 from asp.trainers.weights import SnapshotPublisher, convert, cpu_snapshot, load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -232,18 +232,9 @@ class GRPOTrainer:
     def _write_ledger(self, batch: GlobalBatch) -> None:
         if self.spec.ledger_path is None or self.rank != 0:
             return
-        line = {
-            "step": batch.step,
-            "prompt_ids": list(batch.prompt_ids),
-            "task_ids": batch.task_ids.tolist(),
-            "versions": batch.versions.tolist(),
-            "lengths": batch.lengths.tolist(),
-            "tokens": int(batch.token_ids.size),
-            "logprobs": int(batch.logprobs.size),
-            "token_ids": batch.token_ids.tolist(),
-        }
-        with Path(self.spec.ledger_path).open("a") as fh:
-            fh.write(json.dumps(line, default=str) + "\n")
+        append_ledger(
+            self.spec.ledger_path, {**ledger_record(batch, batch.step), "token_ids": batch.token_ids.tolist()}
+        )
 
     def _rewards(self, batch: GlobalBatch) -> tuple[np.ndarray, int]:
         pids = [batch.prompt_ids[s // batch.n] for s in range(len(batch.texts))]

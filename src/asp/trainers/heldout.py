@@ -125,7 +125,7 @@ def heldout_rewards(
     from safetensors.torch import load_model
     from transformers import AutoModelForCausalLM
 
-    from asp.demo.policy import sample_responses, torch_threads
+    from asp.demo.policy import sample_and_score
     from asp.rl import compute_rewards, get_reward
     from asp.rollout import load_tokenizer
 
@@ -137,23 +137,24 @@ def heldout_rewards(
             raise FileNotFoundError(f"{weights}: no such weights file")
         load_model(model, str(weights))
     model = model.to(device).eval()
+    fn = get_reward(reward or "demo")
+
+    def score(texts: list[str], answers: list[Any], problems: list[Any]) -> np.ndarray:
+        return compute_rewards(fn, texts, [str(a) for a in answers], [str(p) for p in problems])[0]
+
     t0 = time.perf_counter()
-    with torch_threads(num_threads):
-        responses = sample_responses(
-            model,
-            load_tokenizer(Path(model_path)),
-            [r["problem"] for r in records],
-            n_samples=samples,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            batch_size=batch_size,
-        )
-    score = get_reward(reward or "demo")
-    texts = [text for rs in responses for text, _, _ in rs]
-    answers = [str(r["answer"]) for r, rs in zip(records, responses, strict=True) for _ in rs]
-    prompts = [str(r["problem"]) for r, rs in zip(records, responses, strict=True) for _ in rs]
-    flat, _ = compute_rewards(score, texts, answers, prompts)
+    flat = sample_and_score(
+        model,
+        load_tokenizer(Path(model_path)),
+        records,
+        n_samples=samples,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        batch_size=batch_size,
+        num_threads=num_threads,
+        score=score,
+    ).rewards
     per_problem = [float(flat[i * samples : (i + 1) * samples].mean()) for i in range(len(records))]
     return HeldoutResult(np.asarray(per_problem, dtype=np.float64), samples, time.perf_counter() - t0)
 

@@ -7,13 +7,13 @@ Build it through `asp.trainers.make_trainer_factory("simulated", config)`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from asp.control.messages import GlobalBatch, StepResult, WeightUpdate
+from asp.trainers.ledger import append_ledger, ledger_record
 
 
 class SimulatedTrainer:
@@ -38,18 +38,8 @@ class SimulatedTrainer:
             time.sleep(self.step_time_s)
         self.version += 1
         if self.ledger is not None:
-            line = {
-                "step": self.version,
-                "prompt_ids": list(batch.prompt_ids),
-                "task_ids": batch.task_ids.tolist(),
-                "versions": batch.versions.tolist(),
-                "lengths": batch.lengths.tolist(),
-                "tokens": int(batch.token_ids.size),
-                "logprobs": int(batch.logprobs.size),
-                "logprob_max": float(batch.logprobs.max()) if batch.logprobs.size else None,
-            }
-            with self.ledger.open("a") as fh:
-                fh.write(json.dumps(line, default=str) + "\n")
+            logprob_max = float(batch.logprobs.max()) if batch.logprobs.size else None
+            append_ledger(self.ledger, {**ledger_record(batch, self.version), "logprob_max": logprob_max})
         lengths = batch.lengths
         return StepResult(
             step=batch.step,
