@@ -251,3 +251,29 @@ def test_cli_set_runtime_mode_sync_simulates_sync(project: Path) -> None:
     assert lag_row == "| policy lag max | 0 |"
     saved = json.loads((project / "sim-sync/simulate.json").read_text())
     assert saved["simulate/C0/policy_lag_mean"] == 0
+
+
+def test_plan_layout_with_a_preset_shows_each_layout_s_range(project: Path) -> None:
+    """A preset time model: each shown layout's iteration time with its min-max over the 13-point sensitivity grid
+    (the value inside it) and at how many grid points it is the fastest shown (13 in all, ties counted for each)."""
+    args = ["--devices", "4", "--k", "3", "--set", "simulate.time_model=h100-qwen3-8b"]
+    res = _asp(["plan", "layout", *args], project)
+    assert res.returncode == 0, res.stderr
+    assert "preset h100-qwen3-8b" in res.stdout and "| bottleneck | fastest |" in res.stdout
+    rows = [line.split(" | ") for line in res.stdout.splitlines() if line.startswith(("| B.6", "| search"))]
+    assert len(rows) >= 2
+    wins = 0
+    for cells in rows:
+        value, span = cells[6].split(" [")
+        low, high = (float(v) for v in span.rstrip("]").split("-"))
+        assert low <= float(value) <= high and low < high  # the grid scales trainer and decode costs
+        win, points = cells[-1].rstrip(" |").split("/")
+        assert points == "13" and 0 <= int(win) <= 13
+        wins += int(win)
+    assert wins >= 13  # every grid point has a fastest layout
+
+
+def test_plan_layout_with_the_fit_prints_no_range(project: Path) -> None:
+    res = _asp(["plan", "layout", "--devices", "4", "--k", "3"], project)
+    assert res.returncode == 0, res.stderr
+    assert "fastest" not in res.stdout and " [" not in res.stdout and "| bottleneck |\n" in res.stdout

@@ -19,11 +19,12 @@ import numpy as np
 from asp.control.plan import WorkPlan
 from asp.schedule.conditions import condition_schedule
 from asp.sim.engine import Resources, Workload, simulate
-from asp.sim.planner import Candidate, Cluster
+from asp.sim.planner import Candidate, Cluster, objective_s
 
 if TYPE_CHECKING:
     from asp.control.settings import ControlSettings
     from asp.schedule.schedule import Schedule
+    from asp.sim.presets import Scale
     from asp.sim.timemodel import GenerationTimeModel, TrainingTimeModel
 
 
@@ -126,3 +127,22 @@ def make_evaluator(
     kwargs = {"condition": condition, "iterations": iterations, "seed": base_config.seed, **schedule}
     ids, pred = np.asarray(prompt_ids), np.asarray(predicted, np.float64)
     return Evaluator(ids, pred, workload, gen, train, base_config, cluster, resources, kwargs)
+
+
+def scaled_evaluator(ev: Evaluator, scale: Scale) -> Evaluator:
+    """`ev` with its time models scaled by `scale` (`asp.sim.presets.scaled_models`), sharing `ev`'s schedules."""
+    from asp.sim.presets import scaled_models
+
+    gen, train = scaled_models(ev.gen, ev.train, scale)
+    return replace(ev, gen=gen, train=train, _schedules=ev._schedules, _results={})
+
+
+def layout_ranges(
+    ev: Evaluator, candidates: Sequence[Candidate], scales: Sequence[Scale]
+) -> tuple[list[float], list[float], list[int]]:
+    """Each candidate's objective (mean iteration time excl. the first) over the time models scaled by every
+    `scales` point: (min per candidate, max per candidate, at how many points it is the fastest of `candidates`;
+    ties count for every tied candidate). Costs len(candidates) x len(scales) simulations."""
+    table = np.array([[objective_s(scaled_evaluator(ev, s)(c)) for c in candidates] for s in scales])
+    wins = (table <= table.min(axis=1, keepdims=True)).sum(axis=0)
+    return table.min(axis=0).tolist(), table.max(axis=0).tolist(), [int(w) for w in wins]
