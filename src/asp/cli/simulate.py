@@ -137,26 +137,74 @@ def simulate_command(
 
 @app.command("fit-training")
 def fit_training(
-    iterations: Annotated[Path, typer.Argument(help="a GRPO launch's iterations.parquet")] = Path(
-        "outputs/launch/iterations.parquet"
-    ),
+    iterations: Annotated[
+        list[Path] | None, typer.Argument(help="GRPO launches' iterations.parquet (default outputs/launch/...)")
+    ] = None,
     params: Annotated[
         Path, typer.Option("--params", "-p", help="the launch's params file (runtime.grpo.device: where it trained)")
     ] = Path("params.yaml"),
+    n_samples: Annotated[
+        str | None, typer.Option(help="samples per prompt of each launch, comma-separated (default runtime.n_samples)")
+    ] = None,
 ) -> None:
-    """Fit the Training Unit's times from a launch and print them as a `simulate.training` params overlay."""
+    """Fit the Training Unit's times (and the CPU-sharing factor of the generation calls) from launches and print
+    them as a `simulate` params overlay.
+
+    Several launches of different global batch sizes fit the trainer's per-sequence cost too; one launch fits the
+    base and per-token costs. The sharing factor compares each launch's minibatches.parquet (beside its
+    iterations.parquet) with the generation-time model fitted on metrics/profile_timings.csv."""
     import pandas as pd
     import yaml
 
     from asp.sim.timemodel import fit_training_model
 
-    if not iterations.is_file():
-        raise UserError(f"{iterations}: not found. Run the launch stage with runtime.trainer: grpo first.")
+    files = list(iterations or [Path("outputs/launch/iterations.parquet")])
+    for f in files:
+        if not f.is_file():
+            raise UserError(f"{f}: not found. Run the launch stage with runtime.trainer: grpo first.")
+    p = load_with_overrides(params, [], [])
+    counts = [p.runtime.n_samples] * len(files)
+    if n_samples:
+        try:
+            counts = [int(v) for v in n_samples.split(",")]
+        except ValueError:
+            raise UserError(f"--n-samples {n_samples!r}: expected comma-separated integers, e.g. 8,8.") from None
     try:
-        model, report = fit_training_model(pd.read_parquet(iterations))
+        model, report = fit_training_model([pd.read_parquet(f) for f in files], n_samples=counts)
     except ValueError as exc:
-        raise UserError(f"{iterations}: {exc}") from None
-    device = load_with_overrides(params, [], []).runtime.grpo.device
+        raise UserError(f"{', '.join(map(str, files))}: {exc}") from None
+    device = p.runtime.grpo.device
     training = {**model.to_dict(), "measured_on": "cuda" if device.startswith("cuda") else "cpu"}
-    typer.echo(f"# from {iterations}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
-    typer.echo(yaml.safe_dump({"simulate": {"training": training}}, sort_keys=False).rstrip())
+    typer.echo(f"# from {', '.join(map(str, files))}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
+    overlay: dict[str, Any] = {"training": training}
+    factor = _sharing_factor(p, [f.with_name("minibatches.parquet") for f in files])
+    if factor is not None:
+        overlay["sharing_factor"] = round(factor, 4)
+    typer.echo(yaml.safe_dump({"simulate": overlay}, sort_keys=False).rstrip())
+
+
+def _sharing_factor(p: Params, minibatch_files: list[Path]) -> float | None:
+    """The CPU-sharing factor of the launches' generation calls against the profile fit (printed with its spread),
+    or None (saying why) when there are no minibatch tables or no profile timings."""
+    import pandas as pd
+
+    from asp.pipeline import simulate as stage
+    from asp.sim.timemodel import fit_generation_model, fit_sharing_factor
+
+    paths = stage.Paths()
+    present = [f for f in minibatch_files if f.is_file()]
+    if not present or not paths.timings.is_file() or stage.untimed(paths):
+        typer.echo(f"# no sharing factor: needs {paths.timings} (timed) and the launches' minibatches.parquet")
+        return None
+    timings = pd.read_csv(paths.timings)
+    try:
+        gen, _ = fit_generation_model(timings, stage.generation_form(p), folds=p.simulate.folds, seed=p.common.seed)
+        prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
+        factor, report = fit_sharing_factor(pd.concat([pd.read_parquet(f) for f in present]), gen, prompt_tokens)
+    except ValueError as exc:
+        raise UserError(f"{', '.join(map(str, present))}: {exc}") from None
+    typer.echo(
+        f"# sharing factor from {', '.join(map(str, present))}: "
+        + ", ".join(f"{k}={v:.4g}" for k, v in report.items())
+    )
+    return factor

@@ -11,7 +11,9 @@ core (`asp.control`):
   prompt (the same lengths in every condition); the default resamples the samples of the held-out prompts
   with the nearest calibrated length, rescaled;
 * training time: ``runtime.trainer_step_s`` / ``refresh_delay_s`` for the simulated trainer, the
-  ``simulate.training`` params for GRPO (`asp simulate fit-training` fits them from a launch).
+  ``simulate.training`` params for GRPO (`asp simulate fit-training` fits them from a launch);
+* CPU sharing: the generation times are the profile fit (one engine alone) x ``simulate.sharing_factor``
+  (`asp simulate fit-training` fits it from a launch's own generation calls; 1 by default).
 C4 is the schedule stage's own schedule (checked against the predictions); C0-C3 are rebuilt as `launch` does.
 
 Writes metrics/simulate.json (``simulate/<condition>/...`` and the fits), outputs/simulate/ (models.json,
@@ -173,7 +175,7 @@ def fit_models(params: Params, paths: Paths) -> Models:
     """Fit the generation-time and length models (see the module docstring)."""
     from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
     from asp.sim.lengths import fit_empirical_length_model, fit_length_model
-    from asp.sim.timemodel import fit_generation_model
+    from asp.sim.timemodel import fit_generation_model, shared
 
     preset = time_model_preset(params)
     if preset is None:
@@ -191,6 +193,8 @@ def fit_models(params: Params, paths: Paths) -> Models:
             )
         except ValueError as exc:
             raise UserError(f"{paths.timings}: cannot fit a generation-time model: {exc}") from None
+        if params.simulate.sharing_factor != 1.0:
+            gen = shared(gen, params.simulate.sharing_factor)
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     heldout = pd.read_parquet(_need(paths.heldout, "prepare"), columns=["prompt_id"])
     samples = pd.read_parquet(_need(paths.samples, "profile"), columns=["prompt_id", "length"])

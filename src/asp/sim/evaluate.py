@@ -71,8 +71,12 @@ class Evaluator:
     def __call__(self, c: Candidate) -> dict[str, float]:
         if c not in self._results:
             f = self.cluster.train_factor(c.tu_devices)
+            t = self.train
             train = replace(
-                self.train, step_base_s=self.train.step_base_s * f, step_per_token_s=self.train.step_per_token_s * f
+                t,
+                step_base_s=t.step_base_s * f,
+                step_per_token_s=t.step_per_token_s * f,
+                step_per_sample_s=t.step_per_sample_s * f,
             )
             result = simulate(
                 self.schedule(c.b, c.k)[1], self.workload, self.gen, train, self.config(c), self.resources
@@ -95,7 +99,8 @@ class Evaluator:
         """(step seconds at the TU minimum for G prompts of mean response tokens, publish seconds)."""
         rows = [self.workload.index[p] for p in self.prompt_ids.tolist()]
         tokens = self.global_batch_prompts * float(self.workload.lengths[rows].sum(axis=1).mean())
-        return self.train.step_seconds(tokens), self.train.publish_seconds()
+        samples = self.global_batch_prompts * self.workload.lengths.shape[1]
+        return self.train.step_seconds(tokens, samples), self.train.publish_seconds()
 
 
 def make_evaluator(
