@@ -277,3 +277,59 @@ def test_plan_layout_with_the_fit_prints_no_range(project: Path) -> None:
     res = _asp(["plan", "layout", "--devices", "4", "--k", "3"], project)
     assert res.returncode == 0, res.stderr
     assert "fastest" not in res.stdout and " [" not in res.stdout and "| bottleneck |\n" in res.stdout
+
+
+def _fake_launch(root: Path, params: Params, metrics: dict) -> None:
+    """params.yaml, dvc.lock recording a launch of `params`, its metrics/launch.json and summary.json."""
+    import hashlib
+
+    import yaml
+
+    raw = params.model_dump(mode="json")
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    (root / "metrics").mkdir(exist_ok=True)
+    (root / "outputs/launch").mkdir(parents=True, exist_ok=True)
+    body = json.dumps(metrics).encode()
+    (root / "metrics/launch.json").write_bytes(body)
+    (root / "outputs/launch/summary.json").write_text(json.dumps({"condition": "C4"}))
+    recorded = {k: raw[k] for k in ("runtime", "schedule", "profile")} | {"common.seed": raw["common"]["seed"]}
+    recorded["runtime"]["grpo"]["adam_eps"] = "@EPS@"  # dvc.lock writes 1e-08, a str in YAML 1.1
+    lock = {
+        "stages": {
+            "launch": {
+                "params": {"params.yaml": recorded},
+                "outs": [{"path": "metrics/launch.json", "md5": hashlib.md5(body).hexdigest()}],
+            }
+        }
+    }
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock).replace("'@EPS@'", "1e-08"))
+
+
+def test_last_launch_of_the_same_setting_is_checked_and_others_are_named(tmp_path: Path) -> None:
+    params = _params({"runtime": {"grpo": {"adam_eps": 1e-8}}})
+    measured = {"runtime/summary/mean_iteration_time_s": 2.0, "runtime/summary/policy_lag_mean": 0.0}
+    _fake_launch(tmp_path, params, measured)
+    condition, found = simulate.last_launch(params, tmp_path)
+    assert condition == "C4" and found == measured
+    other = params.model_copy(update={"runtime": params.runtime.model_copy(update={"actors_per_unit": 5})})
+    why = simulate.last_launch(other, tmp_path)
+    assert why == (
+        "no launch of this setting to check against; the last launch differs in runtime.actors_per_unit "
+        "(launch 3, here 5)"
+    )
+    longer = params.model_copy(update={"simulate": params.simulate.model_copy(update={"iterations": 7})})
+    assert "simulate.iterations (launch ran 20 steps, here 7)" in simulate.last_launch(longer, tmp_path)
+    (tmp_path / "metrics/launch.json").write_text("{}")  # not the launch dvc.lock records
+    assert "is not the launch dvc.lock records" in simulate.last_launch(params, tmp_path)
+    # hand-worked errors: (1.5 - 2) / 2 = -25 %; a measured 0 gives NaN, not a division error
+    rows = simulate.launch_errors(
+        {"runtime/summary/mean_iteration_time_s": 1.5, "runtime/summary/policy_lag_mean": 1.0}, measured
+    )
+    assert rows[0] == ("mean iteration time (s)", 2.0, 1.5, -0.25)
+    assert rows[1][0] == "policy lag mean (steps)" and np.isnan(rows[1][3]) and len(rows) == 2
+
+
+def test_cli_says_when_there_is_no_launch_to_check_against(project: Path) -> None:
+    res = _asp(["simulate", "-c", "C4"], project)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip().splitlines()[-1].startswith("no launch to check against (needs dvc.lock")

@@ -174,7 +174,7 @@ def synthetic_iterations(steps: int = 60, window: int = 10, seed: int = 0) -> pd
 
 
 def test_fit_training_model_recovers_step_time():
-    fitted, report = fit_training_model(synthetic_iterations())
+    fitted, report = fit_training_model(synthetic_iterations(), n_samples=8)
     assert fitted.step_base_s == pytest.approx(0.8, abs=0.05)
     assert fitted.step_per_token_s == pytest.approx(2e-4, rel=0.05)
     assert (fitted.save_s, fitted.convert_s, fitted.load_s) == pytest.approx((0.3, 0.05, 0.4))
@@ -185,9 +185,9 @@ def test_fit_training_model_recovers_step_time():
 
 def test_fit_training_model_rejects_missing_columns():
     with pytest.raises(ValueError, match="train/response_tokens"):
-        fit_training_model(synthetic_iterations().drop(columns="train/response_tokens"))
+        fit_training_model(synthetic_iterations().drop(columns="train/response_tokens"), n_samples=8)
     with pytest.raises(ValueError, match="at least 3"):
-        fit_training_model(synthetic_iterations().head(2))
+        fit_training_model(synthetic_iterations().head(2), n_samples=8)
 
 
 def test_simulated_training_model():

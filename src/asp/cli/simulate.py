@@ -129,10 +129,32 @@ def simulate_command(
             "trainer x0.5-2, reload x0.5-4]"
         )
         typer.echo(range_table(metrics, stage.sensitivity_ranges(p, paths, models), list(results)))
+    _check_against_launch(p, params, {c: r.metrics for c, r in results.items()})
     if out is not None:
         write_json(metrics, out / "simulate.json")
         save_figure(timeline_figure({c: r.iterations for c, r in results.items()}), out / "timeline.png")
         typer.echo(f"wrote {out / 'simulate.json'} and {out / 'timeline.png'}", err=True)
+
+
+def _check_against_launch(p: Params, params_path: Path, sims: dict[str, dict[str, float]]) -> None:
+    """The simulator's error against the last launch of the same setting (or one line saying why there is none)."""
+    from asp.pipeline import simulate as stage
+
+    if params_path.resolve() != Path("params.yaml").resolve():
+        typer.echo(f"no launch to check against: dvc.lock's launch ran params.yaml, not {params_path}")
+        return
+    found = stage.last_launch(p)
+    if isinstance(found, str):
+        typer.echo(found)
+        return
+    condition, measured = found
+    if condition not in sims:
+        typer.echo(f"no launch to check against: the last launch ran {condition}, not simulated here (-c {condition})")
+        return
+    typer.echo(f"against the last launch ({condition}, metrics/launch.json; same runtime/schedule/profile params):")
+    typer.echo("| metric | measured | simulated | error |\n|---|---|---|---|")
+    for label, m, s, err in stage.launch_errors(sims[condition], measured):
+        typer.echo(f"| {label} | {m:.4g} | {s:.4g} | {100 * err:+.1f} % |")
 
 
 @app.command("fit-training")

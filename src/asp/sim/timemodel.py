@@ -335,7 +335,7 @@ def _training_columns(frame: pd.DataFrame, n_samples: int, window: int) -> tuple
 def fit_training_model(
     iterations: pd.DataFrame | Sequence[pd.DataFrame],
     *,
-    n_samples: int | Sequence[int] = 1,
+    n_samples: int | Sequence[int],
     window: int = T_TRAIN_WINDOW,
 ) -> tuple[TrainingTimeModel, dict[str, float]]:
     """Fit a `TrainingTimeModel` on GRPO launches' per-iteration tables (``outputs/launch/iterations.parquet``).
