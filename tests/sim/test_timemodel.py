@@ -19,6 +19,7 @@ from asp.sim.timemodel import (
     fit_generation_model,
     fit_sharing_factor,
     fit_training_model,
+    overlap_fractions,
     shared,
 )
 
@@ -267,3 +268,9 @@ def test_sharing_factor_hand_worked():
         fit_sharing_factor(frame.head(2), gen, 30.0)
     with pytest.raises(ValueError, match="lacks columns \\['max_length'\\]"):
         fit_sharing_factor(frame.drop(columns="max_length"), gen, 30.0)
+
+
+def test_overlap_fractions_hand_worked():
+    # call 0: [0, 2); call 1: [1, 3) overlaps it for 1 s; call 2: [5, 6) alone
+    got = overlap_fractions(np.array([0.0, 1.0, 5.0]), np.array([2.0, 2.0, 1.0]))
+    assert got.tolist() == [0.5, 0.5, 0.0]

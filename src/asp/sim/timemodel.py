@@ -450,7 +450,21 @@ def fit_sharing_factor(
         "mdape_after": float(np.median(np.abs(factor * pred - y) / y)),
         "minibatches": float(len(y)),
     }
+    if "gen_start_s" in frame.columns:
+        overlap = overlap_fractions(frame["gen_start_s"].to_numpy(np.float64), y)
+        for name, mask in (("alone", overlap <= 0.25), ("overlapped", overlap >= 0.75)):
+            report[f"ratio_median_{name}"] = float(np.median(ratio[mask])) if mask.any() else float("nan")
+            report[f"minibatches_{name}"] = float(mask.sum())
     return factor, report
+
+
+def overlap_fractions(start: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Per call, the time other calls ran during it (summed over them) / its own duration: 0 alone, 1 when one
+    other engine decoded throughout (calls of one actor never overlap each other)."""
+    end = start + seconds
+    inter = np.clip(np.minimum(end[:, None], end[None, :]) - np.maximum(start[:, None], start[None, :]), 0, None)
+    np.fill_diagonal(inter, 0.0)
+    return inter.sum(axis=1) / np.maximum(seconds, FLOOR_S)
 
 
 def shared(gen: GenerationTimeModel, factor: float) -> GenerationTimeModel:
