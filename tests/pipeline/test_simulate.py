@@ -333,3 +333,37 @@ def test_cli_says_when_there_is_no_launch_to_check_against(project: Path) -> Non
     res = _asp(["simulate", "-c", "C4"], project)
     assert res.returncode == 0, res.stderr
     assert res.stdout.rstrip().splitlines()[-1].startswith("no launch to check against (needs dvc.lock")
+
+
+def test_fit_training_cli_fits_batch_size_and_sharing_from_two_launches(project: Path) -> None:
+    """Two launches of 16 and 32 prompts x 4 samples (per step 0.3 s + 1e-3 s per sequence + 1e-4 s per token) and
+    generation calls that ran at twice the profile's law: the overlay holds all three trainer costs and a factor ~2."""
+    import yaml
+
+    from tests.sim.test_timemodel import _launch
+
+    rng = np.random.default_rng(1)
+    for name, prompts in (("a", 16), ("b", 32)):
+        d = project / "launches" / name
+        d.mkdir(parents=True, exist_ok=True)
+        _launch(prompts, N_SAMPLES, seed=prompts).to_parquet(d / "iterations.parquet")
+        mx = rng.integers(20, CAP, 30)
+        pd.DataFrame(
+            {
+                "gen_s": 2 * (0.05 + 0.004 * mx),  # the profile's timing law (write_inputs), twice as slow
+                "prompts": 16,
+                "responses": 16 * N_SAMPLES,
+                "tokens": mx * 16 * N_SAMPLES // 2,
+                "max_length": mx,
+                "split_responses": 0,
+                "gen_start_s": np.arange(30) * 10.0,
+            }
+        ).to_parquet(d / "minibatches.parquet")
+    files = [str(project / "launches" / n / "iterations.parquet") for n in ("a", "b")]
+    res = _asp(["simulate", "fit-training", *files], project)
+    assert res.returncode == 0, res.stderr
+    sim = yaml.safe_load(res.stdout)["simulate"]
+    assert sim["training"]["step_per_sample_s"] == pytest.approx(1e-3, rel=0.02)
+    assert sim["training"]["step_base_s"] == pytest.approx(0.3, abs=0.01)
+    assert sim["sharing_factor"] == pytest.approx(2.0, rel=0.05)
+    assert "samples_varied=1" in res.stdout and "minibatches_alone=60" in res.stdout

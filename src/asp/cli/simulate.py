@@ -222,7 +222,7 @@ def _sharing_factor(p: Params, minibatch_files: list[Path]) -> float | None:
     try:
         gen, _ = fit_generation_model(timings, stage.generation_form(p), folds=p.simulate.folds, seed=p.common.seed)
         prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
-        factor, report = fit_sharing_factor(pd.concat([pd.read_parquet(f) for f in present]), gen, prompt_tokens)
+        factor, report = fit_sharing_factor([pd.read_parquet(f) for f in present], gen, prompt_tokens)
     except ValueError as exc:
         raise UserError(f"{', '.join(map(str, present))}: {exc}") from None
     typer.echo(

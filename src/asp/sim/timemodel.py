@@ -401,15 +401,16 @@ SHARING_COLUMNS = ("gen_s", "prompts", "responses", "tokens", "max_length")
 
 
 def fit_sharing_factor(
-    minibatches: pd.DataFrame, gen: GenerationTimeModel, prompt_tokens_per_prompt: float
+    minibatches: pd.DataFrame | Sequence[pd.DataFrame], gen: GenerationTimeModel, prompt_tokens_per_prompt: float
 ) -> tuple[float, dict[str, float]]:
     """How much slower a launch's generation calls ran than `gen` (fitted on the profile, one engine alone)
     predicts for the same minibatches: the least-squares factor f of ``gen_s ~ f * predicted`` (through 0).
 
     Args:
-        minibatches: a launch's ``outputs/launch/minibatches.parquet`` (``gen_s``, ``prompts``, ``responses``,
-            ``tokens``, ``max_length``; calls that continued split responses, ``split_responses`` > 0, are left
-            out: their prompt is longer than the profile's).
+        minibatches: one or more launches' ``outputs/launch/minibatches.parquet`` (``gen_s``, ``prompts``,
+            ``responses``, ``tokens``, ``max_length``; calls that continued split responses, ``split_responses``
+            > 0, are left out: their prompt is longer than the profile's; with ``gen_start_s``, calls are also
+            split by how much another call of the same launch overlapped them).
         gen: the profile-fitted generation-time model; prompt_tokens_per_prompt: the profile's mean.
 
     Returns:
@@ -419,10 +420,17 @@ def fit_sharing_factor(
     Raises:
         ValueError: a missing column, fewer than 3 usable calls, or non-positive / non-finite times.
     """
-    missing = [c for c in SHARING_COLUMNS if c not in minibatches.columns]
-    if missing:
-        raise ValueError(f"minibatches table lacks columns {missing} (a launch's minibatches.parquet has them)")
-    frame = minibatches
+    tables = [minibatches] if isinstance(minibatches, pd.DataFrame) else list(minibatches)
+    parts = []
+    for i, table in enumerate(tables):
+        missing = [c for c in SHARING_COLUMNS if c not in table.columns]
+        if missing:
+            raise ValueError(f"minibatches table lacks columns {missing} (a launch's minibatches.parquet has them)")
+        if "gen_start_s" in table.columns:  # overlap within the launch, before any call is left out
+            start, secs = table["gen_start_s"].to_numpy(np.float64), table["gen_s"].to_numpy(np.float64)
+            table = table.assign(_overlap=overlap_fractions(start, secs))
+        parts.append(table.assign(_launch=i))
+    frame = pd.concat(parts, ignore_index=True)
     if "split_responses" in frame.columns:
         frame = frame[frame["split_responses"].fillna(0) == 0]
     frame = frame[frame["prompts"] > 0]
@@ -450,8 +458,8 @@ def fit_sharing_factor(
         "mdape_after": float(np.median(np.abs(factor * pred - y) / y)),
         "minibatches": float(len(y)),
     }
-    if "gen_start_s" in frame.columns:
-        overlap = overlap_fractions(frame["gen_start_s"].to_numpy(np.float64), y)
+    if "_overlap" in frame.columns and frame["_overlap"].notna().all():
+        overlap = frame["_overlap"].to_numpy(np.float64)
         for name, mask in (("alone", overlap <= 0.25), ("overlapped", overlap >= 0.75)):
             report[f"ratio_median_{name}"] = float(np.median(ratio[mask])) if mask.any() else float("nan")
             report[f"minibatches_{name}"] = float(mask.sum())
