@@ -367,3 +367,9 @@ def test_fit_training_cli_fits_batch_size_and_sharing_from_two_launches(project:
     assert sim["training"]["step_base_s"] == pytest.approx(0.3, abs=0.01)
     assert sim["sharing_factor"] == pytest.approx(2.0, rel=0.05)
     assert "samples_varied=1" in res.stdout and "minibatches_alone=60" in res.stdout
+
+
+def test_a_preset_is_never_checked_against_this_machine_s_launch(project: Path) -> None:
+    res = _asp(["simulate", "-c", "C4", "--set", "simulate.time_model=h100-qwen3-8b"], project)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip().splitlines()[-1].startswith("no launch to check against: the time model is the preset")

@@ -3,13 +3,15 @@
     asp simulate                                    # runtime: + simulate: of params.yaml, C0 and C4
     asp simulate -c C4 --set runtime.actors_per_unit=4 --set schedule.k=6 --out sim-out
     asp simulate -c C0 --set runtime.mode=sync      # the synchronous baseline (rounds of one global batch, lag 0)
-    asp simulate fit-training outputs/launch/iterations.parquet    # simulate.training params from a launch
+    asp simulate fit-training outputs/launch/iterations.parquet    # simulate.training + sharing_factor, a launch
+    asp simulate fit-training run16/iterations.parquet run32/iterations.parquet   # + the per-sequence cost
 
 It needs the pipeline's outputs up to `schedule` (and metrics/profile_timings.csv); it fits the same models as
 the `simulate` stage (`asp.pipeline.simulate`) and prints the Table 4(b) columns, lag, duty cycle and
-utilizations per condition. `--out DIR` also writes DIR/simulate.json and DIR/timeline.png. Nothing under
-outputs/ or metrics/ is written and nothing is logged to MLflow (the stage does that). Bad params or inputs
-exit 2 with one message.
+utilizations per condition, then its error against the last launch when that launch ran the same setting
+(dvc.lock's launch params; otherwise one line naming what differs). `--out DIR` also writes DIR/simulate.json
+and DIR/timeline.png. Nothing under outputs/ or metrics/ is written and nothing is logged to MLflow (the stage
+does that). Bad params or inputs exit 2 with one message.
 """
 
 from __future__ import annotations
@@ -140,6 +142,12 @@ def _check_against_launch(p: Params, params_path: Path, sims: dict[str, dict[str
     """The simulator's error against the last launch of the same setting (or one line saying why there is none)."""
     from asp.pipeline import simulate as stage
 
+    if p.simulate.time_model != "fit":
+        typer.echo(
+            f"no launch to check against: the time model is the preset {p.simulate.time_model} (published GPU/NPU "
+            "times), not this machine's"
+        )
+        return
     if params_path.resolve() != Path("params.yaml").resolve():
         typer.echo(f"no launch to check against: dvc.lock's launch ran params.yaml, not {params_path}")
         return
