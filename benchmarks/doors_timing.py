@@ -89,13 +89,13 @@ DOORS = (
     Door("`schedule` only, up to date", {"stages": ["schedule"]}),
     Door("`schedule` only, `force` (reruns it in the workspace)", {"stages": ["schedule"], "force": True}),
     Door(
-        '`schedule` with `{"schedule.k": 7}` (a DVC experiment)',
-        {"stages": ["schedule"], "overrides": {"schedule.k": 7}},
+        "`schedule` with `schedule.k=7` (a DVC experiment)",
+        {"stages": ["schedule"], "overrides": "schedule.k=7"},
         fresh_run_cache=True,
     ),
     Door(
-        'a bad override key `{"schedule.kk": 3}`',
-        {"stages": ["schedule"], "overrides": {"schedule.kk": 3}},
+        "a bad override key `schedule.kk=3`",
+        {"stages": ["schedule"], "overrides": "schedule.kk=3"},
         expect="FAILED",
     ),
 )

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         check_request(RunRequest(tuple(args.stages), args.preset, overrides, args.force))  # before Prefect starts
         from asp.orchestration.flow import NO_PRESET, asp_pipeline
 
-        asp_pipeline(args.stages, args.preset or NO_PRESET, overrides, args.force)
+        asp_pipeline(args.stages, args.preset or NO_PRESET, "\n".join(args.sets), args.force)  # parsed again there
 
     return run_flow(run, "the pipeline")
 

@@ -210,8 +210,10 @@ def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
         env["DEPLOYMENT_URL"] = printed
         assert (deployment.get("global_concurrency_limit") or {}).get("limit") == 1  # one run at a time
         env["DEPLOYMENT_ID"] = deployment["id"]
+        env["SERVE_LOG"] = str(home / "serve.log")  # what `asp serve` prints in its terminal
         yield env
         assert bg.stop(serve, signal.SIGINT, timeout_s=120) in (0, 130, -signal.SIGINT), bg.log(serve)
+        assert "never awaited" not in bg.log(serve), bg.log(serve)[-3000:]  # Prefect's SIGTERM handler's, once
     finally:
         for proc, _ in reversed(bg.procs):
             bg.stop(proc)
@@ -267,7 +269,7 @@ def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], se
     repo = project["repo"]
     params_before = (repo / "params.yaml").read_bytes()
     t0 = time.monotonic()
-    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})
+    run = _trigger(served, {"stages": ["schedule"], "overrides": "schedule.k=4"})
     print(f"UI-triggered schedule run with an override: {time.monotonic() - t0:.1f} s wall")
     assert run["state_type"] == "COMPLETED", run["state"]
     assert run["name"] == f"{project['commit'][:7]} demo schedule schedule.k=4" or "schedule.k=4" in run["name"]
@@ -288,10 +290,10 @@ def test_ui_run_with_an_override_is_a_dvc_experiment(project: dict[str, Any], se
 
 def test_a_bad_override_fails_the_flow_run_at_once(project: dict[str, Any], served: dict[str, str]) -> None:
     schedule_runs = [r.info.run_id for r in _stage_runs(project["experiment"], "schedule")]
-    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.kk": 3}}, name="my-bad-override")
+    run = _trigger(served, {"stages": ["schedule"], "overrides": "schedule.kk=3"}, name="my-bad-override")
     assert run["state_type"] == "FAILED" and run["name"] == "my-bad-override"  # the Run Name typed in the UI
     message = run["state"]["message"]  # one message naming the field it came from, as typed
-    assert message.startswith('params.yaml + overrides {"schedule.kk": 3}: invalid params: unknown key'), message
+    assert message.startswith("params.yaml + overrides [schedule.kk=3]: invalid params: unknown key"), message
     assert "(from overrides)" in message and message.endswith("Fix the overrides and run again."), message
     deadline = time.monotonic() + 30  # the runner sends logs in batches; Prefect's last line carries the message
     while "Finished in state Failed" not in (logs := _log_text(served, run["id"])):
@@ -354,8 +356,9 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
     from asp.orchestration.prefect_run import generated_name
 
-    _ensure_ran(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})  # so the click's run is cached
+    _ensure_ran(served, {"stages": ["schedule"], "overrides": "schedule.k=4"})  # so the click's run is cached
     schedule_before = _stage_runs(project["experiment"], "schedule")[-1].info.run_id
+    params_before = (project["repo"] / "params.yaml").read_bytes()
     expect = sync_api.expect
     ui = served["PREFECT_UI_URL"]
     shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
@@ -385,13 +388,11 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
         page.get_by_role("option", name="schedule", exact=True).click()
         page.keyboard.press("Escape")
         expect(field(page, "stages")).to_contain_text("schedule")
-        overrides = field(page, "overrides")  # an object: the new UI shows its editor on request
-        overrides.get_by_role("button", name="Open menu").click()
-        page.get_by_role("menuitem", name="Use JSON Input").click()
-        editor = overrides.locator(".cm-content")
-        editor.click()
-        page.keyboard.press("ControlOrMeta+a")
-        page.keyboard.type(json.dumps({"schedule.k": 4}))  # `_ensure_ran`'s run again: DVC must not rerun it
+        overrides = field(page, "overrides").get_by_role("textbox")  # a text box, typed in as a user would
+        overrides.click()
+        # at a person's pace: the new UI drops a key typed while it re-renders the field after the first one
+        page.keyboard.type("schedule.k=4", delay=120)  # `_ensure_ran`'s run again: DVC must not rerun it
+        expect(overrides).to_have_value("schedule.k=4")
         page.screenshot(path=shots / "prefect-custom-run.png")
         before = {r["id"] for r in prefect_api(served, "/flow_runs/filter", {})}
         # One click: Prefect's UI does not retry a 503 ("Something went wrong"), so the server must not send
@@ -402,7 +403,7 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
             new = [r for r in prefect_api(served, "/flow_runs/filter", {}) if r["id"] not in before]
             time.sleep(0.5)
         assert not busy, "create_flow_run answered 503 (the server's SQLite busy)"
-        assert new and new[0]["parameters"]["overrides"] == {"schedule.k": 4}, new
+        assert new and new[0]["parameters"]["overrides"] == "schedule.k=4", new
         run = _final(served, new[0]["id"])
         assert run["state_type"] == "COMPLETED", run["state"]
         (parent,) = [r for r in _runs(project["experiment"]) if _parent_of(r, run["id"])]
@@ -414,8 +415,15 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
         page.get_by_role("tab", name="Artifacts").click()
         card = page.get_by_text("asp-pipeline-run").first
         expect(card).to_be_visible()
+        expect(page.get_by_text("Open this run in MLflow").first).to_be_visible()  # the card's description
         page.screenshot(path=shots / "prefect-flow-run.png")  # the README's picture
-        (summary,) = [a for a in _artifacts(served, run["id"]) if a["key"] == "asp-pipeline-run"]
+        # the card's description links the MLflow parent run (Prefect's card is itself a link to its artifact page,
+        # which a click on the inner link opens: docs/ui.md); the artifact page then links it in one click
+        assert page.locator(f"a[href*='/runs/{parent.info.run_id}']").count() >= 1
+        summaries = [a for a in _artifacts(served, run["id"]) if a["key"] == "asp-pipeline-run"]
+        assert len(summaries) == 2  # published when the run started (the link while it runs) and when it ended
+        summary = max(summaries, key=lambda a: a["created"])
+        assert "| schedule |" in summary["data"] and "[MLflow run](" in summary["data"], summary["data"]
         page.goto(f"{ui}/v2/artifacts/artifact/{summary['id']}")  # the new UI's page of that artifact
         mlflow = page.get_by_role("link", name="MLflow parent run", exact=True)
         expect(mlflow).to_be_visible()
@@ -426,6 +434,8 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
     assert run["name"] != suggested and "schedule.k=4" in run["name"] and re.search(STAMP + "$", run["name"]), run
     assert parent.info.run_name == run["name"]
     assert parent.data.params["schedule.k"] == "4" and parent.data.tags["asp.prefect_flow_run_id"] == run["id"]
+    assert parent.data.tags["asp.dvc_exp"] and json.loads(parent.data.tags["asp.overrides"]) == {"schedule.k": 4}
+    assert (project["repo"] / "params.yaml").read_bytes() == params_before  # the override: this run's only
     note = next(a for a in _artifacts(served, run["id"]) if a["key"] == "asp-schedule")
     assert "run cache" in note["data"] or "up to date" in note["data"]
 
@@ -461,10 +471,10 @@ def test_the_deployments_parameters_are_typed_and_the_drift_loop_says_drift_is_o
     re-profile here."""
     props = prefect_api(served, f"/deployments/{served['DEPLOYMENT_ID']}")["parameter_openapi_schema"]["properties"]
     types = {name: prop.get("type") for name, prop in props.items()}
-    assert types == {"stages": "array", "preset": "string", "overrides": "object", "force": "boolean"}
+    assert types == {"stages": "array", "preset": "string", "overrides": "string", "force": "boolean"}
     presets = sorted(p.stem for p in (project["repo"] / "configs").glob("*.yaml"))
     assert props["preset"]["enum"] == ["none", *presets] and props["preset"]["default"] == "none"
-    assert props["overrides"]["default"] == {} and "dotted keys" in props["overrides"]["description"]
+    assert props["overrides"]["default"] == "" and "schedule.k=3" in props["overrides"]["description"]
     assert props["stages"]["items"]["enum"] == stage_names(project["repo"] / "dvc.yaml")
     loop = prefect_api(served, "/deployments/name/asp-drift-loop/asp-drift-loop")["description"]
     assert "drift.action is recalibrate, not reprofile" in loop and "asp preset apply drift-demo" in loop
@@ -478,7 +488,7 @@ def test_an_override_runs_note_links_its_own_mlflow_run_and_plots(
     here or restored from DVC's run cache) and that run's logged plots, not the workspace's files; its metrics
     table holds the schedule's key metrics with that run's values."""
     t0 = time.monotonic()
-    run = _trigger(served, {"stages": ["schedule"], "overrides": {"schedule.k": 4}})
+    run = _trigger(served, {"stages": ["schedule"], "overrides": "schedule.k=4"})
     print(f"override run for its artifacts: {time.monotonic() - t0:.1f} s wall")
     assert run["state_type"] == "COMPLETED", run["state"]
     found = {a["key"]: a for a in _artifacts(served, run["id"])}
@@ -553,6 +563,27 @@ def _explanation_in_the_browser(ui_link: str, put_back: str, shots: Path) -> Non
         page.screenshot(path=shots / "prefect-cancelled.png")
 
 
+def _dvc_pids(repo: Path) -> set[int]:
+    """The processes of DVC commands now running in `repo` (`dvc repro`, `dvc exp run`: their python)."""
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        cmd = proc.info["cmdline"] or []
+        dvc = any(Path(part).name == "dvc" for part in cmd)  # `python -m dvc ...` or the `dvc` script
+        if proc.info["cwd"] == str(repo) and dvc and ("repro" in cmd or "exp" in cmd):
+            found.add(proc.info["pid"])
+    return found
+
+
+def _rwlock_entries(repo: Path) -> list[dict[str, Any]]:
+    """The entries of DVC's lock file (`.dvc/tmp/rwlock`: which process reads / writes which path)."""
+    path = repo / ".dvc" / "tmp" / "rwlock"
+    lock = json.loads(path.read_text() or "{}") if path.is_file() else {}
+    entries = [dict(info, path=p, mode="write") for p, info in lock.get("write", {}).items()]
+    return entries + [dict(info, path=p, mode="read") for p, infos in lock.get("read", {}).items() for info in infos]
+
+
 def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(
     project: dict[str, Any], served: dict[str, str], tmp_path: Path
 ) -> None:
@@ -562,7 +593,9 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(
     and `dvc status`, `git status`, the outputs, metrics, plots and dvc.lock are as before; the task's and the flow
     run's state message say so, the latter still after Prefect's runner set its own ("Flow run was cancelled
     successfully.", issue 39), and the run's Details tab shows it. A persistent, uncached output (launch's state)
-    put back by the same guard: tests/orchestration/test_cancel.py."""
+    put back by the same guard: tests/orchestration/test_cancel.py. DVC's lock file holds no entry of the killed
+    DVC process (the next `dvc status` warns of none), and the cancel reads as a cancel: no ERROR line in the
+    run's log, no traceback in `asp serve`'s terminal."""
     repo = project["repo"]
     shots = Path(os.environ.get("ASP_UI_SCREENSHOT_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
@@ -571,6 +604,8 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(
     hold = Path(served["ASP_HOLD_FILE"])
     held = Path(f"{hold}.held")
     hold.write_text("schedule")
+    serve_log = Path(served["SERVE_LOG"])
+    serve_from = serve_log.stat().st_size
     try:
         t0 = time.monotonic()
         body = {"parameters": {"stages": ["schedule"], "force": True}}
@@ -580,6 +615,8 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(
             assert state in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() - t0 < 300, state
             time.sleep(0.5)
         assert not (repo / "metrics/schedule.json").exists()  # DVC deleted the outputs: where the issue began
+        killed = _dvc_pids(repo)  # the `dvc repro` the cancel stops
+        assert killed & {e["pid"] for e in _rwlock_entries(repo)}, (killed, _rwlock_entries(repo))  # it holds locks
         link = next(  # the flow run's page, as asp links it from MLflow
             r.data.tags["asp.prefect_flow_run_url"] for r in _runs(project["experiment"]) if _parent_of(r, run["id"])
         )
@@ -623,6 +660,16 @@ def test_cancel_from_the_ui_leaves_the_workspace_as_it_was(
         time.sleep(1)
     assert "Crash detected" not in logs, logs[-3000:]  # what the issue saw for a cancel the user asked for
     assert any(line.startswith("Finished in state Cancelled(") for line in logs.splitlines()), logs[-3000:]
+    # a cancel the user asked for is no error: not in the run's log (task and flow), not in `asp serve`'s terminal
+    errors = [e["message"][:300] for e in prefect_api(served, "/logs/filter", body) if e["level"] >= 40]
+    assert not errors, errors
+    served_text = serve_log.read_text(errors="replace")[serve_from:]
+    assert "Traceback" not in served_text and "exited with status code" not in served_text, served_text[-3000:]
+    # DVC's lock as the cancel found it: no entry of the killed `dvc repro` (nor any other: no DVC runs now)
+    assert not any(pid in killed for pid in {e["pid"] for e in _rwlock_entries(repo)}), _rwlock_entries(repo)
+    assert not _rwlock_entries(repo), _rwlock_entries(repo)
+    status = _sh([sys.executable, "-m", "dvc", "status"], repo)
+    assert "had been killed" not in status and "lock file" not in status, status  # DVC's warning of a stale entry
     assert _workspace(repo) == before
     runs = _runs(project["experiment"])
     (parent,) = [

@@ -100,3 +100,28 @@ def test_a_cancel_the_user_asked_for_is_not_logged_as_an_unexpected_exception(
         _record(logger, cancelled, ENGINE_EXIT)
     assert [r.getMessage() for r in caplog.records] == ["Finished in state Cancelled('stage ...')"]
     assert "Traceback" not in caplog.text
+
+
+def test_a_cancelled_tasks_last_line_is_info_not_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Prefect's task engine logs a task's last line at ERROR for any state but Completed; a Cancelled task's (the
+    stage the user cancelled) is lowered to INFO, a failed task's stays ERROR."""
+    quiet_user_errors()
+    quiet_user_errors()
+    logger = logging.getLogger("prefect.task_runs")
+    assert len([f for f in logger.filters if type(f).__name__ == "_CancelledAtInfo"]) == 1
+    with caplog.at_level(logging.INFO, logger="prefect.task_runs"):
+        logger.error("Finished in state Cancelled('stage schedule was cancelled: the workspace is as it was')")
+        logger.error("Finished in state Failed('Task run encountered an exception')")
+    levels = [(r.levelname, r.getMessage().split("(")[0]) for r in caplog.records]
+    assert levels == [("INFO", "Finished in state Cancelled"), ("ERROR", "Finished in state Failed")]
+
+
+def test_outside_a_runners_cancel_the_flow_returns_its_cancelled_state() -> None:
+    """`ends_cancelled` ends the process as Prefect's cancel (exit 0) only when the runner asked for it through its
+    control channel; here (no runner, no flow run) neither applies, so the flow returns its Cancelled state."""
+    from prefect.states import Cancelled
+
+    from asp.orchestration.prefect_run import end_flow_run_as, runner_cancelling
+
+    assert runner_cancelling() is False
+    assert end_flow_run_as(Cancelled(message="cancelled")) is False

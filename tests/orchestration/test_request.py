@@ -102,7 +102,7 @@ INVALID = r"params\.yaml \+ {typed}: invalid params: "
 def test_a_bad_override_names_the_field_it_was_typed_in(overrides: dict, message: str) -> None:
     """`overrides` (the UI's field) or `--set` (the command line), never "the file": first words and last sentence."""
     for origin, field, head, typed, fix in (
-        ("overrides", "overrides", 'overrides: "', r"overrides \{.*\}", "Fix the overrides and run again."),
+        ("overrides", "overrides", "overrides: ", r"overrides \[schedule\.k\S+\]", "Fix the overrides and run again."),
         ("--set", "--set", "--set ", r"--set schedule\.k\w*=\S+", "Fix the --set value and run again."),
     ):
         with pytest.raises(UserError) as err:
@@ -122,5 +122,5 @@ def test_run_names_are_stamped_and_parent_runs_described() -> None:
         request, "abc1234 demo schedule schedule.k=4", "prefect", exp_name="e-1", outcomes=[("schedule", "ran", 3.2)]
     )
     assert text.startswith("Pipeline run `abc1234 demo schedule schedule.k=4`, started by a Prefect flow run")
-    assert 'params.yaml + overrides `{"schedule.k": 4}`' in text and "`dvc exp apply e-1`" in text
+    assert "params.yaml + overrides `[schedule.k=4]`" in text and "`dvc exp apply e-1`" in text
     assert text.endswith("- schedule: ran (3.2 s)")

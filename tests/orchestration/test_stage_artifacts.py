@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from asp.errors import UserError
 from asp.orchestration.dvc import dvc_exp_cmd, dvc_repro_cmd
 from asp.orchestration.key_metrics import FALLBACK, KEY_METRICS, key_metrics
 from asp.orchestration.pipeline import StageReport, numeric_leaves, shown_cmd, stage_files
@@ -109,11 +110,23 @@ def test_the_parameters_are_typed_for_the_ui() -> None:
     presets = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
     assert props["preset"]["type"] == "string" and props["preset"]["enum"] == [NO_PRESET, *presets]
     assert props["preset"]["default"] == NO_PRESET and "configs/" in props["preset"]["description"]
-    assert props["overrides"]["type"] == "object" and props["overrides"]["default"] == {}
-    assert '{"schedule.k": 3}' in props["overrides"]["description"]
+    # a text box in the new UI's form, not an object only its JSON mode can fill (nor a list: the new UI sends a
+    # list's typed items as null)
+    assert props["overrides"]["type"] == "string" and props["overrides"]["default"] == ""
+    assert "schedule.k=3 runtime.trainer=grpo" in props["overrides"]["description"]
     assert props["stages"]["items"]["enum"] == stage_names(ROOT / "dvc.yaml")
-    assert {p["type"] for p in props.values()} == {"array", "string", "object", "boolean"}
-    assert _request([], NO_PRESET, {}, False).preset is None and _request([], "gpu-cluster", {}, False).preset
+    assert {p["type"] for p in props.values()} == {"array", "string", "boolean"}  # stages: an array
+    assert _request([], NO_PRESET, "", False).preset is None and _request([], "gpu-cluster", "", False).preset
+
+
+def test_overrides_are_typed_as_set_takes_them() -> None:
+    from asp.orchestration.flow import parse_overrides
+
+    typed = parse_overrides(" schedule.k=4 runtime.trainer=grpo,evaluate.min_tau=0.5\n a.b=[1, 2]; c.d = x y ")
+    assert typed == {"schedule.k": 4, "runtime.trainer": "grpo", "evaluate.min_tau": 0.5, "a.b": [1, 2], "c.d": "x y"}
+    assert parse_overrides("") == parse_overrides(None) == parse_overrides("  ") == {}
+    with pytest.raises(UserError, match=r"^overrides: 'schedule.k 4' is not SECTION.KEY=VALUE .*Fix the overrides"):
+        parse_overrides("schedule.k 4")
 
 
 def _loop_project(root: Path, drift: dict[str, object]) -> Path:
@@ -204,3 +217,15 @@ def test_the_run_that_made_the_outputs_is_found_by_its_params(tmp_path: Path, mo
     assert made_by(now) == ids["k4-exp"] and made_by(now, workspace_only=True) == ids["k4"]
     assert made_by({"schedule.k": 3}) == ids["k3"] and made_by({"schedule": {"k": 5}}) is None
     assert run_artifacts(ids["k4"]) == ["plots/schedule_loads.png"] and run_artifacts(ids["k3"]) == []
+
+
+def test_the_run_summary_links_mlflow_from_the_start_and_each_stage_at_the_end() -> None:
+    from asp.orchestration.flow import run_summary
+
+    parent = "http://127.0.0.1:5000/#/experiments/3/runs/p1"
+    start = run_summary("abc1234 demo schedule", parent, [], None)  # published when the run starts
+    assert start == f"### abc1234 demo schedule\n\n[MLflow parent run]({parent})"
+    end = run_summary("abc1234 demo schedule", parent, [_report("exp-1")], "exp-1")
+    assert f"| schedule | restored | 2.5 | [MLflow run]({_report(None).mlflow_url}) |" in end
+    assert "`dvc exp apply exp-1`" in end
+    assert run_summary("x", None, [], None) == "### x\n\nMLflow tracking is off"

@@ -366,6 +366,7 @@ def run_streaming(
         if proc.poll() is None:
             # a SIGTERM (a job scheduler, Prefect's cancellation) is followed by SIGKILL within ~30 s: stop sooner
             stop(min(grace_s, INTERRUPT_GRACE_S))
+        stopped.add(proc.pid)  # DVC itself, also when a signal ended it before it was stopped here
         release_locks_of(cwd or ".", stopped)
         raise
     rc = proc.wait()

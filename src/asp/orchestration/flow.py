@@ -18,6 +18,7 @@ time (concurrency limit 1), retries `profile` and `launch` (they resume) and sto
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -36,14 +37,16 @@ from asp.errors import UserError
 from asp.orchestration.key_metrics import key_metrics
 from asp.orchestration.pipeline import PipelineRun, StageReport
 from asp.orchestration.prefect_run import (
+    end_flow_run_as,
     flow_run_name_for,
     flow_run_url,
     keep_cancel_message,
     prefect_ui,
     quiet_user_errors,
+    runner_cancelling,
     tag_with_label,
 )
-from asp.orchestration.request import RunRequest, run_label
+from asp.orchestration.request import RunRequest, parse_set_args, run_label
 from asp.stage import stage_names
 
 STATE_NAMES = {"ran": "Completed", "skipped": "Skipped", "restored": "Restored"}
@@ -72,11 +75,23 @@ def _preset_type() -> Any:
 PresetName = _preset_type()
 
 
+OVERRIDE_START = re.compile(r"[\s,;]+(?=[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\s*=)")  # where the next KEY= begins
+
+
+def parse_overrides(text: str | None) -> dict[str, Any]:
+    """The flow's `overrides`, what the user typed in the run form's text box: `SECTION.KEY=VALUE` items separated
+    by spaces, commas or new lines (`schedule.k=4 runtime.trainer=grpo`; a value may hold spaces and commas, as
+    `a.b=[1, 2]` does), read as `asp repro --set` reads them (values as YAML scalars). `UserError` naming a bad
+    item."""
+    items = OVERRIDE_START.split((text or "").strip())
+    return parse_set_args((i.strip().rstrip(",;") for i in items if i.strip()), origin="overrides")
+
+
 def _request(stages: Any, preset: Any, overrides: Any, force: Any) -> RunRequest:
     return RunRequest(
         tuple(stages or ()),
         None if preset in (None, "", NO_PRESET) else preset,
-        dict(overrides or {}),
+        parse_overrides(overrides),
         bool(force),
         overrides_from="overrides",  # the parameter's name, in the UI's form: messages name it
     )
@@ -86,8 +101,8 @@ def flow_run_name() -> str:
     """Name of a flow run, and of its MLflow parent run: the Run Name the user typed in the UI, else what runs
     (`run_label`: commit, preset, stages, overrides) stamped with the start time (`asp.orchestration.prefect_run`)."""
     p = flow_run.parameters
-    request = _request(p.get("stages"), p.get("preset"), p.get("overrides"), p.get("force"))
     try:
+        request = _request(p.get("stages"), p.get("preset"), p.get("overrides"), p.get("force"))
         label = run_label(request, vcs.commit_label(), stage_names())
     except UserError:
         label = "asp-pipeline (no dvc.yaml)"
@@ -139,6 +154,41 @@ def stage_markdown(report: StageReport) -> str:
     return text
 
 
+def mlflow_link(url: str | None, text: str) -> str:
+    """A Markdown link to an MLflow run (Prefect renders Markdown in markdown artifacts and artifact descriptions,
+    not in logs or table artifacts), or a note that tracking found none."""
+    return f"[{text}]({url})" if url else "no MLflow run"
+
+
+def run_summary(label: str, parent_url: str | None, reports: list[StageReport], exp_name: str | None) -> str:
+    """The flow run's Markdown summary: the MLflow parent run and each stage's MLflow run as links (so far: it is
+    published when the run starts and again when it ends), and the DVC experiment."""
+    parent = f"[MLflow parent run]({parent_url})" if parent_url else "MLflow tracking is off"
+    text = f"### {label}\n\n{parent}"
+    if reports:
+        rows = [
+            f"| {r.stage} | {r.status} | {r.seconds:.1f} | {mlflow_link(r.mlflow_url, 'MLflow run')} |"
+            for r in reports
+        ]
+        text += "\n\n| stage | status | seconds | MLflow |\n|---|---|---|---|\n" + "\n".join(rows)
+    if exp_name:
+        text += (
+            f"\n\nDVC experiment `{exp_name}`: `dvc exp show` lists it; `dvc exp apply {exp_name}` brings its params "
+            "and outputs into the workspace."
+        )
+    return text
+
+
+def publish_summary(run: PipelineRun) -> None:
+    """The `asp-pipeline-run` artifact (`run_summary`); its description, shown on the run's Artifacts tab, links the
+    MLflow parent run."""
+    create_markdown_artifact(
+        markdown=run_summary(run.label, run.parent_url, list(run.reports.values()), run.exp_name),
+        key="asp-pipeline-run",
+        description=mlflow_link(run.parent_url, "Open this run in MLflow"),
+    )
+
+
 def publish_stage(report: StageReport) -> None:
     """The stage's artifacts: a table of its key metrics and a note with its MLflow run and that run's plots."""
     where = f" in DVC experiment {report.experiment}" if report.experiment else ""
@@ -152,7 +202,7 @@ def publish_stage(report: StageReport) -> None:
     create_markdown_artifact(
         markdown=stage_markdown(report),
         key=_key("asp", report.stage),
-        description=f"{report.stage}: {report.status}; MLflow link",
+        description=f"{report.stage}: {report.status}; " + mlflow_link(report.mlflow_url, "MLflow run"),
     )
 
 
@@ -181,17 +231,24 @@ def reraise_stop(run: PipelineRun) -> None:
 @contextlib.contextmanager
 def ends_cancelled(run: PipelineRun) -> Iterator[list[State[Any]]]:
     """Around the flow's `with run:` block: the cancellation that stopped a stage (Prefect's termination signal,
-    re-raised by `reraise_stop`; the MLflow parent has ended KILLED) is caught here and a Cancelled state whose
-    message says what became of the workspace is yielded, for the flow to return: the flow run's message and last
-    log line then say it, where the engine's own handling would leave "Finished in state Running()". A Ctrl-C or
-    SIGTERM of a flow run outside a deployment goes on as it is (Ctrl-C exits 130)."""
+    re-raised by `reraise_stop`; the MLflow parent has ended KILLED) ends the flow run Cancelled with a message
+    that says what became of the workspace: the flow run's message and last log line then say it, where the
+    engine's own handling would leave "Finished in state Running()".
+
+    The runner's cancel (`runner_cancelling`): the state is set here (`end_flow_run_as`) and the signal goes on to
+    the engine, which then ends the process as a cancel (exit 0, no traceback, no "Process exited with status
+    code: 1" from the runner). Any other termination signal (a plain SIGTERM): a Cancelled state is yielded for
+    the flow to return. A Ctrl-C of a flow run outside a deployment goes on as it is (exits 130)."""
     outcome: list[State[Any]] = []
     try:
         yield outcome
     except TerminationSignal as exc:
         if exc is not run.interrupted:
             raise
-        outcome.append(Cancelled(message=run.stop_note or "cancelled"))
+        state = Cancelled(message=run.stop_note or "cancelled")
+        if runner_cancelling() and end_flow_run_as(state):
+            raise
+        outcome.append(state)
 
 
 @task(name="stage", cache_policy=NONE, persist_result=False)
@@ -238,7 +295,7 @@ def experiment_task(run: PipelineRun) -> list[str] | State[Any]:
 def asp_pipeline(
     stages: list[StageName] = [],  # type: ignore[valid-type]  # noqa: B006 (shown as a multi-select; not mutated)
     preset: PresetName = NO_PRESET,  # type: ignore[valid-type]  # shown as a choice of configs/'s presets
-    overrides: dict[str, Any] = {},  # noqa: B006 (typed `object` in the UI, not `None`; not mutated)
+    overrides: str = "",  # a text box in the UI's form
     force: bool = False,
 ) -> dict[str, str] | State[Any]:
     """Run the chosen stages (default: all, in dvc.yaml order) through DVC under one MLflow parent run; a bad
@@ -248,14 +305,16 @@ def asp_pipeline(
         stages: stage names from dvc.yaml; none means all.
         preset: a preset in configs/ applied on top of params.yaml for this run only (the run is then a DVC
             experiment); none: params.yaml as it is.
-        overrides: params for this run only, a JSON object of dotted keys, e.g. {"schedule.k": 3}; the run is then
-            a DVC experiment and params.yaml stays as it is. Checked against the params models before anything runs.
-        force: rerun stages even when DVC finds them up to date.
+        overrides: params for this run only, SECTION.KEY=VALUE items (dotted keys) separated by spaces, e.g.
+            schedule.k=3 runtime.trainer=grpo, as `asp repro --set` takes them; the run is then a DVC experiment
+            and params.yaml stays as it is. Checked against the params models before anything runs.
+        force: rerun stages even when DVC finds them up to date (force=true with no overrides reruns them in the
+            workspace). How to run, cancel and read a run: docs/ui.md.
     """
     logger = get_run_logger()
     quiet_user_errors()
-    request = _request(stages, preset, overrides, force)
     try:  # bad stages, preset or overrides fail here, before DVC or MLflow is touched
+        request = _request(stages, preset, overrides, force)
         run = PipelineRun(
             request,
             runner="prefect",
@@ -270,6 +329,7 @@ def asp_pipeline(
         tag_with_label(str(flow_run.id), run.label)
     with ends_cancelled(run) as cancelled, run:
         logger.info("run '%s': MLflow parent run %s", run.name, run.parent_url or "(tracking off)")
+        publish_summary(run)  # the link to MLflow while the run runs, on the Artifacts tab
         if request.is_experiment:
             state = experiment_task.with_options(task_run_name=f"dvc exp run {run.exp_name}")(run, return_state=True)
             reraise_stop(run)
@@ -282,16 +342,7 @@ def asp_pipeline(
             for r in run.reports.values()
         ]
         create_table_artifact(table=summary, key="asp-pipeline", description=f"Stages of '{run.label}'")
-        exp = (
-            f"\n\nDVC experiment `{run.exp_name}`: `dvc exp show` lists it; `dvc exp apply {run.exp_name}` "
-            "brings its params and outputs into the workspace."
-            if run.exp_name
-            else ""
-        )
-        parent = f"[MLflow parent run]({run.parent_url})" if run.parent_url else "MLflow tracking is off"
-        create_markdown_artifact(
-            markdown=f"### {run.label}\n\n{parent}{exp}", key="asp-pipeline-run", description="MLflow link"
-        )
+        publish_summary(run)
     if cancelled:
         return cancelled[0]
     return {r.stage: r.status for r in run.reports.values()}

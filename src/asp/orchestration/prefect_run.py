@@ -177,8 +177,8 @@ def failed_final_line(message: str) -> bool:
 
 
 def quiet_user_errors() -> None:
-    """Install `_UserErrorRecords` on Prefect's flow-run and task-run loggers, and `_FailedAtError` on the flow-run
-    logger (once)."""
+    """Install `_UserErrorRecords` on Prefect's flow-run and task-run loggers, `_FailedAtError` on the flow-run
+    logger and `_CancelledAtInfo` on the task-run logger (once)."""
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _UserErrorRecords) for f in logger.filters):
@@ -186,6 +186,57 @@ def quiet_user_errors() -> None:
     flow_runs = logging.getLogger("prefect.flow_runs")
     if not any(isinstance(f, _FailedAtError) for f in flow_runs.filters):
         flow_runs.addFilter(_FailedAtError())
+    task_runs = logging.getLogger("prefect.task_runs")
+    if not any(isinstance(f, _CancelledAtInfo) for f in task_runs.filters):
+        task_runs.addFilter(_CancelledAtInfo())
+
+
+class _CancelledAtInfo(logging.Filter):
+    """On Prefect's task-run logger: the task engine's last line of a task that ended Cancelled ("Finished in state
+    Cancelled(...)", logged at ERROR for any state but Completed) is logged at INFO: a cancel the user asked for
+    is not an error, and a log filtered to errors must not show one for it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.getMessage().startswith(f"{FINISHED}Cancelled("):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
+def runner_cancelling() -> bool:
+    """Whether Prefect's runner is cancelling this flow run's process: it sets a "cancel" intent through its
+    control channel before its SIGTERM (`prefect._internal.control_listener`, Prefect >= 3.7; False without it).
+    The engine then ends the process cleanly (exit 0, one INFO line) on the termination signal."""
+    try:
+        from prefect._internal.control_listener import get_intent
+    except ImportError:
+        return False
+    return bool(get_intent() == "cancel")
+
+
+def end_flow_run_as(state: Any) -> bool:
+    """Set the running flow run's state to the final `state` on the server (forced) and in the engine's own copy,
+    so a termination signal raised out of the flow afterwards ends the run in that state: the engine treats a
+    signal after a final state as the end of the run, not a crash, logs "Finished in state <state>" and, for the
+    runner's cancel, exits 0. False (nothing set) outside a flow run or when the server does not answer."""
+    from prefect.client.orchestration import SyncPrefectClient, get_client
+    from prefect.context import FlowRunContext
+    from prefect.utilities.engine import propose_state_sync
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return False
+    try:
+        if isinstance(ctx.client, SyncPrefectClient):
+            new = propose_state_sync(ctx.client, state, flow_run_id=ctx.flow_run.id, force=True)
+        else:
+            with get_client(sync_client=True) as client:
+                new = propose_state_sync(client, state, flow_run_id=ctx.flow_run.id, force=True)
+    except Exception as exc:  # the flow then returns the state itself (the engine's way; exit 1)
+        logging.getLogger("asp.orchestration").warning("could not set flow run state: %s", exc)
+        return False
+    run = ctx.flow_run  # the engine's FlowRun: its `state` is what the engine reads as the run's state
+    run.state, run.state_name, run.state_type = new, new.name, new.type
+    return True
 
 
 def keep_cancel_message(flow: Any, flow_run: Any, state: Any) -> None:

@@ -31,9 +31,10 @@ from asp.tracking import flatten
 @dataclass(frozen=True)
 class RunRequest:
     """A pipeline run: `stages` in dvc.yaml order (empty: all), a preset in configs/ and dotted-key
-    overrides (`{"schedule.k": 3}`), both applied on top of params.yaml. `force` reruns up-to-date stages.
-    `overrides_from` is where the user typed the overrides, named by every message about them: `--set` (the
-    command line) or `overrides` (the Prefect run's parameter, in the UI's form)."""
+    overrides (`{"schedule.k": 3}`, parsed from `--set` or the Prefect run form), both applied on top of
+    params.yaml. `force` reruns up-to-date stages. `overrides_from` is where the user typed the overrides, named
+    by every message about them: `--set` (the command line) or `overrides` (the Prefect run's parameter, in the UI's
+    form)."""
 
     stages: tuple[str, ...] = ()
     preset: str | None = None
@@ -90,14 +91,20 @@ def read_preset(name: str, root: str | Path = ".", _chain: tuple[str, ...] = ())
     return deep_merge(read_preset(base, root, (*_chain, name)), raw)
 
 
-def parse_set_args(items: Iterable[str]) -> dict[str, Any]:
+def parse_set_args(items: Iterable[str], origin: str = "--set") -> dict[str, Any]:
     """`["schedule.k=3", "runtime.trainer=grpo"]` -> `{"schedule.k": 3, "runtime.trainer": "grpo"}` (values
-    parsed as YAML scalars, as `dvc exp run -S` does)."""
+    parsed as YAML scalars, as `dvc exp run -S` does). `origin` names where they were typed in a bad item's message:
+    `--set` (the command line) or `overrides` (the Prefect run form's text box)."""
     out: dict[str, Any] = {}
     for item in items:
-        key, sep, value = item.partition("=")
+        key, sep, value = str(item).partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", key.strip()):
-            raise UserError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set schedule.k=3.")
+            if origin == "--set":
+                raise UserError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set schedule.k=3.")
+            raise UserError(
+                f"{origin}: {item!r} is not SECTION.KEY=VALUE (e.g. schedule.k=3 runtime.trainer=grpo). "
+                f"Fix the {origin} and run again."
+            )
         try:
             out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
@@ -106,11 +113,15 @@ def parse_set_args(items: Iterable[str]) -> dict[str, Any]:
 
 
 def _typed(origin: str, key: Any, value: Any = ...) -> str:
-    """An override as the user typed it: `--set schedule.k=3` on the command line, `"schedule.k": 3` in the
-    Prefect UI's `overrides` (JSON)."""
-    if origin == "--set":
-        return f"--set {key}" + ("" if value is ... else f"={_short(value)}")
-    return json.dumps(key, default=str) + ("" if value is ... else f": {json.dumps(value, default=str)}")
+    """An override as the user typed it: `--set schedule.k=3` on the command line, `schedule.k=3` in the
+    Prefect UI's `overrides`."""
+    text = f"{key}" + ("" if value is ... else f"={_short(value)}")
+    return f"--set {text}" if origin == "--set" else text
+
+
+def typed_overrides(overrides: Mapping[str, Any]) -> str:
+    """The overrides as typed in the Prefect UI's text box, bracketed: `[schedule.k=3 runtime.trainer=grpo]`."""
+    return "[" + " ".join(_typed("overrides", k, v) for k, v in overrides.items()) + "]"
 
 
 def _head(origin: str) -> str:
@@ -124,7 +135,7 @@ def _noun(origin: str) -> str:
 
 
 def _example(origin: str) -> str:
-    return "--set schedule.k=3" if origin == "--set" else '{"schedule.k": 3}'
+    return "--set schedule.k=3" if origin == "--set" else "schedule.k=3"
 
 
 def set_dotted(raw: dict[str, Any], overrides: Mapping[str, Any], origin: str = "--set") -> dict[str, Any]:
@@ -190,7 +201,7 @@ def check_request(request: RunRequest, params_path: str | Path = "params.yaml", 
         if origin == "--set":
             source += " + " + " ".join(_typed(origin, k, v) for k, v in request.overrides.items())
         else:
-            source += " + overrides " + json.dumps(dict(request.overrides), default=str)
+            source += " + overrides " + typed_overrides(request.overrides)
     params = validate_params(raw, source, overrides=request.overrides, origin=request.overrides_from)
     check_lengths_file(params, root, experiment=request.is_experiment)  # missing, or not in the experiment's copy
     check_policy_path(params, root, runs_policy="policy" in ordered_stages(request, root))
@@ -246,7 +257,10 @@ def describe_run(
     stages = ", ".join(f"`{s}`" for s in request.stages) or "every stage"
     params = "params.yaml" + (f" + preset `{request.preset}`" if request.preset else "")
     if request.overrides:
-        params += f" + {request.overrides_from} `" + json.dumps(dict(request.overrides), default=str) + "`"
+        if request.overrides_from == "--set":
+            params += " + --set `" + json.dumps(dict(request.overrides), default=str) + "`"
+        else:
+            params += f" + overrides `{typed_overrides(request.overrides)}`"
     lines = [f"Pipeline run `{label}`, started by {DOORS.get(runner, runner)}: {stages} with {params}."]
     if request.force:
         lines.append("Forced: stages that DVC finds up to date run again.")

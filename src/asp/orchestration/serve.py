@@ -40,11 +40,33 @@ def check_server(api_url: str, timeout_s: float = 5.0) -> None:
     )
 
 
+DESCRIPTION = (
+    "The asp pipeline through DVC. Choose stages (none: all), a preset, and overrides: one SECTION.KEY=VALUE per "
+    "item (Add item), e.g. schedule.k=3; with a preset or overrides the run is a DVC experiment and params.yaml "
+    "stays as it is. force=true reruns stages DVC finds up to date. Cancel from the run's menu puts the workspace "
+    "back. How to run, read and cancel a run: docs/ui.md."
+)
+
+
+def _sigterm_ends_serving(signum: int, frame: object) -> None:
+    """SIGTERM (`asp serve`'s wrapper on Ctrl-C, a service manager) ends serving as Ctrl-C does: Prefect's own
+    handler calls the runner's `stop()` from inside its event loop, where that returns the `astop()` coroutine
+    without running it ("coroutine 'Runner.astop' was never awaited") and exits at once."""
+    from prefect.exceptions import TerminationSignal
+
+    raise TerminationSignal(signal=signum)
+
+
 def serve(name: str = "asp-pipeline", on_ready: Callable[[str], object] = print) -> None:
     """Register the deployments (asp-pipeline/`name` and asp-drift-loop/asp-drift-loop) on the Prefect server,
-    report their UI addresses to `on_ready`, then run their flow runs until Ctrl-C."""
-    from prefect import serve as prefect_serve  # prefect reads PREFECT_API_URL once, when first imported
-    from prefect.deployments.runner import EntrypointType
+    report their UI addresses to `on_ready`, then run their flow runs until Ctrl-C or SIGTERM (as `prefect.serve`
+    does, with `_sigterm_ends_serving` for SIGTERM)."""
+    import asyncio
+    import logging
+
+    from prefect.deployments.runner import EntrypointType  # prefect reads PREFECT_API_URL once, when first imported
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
 
     from asp.orchestration.drift_loop import loop_deployment
     from asp.orchestration.flow import asp_pipeline
@@ -53,7 +75,7 @@ def serve(name: str = "asp-pipeline", on_ready: Callable[[str], object] = print)
     deployment = asp_pipeline.to_deployment(
         name=name,
         concurrency_limit=1,  # one run at a time writes this workspace's outputs/ and dvc.lock
-        description="The asp pipeline through DVC. Choose stages, a preset and param overrides (dotted keys).",
+        description=DESCRIPTION,
         tags=["asp"],
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
@@ -61,7 +83,14 @@ def serve(name: str = "asp-pipeline", on_ready: Callable[[str], object] = print)
     ui = prefect_api_url().rstrip("/").removesuffix("/api")
     for dep, flow_name in ((deployment, "asp-pipeline"), (loop, "asp-drift-loop")):
         on_ready(f"deployment '{flow_name}/{dep.name}': {deployment_url(ui, str(dep.apply()))}")
-    prefect_serve(deployment, loop, print_starting_message=False)
+    runner = Runner(pause_on_shutdown=True)
+    runner.handle_sigterm = _sigterm_ends_serving  # what `start` installs for SIGTERM
+    for dep in (deployment, loop):
+        runner.add_deployment(dep)
+    try:
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, TerminationSignal) as exc:
+        logging.getLogger("asp.orchestration").info("%s: stopped serving", type(exc).__name__)
 
 
 if __name__ == "__main__":  # `asp serve` runs this in its own process group, so Ctrl-C / SIGTERM stop it for sure

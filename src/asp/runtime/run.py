@@ -76,11 +76,28 @@ def ray_session(config: RuntimeConfig) -> Iterator[bool]:
         forget_local_ray()
 
 
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _TokenAuthOnNotice(logging.Filter):
+    """Drops Ray's "Token authentication is enabled for this Ray cluster" notice (not a problem: the safe default)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
 def init_local_ray(**options: Any) -> None:
-    """Start a local Ray cluster bound to 127.0.0.1 with the dashboard off (`options` go to `ray.init`)."""
+    """Start a local Ray cluster bound to 127.0.0.1 with the dashboard off (`options` go to `ray.init`).
+
+    Ray's notice that token authentication is on (its default for a new local cluster, warned about in every run's
+    log when RAY_AUTH_MODE is unset) is dropped (`_TokenAuthOnNotice`); its warning that authentication is off
+    stays. (Setting RAY_AUTH_MODE=token here instead made Ray 2.60's own workers fail to authenticate.)"""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    notices = logging.getLogger(RAY_AUTH_LOGGER)
+    if not any(isinstance(f, _TokenAuthOnNotice) for f in notices.filters):
+        notices.addFilter(_TokenAuthOnNotice())
     with _loopback_node_address():
         ray.init(include_dashboard=False, _node_ip_address=LOOPBACK, **options)
     node_ip = ray.util.get_node_ip_address()
