@@ -729,6 +729,12 @@ class SimTrainingParams(_Params):
     save_s: Float = Field(0.0044, ge=0, description="T_save: snapshot export per step.")
     convert_s: Float = Field(0.0, ge=0, description="T_convert: snapshot conversion per step.")
     load_s: Float = Field(0.003, ge=0, description="T_load: reload per actor, before its next minibatch.")
+    step_per_sample_s: Float = Field(
+        0.0,
+        ge=0,
+        description="Seconds per sequence (prompt x sample) in the global batch; fitted only from launches of "
+        "different batch sizes (0: the batch size acts through its tokens).",
+    )
     measured_on: Literal["cpu", "cuda"] = Field(
         "cpu",
         description="Where these times were measured (the defaults: the CPU demo's launch). A GPU Training Unit "
@@ -784,6 +790,13 @@ class SimulateParams(_Params):
         2.0, gt=0, description="CPU cores the generation actors share (processor sharing); null: a device per actor."
     )
     folds: Int = Field(5, ge=2, description="Cross-validation folds of the time-model fit (held-out R², MdAPE).")
+    sharing_factor: Float = Field(
+        1.0,
+        gt=0,
+        description="Generation time in a launch = the profile-fitted time (one engine alone) x this factor (engines "
+        "and trainer sharing the cores); `asp simulate fit-training` fits it from a launch's minibatches. Not used "
+        "with a preset time model.",
+    )
     iterations: Int | None = Field(None, ge=1, description="Trainer steps simulated; null: runtime.iterations.")
     time_model: str = Field(
         FIT,

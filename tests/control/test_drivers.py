@@ -171,7 +171,7 @@ class FixedTrain:
     save_s: float = 0.0
     convert_s: float = 0.0
 
-    def step_seconds(self, tokens: float) -> float:
+    def step_seconds(self, tokens: float, samples: float = 0.0) -> float:
         return self.step_s
 
     def publish_seconds(self) -> float:

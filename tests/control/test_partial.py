@@ -279,7 +279,7 @@ class Gen:
 class Train:
     load_s = save_s = convert_s = 0.0
 
-    def step_seconds(self, tokens: float) -> float:
+    def step_seconds(self, tokens: float, samples: float = 0.0) -> float:
         return 0.05
 
     def publish_seconds(self) -> float:

@@ -251,3 +251,125 @@ def test_cli_set_runtime_mode_sync_simulates_sync(project: Path) -> None:
     assert lag_row == "| policy lag max | 0 |"
     saved = json.loads((project / "sim-sync/simulate.json").read_text())
     assert saved["simulate/C0/policy_lag_mean"] == 0
+
+
+def test_plan_layout_with_a_preset_shows_each_layout_s_range(project: Path) -> None:
+    """A preset time model: each shown layout's iteration time with its min-max over the 13-point sensitivity grid
+    (the value inside it) and at how many grid points it is the fastest shown (13 in all, ties counted for each)."""
+    args = ["--devices", "4", "--k", "3", "--set", "simulate.time_model=h100-qwen3-8b"]
+    res = _asp(["plan", "layout", *args], project)
+    assert res.returncode == 0, res.stderr
+    assert "preset h100-qwen3-8b" in res.stdout and "| bottleneck | fastest |" in res.stdout
+    rows = [line.split(" | ") for line in res.stdout.splitlines() if line.startswith(("| B.6", "| search"))]
+    assert len(rows) >= 2
+    wins = 0
+    for cells in rows:
+        value, span = cells[6].split(" [")
+        low, high = (float(v) for v in span.rstrip("]").split("-"))
+        assert low <= float(value) <= high and low < high  # the grid scales trainer and decode costs
+        win, points = cells[-1].rstrip(" |").split("/")
+        assert points == "13" and 0 <= int(win) <= 13
+        wins += int(win)
+    assert wins >= 13  # every grid point has a fastest layout
+
+
+def test_plan_layout_with_the_fit_prints_no_range(project: Path) -> None:
+    res = _asp(["plan", "layout", "--devices", "4", "--k", "3"], project)
+    assert res.returncode == 0, res.stderr
+    assert "fastest" not in res.stdout and " [" not in res.stdout and "| bottleneck |\n" in res.stdout
+
+
+def _fake_launch(root: Path, params: Params, metrics: dict) -> None:
+    """params.yaml, dvc.lock recording a launch of `params`, its metrics/launch.json and summary.json."""
+    import hashlib
+
+    import yaml
+
+    raw = params.model_dump(mode="json")
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    (root / "metrics").mkdir(exist_ok=True)
+    (root / "outputs/launch").mkdir(parents=True, exist_ok=True)
+    body = json.dumps(metrics).encode()
+    (root / "metrics/launch.json").write_bytes(body)
+    (root / "outputs/launch/summary.json").write_text(json.dumps({"condition": "C4"}))
+    recorded = {k: raw[k] for k in ("runtime", "schedule", "profile")} | {"common.seed": raw["common"]["seed"]}
+    recorded["runtime"]["grpo"]["adam_eps"] = "@EPS@"  # dvc.lock writes 1e-08, a str in YAML 1.1
+    lock = {
+        "stages": {
+            "launch": {
+                "params": {"params.yaml": recorded},
+                "outs": [{"path": "metrics/launch.json", "md5": hashlib.md5(body).hexdigest()}],
+            }
+        }
+    }
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock).replace("'@EPS@'", "1e-08"))
+
+
+def test_last_launch_of_the_same_setting_is_checked_and_others_are_named(tmp_path: Path) -> None:
+    params = _params({"runtime": {"grpo": {"adam_eps": 1e-8}}})
+    measured = {"runtime/summary/mean_iteration_time_s": 2.0, "runtime/summary/policy_lag_mean": 0.0}
+    _fake_launch(tmp_path, params, measured)
+    condition, found = simulate.last_launch(params, tmp_path)
+    assert condition == "C4" and found == measured
+    other = params.model_copy(update={"runtime": params.runtime.model_copy(update={"actors_per_unit": 5})})
+    why = simulate.last_launch(other, tmp_path)
+    assert why == (
+        "no launch of this setting to check against; the last launch differs in runtime.actors_per_unit "
+        "(launch 3, here 5)"
+    )
+    longer = params.model_copy(update={"simulate": params.simulate.model_copy(update={"iterations": 7})})
+    assert "simulate.iterations (launch ran 20 steps, here 7)" in simulate.last_launch(longer, tmp_path)
+    (tmp_path / "metrics/launch.json").write_text("{}")  # not the launch dvc.lock records
+    assert "is not the launch dvc.lock records" in simulate.last_launch(params, tmp_path)
+    # hand-worked errors: (1.5 - 2) / 2 = -25 %; a measured 0 gives NaN, not a division error
+    rows = simulate.launch_errors(
+        {"runtime/summary/mean_iteration_time_s": 1.5, "runtime/summary/policy_lag_mean": 1.0}, measured
+    )
+    assert rows[0] == ("mean iteration time (s)", 2.0, 1.5, -0.25)
+    assert rows[1][0] == "policy lag mean (steps)" and np.isnan(rows[1][3]) and len(rows) == 2
+
+
+def test_cli_says_when_there_is_no_launch_to_check_against(project: Path) -> None:
+    res = _asp(["simulate", "-c", "C4"], project)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip().splitlines()[-1].startswith("no launch to check against (needs dvc.lock")
+
+
+def test_fit_training_cli_fits_batch_size_and_sharing_from_two_launches(project: Path) -> None:
+    """Two launches of 16 and 32 prompts x 4 samples (per step 0.3 s + 1e-3 s per sequence + 1e-4 s per token) and
+    generation calls that ran at twice the profile's law: the overlay holds all three trainer costs and a factor ~2."""
+    import yaml
+
+    from tests.sim.test_timemodel import _launch
+
+    rng = np.random.default_rng(1)
+    for name, prompts in (("a", 16), ("b", 32)):
+        d = project / "launches" / name
+        d.mkdir(parents=True, exist_ok=True)
+        _launch(prompts, N_SAMPLES, seed=prompts).to_parquet(d / "iterations.parquet")
+        mx = rng.integers(20, CAP, 30)
+        pd.DataFrame(
+            {
+                "gen_s": 2 * (0.05 + 0.004 * mx),  # the profile's timing law (write_inputs), twice as slow
+                "prompts": 16,
+                "responses": 16 * N_SAMPLES,
+                "tokens": mx * 16 * N_SAMPLES // 2,
+                "max_length": mx,
+                "split_responses": 0,
+                "gen_start_s": np.arange(30) * 10.0,
+            }
+        ).to_parquet(d / "minibatches.parquet")
+    files = [str(project / "launches" / n / "iterations.parquet") for n in ("a", "b")]
+    res = _asp(["simulate", "fit-training", *files], project)
+    assert res.returncode == 0, res.stderr
+    sim = yaml.safe_load(res.stdout)["simulate"]
+    assert sim["training"]["step_per_sample_s"] == pytest.approx(1e-3, rel=0.02)
+    assert sim["training"]["step_base_s"] == pytest.approx(0.3, abs=0.01)
+    assert sim["sharing_factor"] == pytest.approx(2.0, rel=0.05)
+    assert "samples_varied=1" in res.stdout and "minibatches_alone=60" in res.stdout
+
+
+def test_a_preset_is_never_checked_against_this_machine_s_launch(project: Path) -> None:
+    res = _asp(["simulate", "-c", "C4", "--set", "simulate.time_model=h100-qwen3-8b"], project)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip().splitlines()[-1].startswith("no launch to check against: the time model is the preset")

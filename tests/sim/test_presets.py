@@ -32,6 +32,8 @@ def test_every_preset_loads_by_name_and_every_coefficient_has_a_source() -> None
         for feature, coef in zip(preset.gen.feature_names, preset.gen.coef, strict=True):
             assert by_coef[feature].value == pytest.approx(coef)
         for field, value in preset.train.to_dict().items():
+            if field == "step_per_sample_s" and value == 0:  # no preset has a per-sequence trainer cost
+                continue
             assert by_coef[field].value == pytest.approx(value)
         for source in preset.sources:  # a non-zero coefficient names where it comes from
             if source.value > 0:

@@ -19,7 +19,10 @@ from asp.sim.timemodel import (
     GenerationTimeModel,
     TrainingTimeModel,
     fit_generation_model,
+    fit_sharing_factor,
     fit_training_model,
+    overlap_fractions,
+    shared,
 )
 
 REAL_TIMINGS = Path(__file__).resolve().parents[2] / "metrics" / "profile_timings.csv"
@@ -176,6 +179,7 @@ def synthetic_iterations(steps: int = 60, window: int = 10, seed: int = 0) -> pd
             "step": np.arange(1, steps + 1),
             "train/t_train_s": pd.Series(per_step).rolling(window, 1).mean(),
             "train/response_tokens": tokens,
+            "train/prompts": 16,
             "train/t_save_s": save,
             "train/t_convert_s": 0.05,
             "train/t_load_s": np.where(np.arange(steps) < 3, 0.0, 0.4),
@@ -185,7 +189,7 @@ def synthetic_iterations(steps: int = 60, window: int = 10, seed: int = 0) -> pd
 
 
 def test_fit_training_model_recovers_step_time():
-    fitted, report = fit_training_model(synthetic_iterations())
+    fitted, report = fit_training_model(synthetic_iterations(), n_samples=8)
     assert fitted.step_base_s == pytest.approx(0.8, abs=0.05)
     assert fitted.step_per_token_s == pytest.approx(2e-4, rel=0.05)
     assert (fitted.save_s, fitted.convert_s, fitted.load_s) == pytest.approx((0.3, 0.05, 0.4))
@@ -196,11 +200,91 @@ def test_fit_training_model_recovers_step_time():
 
 def test_fit_training_model_rejects_missing_columns():
     with pytest.raises(ValueError, match="train/response_tokens"):
-        fit_training_model(synthetic_iterations().drop(columns="train/response_tokens"))
+        fit_training_model(synthetic_iterations().drop(columns="train/response_tokens"), n_samples=8)
     with pytest.raises(ValueError, match="at least 3"):
-        fit_training_model(synthetic_iterations().head(2))
+        fit_training_model(synthetic_iterations().head(2), n_samples=8)
 
 
 def test_simulated_training_model():
     t = TrainingTimeModel.simulated(trainer_step_s=0.5, refresh_delay_s=0.2)
     assert t.step_seconds(1e6) == 0.5 and t.publish_seconds() == 0.0 and t.load_s == 0.2
+
+
+def test_old_training_dicts_load_without_the_per_sample_term():
+    old = {"step_base_s": 0.6, "step_per_token_s": 1e-5, "save_s": 0.0, "convert_s": 0.0, "load_s": 0.0}
+    t = TrainingTimeModel.from_dict(old)
+    assert t.step_per_sample_s == 0.0 and t.step_seconds(1000, samples=128) == pytest.approx(0.61)
+
+
+def test_step_seconds_hand_worked():
+    t = TrainingTimeModel(0.5, 1e-4, 0.2, 0.1, 0.3, step_per_sample_s=2e-3)
+    # 0.5 + 1e-4 * 4000 + 2e-3 * 128 = 0.5 + 0.4 + 0.256
+    assert t.step_seconds(4000, 128) == pytest.approx(1.156)
+    assert t.step_seconds(8000, 256) == pytest.approx(0.5 + 0.8 + 0.512)  # twice the batch: all but the base
+    assert TrainingTimeModel.from_dict(t.to_dict()) == t
+
+
+def _launch(prompts: int, n: int, seed: int, steps: int = 40) -> pd.DataFrame:
+    """One launch's iterations: per step 0.3 s + 1e-3 s per sequence + 1e-4 s per token, trailing mean of 10."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(20, 60, steps) * prompts * n * 1.0
+    per_step = 0.3 + 1e-3 * prompts * n + 1e-4 * tokens
+    return pd.DataFrame(
+        {
+            "step": np.arange(1, steps + 1),
+            "train/t_train_s": pd.Series(per_step).rolling(10, 1).mean(),
+            "train/response_tokens": tokens,
+            "train/prompts": prompts,
+            "train/t_save_s": 0.01,
+            "train/t_convert_s": 0.0,
+            "train/t_load_s": 0.002,
+        }
+    )
+
+
+def test_fit_training_on_two_batch_sizes_recovers_the_per_sample_term():
+    fitted, report = fit_training_model([_launch(16, 8, 0), _launch(32, 8, 1)], n_samples=8)
+    assert report["samples_varied"] == 1 and report["launches"] == 2 and report["steps"] == 80
+    assert fitted.step_base_s == pytest.approx(0.3, abs=1e-3)
+    assert fitted.step_per_sample_s == pytest.approx(1e-3, rel=1e-2)
+    assert fitted.step_per_token_s == pytest.approx(1e-4, rel=1e-3)
+    # a third batch size, never fitted: 64 x 8 sequences, 40 tokens each -> 0.3 + 0.512 + 2.048
+    assert fitted.step_seconds(64 * 8 * 40, 64 * 8) == pytest.approx(2.86, rel=1e-2)
+
+
+def test_fit_training_on_one_batch_size_leaves_the_per_sample_term_at_zero():
+    fitted, report = fit_training_model(_launch(16, 8, 0), n_samples=8)
+    assert report["samples_varied"] == 0 and fitted.step_per_sample_s == 0.0
+    assert fitted.step_base_s == pytest.approx(0.3 + 1e-3 * 128, abs=1e-3)  # the per-sample cost sits in the base
+    with pytest.raises(ValueError, match="one n_samples per table"):
+        fit_training_model([_launch(16, 8, 0)], n_samples=[8, 8])
+
+
+def test_sharing_factor_hand_worked():
+    gen = GenerationTimeModel("static", (0.1, 0.01, 0.0, 0.0, 0.0), FEATURES["static"])
+    # predicted: 0.1 + 0.01 * max_length = 0.6 s (50 steps) and 1.1 s (100 steps); measured 2x and 1.5x that
+    frame = pd.DataFrame(
+        {
+            "gen_s": [1.2, 1.65, 1.2, 9.9],
+            "prompts": [16, 16, 16, 16],
+            "responses": [128, 128, 128, 128],
+            "tokens": [3000, 6000, 3000, 6000],
+            "max_length": [50, 100, 50, 100],
+            "split_responses": [0, 0, 0, 4],  # a continuation call: left out
+        }
+    )
+    factor, report = fit_sharing_factor(frame, gen, 30.0)
+    # least squares through 0: (1.2*0.6 + 1.65*1.1 + 1.2*0.6) / (0.36 + 1.21 + 0.36) = 3.255 / 1.93
+    assert factor == pytest.approx(3.255 / 1.93)
+    assert report["minibatches"] == 3 and report["ratio_median"] == pytest.approx(2.0)
+    assert shared(gen, 2.0).seconds(16, 8, 50, 3000, 480) == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_sharing_factor(frame.head(2), gen, 30.0)
+    with pytest.raises(ValueError, match="lacks columns \\['max_length'\\]"):
+        fit_sharing_factor(frame.drop(columns="max_length"), gen, 30.0)
+
+
+def test_overlap_fractions_hand_worked():
+    # call 0: [0, 2); call 1: [1, 3) overlaps it for 1 s; call 2: [5, 6) alone
+    got = overlap_fractions(np.array([0.0, 1.0, 5.0]), np.array([2.0, 2.0, 1.0]))
+    assert got.tolist() == [0.5, 0.5, 0.0]

@@ -59,12 +59,13 @@ def _ints(text: str | None, default: tuple[int, ...], name: str) -> tuple[int, .
     return values
 
 
-def _row(label: str, c: Candidate, m: dict[str, float]) -> str:
+def _row(label: str, c: Candidate, m: dict[str, float], span: str = "") -> str:
+    """One layout row; `span` (e.g. " [0.5-1.2]") follows the iteration time."""
     from asp.sim.planner import bottleneck, objective_s
 
     return (
         f"| {label} | {c.generation_units} x {c.actors_per_unit} | {c.tu_devices} | {c.q_max} | {c.b} | {c.k} | "
-        f"{objective_s(m):.3f} | {m['runtime/summary/depth_at_arrival_batches_mean']:.2f} | "
+        f"{objective_s(m):.3f}{span} | {m['runtime/summary/depth_at_arrival_batches_mean']:.2f} | "
         f"{m['sim/policy_lag_max']:.0f} | {bottleneck(m)} |"
     )
 
@@ -198,10 +199,15 @@ def layout(
     best, metrics = ranked[0]
     c0 = cluster
     typer.echo(f"cluster: {c0.devices} devices, {c0.devices_per_actor} per actor, TU >= {c0.tu_min_devices} devices")
-    typer.echo(HEADER)
-    typer.echo(_row("B.6 heuristic", b6, ev(b6)))
-    for i, (c, m) in enumerate(ranked[:5]):
-        typer.echo(_row("search best" if i == 0 else f"search #{i + 1}", c, m))
+    shown = [("B.6 heuristic", b6, ev(b6))]
+    shown += [("search best" if i == 0 else f"search #{i + 1}", c, m) for i, (c, m) in enumerate(ranked[:5])]
+    preset = p.simulate.time_model
+    if preset == "fit":
+        typer.echo(HEADER)
+        for label, c, m in shown:
+            typer.echo(_row(label, c, m))
+    else:
+        _echo_ranges(preset, ev, shown)
     typer.echo(f"{len(ranked)} layouts simulated; feasible: {sum(bool(m['planner/feasible']) for _, m in ranked)}")
     if not metrics["planner/feasible"]:
         typer.echo("warning: no layout met the queue-depth and lag bounds; the best infeasible one is shown", err=True)
@@ -230,6 +236,25 @@ def layout(
 
             save_figure(scaling_figure(rows, b6_rows, cluster=cluster), plot)
             typer.echo(f"wrote {plot}", err=True)
+
+
+def _echo_ranges(preset: str, ev: Evaluator, shown: list[tuple[str, Candidate, dict[str, float]]]) -> None:
+    """The layout table with each shown layout's iteration time as ``value [min-max]`` over the presets'
+    sensitivity grid (the shown layouts re-simulated at every grid point, not the whole search), and at how many
+    points each one is the fastest of those shown."""
+    from asp.sim.evaluate import layout_ranges
+    from asp.sim.presets import SENSITIVITY_GRID
+
+    lows, highs, wins = layout_ranges(ev, [c for _, c, _ in shown], SENSITIVITY_GRID)
+    n = len(SENSITIVITY_GRID)
+    typer.echo(
+        f"time model: preset {preset} (published measurements; docs/simulator.md). iteration (s): the preset's "
+        f"value [min-max over the {n}-point sensitivity grid: decode x0.5-2, trainer x0.5-2, reload x0.5-4]; "
+        f"fastest: at how many of the {n} points the layout is the fastest of those shown"
+    )
+    typer.echo(HEADER.replace("| bottleneck |", "| bottleneck | fastest |") + "---|")
+    for (label, c, m), low, high, win in zip(shown, lows, highs, wins, strict=True):
+        typer.echo(f"{_row(label, c, m, f' [{low:.3f}-{high:.3f}]')} {win}/{n} |")
 
 
 def _check_devices(n: int | None, what: str) -> None:

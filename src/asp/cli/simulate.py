@@ -3,13 +3,15 @@
     asp simulate                                    # runtime: + simulate: of params.yaml, C0 and C4
     asp simulate -c C4 --set runtime.actors_per_unit=4 --set schedule.k=6 --out sim-out
     asp simulate -c C0 --set runtime.mode=sync      # the synchronous baseline (rounds of one global batch, lag 0)
-    asp simulate fit-training outputs/launch/iterations.parquet    # simulate.training params from a launch
+    asp simulate fit-training outputs/launch/iterations.parquet    # simulate.training + sharing_factor, a launch
+    asp simulate fit-training run16/iterations.parquet run32/iterations.parquet   # + the per-sequence cost
 
 It needs the pipeline's outputs up to `schedule` (and metrics/profile_timings.csv); it fits the same models as
 the `simulate` stage (`asp.pipeline.simulate`) and prints the Table 4(b) columns, lag, duty cycle and
-utilizations per condition. `--out DIR` also writes DIR/simulate.json and DIR/timeline.png. Nothing under
-outputs/ or metrics/ is written and nothing is logged to MLflow (the stage does that). Bad params or inputs
-exit 2 with one message.
+utilizations per condition, then its error against the last launch when that launch ran the same setting
+(dvc.lock's launch params; otherwise one line naming what differs). `--out DIR` also writes DIR/simulate.json
+and DIR/timeline.png. Nothing under outputs/ or metrics/ is written and nothing is logged to MLflow (the stage
+does that). Bad params or inputs exit 2 with one message.
 """
 
 from __future__ import annotations
@@ -129,34 +131,110 @@ def simulate_command(
             "trainer x0.5-2, reload x0.5-4]"
         )
         typer.echo(range_table(metrics, stage.sensitivity_ranges(p, paths, models), list(results)))
+    _check_against_launch(p, params, {c: r.metrics for c, r in results.items()})
     if out is not None:
         write_json(metrics, out / "simulate.json")
         save_figure(timeline_figure({c: r.iterations for c, r in results.items()}), out / "timeline.png")
         typer.echo(f"wrote {out / 'simulate.json'} and {out / 'timeline.png'}", err=True)
 
 
+def _check_against_launch(p: Params, params_path: Path, sims: dict[str, dict[str, float]]) -> None:
+    """The simulator's error against the last launch of the same setting (or one line saying why there is none)."""
+    from asp.pipeline import simulate as stage
+
+    if p.simulate.time_model != "fit":
+        typer.echo(
+            f"no launch to check against: the time model is the preset {p.simulate.time_model} (published GPU/NPU "
+            "times), not this machine's"
+        )
+        return
+    if params_path.resolve() != Path("params.yaml").resolve():
+        typer.echo(f"no launch to check against: dvc.lock's launch ran params.yaml, not {params_path}")
+        return
+    found = stage.last_launch(p)
+    if isinstance(found, str):
+        typer.echo(found)
+        return
+    condition, measured = found
+    if condition not in sims:
+        typer.echo(f"no launch to check against: the last launch ran {condition}, not simulated here (-c {condition})")
+        return
+    typer.echo(f"against the last launch ({condition}, metrics/launch.json; same runtime/schedule/profile params):")
+    typer.echo("| metric | measured | simulated | error |\n|---|---|---|---|")
+    for label, m, s, err in stage.launch_errors(sims[condition], measured):
+        typer.echo(f"| {label} | {m:.4g} | {s:.4g} | {100 * err:+.1f} % |")
+
+
 @app.command("fit-training")
 def fit_training(
-    iterations: Annotated[Path, typer.Argument(help="a GRPO launch's iterations.parquet")] = Path(
-        "outputs/launch/iterations.parquet"
-    ),
+    iterations: Annotated[
+        list[Path] | None, typer.Argument(help="GRPO launches' iterations.parquet (default outputs/launch/...)")
+    ] = None,
     params: Annotated[
         Path, typer.Option("--params", "-p", help="the launch's params file (runtime.grpo.device: where it trained)")
     ] = Path("params.yaml"),
+    n_samples: Annotated[
+        str | None, typer.Option(help="samples per prompt of each launch, comma-separated (default runtime.n_samples)")
+    ] = None,
 ) -> None:
-    """Fit the Training Unit's times from a launch and print them as a `simulate.training` params overlay."""
+    """Fit the Training Unit's times (and the CPU-sharing factor of the generation calls) from launches and print
+    them as a `simulate` params overlay.
+
+    Several launches of different global batch sizes fit the trainer's per-sequence cost too; one launch fits the
+    base and per-token costs. The sharing factor compares each launch's minibatches.parquet (beside its
+    iterations.parquet) with the generation-time model fitted on metrics/profile_timings.csv."""
     import pandas as pd
     import yaml
 
     from asp.sim.timemodel import fit_training_model
 
-    if not iterations.is_file():
-        raise UserError(f"{iterations}: not found. Run the launch stage with runtime.trainer: grpo first.")
+    files = list(iterations or [Path("outputs/launch/iterations.parquet")])
+    for f in files:
+        if not f.is_file():
+            raise UserError(f"{f}: not found. Run the launch stage with runtime.trainer: grpo first.")
+    p = load_with_overrides(params, [], [])
+    counts = [p.runtime.n_samples] * len(files)
+    if n_samples:
+        try:
+            counts = [int(v) for v in n_samples.split(",")]
+        except ValueError:
+            raise UserError(f"--n-samples {n_samples!r}: expected comma-separated integers, e.g. 8,8.") from None
     try:
-        model, report = fit_training_model(pd.read_parquet(iterations))
+        model, report = fit_training_model([pd.read_parquet(f) for f in files], n_samples=counts)
     except ValueError as exc:
-        raise UserError(f"{iterations}: {exc}") from None
-    device = load_with_overrides(params, [], []).runtime.grpo.device
+        raise UserError(f"{', '.join(map(str, files))}: {exc}") from None
+    device = p.runtime.grpo.device
     training = {**model.to_dict(), "measured_on": "cuda" if device.startswith("cuda") else "cpu"}
-    typer.echo(f"# from {iterations}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
-    typer.echo(yaml.safe_dump({"simulate": {"training": training}}, sort_keys=False).rstrip())
+    typer.echo(f"# from {', '.join(map(str, files))}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
+    overlay: dict[str, Any] = {"training": training}
+    factor = _sharing_factor(p, [f.with_name("minibatches.parquet") for f in files])
+    if factor is not None:
+        overlay["sharing_factor"] = round(factor, 4)
+    typer.echo(yaml.safe_dump({"simulate": overlay}, sort_keys=False).rstrip())
+
+
+def _sharing_factor(p: Params, minibatch_files: list[Path]) -> float | None:
+    """The CPU-sharing factor of the launches' generation calls against the profile fit (printed with its spread),
+    or None (saying why) when there are no minibatch tables or no profile timings."""
+    import pandas as pd
+
+    from asp.pipeline import simulate as stage
+    from asp.sim.timemodel import fit_generation_model, fit_sharing_factor
+
+    paths = stage.Paths()
+    present = [f for f in minibatch_files if f.is_file()]
+    if not present or not paths.timings.is_file() or stage.untimed(paths):
+        typer.echo(f"# no sharing factor: needs {paths.timings} (timed) and the launches' minibatches.parquet")
+        return None
+    timings = pd.read_csv(paths.timings)
+    try:
+        gen, _ = fit_generation_model(timings, stage.generation_form(p), folds=p.simulate.folds, seed=p.common.seed)
+        prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
+        factor, report = fit_sharing_factor([pd.read_parquet(f) for f in present], gen, prompt_tokens)
+    except ValueError as exc:
+        raise UserError(f"{', '.join(map(str, present))}: {exc}") from None
+    typer.echo(
+        f"# sharing factor from {', '.join(map(str, present))}: "
+        + ", ".join(f"{k}={v:.4g}" for k, v in report.items())
+    )
+    return factor

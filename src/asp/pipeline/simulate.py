@@ -11,7 +11,9 @@ core (`asp.control`):
   prompt (the same lengths in every condition); the default resamples the samples of the held-out prompts
   with the nearest calibrated length, rescaled;
 * training time: ``runtime.trainer_step_s`` / ``refresh_delay_s`` for the simulated trainer, the
-  ``simulate.training`` params for GRPO (`asp simulate fit-training` fits them from a launch).
+  ``simulate.training`` params for GRPO (`asp simulate fit-training` fits them from a launch);
+* CPU sharing: the generation times are the profile fit (one engine alone) x ``simulate.sharing_factor``
+  (`asp simulate fit-training` fits it from a launch's own generation calls; 1 by default).
 C4 is the schedule stage's own schedule (checked against the predictions); C0-C3 are rebuilt as `launch` does.
 
 Writes metrics/simulate.json (``simulate/<condition>/...`` and the fits), outputs/simulate/ (models.json,
@@ -173,7 +175,7 @@ def fit_models(params: Params, paths: Paths) -> Models:
     """Fit the generation-time and length models (see the module docstring)."""
     from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
     from asp.sim.lengths import fit_empirical_length_model, fit_length_model
-    from asp.sim.timemodel import fit_generation_model
+    from asp.sim.timemodel import fit_generation_model, shared
 
     preset = time_model_preset(params)
     if preset is None:
@@ -191,6 +193,8 @@ def fit_models(params: Params, paths: Paths) -> Models:
             )
         except ValueError as exc:
             raise UserError(f"{paths.timings}: cannot fit a generation-time model: {exc}") from None
+        if params.simulate.sharing_factor != 1.0:
+            gen = shared(gen, params.simulate.sharing_factor)
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     heldout = pd.read_parquet(_need(paths.heldout, "prepare"), columns=["prompt_id"])
     samples = pd.read_parquet(_need(paths.samples, "profile"), columns=["prompt_id", "length"])
@@ -375,3 +379,115 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     tracker.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
     tracker.log_dict({"models": read_json(paths.out_dir / "models.json")}, "simulate_models.json")
     return metrics
+
+
+# what `asp simulate` checks against the last launch: ``runtime/summary/<key>`` of both, with a label
+CHECKED = {
+    "mean_iteration_time_s": "mean iteration time (s)",
+    "generation_time_mean_s": "generation time / minibatch (s)",
+    "train_step_mean_s": "training time / step (s)",
+    "generation_utilization": "generation utilisation",
+    "policy_lag_mean": "policy lag mean (steps)",
+    "depth_at_arrival_batches_mean": "queue depth at arrival (batches)",
+    "padding_rate_mean": "padding rate",
+}
+LAUNCH_PARAMS = ("runtime", "schedule", "profile", "common.seed")
+
+
+def _differences(a: Any, b: Any, prefix: str) -> list[str]:
+    """Dotted keys where the nested dicts `a` and `b` differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}")]
+    return [] if a == b else [f"{prefix} (launch {b!r}, here {a!r})"]
+
+
+def launch_setting_differences(params: Params, lock: dict[str, Any], raw: dict[str, Any]) -> list[str]:
+    """How the run `params` simulates differs from the last launch as dvc.lock records it ([] when it is the same
+    setting): the ``runtime``, ``schedule``, ``profile`` and ``common.seed`` values (the launch's recorded
+    sections over `raw`, the params file, validated) and ``simulate.iterations`` when it changes the step count.
+
+    Args:
+        params: the validated params simulated; lock: dvc.lock's ``stages.launch.params['params.yaml']``;
+        raw: the params file as read (the sections the lock does not hold).
+    """
+    import copy
+
+    from asp.config import validate_params
+
+    merged = copy.deepcopy(raw)
+    for key in LAUNCH_PARAMS:
+        if key in lock:
+            *parents, leaf = key.split(".")
+            node = merged
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = copy.deepcopy(lock[key])
+    launched = validate_params(merged, "dvc.lock (launch)")
+    here, there = params.model_dump(mode="json"), launched.model_dump(mode="json")
+    diffs: list[str] = []
+    for key in ("runtime", "schedule", "profile"):
+        diffs += _differences(here[key], there[key], key)
+    diffs += _differences(here["common"]["seed"], there["common"]["seed"], "common.seed")
+    steps = params.simulate.iterations
+    if steps is not None and steps != launched.runtime.iterations:
+        diffs.append(f"simulate.iterations (launch ran {launched.runtime.iterations} steps, here {steps})")
+    return diffs
+
+
+def launch_errors(simulated: dict[str, float], measured: dict[str, float]) -> list[tuple[str, float, float, float]]:
+    """(label, measured, simulated, relative error) per `CHECKED` metric both hold (error NaN where measured is 0)."""
+    rows = []
+    for key, label in CHECKED.items():
+        m, s = measured.get(f"runtime/summary/{key}"), simulated.get(f"runtime/summary/{key}")
+        if m is None or s is None:
+            continue
+        m, s = float(m), float(s)
+        rows.append((label, m, s, (s - m) / m if m else float("nan")))
+    return rows
+
+
+def _lock_loader() -> type:
+    """A SafeLoader that reads YAML 1.2 floats without a dot (dvc.lock writes ``1e-08``; YAML 1.1 reads a str)."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    pattern = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", pattern, list("-+0123456789"))
+    return Loader
+
+
+_LockLoader = _lock_loader()
+
+
+def last_launch(params: Params, root: Path = Path()) -> tuple[str, dict[str, float]] | str:
+    """(condition, ``metrics/launch.json``) of the last launch when it ran the setting `params` describes, else
+    why not: no launch, outputs that are not the launch dvc.lock records, or the differing params."""
+    import hashlib
+
+    import yaml
+
+    from asp.config import read_yaml
+
+    lock_path, metrics_path, summary = (
+        root / "dvc.lock",
+        root / "metrics/launch.json",
+        root / "outputs/launch/summary.json",
+    )
+    if not (lock_path.is_file() and metrics_path.is_file() and summary.is_file()):
+        return "no launch to check against (needs dvc.lock, metrics/launch.json and outputs/launch/summary.json)"
+    stage = (yaml.load(lock_path.read_text(), Loader=_LockLoader) or {}).get("stages", {}).get("launch")
+    if not stage:
+        return "no launch to check against: dvc.lock records none"
+    recorded = next((o.get("md5") for o in stage.get("outs", []) if o.get("path") == "metrics/launch.json"), None)
+    if recorded != hashlib.md5(metrics_path.read_bytes()).hexdigest():
+        return "no launch to check against: metrics/launch.json is not the launch dvc.lock records (`dvc status`)"
+    diffs = launch_setting_differences(params, stage["params"]["params.yaml"], read_yaml(root / "params.yaml"))
+    if diffs:
+        more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+        return "no launch of this setting to check against; the last launch differs in " + "; ".join(diffs[:3]) + more
+    condition = str(read_json(summary).get("condition", params.runtime.condition))
+    return condition, read_json(metrics_path)

@@ -11,7 +11,7 @@ simulator adds is what Ray and the engines do in a real run:
 * decoding takes `GenerationTimeModel.seconds` of the minibatch's realized lengths (`Workload`); when the
   actors share CPU cores (`Resources.cores`, the CPU demo) they progress by processor sharing: with A actors
   decoding on C cores each runs at min(1, C / (A * threads)) of full speed;
-* a trainer step takes `TrainingTimeModel.step_seconds(tokens) + publish_seconds()`; its snapshot is
+* a trainer step takes `TrainingTimeModel.step_seconds(tokens, sequences) + publish_seconds()`; its snapshot is
   announced to every GU when it ends (in sync mode the next round starts then, and every actor reloads first);
 * the Control Unit's loop runs after every event and at least every ``poll_timeout_s`` (as `ray.wait` does).
 With partial rollouts (``settings.partial``) a minibatch decodes at most the token budget per response (the call's
@@ -266,7 +266,8 @@ class _Sim:
         batch = self.core.maybe_train(self.now)
         if batch is None:
             return
-        duration = self.train.step_seconds(int(batch.lengths.sum())) + self.train.publish_seconds()
+        tokens, samples = int(batch.lengths.sum()), int(batch.lengths.size)  # lengths: one per sample
+        duration = self.train.step_seconds(tokens, samples) + self.train.publish_seconds()
         self.inflight = (duration, self.now)
         self.push(self.now + duration, "step", None)
 

@@ -19,11 +19,12 @@ import numpy as np
 from asp.control.plan import WorkPlan
 from asp.schedule.conditions import condition_schedule
 from asp.sim.engine import Resources, Workload, simulate
-from asp.sim.planner import Candidate, Cluster
+from asp.sim.planner import Candidate, Cluster, objective_s
 
 if TYPE_CHECKING:
     from asp.control.settings import ControlSettings
     from asp.schedule.schedule import Schedule
+    from asp.sim.presets import Scale
     from asp.sim.timemodel import GenerationTimeModel, TrainingTimeModel
 
 
@@ -70,8 +71,12 @@ class Evaluator:
     def __call__(self, c: Candidate) -> dict[str, float]:
         if c not in self._results:
             f = self.cluster.train_factor(c.tu_devices)
+            t = self.train
             train = replace(
-                self.train, step_base_s=self.train.step_base_s * f, step_per_token_s=self.train.step_per_token_s * f
+                t,
+                step_base_s=t.step_base_s * f,
+                step_per_token_s=t.step_per_token_s * f,
+                step_per_sample_s=t.step_per_sample_s * f,
             )
             result = simulate(
                 self.schedule(c.b, c.k)[1], self.workload, self.gen, train, self.config(c), self.resources
@@ -94,7 +99,8 @@ class Evaluator:
         """(step seconds at the TU minimum for G prompts of mean response tokens, publish seconds)."""
         rows = [self.workload.index[p] for p in self.prompt_ids.tolist()]
         tokens = self.global_batch_prompts * float(self.workload.lengths[rows].sum(axis=1).mean())
-        return self.train.step_seconds(tokens), self.train.publish_seconds()
+        samples = self.global_batch_prompts * self.workload.lengths.shape[1]
+        return self.train.step_seconds(tokens, samples), self.train.publish_seconds()
 
 
 def make_evaluator(
@@ -126,3 +132,22 @@ def make_evaluator(
     kwargs = {"condition": condition, "iterations": iterations, "seed": base_config.seed, **schedule}
     ids, pred = np.asarray(prompt_ids), np.asarray(predicted, np.float64)
     return Evaluator(ids, pred, workload, gen, train, base_config, cluster, resources, kwargs)
+
+
+def scaled_evaluator(ev: Evaluator, scale: Scale) -> Evaluator:
+    """`ev` with its time models scaled by `scale` (`asp.sim.presets.scaled_models`), sharing `ev`'s schedules."""
+    from asp.sim.presets import scaled_models
+
+    gen, train = scaled_models(ev.gen, ev.train, scale)
+    return replace(ev, gen=gen, train=train, _schedules=ev._schedules, _results={})
+
+
+def layout_ranges(
+    ev: Evaluator, candidates: Sequence[Candidate], scales: Sequence[Scale]
+) -> tuple[list[float], list[float], list[int]]:
+    """Each candidate's objective (mean iteration time excl. the first) over the time models scaled by every
+    `scales` point: (min per candidate, max per candidate, at how many points it is the fastest of `candidates`;
+    ties count for every tied candidate). Costs len(candidates) x len(scales) simulations."""
+    table = np.array([[objective_s(scaled_evaluator(ev, s)(c)) for c in candidates] for s in scales])
+    wins = (table <= table.min(axis=1, keepdims=True)).sum(axis=0)
+    return table.min(axis=0).tolist(), table.max(axis=0).tolist(), [int(w) for w in wins]

@@ -53,6 +53,9 @@ PARAM_B = {"qwen2.5-1.5b": 1.54, "qwen2.5-7b": 7.62, "llama3.1-8b": 8.03, "qwen3
 ACTIVE_B = {"qwen3-30b-a3b": 3.3}  # parameters a token touches (3.3 B active of 30.5 B, Qwen3 model card)
 
 
+PER_SAMPLE = "step_per_sample_s"  # the trainer's per-sequence cost: 0 in every preset (FLOPs are per token)
+
+
 @dataclass(frozen=True)
 class Source:
     """Where one coefficient comes from.
@@ -89,7 +92,7 @@ class TimeModelPreset:
 
     def __post_init__(self) -> None:
         covered = {s.coefficient for s in self.sources}
-        needed = set(FEATURES["continuous"]) | set(self.train.to_dict())
+        needed = set(FEATURES["continuous"]) | {k for k, v in self.train.to_dict().items() if v or k != PER_SAMPLE}
         if covered != needed:
             raise ValueError(f"preset {self.name!r}: sources must cover {sorted(needed)}, got {sorted(covered)}")
 
@@ -314,6 +317,7 @@ def scaled_models(
         train,
         step_base_s=train.step_base_s * scale.train,
         step_per_token_s=train.step_per_token_s * scale.train,
+        step_per_sample_s=train.step_per_sample_s * scale.train,
         load_s=train.load_s * scale.reload,
     )
     return GenerationTimeModel(gen.form, coef, gen.feature_names), new_train

@@ -26,10 +26,15 @@ fitted on 16-prompt minibatches scales part of the time with the rows at 18 prom
 of sample: K-fold cross-validation (every minibatch predicted by a fit on the other folds) gives R^2 and the
 median absolute percentage error.
 
-`TrainingTimeModel` is the trainer side: step time = base + per_token * response tokens of the global batch,
-plus the weight refresh of the paper's deferred reload (T_save + T_convert once per exported snapshot on the
-trainer, T_load per actor before its next minibatch). `fit_training_model` fits it on a GRPO launch's
-``outputs/launch/iterations.parquet``.
+`TrainingTimeModel` is the trainer side: step time = base + per_sample * sequences (prompts x samples) +
+per_token * response tokens of the global batch, plus the weight refresh of the paper's deferred reload (T_save +
+T_convert once per exported snapshot on the trainer, T_load per actor before its next minibatch).
+`fit_training_model` fits it on one or more GRPO launches' ``outputs/launch/iterations.parquet``; the per-sample
+term is fitted only when the launches differ in batch size (one batch size cannot tell it from the base).
+
+`fit_sharing_factor` measures how much slower a launch's generation calls ran than the profile-fitted model
+predicts for the same minibatches (``outputs/launch/minibatches.parquet``): the profile times one engine alone,
+the launch shares the cores among its engines and the trainer.
 
 Run the tests with ``.venv/bin/python -m pytest tests/sim/test_timemodel.py -q``.
 """
@@ -37,6 +42,7 @@ Run the tests with ``.venv/bin/python -m pytest tests/sim/test_timemodel.py -q``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
@@ -51,7 +57,7 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "continuous": ("intercept", "decode_steps", "generated_tokens", "prefill_tokens", "kv_reads"),
 }
 TIMING_COLUMNS = ("wall_s", "num_prompts", "n", "max_length", "total_tokens", "prompt_tokens")
-TRAIN_TIME_COL, TRAIN_TOKENS_COL = "train/t_train_s", "train/response_tokens"
+TRAIN_TIME_COL, TRAIN_TOKENS_COL, TRAIN_PROMPTS_COL = "train/t_train_s", "train/response_tokens", "train/prompts"
 REFRESH_COLS = {"save_s": "train/t_save_s", "convert_s": "train/t_convert_s", "load_s": "train/t_load_s"}
 T_TRAIN_WINDOW = 10  # GRPO's LagMonitor reports t_train as the mean of the last 10 steps (trainers/grpo.py)
 
@@ -251,13 +257,15 @@ class TrainingTimeModel:
     """Trainer step time and weight-refresh costs (all seconds, finite, >= 0).
 
     Attributes:
-        step_base_s: fixed part of a step (rewards, optimizer, prompt tokens of a typical batch).
+        step_base_s: fixed part of a step (optimizer, and whatever does not grow with the batch).
         step_per_token_s: seconds per response token of the global batch.
         save_s, convert_s: snapshot export and conversion, paid on the trainer once per exported snapshot.
         load_s: reload of a snapshot, paid by each generation actor before its next minibatch (deferred reload).
+        step_per_sample_s: seconds per sequence (prompt x sample) of the global batch (rewards, prompt tokens,
+            padding); 0 in models saved before it existed and when fitted on one batch size.
 
-    No defaults: a pipeline run's are the ``simulate.training`` params (asp.config), `simulated` builds the
-    simulated trainer's, `fit_training_model` fits them.
+    No defaults (but the last): a pipeline run's are the ``simulate.training`` params (asp.config), `simulated`
+    builds the simulated trainer's, `fit_training_model` fits them.
     """
 
     step_base_s: float
@@ -265,6 +273,7 @@ class TrainingTimeModel:
     save_s: float
     convert_s: float
     load_s: float
+    step_per_sample_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -275,9 +284,11 @@ class TrainingTimeModel:
         """The runtime's `SimulatedTrainer`: a fixed step time, reload = `refresh_delay_s` per actor, no export."""
         return cls(step_base_s=trainer_step_s, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=refresh_delay_s)
 
-    def step_seconds(self, tokens: float) -> float:
-        """Seconds of one trainer step on a global batch of `tokens` response tokens (>= FLOOR_S)."""
-        return max(self.step_base_s + self.step_per_token_s * float(tokens), FLOOR_S)
+    def step_seconds(self, tokens: float, samples: float = 0.0) -> float:
+        """Seconds of one trainer step on a global batch of `samples` sequences (prompts x samples per prompt)
+        with `tokens` response tokens (>= FLOOR_S)."""
+        t = self.step_base_s + self.step_per_token_s * float(tokens) + self.step_per_sample_s * float(samples)
+        return max(t, FLOOR_S)
 
     def publish_seconds(self) -> float:
         """Trainer-side seconds of exporting one snapshot (T_save + T_convert)."""
@@ -289,7 +300,10 @@ class TrainingTimeModel:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainingTimeModel:
-        """Inverse of `to_dict`; raises ValueError naming the bad key or value."""
+        """Inverse of `to_dict` (a dict without ``step_per_sample_s``, saved before it existed, loads with 0);
+        raises ValueError naming the bad key or value."""
+        if isinstance(data, dict) and "step_per_sample_s" not in data:
+            data = {**data, "step_per_sample_s": 0.0}
         return cls(**_checked_keys(cls, data))
 
 
@@ -300,50 +314,168 @@ def _recent_median(values: pd.Series) -> float:
     return float(np.median(v)) if v.size else 0.0
 
 
+def _training_columns(frame: pd.DataFrame, n_samples: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(y, x) of one launch: the reported trailing mean of the step time and the same trailing means of
+    [1, sequences, response tokens]; ValueError naming a bad column or row."""
+    needed = [TRAIN_TIME_COL, TRAIN_TOKENS_COL, TRAIN_PROMPTS_COL, *REFRESH_COLS.values()]
+    missing = [c for c in needed if c not in frame.columns]
+    if missing:
+        raise ValueError(f"iterations table lacks columns {missing} (a GRPO launch's iterations.parquet has them)")
+    y = frame[TRAIN_TIME_COL].to_numpy(dtype=np.float64)
+    tokens = frame[TRAIN_TOKENS_COL].to_numpy(dtype=np.float64)
+    samples = frame[TRAIN_PROMPTS_COL].to_numpy(dtype=np.float64) * n_samples
+    for name, v in ((TRAIN_TIME_COL, y), (TRAIN_TOKENS_COL, tokens), (TRAIN_PROMPTS_COL, samples)):
+        bad = np.flatnonzero(~(np.isfinite(v) & (v >= 0)))
+        if bad.size:
+            raise ValueError(f"column {name!r} must hold finite values >= 0; row {int(bad[0])} is {float(v[bad[0]])}")
+    trail = [pd.Series(v).rolling(window, min_periods=1).mean().to_numpy() for v in (samples, tokens)]
+    return y, np.column_stack([np.ones_like(y), *trail])
+
+
 def fit_training_model(
-    iterations: pd.DataFrame, *, window: int = T_TRAIN_WINDOW
+    iterations: pd.DataFrame | Sequence[pd.DataFrame],
+    *,
+    n_samples: int | Sequence[int],
+    window: int = T_TRAIN_WINDOW,
 ) -> tuple[TrainingTimeModel, dict[str, float]]:
-    """Fit a `TrainingTimeModel` on a GRPO launch's per-iteration table (``outputs/launch/iterations.parquet``).
+    """Fit a `TrainingTimeModel` on GRPO launches' per-iteration tables (``outputs/launch/iterations.parquet``).
 
     Step time: ``train/t_train_s`` is what `GRPOTrainer.step` spends on rewards and the update (export and
     checkpoint excluded; ``runtime/train_step_s`` includes them, so it is not used). The trainer reports it as
-    the mean of its last `window` steps, so it is regressed on the same trailing mean of the token column; a
-    linear model commutes with that mean, so the coefficients are those of a single step. Token column:
-    ``train/response_tokens``, the response tokens the step's loss covered, i.e. the generated tokens of the
-    trained global batch (``runtime/generated_tokens`` counts what arrived at the Training Queue during the
-    iteration, which is not the batch that was trained). A resumed run restarts the trainer's window, which
-    this ignores. Refresh costs: medians over steps of the positive ``train/t_save_s``, ``train/t_convert_s``,
-    ``train/t_load_s`` (themselves recent means; 0 before the first event).
+    the mean of its last `window` steps, so it is regressed on the same trailing means of the features; a linear
+    model commutes with that mean, so the coefficients are those of a single step. Features: 1, the step's
+    sequences (``train/prompts`` x the launch's `n_samples`) and ``train/response_tokens`` (the response tokens
+    the step's loss covered, i.e. the generated tokens of the trained global batch). Sequences are fitted only
+    when they vary (several launches with different batch sizes); otherwise ``step_per_sample_s`` is 0 and the
+    batch size enters through its tokens alone (``samples_varied`` 0 in the report). A resumed run restarts the
+    trainer's window, which this ignores. Refresh costs: medians over steps of the positive ``train/t_save_s``,
+    ``train/t_convert_s``, ``train/t_load_s`` (themselves recent means; 0 before the first event).
 
     Args:
-        iterations: one row per trainer step (sorted by ``step`` when that column is present).
+        iterations: one table per launch, one row per trainer step (sorted by ``step`` when present).
+        n_samples: samples per prompt of each launch (one value for all, or one per table).
         window: steps in the trainer's trailing mean of ``train/t_train_s``.
 
     Returns:
         (model, report) with ``r2_in_sample`` (of the trailing means; there is no held-out score here),
-        ``steps``, ``window`` and the fitted values.
+        ``steps``, ``launches``, ``samples_varied``, ``window`` and the fitted values.
 
     Raises:
-        ValueError: a missing column, fewer than 3 steps, or non-finite / negative times or token counts.
+        ValueError: a missing column, fewer than 3 steps in a table, or non-finite / negative times or counts.
     """
-    needed = [TRAIN_TIME_COL, TRAIN_TOKENS_COL, *REFRESH_COLS.values()]
-    missing = [c for c in needed if c not in iterations.columns]
-    if missing:
-        raise ValueError(f"iterations table lacks columns {missing} (a GRPO launch's iterations.parquet has them)")
-    frame = iterations.sort_values("step") if "step" in iterations.columns else iterations
-    if len(frame) < 3 or window < 1:
-        raise ValueError(f"need at least 3 trainer steps and window >= 1, got {len(frame)} steps, window {window}")
-    y = frame[TRAIN_TIME_COL].to_numpy(dtype=np.float64)
-    tokens = frame[TRAIN_TOKENS_COL].to_numpy(dtype=np.float64)
-    for name, v in ((TRAIN_TIME_COL, y), (TRAIN_TOKENS_COL, tokens)):
-        bad = np.flatnonzero(~(np.isfinite(v) & (v >= 0)))
-        if bad.size:
-            raise ValueError(f"column {name!r} must hold finite values >= 0; row {int(bad[0])} is {float(v[bad[0]])}")
-    trailing = pd.Series(tokens).rolling(window, min_periods=1).mean().to_numpy()
-    x = np.column_stack([np.ones_like(trailing), trailing])
-    coef = nnls_fit(x, y)
-    refresh = {name: _recent_median(frame[col]) for name, col in REFRESH_COLS.items()}
-    model = TrainingTimeModel(step_base_s=float(coef[0]), step_per_token_s=float(coef[1]), **refresh)
-    report = {"r2_in_sample": r2_score(y, x @ coef), "steps": float(len(y)), "window": float(window)}
+    frames = [iterations] if isinstance(iterations, pd.DataFrame) else list(iterations)
+    counts = [n_samples] * len(frames) if isinstance(n_samples, int) else list(n_samples)
+    if not frames or len(counts) != len(frames):
+        raise ValueError(f"need one or more tables and one n_samples per table, got {len(frames)} and {len(counts)}")
+    if window < 1 or min(counts) < 1:
+        raise ValueError(f"window and n_samples must be >= 1, got window {window}, n_samples {counts}")
+    ys, xs, sorted_frames = [], [], []
+    for i, frame in enumerate(frames):
+        frame = frame.sort_values("step") if "step" in frame.columns else frame
+        if len(frame) < 3:
+            raise ValueError(f"need at least 3 trainer steps per launch, table {i} has {len(frame)}")
+        y, x = _training_columns(frame, counts[i], window)
+        ys.append(y)
+        xs.append(x)
+        sorted_frames.append(frame)
+    y, x = np.concatenate(ys), np.vstack(xs)
+    varied = bool(np.ptp(x[:, 1]) > 0)
+    coef = nnls_fit(x, y) if varied else np.insert(nnls_fit(x[:, [0, 2]], y), 1, 0.0)
+    both = pd.concat(sorted_frames)
+    refresh = {name: _recent_median(both[col]) for name, col in REFRESH_COLS.items()}
+    model = TrainingTimeModel(
+        step_base_s=float(coef[0]), step_per_token_s=float(coef[2]), step_per_sample_s=float(coef[1]), **refresh
+    )
+    report = {
+        "r2_in_sample": r2_score(y, x @ coef),
+        "steps": float(len(y)),
+        "launches": float(len(frames)),
+        "samples_varied": float(varied),
+        "window": float(window),
+    }
     report.update({k: float(v) for k, v in model.to_dict().items()})
     return model, report
+
+
+SHARING_COLUMNS = ("gen_s", "prompts", "responses", "tokens", "max_length")
+
+
+def fit_sharing_factor(
+    minibatches: pd.DataFrame | Sequence[pd.DataFrame], gen: GenerationTimeModel, prompt_tokens_per_prompt: float
+) -> tuple[float, dict[str, float]]:
+    """How much slower a launch's generation calls ran than `gen` (fitted on the profile, one engine alone)
+    predicts for the same minibatches: the least-squares factor f of ``gen_s ~ f * predicted`` (through 0).
+
+    Args:
+        minibatches: one or more launches' ``outputs/launch/minibatches.parquet`` (``gen_s``, ``prompts``,
+            ``responses``, ``tokens``, ``max_length``; calls that continued split responses, ``split_responses``
+            > 0, are left out: their prompt is longer than the profile's; with ``gen_start_s``, calls are also
+            split by how much another call of the same launch overlapped them).
+        gen: the profile-fitted generation-time model; prompt_tokens_per_prompt: the profile's mean.
+
+    Returns:
+        (factor, report) with ``factor``, ``ratio_median``, ``ratio_q25``, ``ratio_q75`` (of gen_s / predicted
+        per call), ``mdape_after`` (median |f * predicted - gen_s| / gen_s) and ``minibatches``.
+
+    Raises:
+        ValueError: a missing column, fewer than 3 usable calls, or non-positive / non-finite times.
+    """
+    tables = [minibatches] if isinstance(minibatches, pd.DataFrame) else list(minibatches)
+    parts = []
+    for i, table in enumerate(tables):
+        missing = [c for c in SHARING_COLUMNS if c not in table.columns]
+        if missing:
+            raise ValueError(f"minibatches table lacks columns {missing} (a launch's minibatches.parquet has them)")
+        if "gen_start_s" in table.columns:  # overlap within the launch, before any call is left out
+            start, secs = table["gen_start_s"].to_numpy(np.float64), table["gen_s"].to_numpy(np.float64)
+            table = table.assign(_overlap=overlap_fractions(start, secs))
+        parts.append(table.assign(_launch=i))
+    frame = pd.concat(parts, ignore_index=True)
+    if "split_responses" in frame.columns:
+        frame = frame[frame["split_responses"].fillna(0) == 0]
+    frame = frame[frame["prompts"] > 0]
+    if len(frame) < 3:
+        raise ValueError(f"need at least 3 generation calls without split responses, got {len(frame)}")
+    y = frame["gen_s"].to_numpy(np.float64)
+    if not np.all(np.isfinite(y) & (y > 0)):
+        row = int(np.flatnonzero(~(np.isfinite(y) & (y > 0)))[0])
+        raise ValueError(f"column 'gen_s' must hold finite times > 0; row {row} is {y[row]}")
+    prompts = frame["prompts"].to_numpy(np.float64)
+    pred = gen.seconds_many(
+        prompts,
+        frame["responses"].to_numpy(np.float64) / prompts,
+        frame["max_length"].to_numpy(np.float64),
+        frame["tokens"].to_numpy(np.float64),
+        prompts * _check_nonneg("prompt_tokens_per_prompt", prompt_tokens_per_prompt),
+    )
+    factor = float(np.sum(y * pred) / np.sum(pred**2))
+    ratio = y / pred
+    report = {
+        "factor": factor,
+        "ratio_median": float(np.median(ratio)),
+        "ratio_q25": float(np.quantile(ratio, 0.25)),
+        "ratio_q75": float(np.quantile(ratio, 0.75)),
+        "mdape_after": float(np.median(np.abs(factor * pred - y) / y)),
+        "minibatches": float(len(y)),
+    }
+    if "_overlap" in frame.columns and frame["_overlap"].notna().all():
+        overlap = frame["_overlap"].to_numpy(np.float64)
+        for name, mask in (("alone", overlap <= 0.25), ("overlapped", overlap >= 0.75)):
+            report[f"ratio_median_{name}"] = float(np.median(ratio[mask])) if mask.any() else float("nan")
+            report[f"minibatches_{name}"] = float(mask.sum())
+    return factor, report
+
+
+def overlap_fractions(start: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Per call, the time other calls ran during it (summed over them) / its own duration: 0 alone, 1 when one
+    other engine decoded throughout (calls of one actor never overlap each other)."""
+    end = start + seconds
+    inter = np.clip(np.minimum(end[:, None], end[None, :]) - np.maximum(start[:, None], start[None, :]), 0, None)
+    np.fill_diagonal(inter, 0.0)
+    return inter.sum(axis=1) / np.maximum(seconds, FLOOR_S)
+
+
+def shared(gen: GenerationTimeModel, factor: float) -> GenerationTimeModel:
+    """`gen` with every coefficient times `factor` (generation under CPU sharing = alone x factor)."""
+    f = _check_nonneg("sharing factor", factor)
+    return GenerationTimeModel(gen.form, tuple(c * f for c in gen.coef), gen.feature_names)
