@@ -373,8 +373,8 @@ def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) 
         # prompts): it rewinds the request's generator, which only CUDA generators allow. Whole prefills avoid that
         # (vLLM then raises max_num_batched_tokens to at least max_model_len), as vLLM does itself for MLA on CPU.
         kwargs = {"enable_chunked_prefill": False, **kwargs}
-        # vLLM's sampler torch.compiles a log-prob kernel on the first request that asks for log-probs: 10-25 s of
-        # inductor on 2 cores, in every new process, for the same results. asp itself compiles nothing.
+        # vLLM's sampler torch.compiles a log-prob kernel on the first request that asks for log-probs: seconds of
+        # inductor in every new process for the same results (docs/vllm.md). asp itself compiles nothing.
         torch._dynamo.config.disable = True
     set_num_threads = torch.set_num_threads
     saved = os.environ.get(MULTIPROCESSING_ENV)
