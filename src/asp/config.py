@@ -38,6 +38,7 @@ from pydantic import (
 
 from asp.control.settings import resume_depth
 from asp.errors import UserError
+from asp.rl.rewards import REWARDS
 from asp.rollout.weight_transfer import DEFAULT_BUCKET_MB, DEFAULT_WEIGHT_TRANSFER
 from asp.sim.memory import DEVICE_GIB, GPU_MEMORY_UTILIZATION, MICRO_BATCH_TOKENS, RESERVE_GIB
 from asp.sim.presets import FIT, PRESETS
@@ -391,7 +392,6 @@ class GRPOParams(_Params):
             if module.strip() and function.strip():
                 return name
             raise ValueError(f"reward {name!r} is not of the form package.module:function")
-        from asp.rl.rewards import REWARDS  # only for a named reward: keeps numpy out of a plain params load
 
         if name not in REWARDS:
             raise ValueError(

@@ -48,6 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -325,8 +327,6 @@ def _scannable_modules() -> Iterator[None]:
     a process that imported numba failed with ``'_lib_fn_wrapper' object has no attribute 'get'``. Such attributes
     are removed for the duration and put back after (nothing in the engine's construction uses them).
     """
-    import sys
-
     hidden: list[tuple[dict[str, Any], str, Any]] = []
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
@@ -353,8 +353,6 @@ def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) 
     predictor, a trainer sharing the actor's process), so the original function is put back once the engine is
     built (the engine's own threads are already set).
     """
-    import os
-
     import torch
 
     cpu = not torch.cuda.is_available()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asp.errors import UserError
+from asp.rollout import make_engine
 from asp.rollout.base import FinishReason, PromptResult, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ class EngineSpec:
         """Build the engine (called inside the generation actor)."""
         if self.kind == "standin":
             return StandInEngine(**self.options)
-        from asp.rollout import make_engine
 
         return make_engine(self.kind, self._model_path(), **self.options)
 
