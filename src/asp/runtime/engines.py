@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asp.errors import UserError
-from asp.rollout import make_engine
+from asp.rollout import check_model_dir, make_engine
 from asp.rollout.base import FinishReason, PromptResult, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -57,8 +57,6 @@ class EngineSpec:
         if self.kind not in ENGINE_SPEC_KINDS:
             raise UserError(f"unknown engine kind {self.kind!r}; choose one of {', '.join(ENGINE_SPEC_KINDS)}.")
         if self.kind != "standin":
-            from asp.rollout import check_model_dir
-
             check_model_dir(Path(self._model_path()))
 
     def __call__(self) -> Engine:
