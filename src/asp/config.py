@@ -38,6 +38,7 @@ from pydantic import (
 
 from asp.control.settings import resume_depth
 from asp.errors import UserError
+from asp.rl.rewards import REWARDS
 from asp.rollout.weight_transfer import DEFAULT_BUCKET_MB, DEFAULT_WEIGHT_TRANSFER
 from asp.sim.memory import DEVICE_GIB, GPU_MEMORY_UTILIZATION, MICRO_BATCH_TOKENS, RESERVE_GIB
 from asp.sim.presets import FIT, PRESETS
@@ -181,7 +182,7 @@ class VllmParams(_Params):
     enforce_eager: bool = Field(
         False,
         description="no compiled graphs (CUDA graphs on a GPU, torch.compile on vLLM's CPU build): faster start, "
-        "slower decoding (on the CPU demo: engine start 7 s instead of 15 s, ~10 % fewer tokens/s).",
+        "slower decoding (the CPU demo's numbers: docs/vllm.md).",
     )
 
 
@@ -391,7 +392,6 @@ class GRPOParams(_Params):
             if module.strip() and function.strip():
                 return name
             raise ValueError(f"reward {name!r} is not of the form package.module:function")
-        from asp.rl.rewards import REWARDS  # only for a named reward: keeps numpy out of a plain params load
 
         if name not in REWARDS:
             raise ValueError(
@@ -742,8 +742,8 @@ class SimTrainingParams(_Params):
     )
 
 
-# `asp plan layout` simulates every generation actor of a candidate (one layout of 4,088 actors took 24 s on a
-# shared 2-core machine): larger clusters are planned as a slice that is then replicated.
+# `asp plan layout` simulates every generation actor of a candidate (tens of seconds at this size; docs/benchmarks.md,
+# "Design notes measured once"): larger clusters are planned as a slice that is then replicated.
 MAX_PLAN_DEVICES = 4096
 
 
@@ -841,10 +841,8 @@ class DriftParams(_Params):
     length), the calibration bias (load ratio: sum realized / sum calibrated predicted, against `bias_reference`)
     and the mean-length trend over policy versions; the tau floor and the bias band are widened by 2 standard
     errors of the evaluate stage's references; the detector fires after `patience` offending windows in a row,
-    then waits `cooldown` windows. On real AlpacaEval streams the defaults fired 6 times in 10 x 1,000 stationary
-    windows and caught phi-2-sft -> phi-2-dpo within 3 windows (tests/drift/test_real_streams.py,
-    benchmarks/drift_real.py); on synthetic ones a 20 % length shift within 9 windows and a tau drop of 0.15
-    within 11 (tests/drift/test_detector.py). On by default: watching costs no generation. `action` is what a
+    then waits `cooldown` windows. The defaults' false alarms and detection delays on real and synthetic streams:
+    docs/drift.md (tests/drift holds the bounds). On by default: watching costs no generation. `action` is what a
     firing does: `warn` (MLflow tag + Prefect event), `recalibrate` (refit the calibration from the run's
     realized lengths and re-balance the batch groups not dispatched yet) or `reprofile` (checkpoint, profile the
     current policy on fresh untrained prompts, fine-tune the predictor from the current adapter, gate it on tau,

@@ -157,7 +157,7 @@ class LineProgress:
     def _pace(self) -> float:
         """Units per second since the first update, for the time-left estimate: 0 until a second update. The
         first step carries the loop's start-up (launch: Ray, the model, the first rollouts), so an estimate from it
-        alone said ~2h29m where the run took 18 min."""
+        alone overstates the time left many times over (docs/ui.md)."""
         if self._first is None:
             return 0.0
         seconds, done = time.monotonic() - self._first[0], self.n - self._first[1]

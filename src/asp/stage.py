@@ -10,15 +10,19 @@ earlier attempt that died (SIGKILL) is marked KILLED when the stage starts again
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from asp.config import Params, load_params, pipeline_stages
 from asp.env import set_offline_defaults, sigterm_as_interrupt
 from asp.errors import UserError
+from asp.io.inputs import damaged_files
 from asp.tracking import Tracker, dvc_parent, open_tracker, record_in_parent
 
 StageFn = Callable[[Params, Any, Tracker], dict[str, Any]]
@@ -56,8 +60,6 @@ def _entry_path(entry: Any) -> str:
 def stage_inputs(name: str, root: str | Path = ".") -> list[tuple[Path, str]]:
     """The outputs of other stages that stage `name` depends on (dvc.yaml's deps inside another stage's outs,
     metrics or plots), each with the stage that writes it: what a stage reads from the pipeline."""
-    import yaml
-
     dvc_file = Path(root) / DVC_FILE
     if not dvc_file.is_file():  # a stage run outside a DVC project (tests, a script): no declared inputs
         return []
@@ -86,8 +88,6 @@ def check_stage_inputs(name: str, root: str | Path = ".") -> None:
     Raises:
         UserError: naming the file, what is wrong and how to get it back.
     """
-    from asp.io.inputs import damaged_files
-
     for path, owner in stage_inputs(name, root):
         bad = damaged_files([path])
         if bad:
@@ -105,8 +105,6 @@ RESUME_ENV = "ASP_RESUME_DIR"  # set by the orchestrator for a DVC experiment: w
 
 def persistent_outputs(name: str, root: str | Path = ".") -> list[str]:
     """The outputs of stage `name` that dvc.yaml marks `persist: true` (launch's resume state)."""
-    import yaml
-
     dvc_file = Path(root) / DVC_FILE
     if not dvc_file.is_file():
         return []
@@ -123,8 +121,6 @@ def seed_progress(name: str, root: str | Path = ".") -> list[str]:
     """In a DVC experiment's temporary copy, which starts without the persistent outputs (or with what git holds of
     them): bring in what a stopped run of the same experiment kept (`$ASP_RESUME_DIR/<output>`, kept when it was
     stopped), so the stage resumes it instead of training again. Returns the outputs brought in."""
-    import shutil
-
     source = os.environ.get(RESUME_ENV)
     if not source:
         return []
@@ -147,8 +143,6 @@ def keep_progress_on_stop(name: str, root: str | Path = ".") -> list[str]:
     which DVC removes, to `$ASP_RESUME_DIR` (a rename: the same filesystem, so checkpoints of any size move within
     the stop's grace time), so the same run brings them back in and resumes (`seed_progress`; whether the state is
     resumable is the stage's own decision then). Returns the outputs kept."""
-    import shutil
-
     dest = os.environ.get(RESUME_ENV)
     if not dest:
         return []

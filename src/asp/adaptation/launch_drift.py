@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from asp.adaptation.predictions import Predictions
+from asp.adaptation.refit import ACTION as REFIT
+from asp.adaptation.refit import refit_from_run
+from asp.adaptation.reprofile import reprofile
 from asp.adaptation.summary import drift_summary, label_predictor_versions
 from asp.adaptation.versions import VERSIONS_DIR
 from asp.adaptation.watch import HISTORY_FILE, DriftWatch
@@ -209,10 +212,6 @@ def resume_after_drift(
     Returns:
         The last session's `RunSummary`.
     """
-    from asp.adaptation.refit import ACTION as REFIT
-    from asp.adaptation.refit import refit_from_run
-    from asp.adaptation.reprofile import reprofile
-
     remake = refit_from_run if params.drift.action == REFIT else reprofile
     while (event := watch.stop_event) is not None and stopped_for_drift(watch, summary) and not handoff():
         step = summary.trainer_step

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asp.config import Params
+from asp.control.database import Database
 from asp.errors import UserError
 from asp.schedule.history import LengthHistory
 from asp.steps.launch_state import fingerprint_extra
@@ -60,7 +61,6 @@ def read_position(params: Params, paths: LaunchPaths, state_dir: Path, prompts_b
     Raises:
         UserError: no checkpoint, a checkpoint of other params, or a finished run (nothing left to re-schedule).
     """
-    from asp.control.database import Database
     from asp.runtime import RuntimeConfig, make_checkpointer
 
     check_checkpoint(state_dir)

@@ -50,9 +50,14 @@ from asp.adaptation.versions import (
     versions,
 )
 from asp.config import Params
+from asp.drift.monitor import bias
+from asp.drift.reference import load_ratio_se
 from asp.errors import UserError
 from asp.io import atomic_path, write_json, write_parquet
+from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration, fit_calibration
+from asp.predictor.metrics import kendall_tau
 from asp.progress import progress_bar
+from asp.rollout.base import SamplingParams, timed_generate
 from asp.steps.engine import profile_engine
 from asp.steps.fit import fit_predictor
 from asp.steps.loaders import load_trained_predictor
@@ -92,8 +97,6 @@ class ReprofileResult:
 # ---- profile, fine-tune, score ------------------------------------------------------------------------------------
 def profile_lengths(params: Params, model_dir: Path, ids: list[Any], texts: list[str], seed: int) -> pd.DataFrame:
     """Sample `profile.n_samples` responses per prompt; per-prompt mean / max length and truncated fraction."""
-    from asp.rollout.base import SamplingParams, timed_generate
-
     prof = params.profile
     engine = profile_engine(prof, model_dir, seed)
     sampling = SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
@@ -256,9 +259,6 @@ def conclude(
             "longer (drift.reprofile_epochs) or lower evaluate.min_tau."
         )
         return finish(params, attempt, tracker, t0, accepted=False, message=msg)
-    from asp.drift.monitor import bias
-    from asp.drift.reference import load_ratio_se
-    from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration, fit_calibration
 
     calibration = fit_calibration(new_pred, true)
     out_of_fold = cross_fit_calibration(new_pred, true, min(CALIBRATION_FOLDS, len(true)))  # as evaluate measures it
@@ -316,7 +316,6 @@ def fit_and_score(
     """Score the current predictor on the 'eval' rows of `frame` (its `role` and `mean_length` columns; `texts` row
     by row), fine-tune it on the others (warm start) and score again, out of sample (into `attempt`, which keeps
     `frame`). Returns the new predictions and the mean lengths of the held-out rows."""
-    from asp.predictor.metrics import kendall_tau
     from asp.predictor.train import predict_lengths
 
     bs, lengths = params.predict.batch_size, frame["mean_length"].to_numpy(np.float64)

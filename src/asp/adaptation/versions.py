@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import pandas as pd
 
 from asp.config import Params
 from asp.io import read_json
+from asp.predictor.calibration import CalibrationMap
+from asp.runtime import WorkPlan
+from asp.schedule import schedule_to_frame
 from asp.steps.scheduling import schedule_predictions
-
-if TYPE_CHECKING:
-    from asp.control.plan import WorkPlan
-    from asp.predictor.calibration import CalibrationMap
 
 VERSIONS_DIR = "predictors"
 REPORT = "report.json"
@@ -61,9 +60,6 @@ def newest_accepted_version(state_dir: Path) -> int:
 
 def latest_accepted(state_dir: Path) -> Accepted | None:
     """The newest accepted re-profile under `state_dir`, read back; None when there is none."""
-    from asp.predictor.calibration import CalibrationMap
-    from asp.runtime import WorkPlan
-
     version = newest_accepted_version(state_dir)
     if version == 1:
         return None
@@ -80,6 +76,4 @@ def latest_accepted(state_dir: Path) -> Accepted | None:
 
 def schedule_frame(params: Params, preds: pd.DataFrame, calibration: CalibrationMap | None) -> pd.DataFrame:
     """The C4 schedule (`schedule:` params, calibrated loads) of `preds`' prompts in the schedule Parquet layout."""
-    from asp.schedule import schedule_to_frame
-
     return schedule_to_frame(schedule_predictions(params, preds, calibration))

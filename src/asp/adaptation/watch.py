@@ -56,6 +56,7 @@ from asp.drift.rebalance import rebalance
 from asp.drift.reference import load_ratio_se
 from asp.io import atomic_path, read_json, read_json_lines
 from asp.predictor.calibration import CALIBRATION_FOLDS, CalibrationMap, cross_fit_calibration, fit_calibration
+from asp.runtime import WorkPlan
 from asp.tracking import Tracker
 
 HISTORY_FILE = "drift_history.jsonl"
@@ -380,8 +381,6 @@ class DriftWatch:
     def _replan(self, cu: Any, loads: Mapping[Hashable, float], full: Any) -> int:
         """Re-balance the pending minibatches (and, without `full`, the plan of later passes) on `loads`; swap
         them in. Returns the plan version in use afterwards (unchanged when nothing is re-balanced)."""
-        from asp.runtime import WorkPlan
-
         pending = cu.db.pending_plan()
         if self.balance is None or pending is None:
             return cu.db.plan_version()

@@ -24,6 +24,7 @@ fit (formulas: src/asp/sim/memory.py, docs/memory.md).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -335,8 +336,6 @@ def memory(
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON (bytes)")] = False,
 ) -> None:
     """Estimate trainer and vLLM memory per device; exit 2 with what to change when the layout does not fit."""
-    import json
-
     from asp.steps.memory_check import format_report, memory_report, report_dict, skip_note
 
     if list_:

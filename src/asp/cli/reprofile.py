@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
+from asp.env import set_offline_defaults
 from asp.errors import UserError
 
 
@@ -51,7 +52,6 @@ def reprofile(
     from asp.adaptation.reprofile import load_train_prompts
     from asp.adaptation.reprofile import reprofile as generate
     from asp.cli.plan import load_params_with
-    from asp.env import set_offline_defaults
     from asp.steps.paths import LaunchPaths
     from asp.tracking import attach_run, open_tracker
 

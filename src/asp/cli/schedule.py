@@ -23,6 +23,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
@@ -108,8 +109,6 @@ def _user_errors(func: Callable[P, R]) -> Callable[P, R]:
 def _spec(b: int | None, kappa: int | None, k: int | None, iterations: int | None, method: str | None) -> ScheduleSpec:
     """The ScheduleSpec of the given flags; flags left out keep the paper's (`PAPER_SPEC`). ValueError on a bad
     value."""
-    from dataclasses import replace
-
     from asp.schedule.spec import PAPER_SPEC
 
     given: dict[str, Any] = {"b": b, "kappa": kappa, "k": k, "iterations": iterations, "method": method}

@@ -14,6 +14,7 @@ GenAI).
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import json
 import os
@@ -28,6 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from asp.cli.procs import check_port_free, exit_like, run_server
+from asp.errors import UserError
 
 # as asp.cli's
 PLAIN: dict[str, Any] = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}
@@ -74,8 +76,6 @@ def postgres_url(url: str, server: str) -> str:
     Raises:
         UserError: `url` is not a PostgreSQL URL naming a database, or the server's driver is not installed.
     """
-    from asp.errors import UserError
-
     parts = urllib.parse.urlsplit(url)
     if parts.scheme.split("+")[0] not in ("postgresql", "postgres") or not parts.path.strip("/") or not parts.hostname:
         raise UserError(
@@ -83,7 +83,6 @@ def postgres_url(url: str, server: str) -> str:
             "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (one database for Prefect, another for MLflow)."
         )
     driver = POSTGRES_DRIVERS[server]
-    import importlib.util
 
     if importlib.util.find_spec(driver) is None:
         raise UserError(f"the {server} server needs the Python package {driver} for PostgreSQL: {POSTGRES_EXTRA}.")

@@ -33,8 +33,8 @@ ProgressFn = Callable[[int, int, float], None]
 def torch_threads(n: int | None) -> Iterator[None]:
     """Run the block with `n` torch intra-op threads (None: leave as is), then restore the previous count.
 
-    One thread is the robust choice for this tiny model on a shared CPU: on the 2-core dev box with other jobs
-    running, 100 warm-start steps took 13 s on 1 thread and 60-70 s on 2 (threads spin-waiting on each other).
+    One thread suits this tiny model on a shared CPU (more threads spin-wait on each other; numbers in
+    docs/benchmarks.md, "Design notes measured once"). Raises ValueError when `n` < 1.
     """
     before = torch.get_num_threads()
     if n is not None:

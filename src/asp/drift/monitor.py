@@ -212,7 +212,7 @@ class DriftMonitor:
         window: minibatches per window (>= 1).
         group_size: minibatches per batch group (`schedule.k`), for the group-load CVs; None: infer.
         cumulative_max_prompts: the cumulative tau uses at most this many most recent prompts (its cost grows
-            with them: about 3 ms per window at 20,000).
+            with the number of prompts kept).
 
     `add(observation)` returns None until the window is full, then the window's metric dict: the
     `window_stats` keys as `drift/<key>_window` for tau and bias, `drift/<key>` for the rest, plus

@@ -29,6 +29,7 @@ import logging
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import psutil
 import yaml
 
 from asp.env import Terminated, pid_alive, sigterm_as_interrupt
@@ -200,16 +202,12 @@ def stage_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 def _descendants(pid: int) -> list[Any]:
     """The processes under `pid` (the stage command under DVC), as `psutil.Process` objects."""
-    import psutil  # a dependency of dvc
-
     with contextlib.suppress(psutil.Error):
         return psutil.Process(pid).children(recursive=True)
     return []
 
 
 def _signal(procs: Iterable[Any], sig: int) -> None:
-    import psutil
-
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
@@ -217,8 +215,6 @@ def _signal(procs: Iterable[Any], sig: int) -> None:
 
 def _wait_all(proc: subprocess.Popen, others: list[Any], timeout_s: float) -> bool:
     """Wait up to `timeout_s` for DVC (`proc`) and the processes that were under it; True when all have ended."""
-    import psutil
-
     deadline = time.monotonic() + timeout_s
     try:
         proc.wait(max(deadline - time.monotonic(), 0))
@@ -266,7 +262,6 @@ def release_locks_of(root: str | Path, pids: Iterable[int]) -> int:
     Returns:
         The number of entries removed (0 when there is no rwlock file or nothing of `pids` in it).
     """
-    import psutil
     from dvc.lock import make_lock
 
     path = Path(root) / RWLOCK
@@ -398,8 +393,6 @@ def remove_experiment_copies(root: str | Path, before: set[Path]) -> list[Path]:
     when an experiment ends, but not when it is stopped (SIGTERM, a cancellation, a timeout), and the copy (the
     outputs of every stage it ran: the policy, checkpoints) stayed until a later experiment succeeded. Call it after
     the DVC process has ended. Returns what was removed."""
-    import shutil
-
     gone = sorted(experiment_copies(root) - before)
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
@@ -436,8 +429,6 @@ def clear_stale_copies(root: str | Path, keep: Callable[[Path, Path], list[str]]
     """Remove the temporary copies of experiments whose `asp` process died (SIGKILL, the OOM killer), with their
     marks; one line each for the log, saying what was removed and how large it was. `keep(copy, progress_dir)`
     first moves what the killed run would resume from out of the copy (the mark's progress folder)."""
-    import shutil
-
     folder = Path(root) / EXP_MARKS
     lines = []
     for mark in sorted(folder.glob("*.json")) if folder.is_dir() else []:

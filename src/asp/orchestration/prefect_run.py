@@ -29,6 +29,8 @@ import functools
 import json
 import logging
 import re
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -242,8 +244,6 @@ def end_flow_run_as(state: Any) -> bool:
 def keep_cancel_message(flow: Any, flow_run: Any, state: Any) -> None:
     """`on_cancellation` hook (the runner calls it when a flow run is being cancelled, before it sets its own
     Cancelled state): in the background, `restore_cancel_message` for that run."""
-    import threading
-
     threading.Thread(
         target=restore_cancel_message, args=(str(flow_run.id),), name=f"asp-cancel-{flow_run.id}", daemon=True
     ).start()
@@ -254,8 +254,6 @@ def restore_cancel_message(flow_run_id: str, wait_s: float = CANCEL_WAIT_S, poll
     it (`RUNNER_CANCELLED`), set the flow's message again (the newest earlier Cancelled state's message that
     differs from the last one). Returns the message set, or None (no such state within `wait_s`, the
     run ended otherwise, or the server did not answer: the message then stays in the run's log)."""
-    import time
-
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled
 

@@ -11,6 +11,8 @@ The deployment addresses it prints open the UI the server sends a user to (`asp.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import urllib.error
 import urllib.request
@@ -61,9 +63,6 @@ def serve(name: str = "asp-pipeline", on_ready: Callable[[str], object] = print)
     """Register the deployments (asp-pipeline/`name` and asp-drift-loop/asp-drift-loop) on the Prefect server,
     report their UI addresses to `on_ready`, then run their flow runs until Ctrl-C or SIGTERM (as `prefect.serve`
     does, with `_sigterm_ends_serving` for SIGTERM)."""
-    import asyncio
-    import logging
-
     from prefect.deployments.runner import EntrypointType  # prefect reads PREFECT_API_URL once, when first imported
     from prefect.exceptions import TerminationSignal
     from prefect.runner import Runner

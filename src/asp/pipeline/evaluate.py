@@ -33,11 +33,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 from asp.config import Params
+from asp.drift.monitor import bias, median_ratio
+from asp.drift.reference import kendall_tau_se, load_ratio_se
 from asp.errors import UserError
 from asp.io import write_json
 from asp.plots import save_figure
+from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration, fit_calibration
+from asp.predictor.metrics import bucket_errors, kendall_tau, ranking_metrics, sample_baselines
+from asp.schedule.min_tau import gate_message
 from asp.steps.loaders import load_trained_predictor, profiled_texts
 from asp.steps.paths import EvaluatePaths as Paths
 from asp.tracking import Tracker, register_predictor
@@ -71,7 +77,6 @@ def gate(tau: float, min_tau: float, on_fail: str) -> None:
     """Fail (or warn) when the held-out τ is below `evaluate.min_tau`."""
     if tau >= min_tau:
         return
-    from asp.schedule.min_tau import gate_message  # what the threshold means and what to do
 
     msg = gate_message(tau, min_tau)
     if on_fail == "error":
@@ -105,11 +110,6 @@ def score(
 ) -> tuple[dict[str, Any], Any, np.ndarray, list[Any]]:
     """Ranking metrics, the calibration map (fitted on all prompts), the out-of-fold calibrated lengths [n] and
     the per-bucket errors of `pred` against `true`; the calibrated MAE is the out-of-fold one."""
-    from asp.drift.monitor import bias, median_ratio
-    from asp.drift.reference import kendall_tau_se, load_ratio_se
-    from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration, fit_calibration
-    from asp.predictor.metrics import bucket_errors, ranking_metrics
-
     try:
         scores = ranking_metrics(pred, true)
     except ValueError as exc:
@@ -129,8 +129,6 @@ def score(
 
 def heldout_samples(profile_dir: Path) -> list[np.ndarray]:
     """Each profiled held-out prompt's sample lengths in sample order (samples.parquet), by prompt id."""
-    import pandas as pd
-
     path = profile_dir / "samples.parquet"
     if not path.is_file():
         raise UserError(f"{path}: missing. Run the profile stage first (`dvc repro profile`).")
@@ -141,8 +139,6 @@ def heldout_samples(profile_dir: Path) -> list[np.ndarray]:
 
 def free_baselines(paths: Paths) -> dict[str, float]:
     """``predictor/history_tau`` and ``predictor/probe_tau`` of the held-out prompts' own samples."""
-    from asp.predictor.metrics import sample_baselines
-
     base = sample_baselines(heldout_samples(paths.profile))
     return {"predictor/history_tau": base["history_tau"], "predictor/probe_tau": base["probe_tau"]}
 
@@ -150,7 +146,6 @@ def free_baselines(paths: Paths) -> dict[str, float]:
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Evaluate on held-out prompts, fit and save the calibration map, apply the τ gate."""
     evaluation = params.evaluate
-    from asp.predictor.metrics import kendall_tau
 
     pred, true, prompt_tokens = load_heldout(params, paths)
     metrics, calibration, out_of_fold, buckets = score(pred, true, evaluation.bucket_edges)

@@ -57,14 +57,21 @@ from asp.config import DEMO_DATASET, Params, RuntimeParams
 from asp.errors import UserError
 from asp.io import atomic_path, write_json, write_parquet
 from asp.plots import save_figure
+from asp.plots.learning import learning_curve_figure
+from asp.runtime import grpo_summary
+from asp.runtime.raysession import reap_dead_sessions
+from asp.runtime.runlog import RunLog
 from asp.runtime.testhooks import kill_point, trainer_ledger
 from asp.steps.engine import engine_spec
 from asp.steps.launch_state import HISTORY_FILE, Recorder, continued_run_id, fingerprint_extra, start_session
 from asp.steps.learning_curve import CURVE_PREFIX, WeightKeeper, interval_of, measure_curve
 from asp.steps.loaders import policy_model_path
+from asp.steps.memory_check import checked, enforce
 from asp.steps.paths import LaunchPaths as Paths
 from asp.steps.scheduling import load_plan
 from asp.tracking import Tracker
+from asp.trainers import learning, make_trainer_factory
+from asp.trainers.heldout import HELDOUT_SAMPLES, compare_heldout, final_weights, heldout_problems
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -133,8 +140,6 @@ def trainer_factory(
     params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, prompts_by_id: dict[Any, str]
 ) -> Callable[[], Trainer]:
     """The Training Unit's factory for `runtime.trainer` (checked here, before any actor starts)."""
-    from asp.trainers import make_trainer_factory
-
     runtime = params.runtime
     if runtime.trainer != "grpo":
         factory = make_trainer_factory(runtime.trainer, point.config)
@@ -196,8 +201,6 @@ def timeline_figure(iterations: list[dict[str, float]]) -> Figure:
 
 def curve_figure(points: list[dict[str, float]], note: str) -> Figure:
     """plots/learning_curve.png: held-out reward vs step and vs wall-clock, or a panel saying why there is none."""
-    from asp.plots.learning import learning_curve_figure
-
     fig = learning_curve_figure({"held-out reward": points} if points else {}, title="Learning curve")
     if not points:
         fig.axes[0].text(0.02, 0.5, note, transform=fig.axes[0].transAxes, fontsize=8, wrap=True)
@@ -215,8 +218,6 @@ def load_prompts(path: Path) -> tuple[pd.DataFrame, dict[Any, str]]:
 def begin(point: ResumePoint, runtime: RuntimeParams, tracker: Tracker) -> None:
     """Record this session in the state directory (`asp.steps.launch_state.start_session`) and say what it does; a
     fresh run forgets an earlier run's learning curve, a resumed one keeps the weights its last checkpoint holds."""
-    from asp.trainers import learning
-
     start_session(point.directory, point.state is None, point.step, tracker.run_id, point.fingerprint)
     if point.state is None:
         learning.reset(point.directory)
@@ -268,8 +269,6 @@ def run_session(
 def run_metrics(summary: Any, trainer: str) -> dict[str, Any]:
     """The runtime's summary metrics (whole run), where the run resumed and whether it finished; grpo/ ones over
     the run's iterations."""
-    from asp.runtime import grpo_summary
-
     metrics = {k: float(v) for k, v in summary.metrics.items()}
     metrics.update(
         {
@@ -313,8 +312,6 @@ def heldout_metrics(
     Not measured (``grpo/heldout_measured`` 0, ``grpo/heldout_note`` says why) for datasets other than the
     built-in demo, when `runtime.heldout_problems` is 0, or when the run left no trainer checkpoint.
     """
-    from asp.trainers.heldout import HELDOUT_SAMPLES, compare_heldout, final_weights, heldout_problems
-
     runtime, seed, dataset = params.runtime, params.common.seed, params.prepare.dataset
     final = final_weights(point.directory)
     reasons = (
@@ -424,8 +421,6 @@ def measured_heldout(
     params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, summary: RunSummary
 ) -> dict[str, Any]:
     """`heldout_metrics` of a finished run, measured once: kept in the run log (a rerun after a kill reuses it)."""
-    from asp.runtime.runlog import RunLog
-
     step = summary.trainer_step
     if point.finished is not None and HELDOUT_NOTE in point.finished[1].notes:
         return dict(point.finished[1].notes[HELDOUT_NOTE])
@@ -499,9 +494,6 @@ def end_of_run(
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Run the asynchronous RL loop over the schedule (or finish a run a kill cut short after its last step); write
     the run summary, metrics and plot."""
-    from asp.runtime.raysession import reap_dead_sessions
-    from asp.steps.memory_check import checked, enforce
-
     if checked(params):  # fits-or-fails before any worker starts (runtime.memory, docs/memory.md)
         enforce(params)
     reap_dead_sessions()  # Ray processes a killed launch left running

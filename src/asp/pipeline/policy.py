@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from asp.config import DemoPolicyParams, Params, PolicyEvalParams, PolicyParams
+from asp.demo.task import generate_problems, warm_start_responses
 from asp.errors import UserError
 from asp.io import atomic_path, write_json
 from asp.progress import progress_bar
@@ -54,7 +55,6 @@ def content_hash(path: Path) -> str:
 def warm_started_policy(demo: DemoPolicyParams, seed: int) -> tuple[Any, Any, list[float], float]:
     """Build the tiny demo policy and warm-start it; return model, tokenizer, loss curve and seconds taken."""
     from asp.demo.policy import build_model, warm_start
-    from asp.demo.task import generate_problems, warm_start_responses
     from asp.demo.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -100,7 +100,6 @@ def check_policy(
 ) -> dict[str, Any]:
     """Sample the policy on fresh demo problems: length Spearman, mean reward, ... (`asp.demo.policy`)."""
     from asp.demo.policy import evaluate_policy
-    from asp.demo.task import generate_problems
 
     return evaluate_policy(
         model,

@@ -20,7 +20,10 @@ import pandas as pd
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import read_json, write_json, write_parquet
+from asp.predictor.calibration import CalibrationMap
 from asp.progress import progress_bar
+from asp.runtime import RuntimeConfig
+from asp.runtime.profile_actors import predict_sharded
 from asp.steps.loaders import load_trained_predictor
 from asp.steps.paths import PredictPaths as Paths
 from asp.tracking import Tracker
@@ -35,8 +38,6 @@ def load_inputs(params: Params, paths: Paths) -> tuple[Any, Any, pd.DataFrame, s
 
 def load_prompts(params: Params, paths: Paths, meta: dict[str, Any]) -> tuple[pd.DataFrame, str, Any]:
     """The training prompts, their text column (the predictor's `meta`, else params) and the calibration map."""
-    from asp.predictor.calibration import CalibrationMap
-
     for path, stage in ((paths.prompts, "prepare"), (paths.calibration, "evaluate")):
         if not path.is_file():
             raise UserError(f"{path}: missing. Run the {stage} stage first (`dvc repro {stage}`).")
@@ -49,8 +50,6 @@ def load_prompts(params: Params, paths: Paths, meta: dict[str, Any]) -> tuple[pd
 def predict_on_actors(params: Params, paths: Paths) -> tuple[pd.DataFrame, Any, np.ndarray, int, float]:
     """`predict.actors` > 1: (prompts, calibration, predicted lengths [n], truncated prompts, seconds predicting),
     the prompts sharded over Ray predictor actors that each load the predictor."""
-    from asp.runtime import RuntimeConfig
-    from asp.runtime.profile_actors import predict_sharded
     from asp.steps.checkpoint import read_predictor_info
 
     prompts, text_field, calibration = load_prompts(params, paths, read_predictor_info(paths.predictor)["meta"])

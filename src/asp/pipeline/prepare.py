@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from asp.config import DEMO_DATASET, Params, PrepareParams
+from asp.demo.task import generate_problems
 from asp.errors import UserError
 from asp.io import read_user_json, read_user_jsonl, write_json, write_parquet
 from asp.steps.loaders import load_policy_tokenizer, policy_context_length
@@ -95,8 +96,6 @@ def _frame(rows: Any, path: Path) -> pd.DataFrame:
 
 def demo_records(n: int, seed: int) -> pd.DataFrame:
     """The built-in demo task's prompts, in the same record shape as DeepScaleR."""
-    from asp.demo.task import generate_problems
-
     return pd.DataFrame.from_records(generate_problems(n, seed=seed))
 
 

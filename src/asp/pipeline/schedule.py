@@ -33,6 +33,10 @@ from asp.config import Params
 from asp.errors import UserError
 from asp.io import atomic_path, write_json, write_parquet
 from asp.plots import save_figure
+from asp.plots.schedule import plot_schedule
+from asp.predictor.calibration import CALIBRATION_FOLDS
+from asp.schedule import schedule_metrics, schedule_summary, schedule_to_frame
+from asp.schedule.ablation import METRICS, run_ablation
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SchedulePaths as Paths
 from asp.steps.scheduling import schedule_predictions, schedule_spec
@@ -69,8 +73,6 @@ def load_inputs(paths: Paths) -> tuple[pd.DataFrame, Any, pd.DataFrame | None]:
 def ablation_folds(pred: np.ndarray, calibration: Any, loads: str) -> int:
     """Cross-fitting folds of the held-out ablation's loads: `CALIBRATION_FOLDS` (at most n) when the schedule
     balances calibrated loads, 0 (raw predictions) with `loads: raw` or without a calibration map."""
-    from asp.predictor.calibration import CALIBRATION_FOLDS
-
     if calibration is None or loads == "raw":
         return 0
     return min(CALIBRATION_FOLDS, pred.size)
@@ -87,8 +89,6 @@ def heldout_ablation(
     annealing. Returns the table (mean and standard deviation over seeds per condition; empty when there are fewer
     than two batch groups' worth of prompts) and its metrics.
     """
-    from asp.schedule.ablation import METRICS, run_ablation
-
     schedule_params = params.schedule
     joined = preds.merge(true, on="prompt_id", how="inner")
     if len(joined) < 2 * schedule_params.b * schedule_params.k:
@@ -138,8 +138,6 @@ def build(preds: pd.DataFrame, calibration: CalibrationMap | None, params: Param
 
 def predicted_metrics(sched: Any, loads_calibrated: bool) -> dict[str, Any]:
     """Padding and group-load balance the predictions promise, and the schedule's sizes."""
-    from asp.schedule import schedule_metrics
-
     balanced = np.empty_like(sched.loads)
     balanced[sched.positions] = sched.loads  # back to input order, as schedule_metrics expects
     predicted = schedule_metrics(balanced, sched)
@@ -157,8 +155,6 @@ def predicted_metrics(sched: Any, loads_calibrated: bool) -> dict[str, Any]:
 
 def save_schedule(sched: Any, summary: dict[str, Any], out_dir: Path) -> None:
     """schedule.parquet (one row per prompt, in dispatch order) and summary.json, replaced together."""
-    from asp.schedule import schedule_to_frame
-
     with atomic_path(out_dir) as out:
         out.mkdir(parents=True)
         write_parquet(schedule_to_frame(sched), out / "schedule.parquet")
@@ -169,8 +165,6 @@ def save_ablation(table: pd.DataFrame, path: Path, tracker: Tracker) -> None:
     """The C0-C4 table as CSV (one row per condition), logged under tables/. Without an ablation (no held-out
     lengths, or fewer than two batch groups of them) the file holds the header only: it is a declared DVC output,
     so it must exist for `dvc repro` to go on."""
-    from asp.schedule.ablation import METRICS
-
     if table.empty:
         columns = ["condition", *(c for m in METRICS for c in (m, f"{m}_sd"))]
         with atomic_path(path) as tmp:
@@ -183,9 +177,6 @@ def save_ablation(table: pd.DataFrame, path: Path, tracker: Tracker) -> None:
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Build and save the schedule; report predicted and realized metrics and the C0-C4 table."""
-    from asp.plots.schedule import plot_schedule
-    from asp.schedule import schedule_summary
-
     schedule_params, seed = params.schedule, params.common.seed
     preds, calibration, true = load_inputs(paths)
     sched = build(preds, calibration, params, paths)

@@ -25,6 +25,9 @@ Run: `asp stage simulate` (what `dvc repro simulate` calls); `asp simulate` runs
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +35,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
+import yaml
 
-from asp.config import Params
+from asp.config import Params, read_yaml, validate_params
+from asp.control.plan import WorkPlan
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
 from asp.plots import save_figure
+from asp.plots.sim import timeline_figure
+from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
+from asp.runtime.config import RuntimeConfig
+from asp.sim.engine import Resources, Workload, simulate
+from asp.sim.lengths import fit_empirical_length_model, fit_length_model
+from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
+from asp.sim.timemodel import TrainingTimeModel, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
 from asp.steps.scheduling import schedule_predictions
@@ -45,10 +57,8 @@ from asp.tracking import Tracker
 if TYPE_CHECKING:
     from asp.control.settings import ControlSettings
     from asp.predictor.calibration import CalibrationMap
-    from asp.sim.engine import Resources, Workload
     from asp.sim.lengths import EmpiricalLengthModel, LengthModel
     from asp.sim.presets import TimeModelPreset
-    from asp.sim.timemodel import TrainingTimeModel
 
 # the Table 4(b) columns and the simulator's own, as reported per condition
 REPORTED = (
@@ -151,8 +161,6 @@ def check_gpu_gaps(params: Params) -> None:
 
 def training_model(params: Params) -> TrainingTimeModel:
     """The Training Unit's times: the simulated trainer's fixed ones, or `simulate.training` for GRPO."""
-    from asp.sim.timemodel import TrainingTimeModel
-
     rt = params.runtime
     if rt.trainer == "simulated":
         return TrainingTimeModel.simulated(rt.trainer_step_s, rt.refresh_delay_s)
@@ -173,10 +181,6 @@ def untimed(paths: Paths) -> str:
 
 def fit_models(params: Params, paths: Paths) -> Models:
     """Fit the generation-time and length models (see the module docstring)."""
-    from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
-    from asp.sim.lengths import fit_empirical_length_model, fit_length_model
-    from asp.sim.timemodel import fit_generation_model, shared
-
     preset = time_model_preset(params)
     if preset is None:
         check_gpu_gaps(params)
@@ -223,24 +227,18 @@ def fit_models(params: Params, paths: Paths) -> Models:
 
 def time_model_preset(params: Params) -> TimeModelPreset | None:
     """The `simulate.time_model` preset (published GPU/NPU times), or None for the default fit."""
-    from asp.sim.presets import FIT, get_preset
-
     name = params.simulate.time_model
     return None if name == FIT else get_preset(name)
 
 
 def resources(params: Params) -> Resources:
     """Shared CPU cores as `simulate.cores` says; a device per actor (no sharing) under a GPU/NPU preset."""
-    from asp.sim.engine import Resources
-
     cores = None if time_model_preset(params) is not None else params.simulate.cores
     return Resources(cores=cores, threads_per_actor=params.runtime.engine.num_threads or 1)
 
 
 def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibration: Any) -> dict[str, Any]:
     """The work plan of every simulated condition: C4 = the schedule stage's output, C0-C3 rebuilt."""
-    from asp.control.plan import WorkPlan
-
     plans: dict[str, Any] = {}
     for cond in params.simulate.conditions:
         if cond == "C4":
@@ -261,8 +259,6 @@ def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibrati
 
 def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: CalibrationMap | None) -> Workload:
     """Realized lengths of every predicted prompt, sampled once (seeded) so every condition sees the same."""
-    from asp.sim.engine import Workload
-
     predicted = preds["predicted_length"].to_numpy(np.float64)
     expected = calibration(predicted) if calibration is not None else predicted
     rng = np.random.default_rng(params.common.seed)
@@ -275,8 +271,6 @@ def control_settings(params: Params, condition: str = "C4") -> ControlSettings:
     """The simulated run's `asp.control.ControlSettings` for `condition`: ``runtime:`` (``runtime.mode`` included:
     sync simulates the synchronous baseline) with ``simulate.iterations`` when set, and ``common.seed``; history-aware
     passes (``runtime.history``) for C4 only, as in a launch."""
-    from asp.runtime.config import RuntimeConfig
-
     runtime = dict(params.runtime)
     if params.simulate.iterations is not None:
         runtime["iterations"] = params.simulate.iterations
@@ -286,8 +280,6 @@ def control_settings(params: Params, condition: str = "C4") -> ControlSettings:
 
 def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[str, Any]:
     """condition -> `SimResult` of `runtime:` over that condition's plan."""
-    from asp.sim.engine import simulate
-
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
@@ -303,9 +295,6 @@ def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[st
 def sensitivity_ranges(params: Params, paths: Paths, models: Models) -> dict[str, dict[str, tuple[float, float]]]:
     """condition -> metric (a ``REPORTED`` key) -> (min, max) over `asp.sim.presets.SENSITIVITY_GRID`: the time
     model's decode, trainer and reload costs scaled over their plausible range, everything else as simulated."""
-    from asp.sim.engine import simulate
-    from asp.sim.presets import SENSITIVITY_GRID, scaled_models
-
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
@@ -353,8 +342,6 @@ def save_outputs(models: Models, results: dict[str, Any], out_dir: Path) -> None
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Fit, simulate every condition, save and log (see the module docstring)."""
-    from asp.plots.sim import timeline_figure
-
     tracker.log_params({"simulate": params.simulate.model_dump(), "common.seed": params.common.seed})
     skip = "simulate.enabled is false: nothing simulated" if not params.simulate.enabled else untimed(paths)
     if skip:  # DVC still expects the declared outputs: say why they are empty
@@ -410,10 +397,6 @@ def launch_setting_differences(params: Params, lock: dict[str, Any], raw: dict[s
         params: the validated params simulated; lock: dvc.lock's ``stages.launch.params['params.yaml']``;
         raw: the params file as read (the sections the lock does not hold).
     """
-    import copy
-
-    from asp.config import validate_params
-
     merged = copy.deepcopy(raw)
     for key in LAUNCH_PARAMS:
         if key in lock:
@@ -448,9 +431,6 @@ def launch_errors(simulated: dict[str, float], measured: dict[str, float]) -> li
 
 def _lock_loader() -> type:
     """A SafeLoader that reads YAML 1.2 floats without a dot (dvc.lock writes ``1e-08``; YAML 1.1 reads a str)."""
-    import re
-
-    import yaml
 
     class Loader(yaml.SafeLoader):
         pass
@@ -466,12 +446,6 @@ _LockLoader = _lock_loader()
 def last_launch(params: Params, root: Path = Path()) -> tuple[str, dict[str, float]] | str:
     """(condition, ``metrics/launch.json``) of the last launch when it ran the setting `params` describes, else
     why not: no launch, outputs that are not the launch dvc.lock records, or the differing params."""
-    import hashlib
-
-    import yaml
-
-    from asp.config import read_yaml
-
     lock_path, metrics_path, summary = (
         root / "dvc.lock",
         root / "metrics/launch.json",

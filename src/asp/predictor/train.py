@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from asp.predictor.lexical import LexicalModel
+from asp.predictor.lexical import LexicalModel, fit_lexical
 from asp.predictor.losses import LOSS_KINDS, combined_loss, mse_loss
 from asp.predictor.metrics import kendall_tau
 from asp.predictor.model import Encoded, LengthPredictor, encode_texts, pad_batch, pad_token_id
@@ -385,8 +385,6 @@ def train_predictor(
     )
     lexical = None
     if any(w > 0 for w in lexical_weights):  # the lexical ridge first, on the training prompts only
-        from asp.predictor.lexical import fit_lexical
-
         lexical = fit_lexical(data.train.input_ids, data.y_train.numpy())
     model.lexical = None  # the network trains and early-stops alone
     model.spec = dataclasses.replace(model.spec, lexical_weight=0.0)

@@ -142,7 +142,7 @@ class HFEngine:
             attn_implementation: optional transformers attention backend (e.g. ``"sdpa"``).
             num_threads: CPU threads torch may use during `generate` (restored afterwards); None keeps the
                 process setting. Tiny models decode fastest with 1: their ops are too small to split, and
-                on a shared machine extra OpenMP threads mostly spin (measured 15k vs 0.3-2k tokens/s).
+                on a shared machine extra OpenMP threads mostly spin (docs/benchmarks.md, "Design notes").
         """
         validate_logprobs_mode(logprobs_mode)
         if num_threads is not None and num_threads < 1:

@@ -48,6 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -325,8 +327,6 @@ def _scannable_modules() -> Iterator[None]:
     a process that imported numba failed with ``'_lib_fn_wrapper' object has no attribute 'get'``. Such attributes
     are removed for the duration and put back after (nothing in the engine's construction uses them).
     """
-    import sys
-
     hidden: list[tuple[dict[str, Any], str, Any]] = []
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
@@ -353,8 +353,6 @@ def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) 
     predictor, a trainer sharing the actor's process), so the original function is put back once the engine is
     built (the engine's own threads are already set).
     """
-    import os
-
     import torch
 
     cpu = not torch.cuda.is_available()
@@ -373,8 +371,8 @@ def _build_llm(vllm: Any, kwargs: dict[str, Any], multiprocessing: bool | None) 
         # prompts): it rewinds the request's generator, which only CUDA generators allow. Whole prefills avoid that
         # (vLLM then raises max_num_batched_tokens to at least max_model_len), as vLLM does itself for MLA on CPU.
         kwargs = {"enable_chunked_prefill": False, **kwargs}
-        # vLLM's sampler torch.compiles a log-prob kernel on the first request that asks for log-probs: 10-25 s of
-        # inductor on 2 cores, in every new process, for the same results. asp itself compiles nothing.
+        # vLLM's sampler torch.compiles a log-prob kernel on the first request that asks for log-probs: seconds of
+        # inductor in every new process for the same results (docs/vllm.md). asp itself compiles nothing.
         torch._dynamo.config.disable = True
     set_num_threads = torch.set_num_threads
     saved = os.environ.get(MULTIPROCESSING_ENV)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import pickle
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from asp.rollout.weight_transfer import (
@@ -141,8 +142,6 @@ class AspWorkerExtension:
         return self.model_runner.model  # type: ignore[attr-defined]
 
     def _asp_config(self) -> Any:
-        from contextlib import nullcontext
-
         config = getattr(self, "vllm_config", None)
         if config is None:
             return nullcontext()

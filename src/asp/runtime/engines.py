@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asp.errors import UserError
+from asp.rollout import check_model_dir, make_engine
 from asp.rollout.base import FinishReason, PromptResult, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -56,15 +57,12 @@ class EngineSpec:
         if self.kind not in ENGINE_SPEC_KINDS:
             raise UserError(f"unknown engine kind {self.kind!r}; choose one of {', '.join(ENGINE_SPEC_KINDS)}.")
         if self.kind != "standin":
-            from asp.rollout import check_model_dir
-
             check_model_dir(Path(self._model_path()))
 
     def __call__(self) -> Engine:
         """Build the engine (called inside the generation actor)."""
         if self.kind == "standin":
             return StandInEngine(**self.options)
-        from asp.rollout import make_engine
 
         return make_engine(self.kind, self._model_path(), **self.options)
 

@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0
 
@@ -33,8 +35,6 @@ def registry() -> Path:
 
 
 def _start_time(pid: int) -> float | None:
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         return None if proc.status() == psutil.STATUS_ZOMBIE else proc.create_time()
@@ -53,8 +53,6 @@ def _session_dir() -> str | None:
 
 def record_local_ray() -> Path | None:
     """Record the local Ray cluster this process just started (see the module docstring); returns the record."""
-    import psutil
-
     me = psutil.Process()
     processes = []
     for child in me.children(recursive=True):
@@ -86,8 +84,6 @@ def _owner_alive(record: dict[str, Any]) -> bool:
 def leftovers(record: dict[str, Any]) -> list[Any]:
     """The still-running processes of a recorded cluster: recorded ones (same start time) and any process holding
     files of its session directory open."""
-    import psutil
-
     found: dict[int, Any] = {}
     for entry in record.get("processes", []):
         started = _start_time(int(entry["pid"]))
@@ -107,8 +103,6 @@ def leftovers(record: dict[str, Any]) -> list[Any]:
 
 def _stop(procs: list[Any]) -> list[str]:
     """SIGTERM `procs`, SIGKILL what is left after `STOP_TIMEOUT_S`; returns 'name (pid N)' of each."""
-    import psutil
-
     names = []
     for proc in procs:
         with contextlib.suppress(psutil.Error):

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from asp.control.database import Database
 from asp.control.messages import MinibatchOutput
 from asp.control.plan import as_plan, check_prompts
@@ -55,8 +57,6 @@ def ray_session(config: RuntimeConfig) -> Iterator[bool]:
     set to 127.0.0.1, so its servers (GCS, raylet, workers, runtime-env agent, the autoscaler monitor's metrics
     endpoint) listen on loopback only (tests/runtime/test_ray_network.py checks the sockets).
     """
-    import ray
-
     if ray.is_initialized():
         yield False
         return
@@ -92,8 +92,6 @@ def init_local_ray(**options: Any) -> None:
     Ray's notice that token authentication is on (its default for a new local cluster, warned about in every run's
     log when RAY_AUTH_MODE is unset) is dropped (`_TokenAuthOnNotice`); its warning that authentication is off
     stays. (Setting RAY_AUTH_MODE=token here instead made Ray 2.60's own workers fail to authenticate.)"""
-    import ray
-
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     notices = logging.getLogger(RAY_AUTH_LOGGER)
     if not any(isinstance(f, _TokenAuthOnNotice) for f in notices.filters):
@@ -159,8 +157,6 @@ def build_runtime(
         UserError: a placement group could not be placed, or an engine or the trainer failed to build (message
             includes its error).
     """
-    import ray
-
     sampling = SamplingParams(config.n_samples, config.max_new_tokens, config.temperature, config.top_p)
     placement = create_placement(config, trainer_ranks(config, trainer_factory))
     actor_cls = ray.remote(GenerationActor)
@@ -205,8 +201,6 @@ def build_runtime(
 
 def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, timeout_s: float) -> None:
     """Raise `UserError` naming the first actor whose engine (or the trainer) failed or did not start in time."""
-    import ray
-
     refs = {
         f"generation actor {a} (unit {owner[a]}) could not load its engine": h.ready.remote()
         for a, h in handles.items()
@@ -229,8 +223,6 @@ def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, ti
 
 def teardown(units: list[Any], handles: Mapping[int, Any], trainer: Any, placement: Placement | None = None) -> None:
     """Kill the runtime's actors (no restarts), then remove its placement groups (when given)."""
-    import ray
-
     for handle in [*units, *handles.values(), *rank_handles(trainer)]:
         with contextlib.suppress(Exception):
             ray.kill(handle, no_restart=True)
@@ -409,8 +401,6 @@ def _restore(cu: ControlUnit, trainer: Any, state: Mapping[str, Any]) -> None:
     Raises:
         UserError: the trainer could not restore its checkpoint (its own `UserError`, or the error named).
     """
-    import ray
-
     cu.db.restore(state["database"])
     cu.restore_position(int(state["trainer_step"]), int(state["policy_version"]))
     cu.trainer_state = dict(state["trainer_state"])

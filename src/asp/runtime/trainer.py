@@ -11,7 +11,9 @@ The runtime's actors work in the driver's directory (`work_in`), so relative pat
 
 from __future__ import annotations
 
+import datetime
 import os
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -121,8 +123,6 @@ def _needs_group(trainer_factory: Any, world_size: int) -> bool:
 
 def free_port() -> int:
     """A TCP port free on this node right now (the process group's rendezvous port)."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
@@ -130,8 +130,6 @@ def free_port() -> int:
 
 def init_process_group(address: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
     """Start this rank's torch.distributed default process group (TCP rendezvous at rank 0's `address`:`port`)."""
-    import datetime
-
     import torch
 
     if backend == "nccl" and torch.cuda.is_available():

@@ -8,7 +8,7 @@ size x_{i+1} - x_i in [b, b + kappa] that maximise the summed utilisation
 exactly as Algorithm 1 (strict ">" with j ascending, so ties keep the largest last minibatch). O(kappa * n)
 time. Memory layout: the prefix sums and dp values live in a ring buffer of the last b + kappa + 1 states
 (they are never read further back), so the kernel streams `l` once and writes only a uint8 backpointer per
-state (the chosen size minus b); n = 10^7 takes well under the 0.3 s target (see docs/scheduler.md).
+state (the chosen size minus b); its speed against the target: docs/scheduler.md.
 
 Infeasible n. When n cannot be written as a sum of sizes in [b, b + kappa] (e.g. n = 5, b = 4, kappa = 0, or
 n < b), the default policy `on_infeasible="short"` allows exactly one minibatch of size in [1, b - 1]; the DP

@@ -131,7 +131,8 @@ def bucket_order(x, counts, out, per):  # pragma: no cover - compiled
 def lpt_rounds_groups(sorted_loads, k, rank_gid):  # pragma: no cover - compiled
     """Round-wise LPT start: like `snake_groups`, but each round of G_full minibatches (largest first) is
     dealt to the groups in ascending order of their current load. The order is a bucket order (about 4 loads
-    per bucket, O(G) per round): as good a start as an exact sort here, and 5x faster at G = 10^6.
+    per bucket, O(G) per round): as good a start as an exact sort here, and faster (docs/benchmarks.md,
+    "Design notes measured once").
     """
     n_items = sorted_loads.shape[0]
     n_full = place_partial_group(n_items, k, rank_gid)

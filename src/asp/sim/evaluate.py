@@ -20,6 +20,7 @@ from asp.control.plan import WorkPlan
 from asp.schedule.conditions import condition_schedule
 from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.planner import Candidate, Cluster, objective_s
+from asp.sim.presets import scaled_models
 
 if TYPE_CHECKING:
     from asp.control.settings import ControlSettings
@@ -136,8 +137,6 @@ def make_evaluator(
 
 def scaled_evaluator(ev: Evaluator, scale: Scale) -> Evaluator:
     """`ev` with its time models scaled by `scale` (`asp.sim.presets.scaled_models`), sharing `ev`'s schedules."""
-    from asp.sim.presets import scaled_models
-
     gen, train = scaled_models(ev.gen, ev.train, scale)
     return replace(ev, gen=gen, train=train, _schedules=ev._schedules, _results={})
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asp.config import ProfileParams, RuntimeParams, VllmParams
+from asp.runtime import EngineSpec
 
 if TYPE_CHECKING:
     from asp.rollout import Engine
-    from asp.runtime.engines import EngineSpec
 
 
 def engine_options(
@@ -42,16 +42,12 @@ def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Engine:
 def profile_engine_spec(prof: ProfileParams, model_path: Path, seed: int) -> EngineSpec:
     """The picklable recipe of `profile_engine` (the same engine and options), which each profiling actor of
     ``profile.actors`` > 1 builds its engine from."""
-    from asp.runtime import EngineSpec
-
     opts = engine_options(prof.engine, prof.device, prof.dtype, prof.num_threads, prof.vllm, seed=seed)
     return EngineSpec(prof.engine, str(model_path), opts)
 
 
 def engine_spec(runtime: RuntimeParams, model_path: Path) -> EngineSpec:
     """The picklable `EngineSpec` every generation actor of the launch builds its engine from."""
-    from asp.runtime import EngineSpec
-
     engine = runtime.engine
     return EngineSpec(
         engine.kind,

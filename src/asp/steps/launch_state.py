@@ -30,6 +30,9 @@ from typing import Any
 
 from asp.config import RuntimeParams
 from asp.io import atomic_path, read_json, read_json_lines, write_json
+from asp.progress import progress_bar
+from asp.runtime.checkpoint import FILENAME
+from asp.runtime.runlog import RunLog
 
 RUN_FILE = "mlflow_run.json"  # the MLflow run a resumed launch continues
 HISTORY_FILE = "iterations.jsonl"  # every iteration's metrics as they finished (all sessions)
@@ -66,8 +69,6 @@ def fingerprint_extra(runtime: RuntimeParams) -> dict[str, Any]:
 def holds_progress(state_dir: Path) -> bool:
     """Whether `state_dir` (``outputs/launch_state``, or one condition's folder in it) holds an interrupted run's
     resume position: a runtime checkpoint not marked finished, which the next launch of the same plan resumes."""
-    from asp.runtime.checkpoint import FILENAME
-
     files = [state_dir] if state_dir.name == FILENAME else sorted(state_dir.rglob(FILENAME))
     for path in files:
         try:
@@ -99,8 +100,6 @@ def continued_run_id(directory: Path, fingerprint: str, resumable: bool) -> str 
     """The MLflow run a launch in `directory` continues: the recorded one when there is a position to resume or
     finish (`resumable`), or when the recorded run started fresh with this `fingerprint` and never reached a
     position (its run log is empty); else None (a new run)."""
-    from asp.runtime.runlog import RunLog
-
     record = read_run_file(directory)
     if record is None:
         return None
@@ -118,8 +117,6 @@ def start_session(directory: Path, fresh: bool, step: int, run_id: str | None, f
         record = {"run_id": run_id, "fresh": fingerprint if fresh else previous.get("fresh")}
         write_json(record, directory / RUN_FILE)
     if fresh:
-        from asp.runtime.runlog import RunLog
-
         RunLog(directory).reset()
         for sub in ("trainer", "snapshots"):
             shutil.rmtree(directory / sub, ignore_errors=True)
@@ -137,8 +134,6 @@ class Recorder:
     HEARTBEAT_S = 30.0
 
     def __init__(self, path: Path, total: int | None, initial: int = 0) -> None:
-        from asp.progress import progress_bar
-
         self.path, self.total, self.shown = path, total, initial  # shown: the last step the bar counted
         self.bar = progress_bar(total=total, initial=initial, desc="launch", unit="step", heartbeat_s=self.HEARTBEAT_S)
 

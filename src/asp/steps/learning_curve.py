@@ -24,6 +24,8 @@ from asp.config import DEMO_DATASET, Params, RuntimeParams
 from asp.errors import UserError
 from asp.runtime.testhooks import kill_point
 from asp.tracking import Tracker
+from asp.trainers.factory import resolve_reward
+from asp.trainers.heldout import heldout_problems, heldout_rewards
 from asp.trainers.learning import (
     CurveStore,
     curve_interval,
@@ -76,9 +78,6 @@ def measure_curve(
     tracker: Tracker,
 ) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """Evaluate the steps of the curve not yet measured, log the series once; returns (metrics, points)."""
-    from asp.trainers.factory import resolve_reward
-    from asp.trainers.heldout import heldout_problems, heldout_rewards
-
     reason = not_measured_reason(params)
     if reason is not None:
         return {"learning/measured": 0, "learning/note": f"not measured: {reason}"}, []

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from asp.config import Params
 from asp.errors import UserError
+from asp.io.lengths import rollout_files
 from asp.vcs import git
 
 
@@ -43,7 +44,6 @@ def check_lengths_file(params: Params, root: str | Path = ".", experiment: bool 
             "file (or a folder of them) in the repository, commit it (`git add`, or `dvc add` for a large file, then "
             "commit the .dvc file), or set profile.source: generate."
         )
-    from asp.io.lengths import rollout_files  # pandas: only when a lengths file is used
 
     files = rollout_files(path)  # UserError: an empty folder, an unsupported type
     loose = uncommitted(files, Path(root))

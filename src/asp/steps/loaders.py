@@ -14,11 +14,12 @@ import pandas as pd
 from asp.config import PredictorParams
 from asp.errors import UserError
 from asp.io import read_json
+from asp.predictor.calibration import CalibrationMap
+from asp.rollout import load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from asp.predictor.calibration import CalibrationMap
     from asp.predictor.model import LengthPredictor
 
 BUILTIN_MINILM = "builtin:minilm"
@@ -53,8 +54,6 @@ def policy_context_length(policy_dir: str | Path) -> int | None:
 
 def load_policy_tokenizer(policy_dir: str | Path) -> PreTrainedTokenizerBase:
     """The policy's tokenizer (local files only; `tokenizer.json` kept as saved, see `asp.rollout.load_tokenizer`)."""
-    from asp.rollout import load_tokenizer
-
     return load_tokenizer(policy_model_path(policy_dir))
 
 
@@ -99,6 +98,4 @@ def load_trained_predictor(
 
 def load_calibration(path: Path) -> CalibrationMap | None:
     """The evaluate stage's `CalibrationMap` from `path`; None when the file is absent (raw loads)."""
-    from asp.predictor.calibration import CalibrationMap
-
     return CalibrationMap.from_dict(read_json(path)) if path.is_file() else None

@@ -15,19 +15,18 @@ import pandas as pd
 
 from asp.config import Params, ScheduleParams
 from asp.errors import UserError
+from asp.runtime import WorkPlan
+from asp.schedule import ScheduleSpec, build_schedule, condition_schedule
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import LaunchPaths
 
 if TYPE_CHECKING:
-    from asp.control.plan import WorkPlan
     from asp.predictor.calibration import CalibrationMap
-    from asp.schedule import Schedule, ScheduleSpec
+    from asp.schedule import Schedule
 
 
 def schedule_spec(schedule: ScheduleParams) -> ScheduleSpec:
     """The scheduler's `ScheduleSpec` (b, kappa, k, iterations, method) from the ``schedule:`` params."""
-    from asp.schedule import ScheduleSpec
-
     return ScheduleSpec(
         b=schedule.b, kappa=schedule.kappa, k=schedule.k, iterations=schedule.iterations, method=schedule.method
     )
@@ -45,8 +44,6 @@ def schedule_predictions(
     Raises:
         ValueError: the scheduler's, naming the argument (e.g. too few prompts for b).
     """
-    from asp.schedule import build_schedule, condition_schedule
-
     sched = params.schedule
     ids, predicted = preds["prompt_id"].to_numpy(), preds["predicted_length"].to_numpy(np.float64)
     common = {
@@ -63,8 +60,6 @@ def schedule_predictions(
 def load_plan(params: Params, paths: LaunchPaths) -> WorkPlan:
     """The work plan of `runtime.condition`: the schedule stage's output for C4, rebuilt from the predictions (and
     the calibration map, when there is one) for C0-C3."""
-    from asp.runtime import WorkPlan
-
     cond = params.runtime.condition
     if cond == "C4":
         if not paths.schedule.is_file():

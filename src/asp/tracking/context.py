@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from asp import vcs
 from asp.tracking.protocol import PREFECT_RUN_ENV, PREFECT_URL_ENV
 
 NOTE_TAG = "mlflow.note.content"
@@ -54,8 +55,6 @@ def _public_url(url: str) -> str:
 def git_tags(cwd: str | Path = ".") -> dict[str, str]:
     """MLflow's git tags of the code in `cwd`: commit (DVC's baseline inside `dvc exp run`), whether tracked code
     differs from it (`asp.vcs.dirty`), branch and remote URL when there are any; {} outside git."""
-    from asp import vcs
-
     sha = vcs.commit(cwd)
     if not sha:
         return {}

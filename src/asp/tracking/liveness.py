@@ -15,6 +15,8 @@ import os
 import socket
 from collections.abc import Mapping
 
+import psutil
+
 PID_TAG, HOST_TAG, START_TAG = "asp.pid", "asp.host", "asp.pid_start"
 RUN_KEY_TAG = "asp.run_key"  # a stage's name, `pipeline` for parent runs: a new run sweeps dead runs of its key
 BOOKKEEPING_TAGS = (PID_TAG, HOST_TAG, START_TAG, RUN_KEY_TAG)
@@ -27,8 +29,6 @@ def owner_tags() -> dict[str, str]:
 
 def process_start(pid: int) -> str | None:
     """When process `pid` started (seconds since the epoch, as text); None if no such live process."""
-    import psutil  # a dependency of dvc
-
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:

@@ -16,6 +16,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
+from asp import vcs
 from asp.tracking.context import stamped
 from asp.tracking.protocol import PARENT_ENV, Tracker
 from asp.tracking.runs import MlflowTracker, end_run, ensure_experiment, reopen_run, start_run, status_of
@@ -29,10 +32,6 @@ def dvc_group(max_depth: int = 8) -> tuple[str, str] | None:
     """The DVC command that started this stage process, as (group key, parent run name): `dvc exp run NAME`
     (DVC_EXP_NAME) or the nearest ancestor `dvc repro` process (pid and start time; named `dvc repro <commit> @
     <its start time>`). None when no DVC command is above this process (a stage run by hand)."""
-    import psutil  # a dependency of dvc
-
-    from asp import vcs
-
     exp = os.environ.get("DVC_EXP_NAME")
     if exp:
         return f"dvc-exp:{exp}", f"dvc exp run {exp}"

@@ -17,6 +17,8 @@ import contextlib
 import errno
 import logging
 import os
+import sqlite3
+import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,8 +183,6 @@ def _cannot_open_for_writing(path: Path) -> int | None:
 
 def _not_writable(folder: Path) -> str | None:
     """Why no file can be created in `folder` (tried with a temporary file), or None."""
-    import tempfile
-
     if not folder.is_dir():
         return "is a file, not a folder"
     try:
@@ -195,8 +195,6 @@ def _not_writable(folder: Path) -> str | None:
 def sqlite_damage(path: Path) -> str | None:
     """What SQLite's quick check finds wrong with the database at `path` (opened read-only), or None when it is
     intact or busy (a writer holds it longer than the 10 s timeout: not damage)."""
-    import sqlite3
-
     try:
         con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
     except sqlite3.Error as exc:
@@ -276,7 +274,6 @@ def relocate_artifacts(uri: str, root: str | Path = ".") -> dict[str, str]:
         return {}
     _RELOCATED.add((uri, root))
     new = (root / ARTIFACT_DIR).as_uri()
-    import sqlite3
 
     con = sqlite3.connect(path, timeout=30, isolation_level=None)
     try:

@@ -18,6 +18,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from asp.errors import UserError
+from asp.rl.rewards import get_reward
+from asp.rollout.model_dir import check_model_dir
 from asp.runtime.testhooks import trainer_ledger
 from asp.runtime.trainer import Trainer
 from asp.trainers.simulated import SimulatedTrainer
@@ -67,14 +70,10 @@ def make_trainer_factory(
             without a length (no ``grpo.total_steps``, ``config.iterations`` or `total_steps`).
     """
 
-    from asp.errors import UserError
-
     if kind == "simulated":
         return functools.partial(SimulatedTrainer, config.trainer_step_s, config.refresh_delay_s)
     if kind != "grpo":
         raise UserError(f"runtime.trainer = {kind!r} is unknown; choose one of {', '.join(TRAINER_KINDS)}.")
-    from asp.rl.rewards import get_reward
-    from asp.rollout.model_dir import check_model_dir
     from asp.trainers.grpo import GRPOSpec
 
     grpo_params = grpo if grpo is not None else config.grpo

@@ -39,10 +39,12 @@ import torch
 
 from asp.config import GRPOParams
 from asp.control.messages import GlobalBatch, StepResult, WeightUpdate
+from asp.errors import UserError
 from asp.rl import compute_rewards, get_reward, group_advantages, grpo_loss, loss_denominator, token_logprobs
 from asp.rl.advantages import zero_signal_groups
 from asp.rl.batching import pack_rows, plan_micro_batches
 from asp.rl.lr import lr_factor
+from asp.rollout.model_dir import check_model_dir, load_tokenizer
 from asp.trainers import distributed as dist
 from asp.trainers.lag import LagMonitor
 from asp.trainers.ledger import append_ledger, ledger_record
@@ -111,8 +113,6 @@ class GRPOTrainer:
 
     def __init__(self, spec: GRPOSpec) -> None:
         from transformers import AutoModelForCausalLM
-
-        from asp.rollout.model_dir import check_model_dir, load_tokenizer
 
         cfg = self.cfg = spec.config
         self.spec = spec
@@ -197,8 +197,6 @@ class GRPOTrainer:
 
     def restore(self, state: Mapping[str, Any]) -> WeightUpdate | None:
         """Load the trainer checkpoint named in `state`; return a snapshot of the restored weights."""
-        from asp.errors import UserError
-
         path = state.get("checkpoint")
         if not path:
             if int(state.get("version", 0)) > 0:

@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from asp.rl import compute_rewards, get_reward
+from asp.rollout import load_tokenizer
+
 HELDOUT_SEED_OFFSET = 900  # problems from common.seed + 900 (prepare uses + 1, the policy's warm start + 100)
 HELDOUT_SAMPLES = 4  # responses per held-out problem
 MAX_DRAW_FACTOR = 64  # give up when this many candidates per wanted problem leave too few new ones
@@ -126,8 +129,6 @@ def heldout_rewards(
     from transformers import AutoModelForCausalLM
 
     from asp.demo.policy import sample_and_score
-    from asp.rl import compute_rewards, get_reward
-    from asp.rollout import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(
         str(model_path), local_files_only=True, use_safetensors=True, dtype=torch.float32

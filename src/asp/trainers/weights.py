@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from asp.runtime.checkpoint import checkpoint_problem, write_manifest
 from asp.trainers.distributed import is_distributed, rank_and_world, tied_duplicates
 
 if TYPE_CHECKING:
@@ -196,8 +197,6 @@ def _finish_checkpoint(
     """Rank 0: consolidated weights, RNG, ``trainer.json`` and the manifest into `tmp`, then rename it to `final`."""
     from safetensors.torch import save_file
 
-    from asp.runtime.checkpoint import write_manifest
-
     save_file(dict(weights), str(tmp / "model.safetensors"))
     save_file(_rng_state(), str(tmp / "rng.safetensors"))
     plain = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in groups]
@@ -231,8 +230,6 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from asp.runtime.checkpoint import checkpoint_problem
-
     directory = Path(directory)
     problem = checkpoint_problem(directory)
     if problem:
@@ -253,8 +250,6 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
 
 def latest_checkpoint(root: Path) -> Path | None:
     """The newest intact ``step-*`` directory under `root` (damaged ones skipped with a warning), or None."""
-    from asp.runtime.checkpoint import checkpoint_problem
-
     if not Path(root).is_dir():
         return None
     for path in sorted((p for p in Path(root).iterdir() if CHECKPOINT_RE.match(p.name)), reverse=True):
