@@ -84,6 +84,33 @@ def test_streaming_passes_lines_and_stops_at_the_timeout() -> None:
     assert slow.timed_out and slow.returncode != 0 and time.monotonic() - t0 < 15
 
 
+def test_a_stop_leaves_the_shell_wrapper_to_end_with_the_stage_command(tmp_path: Path) -> None:
+    """DVC runs a stage as `$SHELL -c CMD`; dash keeps itself between DVC and the command (bash execs it). A stop
+    that ended that shell first let DVC see the stage end (-15) and remove the experiment copy while the stage still
+    moved its progress out of it. DVC here is a stand-in parent running the real `/bin/sh -c` the same way."""
+    kept, child, parent = tmp_path / "kept", tmp_path / "stage.py", tmp_path / "dvc_like.py"
+    child.write_text(
+        "import signal, sys, time\n"
+        "stop = []\n"
+        "signal.signal(signal.SIGTERM, lambda *a: stop.append(1))\n"
+        "print('ready', flush=True)\n"
+        "while not stop: time.sleep(0.05)\n"
+        f"time.sleep(1.0); open({str(kept)!r}, 'w').write('x'); sys.exit(130)\n"
+    )
+    command = f"{sys.executable} {child}"
+    parent.write_text(
+        "import os, subprocess\n"
+        f"rc = subprocess.call(['/bin/sh', '-c', {command!r}])\n"
+        f"print('stage exited', rc, 'kept' if os.path.exists({str(kept)!r}) else 'lost', flush=True)\n"
+    )
+    seen: list[str] = []
+    done = run_streaming(
+        [sys.executable, str(parent)], env=stage_env({}), on_line=seen.append, timeout_s=1.5, grace_s=20
+    )
+    assert done.timed_out and "ready" in seen
+    assert "stage exited 130 kept" in seen, seen
+
+
 def test_metrics_and_plots_come_from_dvc_yaml() -> None:
     metrics, plots = stage_files("evaluate")
     assert metrics == ["metrics/predictor.json"] and plots == ["plots/predictor_scatter.png"]

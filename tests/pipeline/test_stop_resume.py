@@ -54,7 +54,9 @@ STAGE = {
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (PARENT_ENV, "PREFECT_API_URL", HOLD_AT_ENV)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return dict(env, DVC_NO_ANALYTICS="1", **extra)
+    # DVC runs stages through $SHELL: /bin/sh (dash on Debian, as where $SHELL is unset) keeps itself between DVC
+    # and the stage, unlike bash, which is the case a stop has to get right
+    return dict(env, DVC_NO_ANALYTICS="1", SHELL="/bin/sh", **extra)
 
 
 def _git(root: Path, *args: str) -> str:

@@ -207,6 +207,19 @@ def _descendants(pid: int) -> list[Any]:
     return []
 
 
+SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "fish"})
+
+
+def _is_wrapper_shell(proc: Any) -> bool:
+    """Whether `proc` is the shell DVC runs a stage command through (``$SHELL -c CMD``) and the command runs under it.
+    Such a shell is left to end with its command: stopped first (dash does not exec the command, bash does), it
+    would end at once, and DVC, seeing the stage end, would remove its experiment copy while the stage still
+    moves its progress out of it (`asp.stage.keep_progress_on_stop`)."""
+    with contextlib.suppress(psutil.Error):
+        return proc.name() in SHELLS and bool(proc.children())
+    return False
+
+
 def _signal(procs: Iterable[Any], sig: int) -> None:
     for proc in procs:
         with contextlib.suppress(psutil.Error):
@@ -229,7 +242,7 @@ def _stop(proc: subprocess.Popen, grace_s: float) -> None:
     `grace_s`. Returns once DVC and every process that was under it have ended, so nothing writes into the
     workspace after it (the orchestrator may then put the stage's outputs back)."""
     tree = _descendants(proc.pid)
-    _signal(tree, signal.SIGTERM)
+    _signal([p for p in tree if not _is_wrapper_shell(p)], signal.SIGTERM)
     if not tree:
         proc.terminate()
     if _wait_all(proc, tree, grace_s / 2):
@@ -363,17 +376,26 @@ def run_streaming(
             stop(min(grace_s, INTERRUPT_GRACE_S))
         stopped.add(proc.pid)  # DVC itself, also when a signal ended it before it was stopped here
         release_locks_of(cwd or ".", stopped)
+        with contextlib.suppress(BaseException):  # what the stopped stage said last (what it kept): shown too
+            _drain(reader, pending, lines, on_line, 2.0)
         raise
     rc = proc.wait()
     if stopped:
         release_locks_of(cwd or ".", stopped)
-    reader.join(5)
+    _drain(reader, pending, lines, on_line, 5.0)
+    return CommandResult(rc, time.monotonic() - t0, timed_out, tuple(lines))
+
+
+def _drain(
+    reader: threading.Thread, pending: queue.Queue, lines: list[str], on_line: Callable[[str], None], wait_s: float
+) -> None:
+    """Pass on the output lines still queued once the command has ended (waiting up to `wait_s` for its pipe)."""
+    reader.join(wait_s)
     while not pending.empty():
         item = pending.get_nowait()
         if item is not None:
             lines.append(item)
             on_line(item)
-    return CommandResult(rc, time.monotonic() - t0, timed_out, tuple(lines))
 
 
 # ---- the temporary copies of `dvc exp run --temp` ------------------------------------------------------------------

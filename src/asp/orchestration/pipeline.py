@@ -532,12 +532,20 @@ class PipelineRun:
 
     def _stopped_experiment(self, before: set[Path], progress: Path) -> str:
         """Keep the stopped experiment's progress, remove its temporary copies; a sentence saying what was kept."""
-        for copy in sorted(experiment_copies(self.root) - before):  # left when DVC was killed before its cleanup
+        left = sorted(experiment_copies(self.root) - before)  # left when DVC was killed before its cleanup
+        for copy in left:
             self._keep_progress(copy, progress)
         remove_experiment_copies(self.root, before)
         kept = [rel for rel in self._persistent_outputs() if (progress / rel).exists()]
-        if not kept:  # (a stage keeps its state itself when it is stopped: `asp.stage.keep_progress_on_stop`)
+        resumable = any(persistent_outputs(name, self.root) for name in self.stages)
+        if not kept and not resumable:
             return ""
+        if not kept:  # (a stage keeps its state itself when it is stopped: `asp.stage.keep_progress_on_stop`)
+            return (
+                f" It kept no progress to resume (the stage moved none out, and {len(left)} temporary "
+                "cop" + ("y" if len(left) == 1 else "ies") + " left held no unfinished checkpoint): the same "
+                "command starts it afresh."
+            )
         return (
             f" Its progress ({', '.join(kept)}) is kept in {progress.relative_to(self.root)}: the same command "
             "resumes it."
