@@ -106,7 +106,8 @@ def measure(args: argparse.Namespace) -> None:
     prof = params.profile
     print(
         f"\nprofile on the demo: {n} prompts x {prof.n_samples} samples, cap {prof.max_new_tokens}, "
-        f"{base['minibatches']} minibatches of {prof.minibatch_prompts} (hf engine, {prof.num_threads} thread each; "
+        f"{base['minibatches']} minibatches of {prof.minibatch_prompts} "
+        f"(hf engine, {prof.engine.num_threads} thread each; "
         f"runtime.actor_num_cpus {params.runtime.actor_num_cpus:g})\n"
     )
     print("| actors | wall (s) | Σ engine generate (s) | minibatches per actor | tokens/s (wall) | speed-up | "

@@ -150,7 +150,7 @@ def preset_params(overrides: dict[str, Any]) -> Any:
 def run_overrides(sizes: Sizes, device_gib: float) -> dict[str, Any]:
     """The check's changes to the preset: one trainer rank on this device; tiny token counts in a dry run."""
     out: dict[str, Any] = {"runtime.grpo.world_size": 1, "runtime.memory.device_gib": round(device_gib, 1)}
-    for key in ("runtime.grpo.device", "predictor.device", "profile.device", "runtime.engine.device"):
+    for key in ("runtime.grpo.device", "predictor.device", "profile.engine.device", "runtime.engine.device"):
         out[key] = sizes.device
     if sizes.micro_batch_tokens is not None:  # the estimate's longest row must not exceed the dry run's micro-batch
         out["runtime.grpo.micro_batch_tokens"] = sizes.micro_batch_tokens

@@ -261,7 +261,7 @@ def test_preset_apply_writes_a_valid_overlay(tmp_path: Path) -> None:
         k: v for k, v in flat_before.items() if k not in preset
     }  # and nothing else changed
     resolved = load_params(work / "params.yaml")  # the written file validates on its own
-    assert resolved.profile.engine == "vllm" and resolved.schedule.b == preset["schedule.b"]
+    assert resolved.profile.engine.kind == "vllm" and resolved.schedule.b == preset["schedule.b"]
     assert sorted(p.name for p in work.iterdir()) == ["configs", "params.yaml"]  # no temporary file left
 
 

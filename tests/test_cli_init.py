@@ -111,7 +111,7 @@ def test_cpu_init_then_check_then_the_runs_plan(project: Path, capsys: pytest.Ca
     assert "extends" not in (project / "configs/my-cpu.yaml").read_text()
     assert asp("params", "check", "--preset", "my-cpu") == 0
     assert "prepare.dataset: builtin:demo-arith   # --data" in capsys.readouterr().out
-    assert check_request(RunRequest(stages=("prepare",), preset="my-cpu")).profile.engine == "hf"
+    assert check_request(RunRequest(stages=("prepare",), preset="my-cpu")).profile.engine.kind == "hf"
     assert asp("preset", "apply", "my-cpu") == 0
 
 

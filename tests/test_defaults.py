@@ -63,7 +63,7 @@ HOMES: dict[str, tuple[str, ...]] = {
     "asp/rollout/": ("profile", "runtime.engine"),
     "asp/sim/": ("simulate", "runtime", "schedule"),
     "asp/sim/planner.py": ("simulate.plan", "runtime", "schedule"),
-    "asp/sim/memory.py": ("runtime.grpo", "runtime.memory", "runtime.engine.vllm", "profile.vllm"),
+    "asp/sim/memory.py": ("runtime.grpo", "runtime.memory", "runtime.engine.vllm", "profile.engine.vllm"),
     "asp/tracking": SIDE,
     "asp/io/": SIDE,
     "asp/plots/": SIDE,
@@ -89,7 +89,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
 # (path, function or class, name) -> why this default of the same setting stays (the list may only shrink)
 KNOWN: dict[tuple[str, str, str], str] = {
     ("asp/rollout/hf.py", "__init__", "dtype"): "the engine library's default, 'auto' (the checkpoint's own dtype, "
-    "right for a library user on any device); profile.dtype / runtime.engine.dtype default to the CPU demo's "
+    "right for a library user on any device); profile.engine.dtype / runtime.engine.dtype default to the CPU demo's "
     "float32 and the pipeline always passes them (asp.steps.engine). Removing it touches ~22 engine call sites.",
     ("asp/rollout/vllm.py", "VLLMOptions", "dtype"): "as HFEngine's: vLLM's own 'auto'; the params' float32 is the "
     "CPU demo's hf engine value (the GPU preset sets the vLLM dtype).",

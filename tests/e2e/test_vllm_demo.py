@@ -29,7 +29,7 @@ VLLM_POLICY = {"policy": {"demo": {"hidden_size": 64, "num_heads": 2, "intermedi
 ITERATIONS = 8  # x 8 prompts; q_max 8 holds generation back until training catches up, so that later minibatches
 # are certain to be generated after a weight update (with the default q_max all could be, under load, before one)
 RUN = {
-    "profile": {"vllm": {"enforce_eager": True}},  # engines start without a compile warm-up (tests only)
+    "profile": {"engine": {"vllm": {"enforce_eager": True}}},  # engines start without a compile warm-up (tests only)
     "runtime": {
         "engine": {"vllm": {"enforce_eager": True}},
         "trainer": "grpo",
@@ -46,7 +46,7 @@ RUN = {
 @pytest.mark.slow
 def test_demo_pipeline_on_vllm(tmp_path: Path, ray_cluster) -> None:
     params = validate_params(tiny_params(VLLM_POLICY, PRESET, RUN))
-    assert params.profile.engine == "vllm" and params.runtime.engine.kind == "vllm" and params.runtime.partial.enabled
+    assert params.profile.engine.kind == params.runtime.engine.kind == "vllm" and params.runtime.partial.enabled
     _, run_ids = run_stages(params, tmp_path, "e2e-vllm")
 
     prep = TINY["prepare"]
@@ -54,7 +54,7 @@ def test_demo_pipeline_on_vllm(tmp_path: Path, ray_cluster) -> None:
     assert len(samples) == (prep["profile_prompts"] + prep["heldout_prompts"]) * TINY["profile"]["n_samples"]
     assert set(samples.finish_reason) <= {"stop", "length"}
     assert samples.length.max() <= TINY["profile"]["max_new_tokens"]
-    assert MlflowClient().get_run(run_ids["profile"]).data.params["profile.engine"] == "vllm"
+    assert MlflowClient().get_run(run_ids["profile"]).data.params["profile.engine.kind"] == "vllm"
 
     lm = json.loads((tmp_path / "metrics/launch.json").read_text())
     assert lm["runtime/summary/finished"] == 1 and lm["runtime/summary/iterations"] == ITERATIONS

@@ -87,7 +87,7 @@ def test_a_preset_and_overrides_make_an_experiment_with_sorted_sets() -> None:
     assert request.is_experiment
     check_request(RunRequest(("schedule",), request.preset, request.overrides), root=ROOT)  # not the placeholder path
     sets = effective_overrides(request, ROOT)
-    assert sets["schedule.k"] == 4 and sets["profile.engine"] == "vllm"  # the override wins over the preset
+    assert sets["schedule.k"] == 4 and sets["profile.engine.kind"] == "vllm"  # the override wins over the preset
     assert list(sets) == sorted(sets)
 
 

@@ -45,7 +45,7 @@ def test_the_gpu_preset_lacks_only_gpu_training_times() -> None:
 
 
 def test_each_gap_is_named() -> None:
-    gaps = gpu_gaps(_gpu(simulate={"cores": 2.0, "generation_form": "static"}, profile={"engine": "hf"}))
+    gaps = gpu_gaps(_gpu(simulate={"cores": 2.0, "generation_form": "static"}, profile={"engine": {"kind": "hf"}}))
     assert len(gaps) == 4
     joined = " ".join(gaps)
     for key in ("profile.engine", "simulate.generation_form", "simulate.cores", "simulate.training"):
@@ -71,7 +71,7 @@ def test_params_check_notes_or_refuses() -> None:
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "cannot model this GPU run yet" in out.stderr and "simulate.training" in out.stderr
     out = _asp("simulate", "--set", "runtime.engine.kind=vllm")  # the CPU demo with vLLM actors: profiled with hf
-    assert out.returncode == 2 and "profile.engine is 'hf' but runtime.engine.kind is 'vllm'" in out.stderr
+    assert out.returncode == 2 and "profile.engine.kind is 'hf' but runtime.engine.kind is 'vllm'" in out.stderr
 
 
 def test_fit_training_records_where_it_was_measured(tmp_path: Path) -> None:

@@ -299,7 +299,7 @@ def test_the_engine_options_are_the_params_model():
     """One model: `VLLMOptions` is `runtime.engine.vllm`'s (`VllmRuntimeParams`) plus dtype, seed and logprobs_mode,
     with the params' checks (max_model_len >= 16, as `asp params check` says), and the options the pipeline builds
     from params are its fields."""
-    from asp.config import VllmParams, VllmRuntimeParams
+    from asp.config import EngineParams, RuntimeEngineParams, VllmParams, VllmRuntimeParams
     from asp.steps.engine import engine_options
 
     assert issubclass(VLLMOptions, VllmRuntimeParams)
@@ -307,8 +307,8 @@ def test_the_engine_options_are_the_params_model():
     with pytest.raises(ValueError, match="max_model_len"):
         VLLMOptions(max_model_len=8)
     runtime = VllmRuntimeParams(max_model_len=512, kv_cache_gib=1.5, weight_bucket_mb=7)
-    opts = engine_options("vllm", "cpu", "float32", None, runtime, seed=4)
+    opts = engine_options(RuntimeEngineParams(kind="vllm", dtype="float32", num_threads=None, vllm=runtime), seed=4)
     assert set(opts) == set(VLLMOptions.model_fields) - {"logprobs_mode"}  # the pipeline keeps the default mode
     assert VLLMOptions(**opts) == VLLMOptions(**runtime.model_dump(), dtype="float32", seed=4)
-    profile = engine_options("vllm", "cpu", "bfloat16", None, VllmParams(tensor_parallel_size=2))
+    profile = engine_options(EngineParams(kind="vllm", dtype="bfloat16", vllm=VllmParams(tensor_parallel_size=2)))
     assert VLLMOptions(**profile).tensor_parallel_size == 2 and "weight_transfer" not in profile

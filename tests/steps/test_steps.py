@@ -28,14 +28,14 @@ def params(overlay: dict) -> Params:
 
 
 def test_engine_options_for_profiling_and_for_the_launch_actors(tmp_path) -> None:
-    prof = params({"profile": {"num_threads": 3}}).profile
-    assert engine_options(prof.engine, prof.device, prof.dtype, prof.num_threads, prof.vllm, seed=5) == {
+    prof = params({"profile": {"engine": {"num_threads": 3}}}).profile
+    assert engine_options(prof.engine, seed=5) == {
         "device": "cpu",
         "dtype": "float32",
         "num_threads": 3,
     }
-    prof = params({"profile": {"engine": "vllm", "dtype": "bfloat16", "vllm": VLLM}}).profile
-    assert engine_options(prof.engine, prof.device, prof.dtype, prof.num_threads, prof.vllm, seed=5) == {
+    prof = params({"profile": {"engine": {"kind": "vllm", "dtype": "bfloat16", "vllm": VLLM}}}).profile
+    assert engine_options(prof.engine, seed=5) == {
         **VLLM,
         "dtype": "bfloat16",
         "seed": 5,

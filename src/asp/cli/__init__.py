@@ -3,6 +3,7 @@
     asp repro [STAGE...] [--set K=V]   stages through DVC under one MLflow parent run (what `make run` calls)
     asp stage NAME              run one pipeline stage (what dvc.yaml calls; stages/NAME.py)
     asp params check            validate params.yaml (optionally a preset, --set), check it fits in memory
+    asp params migrate [FILE...]   rewrite params files / presets that use moved keys (comments kept)
     asp preset list|apply NAME  list presets in configs/ or write one over params.yaml
     asp init --model DIR --gpus-per-node N --nodes N   a preset for your setup (configs/my-cluster.yaml)
     asp schedule build|ablation|sweep   schedule a lengths/predictions file without the pipeline

@@ -1,4 +1,4 @@
-"""The `asp` typer app and its top-level commands (`stage`, `params check`, `preset list|apply`, `repro`,
+"""The `asp` typer app and its top-level commands (`stage`, `params check|migrate`, `preset list|apply`, `repro`,
 `serve`) plus `main`, the console entry point; the command groups live in the sibling modules (plan, schedule,
 simulate, ui, heldout, reprofile). `asp.cli` re-exports `app` and `main`; the command list and exit codes are in
 its docstring. Heavy libraries are imported inside the commands, so `asp --help` starts fast
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # Plain click help (no rich): rendering help through rich costs ~0.5 s of imports on every `asp --help`.
 PLAIN: dict[str, Any] = {"no_args_is_help": True, "rich_markup_mode": None, "pretty_exceptions_enable": False}
 app = typer.Typer(help="Adaptive Scheduling Pipeline: length-aware rollout scheduling for RL.", **PLAIN)
-params_app = typer.Typer(help="Validate params files.", **PLAIN)
+params_app = typer.Typer(help="Validate params files; migrate them to the current keys.", **PLAIN)
 preset_app = typer.Typer(help="Presets in configs/ overlaid on params.yaml.", **PLAIN)
 app.add_typer(params_app, name="params")
 app.add_typer(preset_app, name="preset")
@@ -92,6 +92,24 @@ def params_check(
         typer.echo(lengths_note)
     if policy_note:
         typer.echo(policy_note)
+
+
+@params_app.command("migrate")
+def params_migrate(
+    files: Annotated[list[Path] | None, typer.Argument(help="params files or presets (default: params.yaml)")] = None,
+) -> None:
+    """Rewrite params files and presets written in an earlier shape into the current one, keeping comments and
+    order (`asp.config.moved_keys`: e.g. profile.device -> profile.engine.device); prints each key moved."""
+    from asp.cli.migrate import migrate_file
+
+    for path in files or [Path("params.yaml")]:
+        moved = migrate_file(path)
+        if not moved:
+            typer.echo(f"{path}: already in the current shape")
+            continue
+        typer.echo(f"{path}: {len(moved)} key(s) moved")
+        for old, new in moved:
+            typer.echo(f"  {old} -> {new}")
 
 
 def _simulate_check(params: Params) -> str:

@@ -104,7 +104,7 @@ def generation_form(params: Params) -> Literal["static", "continuous"]:
     form = params.simulate.generation_form
     if form == "static" or form == "continuous":
         return form
-    return "continuous" if params.profile.engine == "vllm" else "static"
+    return "continuous" if params.profile.engine.kind == "vllm" else "static"
 
 
 def _on_gpu(device: str) -> bool:
@@ -120,10 +120,10 @@ def gpu_gaps(params: Params) -> list[str]:
     wrong machine.
     """
     rt, sim, gaps = params.runtime, params.simulate, []
-    if rt.engine.kind != params.profile.engine:
+    if rt.engine.kind != params.profile.engine.kind:
         gaps.append(
-            f"profile.engine is {params.profile.engine!r} but runtime.engine.kind is {rt.engine.kind!r}: the "
-            "generation-time model is fitted on the profile's timings, so profile with the engine launch uses."
+            f"profile.engine.kind is {params.profile.engine.kind!r} but runtime.engine.kind is {rt.engine.kind!r}: "
+            "the generation-time model is fitted on the profile's timings, so profile with the engine launch uses."
         )
     if rt.engine.kind == "vllm" and generation_form(params) != "continuous":
         gaps.append(

@@ -124,7 +124,8 @@ class VLLMOptions(VllmRuntimeParams):
     weight_transfer, weight_bucket_mb) plus what the pipeline passes from elsewhere:
 
     Attributes:
-        dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32`` (``profile.dtype`` / ``runtime.engine.dtype``).
+        dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32`` (``profile.engine.dtype`` /
+            ``runtime.engine.dtype``).
         seed: engine seed.
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (see `asp.rollout.base`).
 

@@ -65,7 +65,7 @@ PROFILE_TOKENS = 8192  # vLLM max_num_batched_tokens of the profile run
 SAMPLER_SEQS = 256  # vLLM max_num_seqs: fp32 logits of one sampling step
 MAX_WORLD_SIZE = 64
 # Defaults that asp.config takes from here (one literal each): runtime.grpo.micro_batch_tokens,
-# runtime.memory.device_gib / reserve_gib, and the vLLM share of a GPU (profile.vllm, runtime.engine.vllm, VLLMOptions)
+# runtime.memory.device_gib / reserve_gib, and the vLLM share of a GPU (EngineParams.vllm, VLLMOptions)
 MICRO_BATCH_TOKENS = 4096
 DEVICE_GIB = 80.0
 RESERVE_GIB = 3.0

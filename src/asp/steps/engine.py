@@ -1,5 +1,6 @@
-"""Build the generation engine from params, written once: the options of an hf or vLLM engine from the
-``profile:`` params (the profile stage and re-profiling) or from ``runtime.engine`` (the launch's actors).
+"""Build the generation engine from params, written once: the options of an hf or vLLM engine from
+``profile.engine`` (the profile stage and re-profiling) or ``runtime.engine`` (the launch's actors), one
+`asp.config.EngineParams` shape in both.
 
 `engine_options` is the one mapping of params to engine keyword options; `profile_engine` builds the engine
 that profiles (`asp.rollout.make_engine`), `profile_engine_spec` the same engine as a picklable recipe (the profiling
@@ -12,19 +13,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asp.config import ProfileParams, RuntimeParams, VllmParams
+from asp.config import EngineParams, ProfileParams, RuntimeParams
 from asp.runtime import EngineSpec
 
 if TYPE_CHECKING:
     from asp.rollout import Engine
 
 
-def engine_options(
-    kind: str, device: str, dtype: str, num_threads: int | None, vllm: VllmParams, *, seed: int | None = None
-) -> dict[str, Any]:
-    """Keyword options of an engine of `kind`: device, dtype and threads for hf; for vllm every field of `vllm`
-    (``profile.vllm``, or ``runtime.engine.vllm`` with its weight-transfer settings), `dtype`, and `seed` when
+def engine_options(engine: EngineParams, *, seed: int | None = None) -> dict[str, Any]:
+    """Keyword options of the engine `engine` describes: device, dtype and threads for hf; for vllm every field
+    of ``engine.vllm`` (with the weight-transfer settings under ``runtime.engine``), the dtype, and `seed` when
     given."""
+    kind, device, dtype, num_threads, vllm = engine.kind, engine.device, engine.dtype, engine.num_threads, engine.vllm
     if kind != "vllm":
         return {"device": device, "dtype": dtype, "num_threads": num_threads}
     # the params' model is the engine's (`asp.rollout.vllm.VLLMOptions` extends it): its fields pass as they are
@@ -42,8 +42,7 @@ def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Engine:
 def profile_engine_spec(prof: ProfileParams, model_path: Path, seed: int) -> EngineSpec:
     """The picklable recipe of `profile_engine` (the same engine and options), which each profiling actor of
     ``profile.actors`` > 1 builds its engine from."""
-    opts = engine_options(prof.engine, prof.device, prof.dtype, prof.num_threads, prof.vllm, seed=seed)
-    return EngineSpec(prof.engine, str(model_path), opts)
+    return EngineSpec(prof.engine.kind, str(model_path), engine_options(prof.engine, seed=seed))
 
 
 def engine_spec(runtime: RuntimeParams, model_path: Path) -> EngineSpec:
@@ -52,6 +51,6 @@ def engine_spec(runtime: RuntimeParams, model_path: Path) -> EngineSpec:
     return EngineSpec(
         engine.kind,
         str(model_path),
-        engine_options(engine.kind, engine.device, engine.dtype, engine.num_threads, engine.vllm),
+        engine_options(engine),
         device=engine.device,
     )

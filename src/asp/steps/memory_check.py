@@ -146,17 +146,17 @@ def generation_settings(params: Params, arch: Architecture) -> GenerationSetting
 
 def profile_kv_problem(params: Params) -> str | None:
     """The profile stage's vLLM engine asked for a KV cache larger than its device (RAM on a CPU), else None."""
-    prof = params.profile
-    kv = prof.vllm.kv_cache_gib
-    if prof.engine != "vllm" or kv is None:
+    engine = params.profile.engine
+    kv = engine.vllm.kv_cache_gib
+    if engine.kind != "vllm" or kv is None:
         return None
-    capacity = device_gib(params, prof.device)
+    capacity = device_gib(params, engine.device)
     if kv < capacity:
         return None
-    where = "this machine's memory" if prof.device == "cpu" else "runtime.memory.device_gib"
+    where = "this machine's memory" if engine.device == "cpu" else "runtime.memory.device_gib"
     return (
-        f"profile engine: profile.vllm.kv_cache_gib = {kv:g} GiB is not below {where} ({capacity:.1f} GiB), "
-        "which also holds the weights. Lower profile.vllm.kv_cache_gib."
+        f"profile engine: profile.engine.vllm.kv_cache_gib = {kv:g} GiB is not below {where} ({capacity:.1f} GiB), "
+        "which also holds the weights. Lower profile.engine.vllm.kv_cache_gib."
     )
 
 
@@ -297,7 +297,7 @@ def report_dict(r: MemoryReport) -> dict:
 
 def checked(params: Params) -> bool:
     """Whether the memory check has something to check: a GRPO trainer or a vLLM engine (runtime.memory.check on)."""
-    uses_vllm = "vllm" in (params.runtime.engine.kind, params.profile.engine)
+    uses_vllm = "vllm" in (params.runtime.engine.kind, params.profile.engine.kind)
     return params.runtime.memory.check and (params.runtime.trainer == "grpo" or uses_vllm)
 
 
@@ -307,7 +307,8 @@ def enforce(params: Params) -> MemoryReport | None:
         return None
     report = memory_report(params)
     if report is not None and report.problems:
-        gpu = "cuda" in (params.runtime.grpo.device[:4], params.runtime.engine.device[:4], params.profile.device[:4])
+        devices = (params.runtime.grpo.device, params.runtime.engine.device, params.profile.engine.device)
+        gpu = any(device.startswith("cuda") for device in devices)
         gib = f"runtime.memory.device_gib = {params.runtime.memory.device_gib:g}; " if gpu else ""
         raise UserError(
             f"the layout does not fit in memory ({gib}`asp plan memory` prints the table; runtime.memory.check: "

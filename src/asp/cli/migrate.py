@@ -1,0 +1,68 @@
+"""`asp params migrate FILE...`: rewrite a params file or preset written in an earlier shape of the params into the
+current one, in place, keeping its comments and key order (a round-trip YAML load, `asp.config.migrate_params`,
+then an atomic write). Which keys moved where is `asp.config.moved_keys`; loading a file that still has them is
+refused with a message naming the new key and this command.
+
+    asp params migrate                       # params.yaml
+    asp params migrate configs/my-cluster.yaml
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from asp.config import ENGINE_KEYS, migrate_params
+from asp.errors import UserError
+
+
+def migrate_file(path: Path) -> list[tuple[str, str]]:
+    """Migrate `path` in place; returns the (old, new) keys moved ([] when it was current and is left untouched).
+
+    Raises:
+        UserError: the file is missing or is not a YAML mapping.
+    """
+    if not path.is_file():
+        raise UserError(f"{path}: file not found. Give the params file or preset to migrate.")
+    rt = YAML()  # round-trip: comments, order and quoting kept
+    rt.width = 4096
+    rt.indent(mapping=2, sequence=4, offset=2)
+    rt.representer.add_representer(type(None), _null)  # `key: null` stays `null`, not an empty value
+    try:
+        data = rt.load(path.read_text())
+    except YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({exc}). Fix the syntax and run again.") from None
+    if data is None:
+        return []
+    if not hasattr(data, "items"):
+        raise UserError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}.")
+    profile = data.get("profile")
+    notes = {key: _eol_comment(profile, key) for key in ("engine", *ENGINE_KEYS)}  # `engine: hf  # hf | vllm`
+    moved = migrate_params(data)
+    for old, new in moved:  # each moved scalar keeps its end-of-line comment
+        key, target = old.split(".")[-1], new.split(".")[-1]
+        if notes.get(key):
+            profile.ca.items.pop(key, None)
+            profile["engine"].yaml_add_eol_comment(notes[key], target)
+    if moved:
+        out = io.StringIO()
+        rt.dump(data, out)
+        tmp = path.with_name(f".{path.name}.migrate.tmp")
+        tmp.write_text(out.getvalue())
+        os.replace(tmp, path)
+    return moved
+
+
+def _null(representer, value):  # noqa: ANN001, ANN202 (ruamel's representer protocol)
+    return representer.represent_scalar("tag:yaml.org,2002:null", "null")
+
+
+def _eol_comment(section: object, key: str) -> str | None:
+    """The end-of-line comment after `key`'s scalar value in a round-trip `section`, without its newline."""
+    items = getattr(getattr(section, "ca", None), "items", {})
+    token = (items.get(key) or [None, None, None])[2]
+    return token.value.strip() if token is not None and token.value.strip().startswith("#") else None
