@@ -284,3 +284,24 @@ def test_trainer_settings_checks_apply_only_where_they_matter() -> None:
     assert RuntimeParams(trainer="simulated", grpo=GRPOParams(cpu_offload=True, backend="nccl")).trainer == "simulated"
     assert GRPOParams(reward="tests.trainers.test_grpo:share_of_w_words").reward.endswith(":share_of_w_words")
     assert GRPOParams(reward="demo_steps").reward == "demo_steps"
+
+
+def test_the_profile_samples_as_the_launch_unless_it_sets_its_own() -> None:
+    """profile.max_new_tokens / temperature / top_p null (the shipped file) or absent take runtime's values: one
+    setting, so a changed launch cap changes what the profile measures too; an explicit profile value wins."""
+    assert {SHIPPED["profile"][key] for key in ("max_new_tokens", "temperature", "top_p")} == {None}
+    shipped = load_params(ROOT / "params.yaml")
+    assert (shipped.profile.max_new_tokens, shipped.profile.top_p) == (shipped.runtime.max_new_tokens, 1.0)
+    longer = validate_params(deep_merge(SHIPPED, {"runtime": {"max_new_tokens": 300, "top_p": 0.9}}))
+    assert (longer.profile.max_new_tokens, longer.profile.top_p) == (300, 0.9)
+    profile = {key: value for key, value in SHIPPED["profile"].items() if key != "max_new_tokens"}  # absent: same
+    assert (
+        validate_params({**SHIPPED, "profile": profile, "runtime": longer.runtime.model_dump()}).profile.max_new_tokens
+        == 300
+    )
+    own = validate_params(deep_merge(SHIPPED, {"profile": {"max_new_tokens": 64}, "runtime": {"max_new_tokens": 300}}))
+    assert (own.profile.max_new_tokens, own.runtime.max_new_tokens) == (64, 300)
+    with pytest.raises(UserError, match=r"runtime.temperature is 0 \(greedy\) and profile.temperature is null"):
+        validate_params(deep_merge(SHIPPED, {"runtime": {"temperature": 0}}))
+    greedy = validate_params(deep_merge(SHIPPED, {"runtime": {"temperature": 0}, "profile": {"temperature": 0.7}}))
+    assert (greedy.runtime.temperature, greedy.profile.temperature) == (0, 0.7)

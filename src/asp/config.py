@@ -73,6 +73,9 @@ Actors = Annotated[
 ]
 
 
+MAX_NEW_TOKENS, TEMPERATURE, TOP_P = 160, 1.0, 1.0  # the launch's sampling; the profile's follows it
+
+
 class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -271,9 +274,11 @@ class ProfileParams(_Params):
     )
     engine: EngineParams = EngineParams()
     n_samples: Int = Field(8, ge=1, description="Responses sampled per prompt (paper: 8).")
-    max_new_tokens: Int = Field(160, ge=1, description="Response length cap (paper: 8,192).")
-    temperature: Float = Field(1.0, gt=0)
-    top_p: Float = Field(1.0, gt=0, le=1)
+    # null or absent in params: the launch's runtime.KEY (`Params`), so the profile measures the lengths the launch
+    # generates (`SHARED_SAMPLING`); the defaults are the launch's, for a ProfileParams on its own
+    max_new_tokens: Int = Field(MAX_NEW_TOKENS, ge=1, description="Response length cap; null: runtime's.")
+    temperature: Float = Field(TEMPERATURE, gt=0, description="null: runtime.temperature.")
+    top_p: Float = Field(TOP_P, gt=0, le=1, description="null: runtime.top_p.")
     minibatch_prompts: Int = Field(16, ge=1, description="Prompts per generate call (one timed minibatch).")
     chunk_minibatches: Int = Field(4, ge=1, description="Minibatches per saved chunk (the resume unit).")
     actors: Actors = Field(
@@ -595,9 +600,9 @@ class RuntimeParams(_Params):
         16, ge=1, description="Prompts per training step (a prompt's n samples together)."
     )
     n_samples: Int = Field(8, ge=1, description="Responses per prompt.")
-    max_new_tokens: Int = Field(160, ge=1)
-    temperature: Float = Field(1.0, ge=0, description="0 = greedy.")
-    top_p: Float = Field(1.0, gt=0, le=1)
+    max_new_tokens: Int = Field(MAX_NEW_TOKENS, ge=1)
+    temperature: Float = Field(TEMPERATURE, ge=0, description="0 = greedy.")
+    top_p: Float = Field(TOP_P, gt=0, le=1)
     trainer_step_s: Float = Field(0.5, ge=0, description="trainer: simulated only: the fixed step time.")
     refresh_delay_s: Float = Field(0.2, ge=0, description="trainer: simulated only: weight reload per actor.")
     checkpoint_interval: Int = Field(10, ge=1, description="Runtime + trainer checkpoints every this many steps.")
@@ -1007,6 +1012,28 @@ class Params(_Params):
     drift: DriftParams
     orchestration: OrchestrationParams
 
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_samples_as_the_launch(cls, data: Any) -> Any:
+        """Fill the profile's sampling settings left null (`SHARED_SAMPLING`) with the launch's: one setting, set
+        once in ``runtime``, unless the profile sets its own."""
+        if not isinstance(data, dict):
+            return data
+        profile, runtime = (_as_dict(data.get(key)) for key in ("profile", "runtime"))
+        if profile is None:
+            return data
+        unset = [key for key in SHARED_SAMPLING if profile.get(key) is None]
+        if not unset:
+            return data
+        runtime = runtime or {}
+        launch = {key: runtime.get(key, RuntimeParams.model_fields[key].default) for key in unset}
+        if launch.get("temperature") == 0:
+            raise ValueError(
+                "runtime.temperature is 0 (greedy) and profile.temperature is null (the launch's), but the profile "
+                "samples its responses: set profile.temperature (e.g. 1.0)"
+            )
+        return {**data, "profile": {**profile, **launch}}
+
     @model_validator(mode="after")
     def _refit_has_history(self) -> Params:
         """Settings of two sections that cannot work together (no key location: the message names both keys)."""
@@ -1026,6 +1053,16 @@ class Params(_Params):
             assert field.annotation is not None  # every section is annotated with its params class
             sections[name] = field.annotation()
         return cls(**sections)
+
+
+SHARED_SAMPLING = ("max_new_tokens", "temperature", "top_p")  # profile.KEY: null = runtime.KEY
+
+
+def _as_dict(section: Any) -> dict[str, Any] | None:
+    """A section given as a mapping or as its model (`Params.defaults`), as a dict; None for anything else."""
+    if isinstance(section, BaseModel):
+        return section.model_dump()
+    return dict(section) if isinstance(section, dict) else None
 
 
 def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
