@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from asp.config import Params, deep_merge, validate_params
 from asp.errors import UserError
@@ -283,8 +284,6 @@ def _fake_launch(root: Path, params: Params, metrics: dict) -> None:
     """params.yaml, dvc.lock recording a launch of `params`, its metrics/launch.json and summary.json."""
     import hashlib
 
-    import yaml
-
     raw = params.model_dump(mode="json")
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
     (root / "metrics").mkdir(exist_ok=True)
@@ -321,6 +320,14 @@ def test_last_launch_of_the_same_setting_is_checked_and_others_are_named(tmp_pat
     assert "simulate.iterations (launch ran 20 steps, here 7)" in simulate.last_launch(longer, tmp_path)
     (tmp_path / "metrics/launch.json").write_text("{}")  # not the launch dvc.lock records
     assert "is not the launch dvc.lock records" in simulate.last_launch(params, tmp_path)
+    # a launch recorded before the profile's engine keys moved (profile.engine: hf, profile.device ...) is the same
+    # setting once migrated, not a refusal of dvc.lock
+    _fake_launch(tmp_path, params, measured)
+    lock = yaml.safe_load((tmp_path / "dvc.lock").read_text())
+    recorded = lock["stages"]["launch"]["params"]["params.yaml"]["profile"]
+    recorded.update({"engine": recorded["engine"]["kind"], **{k: recorded["engine"][k] for k in ("device", "vllm")}})
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+    assert simulate.last_launch(params, tmp_path) == ("C4", measured)
     # hand-worked errors: (1.5 - 2) / 2 = -25 %; a measured 0 gives NaN, not a division error
     rows = simulate.launch_errors(
         {"runtime/summary/mean_iteration_time_s": 1.5, "runtime/summary/policy_lag_mean": 1.0}, measured

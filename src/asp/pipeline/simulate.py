@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from asp.config import Params, read_yaml, validate_params
+from asp.config import Params, migrate_params, read_yaml, validate_params
 from asp.control.plan import WorkPlan
 from asp.errors import UserError
 from asp.io import atomic_path, read_json, write_json, write_parquet
@@ -405,6 +405,7 @@ def launch_setting_differences(params: Params, lock: dict[str, Any], raw: dict[s
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = copy.deepcopy(lock[key])
+    migrate_params(merged)  # a launch recorded before keys moved (`asp.config.moved_keys`)
     launched = validate_params(merged, "dvc.lock (launch)")
     here, there = params.model_dump(mode="json"), launched.model_dump(mode="json")
     diffs: list[str] = []
