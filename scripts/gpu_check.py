@@ -427,10 +427,10 @@ def generate_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None:
 
     pr = params.profile
     prompts_n, n = sizes.gen_prompts or pr.minibatch_prompts, sizes.gen_n or pr.n_samples
-    engine = HFEngine(model_dir, device=pr.device, dtype=pr.dtype)
+    engine = HFEngine(model_dir, device=pr.engine.device, dtype=pr.engine.dtype)
     prompts = [text_of(sizes.gen_prompt_tokens, 2000 + i) for i in range(prompts_n)]
     row.settings = (
-        f"{pr.dtype}, {prompts_n} prompts x n {n} = {prompts_n * n} sequences, {sizes.gen_prompt_tokens}-token "
+        f"{pr.engine.dtype}, {prompts_n} prompts x n {n} = {prompts_n * n} sequences, {sizes.gen_prompt_tokens}-token "
         f"prompts, max_new_tokens {sizes.gen_new_tokens}, temperature {pr.temperature}, top_p {pr.top_p}"
     )
     engine.generate(prompts[:1], SamplingParams(1, 4, seed=0))  # warm-up
