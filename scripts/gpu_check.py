@@ -337,7 +337,11 @@ def grpo_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None:
     row_tokens = g.micro_batch_tokens // n
     prompt_tokens = max(2, row_tokens // 10)
     prompts = {p: text_of(prompt_tokens, p) for p in range(sizes.micro_batches)}
-    spec = GRPOSpec(str(model_dir), prompts, dict.fromkeys(prompts, "1"), cfg, "math", temperature=1.0, seed=0)
+    rt = params.runtime
+    spec = GRPOSpec(
+        str(model_dir), prompts, dict.fromkeys(prompts, "1"), cfg, "math",
+        temperature=rt.temperature, seed=0, checkpoint_interval=rt.checkpoint_interval,
+    )  # fmt: skip
     row.settings = (
         f"world_size 1, {g.mixed_precision} mixed precision, autocast {g.autocast_dtype}, activation checkpointing "
         f"{'on' if g.activation_checkpointing else 'off'}, micro_batch_tokens {g.micro_batch_tokens} "

@@ -54,6 +54,7 @@ def spec(path, tmp_path=None, reward="test:share_w", **grpo) -> GRPOSpec:
         cfg,
         reward,
         temperature=1.0,
+        seed=0,
         checkpoint_interval=1,
         state_dir=str(tmp_path) if tmp_path else None,
     )

@@ -81,9 +81,9 @@ class GRPOSpec:
     answers: Mapping[Any, str]
     config: GRPOParams
     reward: str
-    temperature: float = 1.0
-    seed: int = 0
-    checkpoint_interval: int = 10
+    temperature: float  # no defaults here: the launch's runtime params own them (`asp.trainers.factory`)
+    seed: int
+    checkpoint_interval: int
     total_steps: int | None = None
     state_dir: str | None = None
     ledger_path: str | None = None
