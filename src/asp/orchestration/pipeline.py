@@ -537,18 +537,17 @@ class PipelineRun:
             self._keep_progress(copy, progress)
         remove_experiment_copies(self.root, before)
         kept = [rel for rel in self._persistent_outputs() if (progress / rel).exists()]
-        resumable = any(persistent_outputs(name, self.root) for name in self.stages)
-        if not kept and not resumable:
-            return ""
-        if not kept:  # (a stage keeps its state itself when it is stopped: `asp.stage.keep_progress_on_stop`)
+        if kept:  # (a stage keeps its state itself when it is stopped: `asp.stage.keep_progress_on_stop`)
             return (
-                f" It kept no progress to resume (the stage moved none out, and {len(left)} temporary "
-                "cop" + ("y" if len(left) == 1 else "ies") + " left held no unfinished checkpoint): the same "
-                "command starts it afresh."
+                f" Its progress ({', '.join(kept)}) is kept in {progress.relative_to(self.root)}: the same command "
+                "resumes it."
             )
+        if not any(persistent_outputs(name, self.root) for name in self.stages):
+            return ""  # nothing these stages could resume from
         return (
-            f" Its progress ({', '.join(kept)}) is kept in {progress.relative_to(self.root)}: the same command "
-            "resumes it."
+            f" It kept no progress to resume (the stage moved none out, and {len(left)} temporary "
+            "cop" + ("y" if len(left) == 1 else "ies") + " left held no unfinished checkpoint): the same "
+            "command starts it afresh."
         )
 
     def _metrics_of(self, name: str) -> dict[str, float]:
