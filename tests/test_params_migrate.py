@@ -80,6 +80,8 @@ def test_an_old_params_file_is_refused_naming_the_new_key_and_the_command(
     assert code == 2
     assert f"{old}: profile.engine: this key is now profile.engine.kind" in err, err
     assert f"`asp params migrate {old}`" in err and "(4 more key(s) of profile moved the same way)" in err, err
+    code, _, err = _cli(capsys, "params", "check", "--params", str(old), "--set", "schedule.k=3")
+    assert code == 2 and f"`asp params migrate {old}` to rewrite it" in err, err  # the file, not the --set text
 
 
 @pytest.mark.parametrize(("key", "new"), [("profile.engine=vllm", "kind"), ("profile.vllm.max_model_len=64", "vllm")])

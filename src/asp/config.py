@@ -1147,9 +1147,12 @@ def moved_keys(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
     profile = raw.get("profile")
     if not isinstance(profile, Mapping):
         return []
-    old_engine = "engine" in profile and not _is_map(profile["engine"])
-    moved = [("profile.engine", "profile.engine.kind")] if old_engine else []
+    old_engine = "engine" in profile and not isinstance(profile["engine"], Mapping)
+    moved = [OLD_ENGINE] if old_engine else []
     return moved + [(f"profile.{key}", f"profile.engine.{key}") for key in ENGINE_KEYS if key in profile]
+
+
+OLD_ENGINE = ("profile.engine", "profile.engine.kind")  # `profile.engine: hf`, before it was a section
 
 
 def migrate_params(raw: MutableMapping[str, Any]) -> list[tuple[str, str]]:
@@ -1160,10 +1163,11 @@ def migrate_params(raw: MutableMapping[str, Any]) -> list[tuple[str, str]]:
     if not moved:
         return []
     profile = raw["profile"]
-    engine = profile.get("engine")
-    section = engine if _is_map(engine) else type(profile)()
-    if "engine" in profile and not _is_map(engine):
-        section["kind"] = engine
+    if OLD_ENGINE in moved:  # `engine: hf` becomes the section's kind
+        section = type(profile)()
+        section["kind"] = profile["engine"]
+    else:
+        section = profile.get("engine", type(profile)())
     for key in ENGINE_KEYS:
         if key in profile:
             value = profile.pop(key)
@@ -1171,10 +1175,6 @@ def migrate_params(raw: MutableMapping[str, Any]) -> list[tuple[str, str]]:
                 section[key] = value
     profile["engine"] = section
     return moved
-
-
-def _is_map(value: Any) -> bool:
-    return isinstance(value, Mapping)
 
 
 def _refuse_moved(raw: Mapping[str, Any], source: str, overrides: Iterable[str], origin: str) -> None:
@@ -1185,10 +1185,11 @@ def _refuse_moved(raw: Mapping[str, Any], source: str, overrides: Iterable[str],
     old, new = moved[0]
     given = [key for key in overrides if key == old or key.startswith(old + ".")]
     where = f"{origin} {given[0]}" if given else f"{source}: {old}"
+    files = [part for part in source.split(" + ") if "=" not in part]  # not the `--set` / overrides parts
     fix = (
         f"set {new}{given[0][len(old) :]} instead"
         if given
-        else f"run `asp params migrate {' '.join(source.split(' + '))}` to rewrite it (comments kept)"
+        else f"run `asp params migrate {' '.join(files)}` to rewrite it (comments kept)"
     )
     also = f" ({len(moved) - 1} more key(s) of profile moved the same way)" if len(moved) > 1 else ""
     raise UserError(
