@@ -177,10 +177,13 @@ def test_lag_bound_evicts_by_the_oldest_segment():
 
 
 # ---- the core -------------------------------------------------------------------------------------------------
-def run_core(c, script_fail: bool = False, lose: bool = False, passes: list | None = None):
-    """Drive the core to the end: every dispatched item completes on its GU in order (continuations as segments);
-    optionally the first continuation fails once, or GU 1 is lost while it holds a continuation. `passes` collects
-    each dispatch call's items, per GU, in the order the core sent them."""
+def run_core(
+    c, script_fail: bool = False, lose: bool = False, passes: list | None = None, segment_reload_s: float = 0.0
+):
+    """Drive the core to the end: every dispatched item completes on its GU in order (continuations as segments,
+    each after a weight reload of `segment_reload_s`); optionally the first continuation fails once, or GU 1 is
+    lost while it holds a continuation. `passes` collects each dispatch call's items, per GU, in the order the core
+    sent them."""
     version, queues, sent, trained = 0, {0: [], 1: []}, [], []
     failed = lost = False
     for _ in range(500):
@@ -209,7 +212,9 @@ def run_core(c, script_fail: bool = False, lose: bool = False, passes: list | No
                 failed = True
                 report = GUReport(gu, failures=[Failure(item.task_id, 0, gu, 0, "boom", continuation=True)])
             else:
-                report = GUReport(gu, outputs=[segment(item, gu, 0, version)])
+                seg = segment(item, gu, 0, version)
+                seg.reload_s = segment_reload_s
+                report = GUReport(gu, outputs=[seg])
         else:
             report = GUReport(gu, outputs=[first_output(item, gu, 0, version)])
         c.on_report(report, 0.0)
@@ -230,6 +235,18 @@ def test_core_trains_every_prompt_once_with_continuations_first(case):
     if case == "failure":
         assert c.db.failed_attempts == 1
     assert c.db.exhausted and len(c.db.partials) == 0
+
+
+def test_a_reload_before_a_continuation_is_counted_and_recorded_on_its_first_tasks_minibatch():
+    c = core(settings(partial=ON), plan(12, 2))
+    sent, _ = run_core(c, segment_reload_s=0.5)
+    continuations = sum(it.is_continuation for _, it in sent)
+    summary = c.summary_metrics()
+    assert continuations and summary["runtime/summary/reloads"] == continuations
+    assert summary["runtime/summary/reload_time_mean_s"] == pytest.approx(0.5)
+    records = c.all_records()
+    assert sum(r["reload_s"] for r in records) == pytest.approx(0.5 * continuations)  # none lost, none twice
+    assert sum(r["reload_s"] > 0 for r in records) == len({it.rows[0].task_id for _, it in sent if it.is_continuation})
 
 
 def test_a_continuation_goes_out_before_new_minibatches_in_the_same_pass():

@@ -144,6 +144,7 @@ class ControlCore:
         self.accounts = RunAccounts(actor_ids=[a for g in self.gus for a in g.actor_ids])
         self.tokens = self.dead_actors = self.prompts_trained = 0
         self.stale_dropped = self.stale_regenerated = self.reload_failures = 0
+        self.reloads, self.reload_s = 0, 0.0  # every engine call's weight reload (a minibatch's or a continuation's)
         self.t0 = 0.0  # the session's start on the driver's clock
         self.last_progress = 0.0
         self.last_step_end: float | None = None
@@ -362,6 +363,9 @@ class ControlCore:
         g = self.gus[report.gu]
         for out in report.outputs:
             g.outstanding -= 1
+            if out.reload_s > 0:  # the engine's time, even for a duplicate
+                self.reloads += 1
+                self.reload_s += out.reload_s
             if isinstance(out, SegmentOutput):
                 self._ingest_segment(out, now)
             elif not out.complete:
@@ -593,6 +597,8 @@ class ControlCore:
             "stale_dropped": self.stale_dropped,
             "stale_regenerated": self.stale_regenerated,
             "reload_failures": self.reload_failures,
+            "reloads": self.reloads,
+            "reload_s": self.reload_s,
             "lag_sum": self.lag_sum,
             "lag_count": self.lag_count,
             "continuations": self.continuations,
@@ -668,6 +674,7 @@ class ControlCore:
                     records,
                     [it["runtime/train_step_s"] for it in iterations],
                     (counts["lag_sum"], int(counts["lag_count"]), self.lag_max),
+                    (counts["reloads"], counts["reload_s"]),
                     actors=len(self.accounts.by_actor),
                     wall_s=wall,
                     sync=self.sync,

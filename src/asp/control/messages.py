@@ -108,7 +108,8 @@ class MinibatchOutput:
         prompt_tokens: (P,) int32 prompt lengths in tokens.
         texts: (S,) decoded responses.
         gen_start, gen_end: wall-clock (time.time) bounds of the engine call, seconds.
-        reload_s: seconds spent reloading weights just before this minibatch (0 if none).
+        reload_s: seconds spent reloading weights just before this minibatch (0 if none); with partial rollouts,
+            also the reloads just before a continuation whose first row is one of its responses.
         reload_error: why loading the offered snapshot failed ("" if none; the actor kept its weights).
         depth_at_arrival: Training Queue depth in global batches just before it arrived (set by the queue).
         finished: partial rollouts: (S,) bool, False for a response that reached the call's token budget unfinished

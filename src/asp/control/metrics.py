@@ -268,6 +268,7 @@ def comparison_summary(
     records: Sequence[dict[str, Any]],
     step_times: Sequence[float],
     lags: tuple[float, int, float],
+    reloads: tuple[float, float],
     *,
     actors: int,
     wall_s: float,
@@ -276,27 +277,29 @@ def comparison_summary(
     """What a sync-vs-async comparison needs besides Table 4(b).
 
     Args:
-        records: the run's minibatch records (`minibatch_record`: ``gen_s``, ``reload_s``).
+        records: the run's minibatch records (`minibatch_record`: ``gen_s``).
         step_times: trainer step durations (s).
         lags: (sum, count, max) of the policy lag over every trained prompt.
+        reloads: (count, seconds) of the weight reloads of every engine call, a minibatch's or a continuation's
+            (the core's counters: a record's ``reload_s`` sums the reloads credited to its minibatch, so records
+            cannot count them).
         actors: generation actors of the run.
         wall_s: seconds from the run start to the last step.
         sync: whether the run was synchronous (``runtime.mode: sync``).
 
     Returns:
         ``runtime/generation_utilization`` (see `generation_utilization`), ``policy_lag_mean|max``,
-        ``train_step_mean_s``, ``reload_time_mean_s`` (over the minibatches that reloaded first), ``reloads``,
-        ``mode_sync`` (0 / 1).
+        ``train_step_mean_s``, ``reload_time_mean_s`` (per reload), ``reloads``, ``mode_sync`` (0 / 1).
     """
-    reloads = [r["reload_s"] for r in records if r["reload_s"] > 0]
+    reload_count, reload_s = reloads
     total, count, most = lags
     return {
         "runtime/generation_utilization": generation_utilization([r["gen_s"] for r in records], actors, wall_s),
         "runtime/policy_lag_mean": total / count if count else float("nan"),
         "runtime/policy_lag_max": most,
         "runtime/train_step_mean_s": _mean(step_times),
-        "runtime/reload_time_mean_s": _mean(reloads),
-        "runtime/reloads": float(len(reloads)),
+        "runtime/reload_time_mean_s": reload_s / reload_count if reload_count else float("nan"),
+        "runtime/reloads": float(reload_count),
         "runtime/mode_sync": float(sync),
     }
 

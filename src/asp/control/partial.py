@@ -307,6 +307,8 @@ class PartialStore:
                 self.pool.append((task_id, s))
             if task_id not in touched:
                 touched.append(task_id)
+        if touched:  # a reload before this call goes on its first task's minibatch record, as gen_s goes
+            self.tasks[touched[0]].head.reload_s += seg.reload_s
         done = [t for t in touched if all(st == "done" for st in self.tasks[t].state)]
         return [assemble(self.tasks.pop(t)) for t in done]
 
