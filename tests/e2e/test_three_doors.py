@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -81,7 +82,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
         (shutil.copytree(src, repo / item, ignore=ignore) if src.is_dir() else shutil.copy(src, repo / item))
     experiment = f"doors-{uuid.uuid4().hex[:8]}"
-    params = tiny_params({"common": {"experiment": experiment}})
+    with socket.socket() as s:  # the MLflow UI's port (`served` starts `asp ui mlflow` there): links point at it
+        s.bind(("127.0.0.1", 0))
+        mlflow_ui = f"http://127.0.0.1:{s.getsockname()[1]}"
+    params = tiny_params({"common": {"experiment": experiment}, "orchestration": {"mlflow_ui": mlflow_ui}})
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (repo / ".gitignore").write_text("/outputs/\n/plots/\n/mlartifacts/\n__pycache__/\n")
     for cmd in (
@@ -99,7 +103,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     commit = _sh(["git", "rev-parse", "HEAD"], repo).strip()
     _sh(["git", "add", "-A"], repo)
     _sh(["git", "commit", "-qm", "pipeline outputs"], repo)
-    return {"repo": repo, "experiment": experiment, "first": first, "first_s": first_s, "commit": commit}
+    return {
+        "repo": repo,
+        "experiment": experiment,
+        "first": first,
+        "first_s": first_s,
+        "commit": commit,
+        "mlflow_ui": mlflow_ui,
+    }
 
 
 def _runs(experiment: str) -> list[Any]:
@@ -211,6 +222,11 @@ def served(project: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
         assert (deployment.get("global_concurrency_limit") or {}).get("limit") == 1  # one run at a time
         env["DEPLOYMENT_ID"] = deployment["id"]
         env["SERVE_LOG"] = str(home / "serve.log")  # what `asp serve` prints in its terminal
+        # the third door, `asp ui mlflow`, where the links in Prefect's pages point (orchestration.mlflow_ui)
+        mlflow_ui = project["mlflow_ui"]
+        ui_cmd = [sys.executable, "-m", "asp", "ui", "mlflow", "--port", mlflow_ui.rsplit(":", 1)[1]]
+        mlflow = bg.start(ui_cmd, log=home / "mlflow-ui.log", env=_env(), cwd=project["repo"])
+        bg.wait_http(f"{mlflow_ui}/health", mlflow, 120)
         yield env
         assert bg.stop(serve, signal.SIGINT, timeout_s=120) in (0, 130, -signal.SIGINT), bg.log(serve)
         assert "never awaited" not in bg.log(serve), bg.log(serve)[-3000:]  # Prefect's SIGTERM handler's, once
@@ -429,6 +445,36 @@ def test_custom_run_clicked_in_the_browser(project: dict[str, Any], served: dict
         expect(mlflow).to_be_visible()
         assert "/#/experiments/" in (mlflow.get_attribute("href") or "")
         page.screenshot(path=shots / "prefect-artifact.png")
+        # One click to MLflow from the run's page (docs/ui.md), into the MLflow UI `asp ui mlflow` serves
+        parent_url = mlflow.get_attribute("href") or ""
+        assert parent_url == f"{project['mlflow_ui']}/#/experiments/{parent.info.experiment_id}/runs/" + (
+            f"{parent.info.run_id}?workflowType=machine_learning"
+        )
+
+        def opens_mlflow(link: Any, **click: Any) -> None:  # the click opens the parent run in a new tab
+            with page.context.expect_page() as opened:
+                link.click(**click)
+            tab = opened.value
+            tab.wait_for_load_state()
+            assert tab.url == parent_url, tab.url
+            expect(tab.get_by_text(run["name"]).first).to_be_visible(timeout=60_000)  # MLflow's page of the run
+            tab.close()
+
+        # Prefect's classic UI (and the new one from Prefect 3.8) makes the URLs of a run's log links: the Logs
+        # tab, the page's first, has the run's first line, which names the MLflow parent run
+        page.goto(f"{ui}/flow-runs/flow-run/{run['id']}")
+        in_log = page.locator(f'a[href="{parent_url}"]').first
+        expect(in_log).to_be_visible()
+        page.screenshot(path=shots / "prefect-classic-log-link.png")
+        opens_mlflow(in_log)
+        # Prefect 3.7's new UI shows log lines as text, and its artifact card is one link to the artifact's page:
+        # a Ctrl/Cmd-click on the card's MLflow link opens MLflow in a new tab, and the run's page stays
+        page.goto(link)
+        page.get_by_role("tab", name="Artifacts").click()
+        in_card = page.get_by_role("link", name="Open this run in MLflow", exact=True).first  # not the card's own
+        assert in_card.get_attribute("href") == parent_url
+        opens_mlflow(in_card, modifiers=["ControlOrMeta"])
+        expect(page).to_have_url(re.compile(re.escape(link)))
     assert _stage_runs(project["experiment"], "schedule")[-1].info.run_id == schedule_before  # not rerun
     # asp's telling name (what runs, with an override, when), not the form's suggestion
     assert run["name"] != suggested and "schedule.k=4" in run["name"] and re.search(STAMP + "$", run["name"]), run
