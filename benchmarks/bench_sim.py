@@ -92,7 +92,7 @@ def build_plans(ids: np.ndarray, predicted: np.ndarray) -> tuple[dict[str, WorkP
     plans, seconds = {}, {}
     for c in CONDITION_NAMES:
         start = time.perf_counter()
-        extra = {"iterations": ANNEAL_ITERATIONS} if c == "C4" else {}
+        extra = {"iterations": ANNEAL_ITERATIONS, "method": "asp"} if c == "C4" else {}
         schedule = condition_schedule(ids, predicted, c, b=B, kappa=KAPPA, k=K, seed=0, **extra)
         plans[c] = WorkPlan.from_schedule(schedule)
         seconds[c] = time.perf_counter() - start

@@ -86,7 +86,9 @@ def plans(ids: np.ndarray, work: Workload, tau: float, seed: int) -> dict[str, W
     predicted, _ = perturb_predictions(work.lengths.mean(axis=1), tau, seed=seed)
     return {
         c: WorkPlan.from_schedule(
-            condition_schedule(ids, predicted, c, b=B_PROMPTS, kappa=0, k=K, seed=seed, iterations=20_000)
+            condition_schedule(
+                ids, predicted, c, b=B_PROMPTS, kappa=0, k=K, seed=seed, iterations=20_000, method="asp"
+            )
         )
         for c in ("C0", "C4")
     }

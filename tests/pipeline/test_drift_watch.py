@@ -66,7 +66,7 @@ def stream() -> dict[str, Any]:
     ids = [f"p{i:03d}" for i in range(N)]
     expected = 100 * np.exp(rng.normal(0, 0.7, N))
     raw = expected * np.exp(rng.normal(0, 0.1, N))
-    plan = WorkPlan.from_schedule(build_schedule(ids, raw, b=B, kappa=0, k=K, iterations=2000, seed=0))
+    plan = WorkPlan.from_schedule(build_schedule(ids, raw, b=B, kappa=0, k=K, iterations=2000, seed=0, method="asp"))
     frame = pd.DataFrame({"prompt_id": ids, "predicted_length": raw, "calibrated_length": raw})
     return {"ids": ids, "expected": dict(zip(ids, expected, strict=True)), "plan": plan, "frame": frame}
 
@@ -252,7 +252,14 @@ def test_resume_keeps_the_history_up_to_the_step_and_applies_an_accepted_reprofi
     rest_frame = frame.set_index("prompt_id").loc[pending].reset_index()
     for name, f in (("rest", rest_frame), ("full", frame)):
         sched = build_schedule(
-            f["prompt_id"].to_numpy(), f["predicted_length"].to_numpy(), b=B, kappa=0, k=K, iterations=2_000_000
+            f["prompt_id"].to_numpy(),
+            f["predicted_length"].to_numpy(),
+            b=B,
+            kappa=0,
+            k=K,
+            iterations=2_000_000,
+            seed=0,
+            method="asp",
         )
         write_parquet(schedule_to_frame(sched), v2 / f"{name}.parquet")
     write_json({"version": 2, "accepted": True, "kendall_tau": 0.95, "seconds": {"total": 12.5}}, v2 / "report.json")

@@ -71,7 +71,14 @@ def pipeline(
     roles = {"train": list(range(N_TRAIN))}
     prompts = write_prompts(paths.prompts.parent, records, roles, chat_template(tok))["train"]
     sched = build_schedule(
-        prompts["prompt_id"].to_numpy(), [intended_length(r) for r in records], b=2, kappa=0, k=2, iterations=2_000_000
+        prompts["prompt_id"].to_numpy(),
+        [intended_length(r) for r in records],
+        b=2,
+        kappa=0,
+        k=2,
+        iterations=2_000_000,
+        seed=0,
+        method="asp",
     )
     paths.schedule.parent.mkdir(parents=True)
     schedule_to_frame(sched).to_parquet(paths.schedule, index=False)

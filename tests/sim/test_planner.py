@@ -201,7 +201,19 @@ def evaluator():
         trainer="simulated", iterations=20, global_batch_prompts=G, n_samples=N, q_max=32
     ).control_settings()
     cluster = _cluster(devices=8, tu_min_devices=1, tu_serial_fraction=0.5, devices_per_node=4)
-    return make_evaluator(ids, np.full(P, 100.0), workload, gen, train, cfg, cluster=cluster, kappa=0, iterations=500)
+    return make_evaluator(
+        ids,
+        np.full(P, 100.0),
+        workload,
+        gen,
+        train,
+        cfg,
+        cluster=cluster,
+        kappa=0,
+        iterations=500,
+        condition="C4",
+        method="asp",
+    )
 
 
 def test_rates_from_time_models(evaluator) -> None:

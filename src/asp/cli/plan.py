@@ -132,6 +132,7 @@ def evaluator_for(params: Params, cluster: Cluster) -> Evaluator:
         loads=s.loads if cal is not None else "raw",
         method=s.method,
         shuffle=s.shuffle_groups,
+        condition="C4",
     )
     return ev
 
