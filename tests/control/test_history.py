@@ -215,7 +215,9 @@ def test_the_simulator_reschedules_each_pass_too_and_runs_faster_for_it():
     from asp.sim.timemodel import FEATURES, GenerationTimeModel, TrainingTimeModel
 
     gen = GenerationTimeModel("static", (0.5, 0.0, 0.02, 0.0, 0.0), FEATURES["static"])  # 0.5 s + 20 ms a row step
-    train = TrainingTimeModel(step_base_s=0.5, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0)
+    train = TrainingTimeModel(
+        step_base_s=0.5, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0, step_per_sample_s=0.0
+    )
     ids = list(range(N_PROMPTS))
     work = Workload.from_arrays(ids, np.repeat([[LENGTH[p]] for p in ids], 2, axis=1), np.full(N_PROMPTS, 5), 160)
     runs = {}

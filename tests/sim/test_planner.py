@@ -196,7 +196,9 @@ def evaluator():
     ids = np.arange(P)
     workload = Workload.from_arrays(ids, np.full((P, N), 100), np.full(P, 10), 200)
     gen = GenerationTimeModel("continuous", (1.0, 0.0, 0.0, 0.0, 0.0), FEATURES["continuous"])
-    train = TrainingTimeModel(step_base_s=1.0, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0)
+    train = TrainingTimeModel(
+        step_base_s=1.0, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0, step_per_sample_s=0.0
+    )
     cfg = RuntimeConfig(
         trainer="simulated", iterations=20, global_batch_prompts=G, n_samples=N, q_max=32
     ).control_settings()
