@@ -437,7 +437,7 @@ def generate_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None:
         f"{pr.engine.dtype}, {prompts_n} prompts x n {n} = {prompts_n * n} sequences, {sizes.gen_prompt_tokens}-token "
         f"prompts, max_new_tokens {sizes.gen_new_tokens}, temperature {pr.temperature}, top_p {pr.top_p}"
     )
-    engine.generate(prompts[:1], SamplingParams(1, 4, seed=0))  # warm-up
+    engine.generate(prompts[:1], SamplingParams(1, 4, seed=0, temperature=1.0, top_p=1.0))  # warm-up
     with peak(row, sizes.device):
         t0 = time.perf_counter()
         results = engine.generate(prompts, SamplingParams(n, sizes.gen_new_tokens, pr.temperature, pr.top_p, seed=0))

@@ -49,6 +49,7 @@ def test_engine_options_for_profiling_and_for_the_launch_actors(tmp_path) -> Non
         "dtype": "bfloat16",
         "weight_transfer": vllm.weight_transfer,
         "weight_bucket_mb": vllm.weight_bucket_mb,
+        "seed": 0,  # vLLM's engine seed (each request carries its own)
     }
 
 
