@@ -43,7 +43,7 @@ def original_plan() -> WorkPlan:
 def make_core(history: HistorySettings | None, passes: int) -> ControlCore:
     s = settings(iterations=passes * STEPS_PER_PASS, history=history, checkpoint_interval=1)
     plan = original_plan()
-    db = Database(plan, {p: f"prompt {p}" for p in plan.prompt_ids()}, epochs=None, seed=0)
+    db = Database(plan, {p: f"prompt {p}" for p in plan.prompt_ids()}, epochs=None, seed=0, max_attempts=3)
     core = ControlCore(s, db, gu_slots(s.generation_units, s.actors_per_unit), checkpointing=True)
     core.begin(0.0)
     return core

@@ -181,7 +181,9 @@ def _apply_and_train(pipeline: dict[str, Any], state: Path, accepted: Accepted) 
     params = pipeline["params"]
     plan = WorkPlan.from_frame(pd.read_parquet(pipeline["paths"].schedule))
     prompts = pd.read_parquet(pipeline["paths"].prompts)
-    db = Database(plan, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)), epochs=1)
+    db = Database(
+        plan, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)), epochs=1, max_attempts=3, seed=0
+    )
     db.restore(read_json(state / "runtime_state.json")["database"])
     assert db.replan(accepted.rest, accepted.full) == 2
     for item in db.next_unit(0):
