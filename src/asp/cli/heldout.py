@@ -43,7 +43,14 @@ def held_out_reward(
     records, skipped = heldout_problems(problems, seed=seed, exclude=exclude)
     try:
         result = heldout_rewards(
-            policy_model_path(policy_dir), weights, records, samples=samples, max_new_tokens=max_new_tokens, seed=seed
+            policy_model_path(policy_dir),
+            weights,
+            records,
+            samples=samples,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            temperature=1.0,
+            device="cpu",
         )
     except FileNotFoundError:
         raise UserError(f"{weights}: no such weights file; give a trainer checkpoint's model.safetensors.") from None
@@ -57,21 +64,25 @@ def heldout_reward(
         Path, typer.Option(help="Prompts to leave out (the prepare stage's train.parquet; skipped if absent).")
     ] = Path("outputs/prompts/train.parquet"),
     problems: Annotated[int, typer.Option(min=1, help="New demo problems (runtime.heldout_problems).")] = 256,
-    samples: Annotated[int, typer.Option(min=1, help="Responses per problem.")] = 4,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response cap (runtime.max_new_tokens).")] = 160,
-    seed: Annotated[int, typer.Option(min=0, help="common.seed")] = 0,
+    samples_per_problem: Annotated[int, typer.Option("--samples", min=1, help="Responses per problem.")] = 4,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Response cap (default: runtime.max_new_tokens' default).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Seed (default: common.seed's default).")] = None,
 ) -> None:
     """Mean demo reward on new problems (the policy, or the policy with trained weights)."""
+    from asp.config import MAX_NEW_TOKENS, SEED
+
     reward, skipped = held_out_reward(
         policy,
         weights,
         problems=problems,
-        samples=samples,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
+        samples=samples_per_problem,
+        max_new_tokens=MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
+        seed=SEED if seed is None else seed,
         prompts=prompts,
     )
     left_out = (
         f"{skipped} drawn problems skipped as prompts of {prompts}" if prompts.is_file() else f"{prompts} absent"
     )
-    typer.echo(f"held-out reward {reward:.3f} ({problems} problems x {samples} samples; {left_out})")
+    typer.echo(f"held-out reward {reward:.3f} ({problems} problems x {samples_per_problem} samples; {left_out})")
