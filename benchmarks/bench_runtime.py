@@ -96,7 +96,9 @@ def ablation(n_prompts: int = 3072, seed: int = 0) -> None:
     c0 = WorkPlan.from_lists(
         [list(range(a, b)) for a, b in zip(ends[:-1], ends[1:], strict=True)], [p // 6 for p in range(ends.size - 1)]
     )
-    c4 = build_schedule(list(range(n_prompts)), pred, b=16, kappa=2, k=6, iterations=2_000_000, seed=seed)
+    c4 = build_schedule(
+        list(range(n_prompts)), pred, b=16, kappa=2, k=6, iterations=2_000_000, seed=seed, method="asp"
+    )
     cfg = RuntimeConfig(
         generation_units=2,
         actors_per_unit=2,

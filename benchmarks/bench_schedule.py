@@ -96,13 +96,13 @@ def bench_dp(n: int) -> None:
 
 def run_to_budget(loads: np.ndarray, k: int, method: str, budget: float) -> tuple[int, float, float, np.ndarray]:
     """Largest iteration count whose CPU time fits `budget` (calibrated, then checked); returns its run."""
-    _, t0, _ = timed(lambda: balance_groups(loads, k, iterations=0, method=method), repeats=3)
+    _, t0, _ = timed(lambda: balance_groups(loads, k, iterations=0, method=method, seed=0), repeats=3)
     probe = 1_000_000
-    _, t1, _ = timed(lambda: balance_groups(loads, k, iterations=probe, method=method))
+    _, t1, _ = timed(lambda: balance_groups(loads, k, iterations=probe, method=method, seed=0))
     per_it = max(t1 - t0, 1e-9) / probe
     iters = int(max(budget - t0, 0.0) / per_it)
     for _ in range(4):
-        w, c, perm = timed(lambda it=iters: balance_groups(loads, k, iterations=it, method=method))
+        w, c, perm = timed(lambda it=iters: balance_groups(loads, k, iterations=it, method=method, seed=0))
         if c <= 1.1 * budget or iters == 0:
             return iters, w, c, perm
         iters = int(iters * budget / c * 0.95)
@@ -130,7 +130,9 @@ def bench_budgets(n_b: int, k: int, budgets: tuple[float, ...]) -> None:
             ("lpt", "lpt (asp's start alone)"),
             ("snake", "snake deal alone"),
         ):
-            w, c, perm = timed(lambda ld=loads, m=method: balance_groups(ld, k, iterations=0, method=m), repeats=3)
+            w, c, perm = timed(
+                lambda ld=loads, m=method: balance_groups(ld, k, iterations=0, method=m, seed=0), repeats=3
+            )
             cv, red = cv_and_reduction(loads, perm, k)
             print(f"| {name} | - | {label} | - | - | {c:.4f} | {w:.4f} | {100 * red:.5f}% | {cv:.2e} |")
         print(f"| {name} | - | initial (sorted) | - | - | - | - | 0% | {cv0:.2e} |")
@@ -143,7 +145,9 @@ def bench_fixed(n_b: int, k: int, iterations: int, methods: tuple[str, ...]) -> 
     for name in DISTRIBUTIONS:
         loads = table6_loads(name, n_b)
         for method in methods:
-            w, c, perm = timed(lambda ld=loads, m=method: balance_groups(ld, k, iterations=iterations, method=m))
+            w, c, perm = timed(
+                lambda ld=loads, m=method: balance_groups(ld, k, iterations=iterations, method=m, seed=0)
+            )
             cv, red = cv_and_reduction(loads, perm, k)
             print(f"| {name} | {method} | {c:.3f} | {w:.3f} | {100 * red:.5f}% | {cv:.2e} |")
 
@@ -157,7 +161,9 @@ def bench_paper_units(n_b: int, k: int) -> None:
     for name in DISTRIBUTIONS:
         loads = table6_loads(name, n_b)
         norm = loads / loads.mean()
-        cells = [cv_and_reduction(norm, balance_groups(norm, k, iterations=i, method="paper_sa"), k)[1] for i in its]
+        cells = [
+            cv_and_reduction(norm, balance_groups(norm, k, iterations=i, method="paper_sa", seed=0), k)[1] for i in its
+        ]
         print(f"| {name} | " + " | ".join(f"{100 * r:.1f}%" for r in cells) + " |")
 
 
@@ -168,7 +174,7 @@ def main() -> None:
     scale = 100 if args.quick else 1
     warm = table6_loads("lognormal", 1000)
     for method in ("asp", "paper_sa", "kk"):
-        balance_groups(warm, 10, iterations=1000, method=method)
+        balance_groups(warm, 10, iterations=1000, method=method, seed=0)
     print(f"numba {nb.__version__}, numpy {np.__version__}; CPU-time budgets; compilation excluded")
     bench_dp(10_000_000 // scale)
     bench_budgets(100_000 // scale, 10, (0.01, 0.1, 1.0) if not args.quick else (0.001, 0.01))

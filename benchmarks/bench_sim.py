@@ -59,7 +59,9 @@ GEN_COEF = {
     "prefill_tokens": 1e-5,
     "kv_reads": 2e-9,
 }
-TRAIN = TrainingTimeModel(step_base_s=2.0, step_per_token_s=1.2e-6, save_s=1.0, convert_s=1.0, load_s=3.0)
+TRAIN = TrainingTimeModel(
+    step_base_s=2.0, step_per_token_s=1.2e-6, save_s=1.0, convert_s=1.0, load_s=3.0, step_per_sample_s=0.0
+)
 
 
 def synthetic_workload(n_prompts: int, seed: int = 0) -> tuple[np.ndarray, Workload]:
@@ -92,7 +94,7 @@ def build_plans(ids: np.ndarray, predicted: np.ndarray) -> tuple[dict[str, WorkP
     plans, seconds = {}, {}
     for c in CONDITION_NAMES:
         start = time.perf_counter()
-        extra = {"iterations": ANNEAL_ITERATIONS} if c == "C4" else {}
+        extra = {"iterations": ANNEAL_ITERATIONS, "method": "asp"} if c == "C4" else {}
         schedule = condition_schedule(ids, predicted, c, b=B, kappa=KAPPA, k=K, seed=0, **extra)
         plans[c] = WorkPlan.from_schedule(schedule)
         seconds[c] = time.perf_counter() - start

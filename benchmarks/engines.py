@@ -84,7 +84,7 @@ def measure(kind: str, policy: Path, args: argparse.Namespace) -> dict[str, floa
     options: dict = (
         {"device": "cpu", "dtype": "float32", "num_threads": 1}
         if kind == "hf"
-        else {"dtype": "float32", "kv_cache_gib": 0.25, "weight_transfer": "rpc", "max_model_len": 512}
+        else {"dtype": "float32", "seed": 0, "kv_cache_gib": 0.25, "weight_transfer": "rpc", "max_model_len": 512}
     )
     rss0 = _rss_mib()
     t0 = time.perf_counter()

@@ -183,8 +183,8 @@ def schedules(ids: np.ndarray, loads: dict[str, np.ndarray], lay: Layout, seed: 
     kw = {"b": lay.b, "kappa": lay.kappa, "k": lay.k, "seed": seed}
     return {
         "C0": condition_schedule(ids, loads["pred"], "C0", **kw),
-        "C4 pred": condition_schedule(ids, loads["pred"], "C4", iterations=anneal, **kw),
-        "C4 hist": condition_schedule(ids, loads["blend"], "C4", iterations=anneal, **kw),
+        "C4 pred": condition_schedule(ids, loads["pred"], "C4", iterations=anneal, **kw, method="asp"),
+        "C4 hist": condition_schedule(ids, loads["blend"], "C4", iterations=anneal, **kw, method="asp"),
     }
 
 
@@ -220,7 +220,7 @@ def catch_up(
     loads[rest] = history.loads([int(i) for i in rest], pred[rest], version, estimator)
     kw = {"b": lay.b, "kappa": lay.kappa, "k": lay.k, "seed": seed}
     tail = WorkPlan.from_schedule(
-        condition_schedule(rest, loads[rest] * tiebreak[rest], "C4", iterations=anneal, **kw)
+        condition_schedule(rest, loads[rest] * tiebreak[rest], "C4", iterations=anneal, **kw, method="asp")
     )
     first = groups[cut - 1] + 1 if cut else 0
     merged = [*mbs[:cut], *tail.minibatches], [*groups[:cut], *(first + g for g in tail.group_ids)]

@@ -187,7 +187,7 @@ def sim(iterations: int, budget: int, n_prompts: int, variants: list[str], lag: 
     )
     plans = {}
     for cond in sorted({VARIANTS[name][0] for name in variants}):
-        extra = {"iterations": 20_000} if cond == "C4" else {}
+        extra = {"iterations": 20_000, "method": "asp"} if cond == "C4" else {}
         schedule = condition_schedule(
             ids, predicted, cond, b=sched["b"], kappa=sched["kappa"], k=sched["k"], seed=0, **extra
         )

@@ -174,7 +174,7 @@ def time_model(args: argparse.Namespace) -> tuple[Any, str, float | None]:
         return model, f"benchmarks/bench_sim.py's ASSUMED continuous (vLLM-like) model {GEN_COEF}", None
     if args.timings:
         frame = pd.read_csv(args.timings)
-        model, report = fit_generation_model(frame, args.form)
+        model, report = fit_generation_model(frame, args.form, folds=5, seed=0)
         prompt_tokens = float(frame["prompt_tokens"].sum() / max(frame["num_prompts"].sum(), 1))
         how = (
             f"{args.form} model fitted on {args.timings} ({len(frame)} minibatches, held-out R² "

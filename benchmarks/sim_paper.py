@@ -86,7 +86,9 @@ def plans(ids: np.ndarray, work: Workload, tau: float, seed: int) -> dict[str, W
     predicted, _ = perturb_predictions(work.lengths.mean(axis=1), tau, seed=seed)
     return {
         c: WorkPlan.from_schedule(
-            condition_schedule(ids, predicted, c, b=B_PROMPTS, kappa=0, k=K, seed=seed, iterations=20_000)
+            condition_schedule(
+                ids, predicted, c, b=B_PROMPTS, kappa=0, k=K, seed=seed, iterations=20_000, method="asp"
+            )
         )
         for c in ("C0", "C4")
     }
@@ -198,7 +200,9 @@ def main() -> None:
         (0.0, per_gb * WEIGHT_GB_PER_NPU["qwen3-8b (TP 1)"], gen.coef[2] * 8.19 / 3.3, 0.0, 0.0),
         FEATURES["continuous"],
     )
-    train8 = TrainingTimeModel(step_base_s=train.step_base_s, step_per_token_s=0, save_s=0, convert_s=0, load_s=73.9)
+    train8 = TrainingTimeModel(
+        step_base_s=train.step_base_s, step_per_token_s=0, save_s=0, convert_s=0, load_s=73.9, step_per_sample_s=0.0
+    )
     p8 = {s: plans(*data[s], TAU_8B, s) for s in seeds}
     r3 = {c: [run(p8[s][c], data[s][1], gen8, train8, settings(4, 8, 50, s))["mean"] for s in seeds]
           for c in ("C0", "C4")}  # fmt: skip

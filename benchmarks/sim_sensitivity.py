@@ -56,7 +56,7 @@ def setup(seed: int = 0):
     predicted, _ = perturb_predictions(lengths.mean(axis=1), TAU, seed=seed)
     plans = {
         c: WorkPlan.from_schedule(
-            condition_schedule(ids, predicted, c, b=B, kappa=KAPPA, k=K, seed=seed, iterations=20_000)
+            condition_schedule(ids, predicted, c, b=B, kappa=KAPPA, k=K, seed=seed, iterations=20_000, method="asp")
         )
         for c in ("C0", "C4")
     }
@@ -96,7 +96,7 @@ def planner_best(ids, predicted, work, gen, train, tu_devices: int) -> tuple[str
     cluster = Cluster(devices=32, devices_per_actor=1, tu_min_devices=tu_devices, tu_serial_fraction=0.1,
                       devices_per_node=8)  # fmt: skip
     ev = make_evaluator(ids, predicted, work, gen, train, settings(iterations=20), cluster=cluster, kappa=KAPPA,
-                        iterations=20_000)  # fmt: skip
+                        iterations=20_000, condition="C4", method="asp")  # fmt: skip
     grid = Grid(q_max=(4 * BATCH,), b=(B,), k=(K,))
     best, metrics = search_layout(cluster, ev, grid, limits=Limits(depth_batches=4.0, policy_lag=None))[0]
     layout = f"{best.generation_units}x{best.actors_per_unit} actors + TU {best.tu_devices}"

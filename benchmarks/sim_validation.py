@@ -103,7 +103,7 @@ def fitted_terms(params: Params, fit_from: Path) -> Terms:
     train, treport = fit_training_model(it, n_samples=params.runtime.n_samples)
     paths = stage.Paths()
     timings = pd.read_csv(paths.timings)
-    gen, _ = fit_generation_model(timings, stage.generation_form(params), folds=params.simulate.folds)
+    gen, _ = fit_generation_model(timings, stage.generation_form(params), folds=params.simulate.folds, seed=0)
     prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
     factor, freport = fit_sharing_factor(pd.read_parquet(minibatches), gen, prompt_tokens)
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1

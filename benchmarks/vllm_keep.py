@@ -216,7 +216,7 @@ def measure(policy: Path, args: argparse.Namespace) -> list[dict]:
     if getattr(new_model.config, "tie_word_embeddings", False):
         new_model.tie_weights()
     engine = VLLMEngine(
-        policy, dtype="float32", kv_cache_gib=0.5, weight_transfer="rpc", max_model_len=512, enforce_eager=True
+        policy, dtype="float32", seed=0, kv_cache_gib=0.5, weight_transfer="rpc", max_model_len=512, enforce_eager=True
     )
     texts = _prompt_texts(args.prompts, args.prompt_tokens, args.seed)
     prompt_ids = engine.tokenizer(texts, add_special_tokens=False)["input_ids"]

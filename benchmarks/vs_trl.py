@@ -274,7 +274,7 @@ def evaluate(policy: Path, records: list[dict], result: dict, params: Any, seed:
     for c in result["checkpoints"]:
         r = heldout_rewards(
             policy, c["weights"], records, max_new_tokens=params.runtime.max_new_tokens, seed=seed,
-            temperature=params.runtime.temperature, num_threads=TRL_THREADS,
+            temperature=params.runtime.temperature, device="cpu", num_threads=TRL_THREADS,
         )  # fmt: skip
         c["heldout_reward"] = r.mean
         c.pop("weights")

@@ -406,7 +406,7 @@ def predictor_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None
         f"{int(np.mean(tokens))}-token prompts (max_length {p.max_length}), loss {p.loss}"
     )
     kw = {"epochs": 1, "batch_size": p.batch_size, "lr": p.lr, "weight_decay": p.weight_decay, "loss": p.loss}
-    kw.update(rank_weight=p.rank_weight, patience=1, batching=p.batching, seed=0)
+    kw.update(rank_weight=p.rank_weight, patience=1, batching=p.batching, lexical_weights=(0.0,), seed=0)
     k = p.batch_size
     train_predictor(model, bb.tokenizer, texts[:k], lengths[:k], texts[-2:], lengths[-2:], **kw)  # warm-up
     with peak(row, sizes.device):
@@ -437,7 +437,7 @@ def generate_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None:
         f"{pr.engine.dtype}, {prompts_n} prompts x n {n} = {prompts_n * n} sequences, {sizes.gen_prompt_tokens}-token "
         f"prompts, max_new_tokens {sizes.gen_new_tokens}, temperature {pr.temperature}, top_p {pr.top_p}"
     )
-    engine.generate(prompts[:1], SamplingParams(1, 4, seed=0))  # warm-up
+    engine.generate(prompts[:1], SamplingParams(1, 4, seed=0, temperature=1.0, top_p=1.0))  # warm-up
     with peak(row, sizes.device):
         t0 = time.perf_counter()
         results = engine.generate(prompts, SamplingParams(n, sizes.gen_new_tokens, pr.temperature, pr.top_p, seed=0))

@@ -82,13 +82,13 @@ def run(args: argparse.Namespace) -> dict:
     weights_a = checkpoint_state(model)
     weights_b = perturbed(weights_a)
     prompts = ["w1 w2 w3", "12 + 30 =", "The weights are"]
-    greedy = SamplingParams(n=1, max_new_tokens=args.max_tokens, temperature=0.0, seed=0)
+    greedy = SamplingParams(n=1, max_new_tokens=args.max_tokens, temperature=0.0, seed=0, top_p=1.0)
     report: dict = {"model": str(model), "tensors": len(weights_a), "bucket_mb": args.bucket_mb}
     report["bytes"] = sum(t.numel() * t.element_size() for t in weights_a.values())
     report["free_gib_before"] = free_gib()
     t0 = time.perf_counter()
     engine = VLLMEngine(
-        model, dtype="bfloat16", enforce_eager=True, gpu_memory_utilization=args.gpu_memory_utilization
+        model, dtype="bfloat16", seed=0, enforce_eager=True, gpu_memory_utilization=args.gpu_memory_utilization
     )
     report["engine_start_s"] = time.perf_counter() - t0
     report["free_gib_with_engine"] = free_gib()

@@ -1,8 +1,10 @@
-"""Every default once: no default in `src/asp` competes with the one `asp.config` declares for the same setting.
+"""Every default once: no default in `src/asp` repeats or competes with the one `asp.config` declares.
 
 `asp.config` is the one place a parameter's default lives. The pure core either has no default for a value the
-config owns (callers pass the params' value) or the config takes its default from a named core constant; a core
-default that shares a config field's name but holds another value means a reader cannot tell which one a run uses.
+config owns (callers pass the params' value) or shares one named constant with the config (the config takes its
+default from the core's constant, e.g. ``asp.sim.memory.DEVICE_GIB``, or a module above the core uses the
+config's own, e.g. ``asp.config.MAX_NEW_TOKENS``). A second literal of the same setting, equal or not, means a
+reader cannot tell which one a run uses, and the two drift apart on the next change.
 
 The scan (`scan`) and its matching rule:
 
@@ -18,21 +20,24 @@ The scan (`scan`) and its matching rule:
 * **Which config fields a default is compared with.** Each module serves some `params.yaml` sections, its home
   (`HOMES`, by path prefix, longest first; `common` is everyone's). A default is compared with the config
   fields of the same name in its home sections (a section includes its subsections) whose default is of the
-  same kind (bool, number, string, list, dict). It is flagged when there is at least one such field and the
-  default equals none of them. So `patience=3` in `asp/predictor/` is compared with `predictor.patience` (1),
-  not with `drift.patience` (3), and `temperature=1.0` of the balancer in `asp/schedule/` with nothing (the
-  schedule section has no temperature).
-* **Allowed.** `ALLOWED` lists the few names that collide with a field of the home but mean something else,
-  each with the reason. `KNOWN` lists the same setting with another default that is left as it is, with the
-  reason; a test keeps that list from growing.
+  same kind (bool, number, string, list, dict). So `patience=3` in `asp/predictor/` is compared with
+  `predictor.patience`, not with `drift.patience`, and `temperature=1.0` of the balancer in `asp/schedule/` with
+  nothing (the schedule section has no temperature).
+* **When it is flagged.** Whenever there is at least one such field, whether the value equals the field's or
+  not, unless the default is written as the very constant the field's default is written as in `asp.config`
+  (`CONSTANTS`: the name's origin, following ``from ... import`` re-exports, e.g. a default written
+  ``MICRO_BATCH_TOKENS`` imported from ``asp.sim.memory`` when the config's field is ``Field(MICRO_BATCH_TOKENS)``
+  from the same module). There are no exceptions: a name that collides with a field of the home but means
+  something else is renamed to say what it means.
 
-`test_scan_catches_a_planted_difference` shows the rule on small snippets, both ways.
+`test_scan_catches_a_planted_copy` shows the rule on small snippets, both ways.
 Run: ``.venv/bin/python -m pytest tests/test_defaults.py -q``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,28 +79,6 @@ HOMES: dict[str, tuple[str, ...]] = {
     "asp/stage.py": SIDE,
 }
 
-# (path, function or class, name) -> why the name collides with a config field of the home but is another setting
-ALLOWED: dict[tuple[str, str, str], str] = {
-    ("asp/demo/task.py", "simulated_profile", "samples"): "responses per prompt of a synthetic profile (the "
-    "profile stage's n_samples, 8), not policy.eval.samples (the policy stage's evaluation)",
-    ("asp/orchestration/drift_loop.py", "ReprofileOutcome", "min_tau"): "an outcome record: the gate a re-profiling "
-    "applied (NaN when none ran), not the evaluate stage's setting",
-    ("asp/orchestration/drift_loop.py", "ReprofileOutcome", "prompts"): "an outcome record: prompts a "
-    "re-profiling used (0 when none ran), not policy.eval.prompts",
-    ("asp/cli/heldout.py", "heldout_reward", "samples"): "responses per held-out problem of `asp heldout` (the "
-    "launch's held-out reward), not policy.eval.samples (the policy stage's evaluation)",
-}
-
-# (path, function or class, name) -> why this default of the same setting stays (the list may only shrink)
-KNOWN: dict[tuple[str, str, str], str] = {
-    ("asp/rollout/hf.py", "__init__", "dtype"): "the engine library's default, 'auto' (the checkpoint's own dtype, "
-    "right for a library user on any device); profile.engine.dtype / runtime.engine.dtype default to the CPU demo's "
-    "float32 and the pipeline always passes them (asp.steps.engine). Removing it touches ~22 engine call sites.",
-    ("asp/rollout/vllm.py", "VLLMOptions", "dtype"): "as HFEngine's: vLLM's own 'auto'; the params' float32 is the "
-    "CPU demo's hf engine value (the GPU preset sets the vLLM dtype).",
-}
-KNOWN_SIZE = 2
-
 UNRESOLVED = object()
 
 
@@ -124,6 +107,111 @@ def config_fields(model: type[BaseModel] = Params, prefix: str = "") -> Iterator
 
 
 FIELDS = dict(config_fields())
+CONFIG_MODULES = tuple(path.removesuffix(".py").replace("/", ".") for path in NOT_SCANNED)
+
+
+def module_name(path: str) -> str:
+    """`asp/x/y.py` (relative to src/) -> `asp.x.y`; a package's `__init__.py` is the package."""
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+@functools.cache
+def _module_tree(module: str) -> ast.Module | None:
+    base = SRC / module.replace(".", "/")
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return ast.parse(candidate.read_text())
+    return None
+
+
+def bindings(tree: ast.Module, module: str) -> dict[str, str]:
+    """Module-level name -> the dotted name it is bound to as written: `module.NAME` for the module's own
+    assignments, `m.X` for ``from m import X [as NAME]`` (relative imports resolved), `m` for ``import m as NAME``."""
+    out: dict[str, str] = {}
+    package = module if _is_package(module) else module.rpartition(".")[0]
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            for alias in node.names:
+                out[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    out[alias.asname] = alias.name
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(name, ast.Name):
+                        out[name.id] = f"{module}.{name.id}"
+    return out
+
+
+def _is_package(module: str) -> bool:
+    return (SRC / module.replace(".", "/") / "__init__.py").is_file()
+
+
+def origin(dotted: str | None) -> str | None:
+    """Where `dotted` (`module.NAME`) is defined, following ``from ... import`` re-exports between asp's modules."""
+    for _ in range(10):
+        if dotted is None or "." not in dotted:
+            return dotted
+        module, name = dotted.rsplit(".", 1)
+        tree = _module_tree(module)
+        bound = bindings(tree, module).get(name) if tree is not None else None
+        if bound is None or bound == dotted:
+            return dotted
+        dotted = bound
+    return dotted
+
+
+def written(node: ast.expr, names: dict[str, str]) -> str | None:
+    """The origin of the constant a default is written as (a name or `module.NAME`), or None for anything else."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("field", "Field"):
+        inner = next((kw.value for kw in node.keywords if kw.arg == "default"), node.args[0] if node.args else None)
+        return None if inner is None else written(inner, names)
+    if isinstance(node, ast.Name):
+        return origin(names.get(node.id))
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names:
+        return origin(f"{names[node.value.id]}.{node.attr}")
+    return None
+
+
+def config_constants(model: type[BaseModel] = Params, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(dotted key, origin of the named constant its default is written as in the config) of every leaf field whose
+    default is a named constant rather than a literal."""
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from config_constants(ann, f"{prefix}{name}.")
+            continue
+        for owner in model.__mro__:
+            tree = _module_tree(owner.__module__)
+            cls = (
+                next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner.__name__), None)
+                if tree is not None
+                else None
+            )
+            stmt = next(
+                (
+                    s
+                    for s in (cls.body if cls else [])
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == name
+                ),
+                None,
+            )
+            if stmt is not None:
+                if stmt.value is not None and tree is not None:
+                    constant = written(stmt.value, bindings(tree, owner.__module__))
+                    if constant is not None:
+                        yield f"{prefix}{name}", constant
+                break
+
+
+CONSTANTS = dict(config_constants())
 
 
 def home_of(path: str) -> tuple[str, ...]:
@@ -233,14 +321,13 @@ def defaults_in(tree: ast.Module) -> Iterator[tuple[str, str, ast.expr, int]]:
 
 
 def scan(source: str, path: str, imported: dict[str, dict[str, Any]] | None = None) -> list[Finding]:
-    """Defaults in `source` (the module at `path`, relative to src/) that differ from the config's (the rule above)."""
+    """Defaults in `source` (the module at `path`, relative to src/) that repeat a config field's (the rule above)."""
     tree = ast.parse(source)
     constants = module_constants(tree, imported)
+    names = bindings(tree, module_name(path))
     home = home_of(path)
     found = []
     for where, name, node, line in defaults_in(tree):
-        if (path, where, name) in ALLOWED or (path, where, name) in KNOWN:
-            continue
         value = resolve(node, constants)
         if value is UNRESOLVED or value is None:
             continue
@@ -251,7 +338,7 @@ def scan(source: str, path: str, imported: dict[str, dict[str, Any]] | None = No
             and any(key.startswith(f"{section}.") for section in home)
             and _kind(default) == _kind(value)
         )
-        if theirs and not any(_same(value, default) for _, default in theirs):
+        if theirs and written(node, names) not in {CONSTANTS.get(key) for key, _ in theirs} - {None}:
             found.append(Finding(path, line, where, name, value, theirs))
     return found
 
@@ -264,33 +351,38 @@ def _modules() -> dict[str, str]:
     }
 
 
-def test_no_core_default_differs_from_the_config() -> None:
+def test_no_default_repeats_the_config() -> None:
     modules = _modules()
-    imported = {
-        path.removesuffix(".py").removesuffix("/__init__").replace("/", "."): module_constants(ast.parse(text))
-        for path, text in modules.items()
-    }
+    imported = {module_name(path): module_constants(ast.parse(text)) for path, text in modules.items()}
+    for path in NOT_SCANNED:  # the config's own constants resolve too (asp.config.MAX_NEW_TOKENS)
+        imported[module_name(path)] = module_constants(ast.parse((SRC / path).read_text()))
     found = [f for path, text in modules.items() for f in scan(text, path, imported)]
-    assert not found, "defaults that differ from asp.config's (one literal per value):\n" + "\n".join(map(str, found))
+    assert not found, (
+        "defaults of a setting asp.config declares (drop the default and pass the params' value, or write the "
+        "config's named constant):\n" + "\n".join(map(str, found))
+    )
 
 
-def test_every_home_and_allowed_entry_names_something_real() -> None:
-    """A section in HOMES that does not exist, or an ALLOWED entry whose default is gone, is a stale rule."""
+def test_every_home_names_a_section_and_the_config_constants_resolve() -> None:
+    """A section in HOMES that does not exist is a stale rule; a config constant must name a real binding."""
     sections = {key.rsplit(".", i)[0] for key in FIELDS for i in range(1, key.count(".") + 1)}
     assert {s for home in HOMES.values() for s in home} <= sections
-    modules = _modules()
-    assert len(KNOWN) <= KNOWN_SIZE, "KNOWN may only shrink: resolve a new difference instead of listing it"
-    for path, where, name in (*ALLOWED, *KNOWN):
-        assert path in modules, path
-        seen = [(w, n) for w, n, _, _ in defaults_in(ast.parse(modules[path]))]
-        assert (where, name) in seen, f"ALLOWED entry {(path, where, name)} names no default any more"
+    # the shared constants the config's defaults are written as (asp.sim.memory's, the config's own)
+    assert CONSTANTS["runtime.memory.device_gib"] == "asp.sim.memory.DEVICE_GIB"
+    assert CONSTANTS["runtime.max_new_tokens"] == "asp.config.MAX_NEW_TOKENS"
+    for key, constant in CONSTANTS.items():
+        module, name = constant.rsplit(".", 1)
+        tree = _module_tree(module)
+        assert tree is not None and bindings(tree, module).get(name) == constant, (key, constant)
 
 
 @pytest.mark.parametrize(
     ("path", "source", "flagged"),
     [
         # a core function keeping its own value for a config-owned setting: caught
-        ("asp/schedule/x.py", "def build(ids, *, b=32, kappa=2): ...", ["b = 32"]),
+        ("asp/schedule/x.py", "def build(ids, *, b=32): ...", ["b = 32"]),
+        # an equal literal copy of the config's default: caught as well (schedule.b is 16)
+        ("asp/schedule/x.py", "def build(ids, *, b=16, kappa=2): ...", ["b = 16", "kappa = 2"]),
         # a dataclass field, and a pydantic Field
         ("asp/sim/planner.py", "@dataclass\nclass C:\n    tu_serial_fraction: float = 0.0\n", ["tu_serial_fraction"]),
         ("asp/predictor/x.py", "class M(BaseModel):\n    epochs: int = Field(8, ge=1)\n", ["epochs = 8"]),
@@ -298,21 +390,32 @@ def test_every_home_and_allowed_entry_names_something_real() -> None:
         ("asp/predictor/x.py", "EPOCHS = 8\ndef train(*, epochs=EPOCHS): ...", ["epochs = 8"]),
         ("asp/rollout/x.py", "from asp.sim.memory import G\ndef f(gpu_memory_utilization=G): ...", ["= 0.9"]),
         ("asp/drift/x.py", "D = {'patience': 5}\ndef f(patience=int(D['patience'])): ...", ["patience = 5"]),
-        ("asp/drift/detector.py", "DEFAULTS = {'tau_drop': 0.2, 'cooldown': 10}\n", ["tau_drop = 0.2"]),
-        # compared with the home's field only: predictor.patience is 1 (drift.patience 3 is another setting)
+        ("asp/drift/detector.py", "DEFAULTS = {'tau_drop': 0.2, 'cooldown': 10}\n", ["tau_drop = 0.2", "cooldown"]),
+        # compared with the home's field only: predictor.patience, not drift.patience
         ("asp/predictor/x.py", "def train(*, patience=3): ...", ["patience = 3"]),
-        # not flagged: the config's value; None; a name the home does not own; another kind; no default at all
-        ("asp/schedule/x.py", "def build(*, b=16, kappa=2, k=4, iterations=200_000): ...", []),
+        # an equal copy under a constant of its own (same value, but not the constant the config uses): caught
+        ("asp/sim/x.py", "DEVICE_GIB = 80.0\n@dataclass\nclass S:\n    device_gib: float = DEVICE_GIB\n", ["= 80.0"]),
+        # not flagged: the very constant the config's field is written as, imported, re-exported or as an attribute
+        (
+            "asp/sim/x.py",
+            "from asp.sim.memory import DEVICE_GIB\n@dataclass\nclass S:\n    device_gib: float = DEVICE_GIB\n",
+            [],
+        ),
+        ("asp/sim/memory.py", "DEVICE_GIB = 80.0\n@dataclass\nclass S:\n    device_gib: float = DEVICE_GIB\n", []),
+        ("asp/steps/x.py", "from asp import config\ndef f(*, max_new_tokens=config.MAX_NEW_TOKENS): ...", []),
+        ("asp/steps/x.py", "from asp.config import MAX_NEW_TOKENS as M\ndef f(*, max_new_tokens=M): ...", []),
+        # not flagged: None; a name the home does not own; another kind; no default at all
         ("asp/schedule/x.py", "def build(*, b=None, k=None): ...", []),
         ("asp/schedule/x.py", "def balance(*, temperature=2.0, patience=9): ...", []),
         ("asp/orchestration/x.py", "def wait(timeout_s=2.0): ...", []),
         ("asp/schedule/x.py", "def build(*, b, kappa, k, iterations): ...", []),
-        # an allowed collision (another setting with the same name)
-        ("asp/demo/task.py", "def simulated_profile(n, seed=0, samples=8): ...", []),
+        # a name of the home's section meaning something else is renamed, not excused
+        ("asp/demo/task.py", "def simulated_profile(n, seed=0, samples=8): ...", ["seed = 0", "samples = 8"]),
+        ("asp/demo/task.py", "def simulated_profile(n, seed, responses_per_prompt=8): ...", []),
     ],
 )
-def test_scan_catches_a_planted_difference(path: str, source: str, flagged: list[str]) -> None:
-    found = [str(f) for f in scan(source, path, imported={"asp.sim.memory": {"G": 0.9}})]
+def test_scan_catches_a_planted_copy(path: str, source: str, flagged: list[str]) -> None:
+    found = [str(f) for f in scan(source, path, imported={"asp.sim.memory": {"G": 0.9, "DEVICE_GIB": 80.0}})]
     assert len(found) == len(flagged), found
     for text, expected in zip(found, flagged, strict=True):
         assert expected in text and path in text, text

@@ -6,8 +6,9 @@ The defaults are the CPU demo preset, and `params.yaml` spells every one of them
 checks that it is complete and equal to the defaults). Every section must be present: a missing section
 is an error naming it, never a silent switch to defaults. Integers are strict (`b: true` is rejected).
 One literal per value: a pure-core function or dataclass has no default for a value declared here (callers pass the
-params'), or the field here takes its default from the core's named constant (asp.sim.memory's);
-tests/test_defaults.py scans `src/asp` for a default that shares a field's name and differs from it.
+params'), or the field here takes its default from the core's named constant (asp.sim.memory's), or code above the
+core writes this module's constant (`SEED`, `MAX_NEW_TOKENS`); tests/test_defaults.py scans `src/asp` for any other
+default that shares a field's name, equal or not.
 
 Every model forbids unknown keys and is frozen. `load_params(path)` reads the YAML, applies an optional
 preset overlay, validates, and turns any problem into one `UserError` that names the file, the key, the
@@ -74,6 +75,7 @@ Actors = Annotated[
 
 
 MAX_NEW_TOKENS, TEMPERATURE, TOP_P = 160, 1.0, 1.0  # the launch's sampling; the profile's follows it
+SEED = 0  # common.seed (also the CLI's --seed when a command reads no params)
 
 
 class _Params(BaseModel):
@@ -81,7 +83,7 @@ class _Params(BaseModel):
 
 
 class CommonParams(_Params):
-    seed: Int = Field(0, ge=0, description="Base seed; each stage derives its own from it.")
+    seed: Int = Field(SEED, ge=0, description="Base seed; each stage derives its own from it.")
     experiment: str = Field("asp", min_length=1, description="MLflow experiment name.")
     tracking_uri: str | None = Field(None, description="MLflow store; default sqlite:///mlflow.db in the repo.")
 

@@ -305,7 +305,7 @@ def test_the_ray_control_unit_on_the_simulators_timeline_makes_the_simulators_de
     fake = ScriptedRay(result.decisions, versions, 1.3)
     monkeypatch.setattr(control, "ray", fake)
     monkeypatch.setattr(control, "time", fake)
-    db = Database(p, {pid: f"prompt {pid}" for pid in ids}, epochs=1, max_attempts=config.max_attempts)
+    db = Database(p, {pid: f"prompt {pid}" for pid in ids}, epochs=1, max_attempts=config.max_attempts, seed=0)
     gus = [GUState(g, fake.handle(g), [2 * g, 2 * g + 1], {2 * g, 2 * g + 1}) for g in range(2)]
     summary = control.ControlUnit(config, db, gus, fake.trainer()).run()
     assert summary.events == result.decisions

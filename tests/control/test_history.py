@@ -43,7 +43,7 @@ def original_plan() -> WorkPlan:
 def make_core(history: HistorySettings | None, passes: int) -> ControlCore:
     s = settings(iterations=passes * STEPS_PER_PASS, history=history, checkpoint_interval=1)
     plan = original_plan()
-    db = Database(plan, {p: f"prompt {p}" for p in plan.prompt_ids()}, epochs=None, seed=0)
+    db = Database(plan, {p: f"prompt {p}" for p in plan.prompt_ids()}, epochs=None, seed=0, max_attempts=3)
     core = ControlCore(s, db, gu_slots(s.generation_units, s.actors_per_unit), checkpointing=True)
     core.begin(0.0)
     return core
@@ -215,7 +215,9 @@ def test_the_simulator_reschedules_each_pass_too_and_runs_faster_for_it():
     from asp.sim.timemodel import FEATURES, GenerationTimeModel, TrainingTimeModel
 
     gen = GenerationTimeModel("static", (0.5, 0.0, 0.02, 0.0, 0.0), FEATURES["static"])  # 0.5 s + 20 ms a row step
-    train = TrainingTimeModel(step_base_s=0.5, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0)
+    train = TrainingTimeModel(
+        step_base_s=0.5, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0, step_per_sample_s=0.0
+    )
     ids = list(range(N_PROMPTS))
     work = Workload.from_arrays(ids, np.repeat([[LENGTH[p]] for p in ids], 2, axis=1), np.full(N_PROMPTS, 5), 160)
     runs = {}

@@ -104,7 +104,7 @@ def test_expected_final_length_worked_example_and_bounds():
 
 # ---- store and Database -----------------------------------------------------------------------------------------
 def test_hold_take_merge_assemble_keep_tokens_logprobs_versions_and_time():
-    db = Database(plan(4, 2), {p: f"prompt {p}" for p in range(8)})
+    db = Database(plan(4, 2), {p: f"prompt {p}" for p in range(8)}, max_attempts=3, seed=0)
     item = db.next_task(0)  # task 0: prompts 0, 1; prompt 1's sample 1 is 10 tokens long
     assert db.hold(first_output(item, gu=0, actor=1, version=3))
     assert db.tasks[0].state == TaskState.ISSUED and db.tasks[0].gu == -1 and db.issued_to(0) == []
@@ -131,7 +131,7 @@ def test_hold_take_merge_assemble_keep_tokens_logprobs_versions_and_time():
 
 def test_online_order_hands_out_the_longest_expected_remainder_first():
     store = PartialStore(cap=100)
-    db = Database(plan(4, 2), {p: "x" for p in range(8)})
+    db = Database(plan(4, 2), {p: "x" for p in range(8)}, max_attempts=3, seed=0)
     out = first_output(db.next_task(0), 0, 0, 0)  # prompts 0, 1: prompt 1's sample 1 unfinished
     out.finished[:] = [True, False, False, False]  # pretend three are unfinished at 2, 2 and 4 tokens
     store.hold(out)
@@ -142,12 +142,12 @@ def test_online_order_hands_out_the_longest_expected_remainder_first():
 
 
 def test_checkpoint_keeps_held_tasks_and_a_restored_database_continues_them():
-    db = Database(plan(4, 2), {p: f"prompt {p}" for p in range(8)})
+    db = Database(plan(4, 2), {p: f"prompt {p}" for p in range(8)}, max_attempts=3, seed=0)
     item = db.next_task(0)
     db.hold(first_output(item, 0, 0, 2))
     (row,) = db.partials.take(8, "fifo", db.prompts)  # out at an actor when the checkpoint is written
     state = json.loads(json.dumps(db.state()))  # JSON-able
-    again = Database(plan(4, 2), {p: f"prompt {p}" for p in range(8)})
+    again = Database(plan(4, 2), {p: f"prompt {p}" for p in range(8)}, max_attempts=3, seed=0)
     again.restore(state)
     assert again.tasks[0].state == TaskState.ISSUED and again.n_issued == 1 and 0 not in again.pending
     assert again.partials.pool == [(0, 3)] and not again.exhausted
@@ -158,7 +158,9 @@ def test_checkpoint_keeps_held_tasks_and_a_restored_database_continues_them():
     (out,) = again.partials.merge(seg)
     assert out.policy_version == 2 and out.lengths.tolist() == [2, 3, 2, 8] and again.complete(0)
     with pytest.raises(ValueError, match="partial task 0"):  # a checkpoint that names a task this run does not have
-        Database(plan(4, 2), {p: "x" for p in range(8)}, seed=0).restore({**state, "consumed": {"0": 2}})
+        Database(plan(4, 2), {p: "x" for p in range(8)}, seed=0, max_attempts=3).restore(
+            {**state, "consumed": {"0": 2}}
+        )
 
 
 def test_lag_bound_evicts_by_the_oldest_segment():

@@ -113,7 +113,7 @@ def test_held_work_within_the_bound_is_continued():
 
 
 def test_under_a_lag_bound_the_oldest_held_work_is_continued_first():
-    db = Database(plan(4, 2), {p: "x" for p in range(8)})
+    db = Database(plan(4, 2), {p: "x" for p in range(8)}, max_attempts=3, seed=0)
     store = db.partials
     new, _, old = db.next_task(0), db.next_task(0), db.next_task(0)  # prompts 0, 1 and 4, 5: one long response each
     store.hold(first_output(new, 0, 0, version=3))  # arrives first, from a newer policy
@@ -128,13 +128,13 @@ def test_under_a_lag_bound_the_oldest_held_work_is_continued_first():
 def test_the_online_order_reads_the_current_plans_loads_after_a_replan_and_a_resume():
     texts = {p: f"prompt {p}" for p in range(8)}
     original = WorkPlan.from_lists([[0, 1], [2, 3], [4, 5], [6, 7]], predicted={p: 10.0 for p in range(8)})
-    db = Database(original, texts)
+    db = Database(original, texts, max_attempts=3, seed=0)
     db.next_task(0)
     loads = {p: 100.0 + p for p in range(2, 8)}
     rest = WorkPlan.from_lists([[6, 7], [4, 5], [2, 3]], [0, 0, 1], [3, 2, 1], predicted=loads)
     db.replan(rest, None)
     assert db.partials.predicted[5] == 105.0 and db.partials.predicted[0] == 10.0
-    again = Database(original, texts)
+    again = Database(original, texts, max_attempts=3, seed=0)
     again.restore(json.loads(json.dumps(db.state())))  # the checkpoint keeps the re-plan's loads
     assert again.partials.predicted == db.partials.predicted
     again.next_task(0)  # task 0 (prompts 0, 1) was out, untrained: issued again first

@@ -74,12 +74,12 @@ def test_short_warm_start_reports_progress_and_evaluate_returns_metrics() -> Non
     )
     assert [c[:2] for c in calls] == [(1, 3), (2, 3), (3, 3)] and len(hist["loss"]) == 3 and hist["tokens"] > 0
     recs = generate_problems(6, seed=2)
-    m = evaluate_policy(model, tk, recs, n_samples=2, max_new_tokens=12, seed=0, batch_size=4)
+    m = evaluate_policy(model, tk, recs, n_samples=2, max_new_tokens=12, seed=0, batch_size=4, temperature=1.0)
     assert m["n"] == 12 and 0.0 <= m["mean_reward"] <= 1.0 and 0.0 <= m["truncation_rate"] <= 1.0
     assert 1 <= m["max_length"] <= 12 and m["tokens_per_s"] > 0
     # an untrained model rarely emits EOS within 12 tokens, so most samples are truncated
     assert m["truncation_rate"] > 0.5
-    again = evaluate_policy(model, tk, recs, n_samples=2, max_new_tokens=12, seed=0, batch_size=4)
+    again = evaluate_policy(model, tk, recs, n_samples=2, max_new_tokens=12, seed=0, batch_size=4, temperature=1.0)
     assert again["mean_length"] == m["mean_length"]  # seeded sampling
 
 
@@ -93,7 +93,14 @@ def test_warm_start_lowers_loss_and_tracks_length() -> None:
     first, last = np.mean(hist["loss"][:5]), np.mean(hist["loss"][-10:])
     assert last < 0.3 * first  # random init ~ln(361)=5.9 nats; the format alone brings it under ~1
     m = evaluate_policy(
-        model, tk, generate_problems(24, seed=2), n_samples=2, max_new_tokens=128, seed=0, batch_size=24
+        model,
+        tk,
+        generate_problems(24, seed=2),
+        n_samples=2,
+        max_new_tokens=128,
+        seed=0,
+        batch_size=24,
+        temperature=1.0,
     )
     # a short warm start already learns something of when to stop (measured 0.34); stopping at the end of the list
     # (what a policy deaf to the stop letter and the bar would do) would follow the prompt's length, which ranks the

@@ -38,7 +38,9 @@ def _stream(seed: int) -> dict:
     held_true = 200 * np.exp(rng.normal(0, 0.8, 400))
     calibration = fit_calibration(held_true * np.exp(rng.normal(0, 0.25, 400)), held_true)
     ids = [f"p{i:04d}" for i in range(N)]
-    schedule = build_schedule(ids, raw, b=B, kappa=2, k=K, calibration=calibration, iterations=ITERATIONS, seed=0)
+    schedule = build_schedule(
+        ids, raw, b=B, kappa=2, k=K, calibration=calibration, iterations=ITERATIONS, seed=0, method="asp"
+    )
     drifted = true * np.where((raw > 150) & (raw < 400), 2.5, 1.0)  # injected bias in a length band
     seen = rng.choice(N, 256, replace=False)  # prompts realized since the last switch, 8 samples each
     realized_mean = (drifted[seen, None] * np.exp(rng.normal(0, 0.5, (256, 8)) - 0.125)).mean(axis=1)
@@ -57,8 +59,8 @@ def test_refit_and_rebalance_lower_the_realized_group_load_cv(seed: int) -> None
     s = _stream(seed)
     mbs, realized = s["minibatches"], s["realized"]
     before = group_load_cv(mbs, realized, K)
-    after, groups = rebalance(mbs, s["new"], K, seed=seed, iterations=ITERATIONS)
-    stale, _ = rebalance(mbs, s["old"], K, seed=seed, iterations=ITERATIONS)
+    after, groups = rebalance(mbs, s["new"], K, seed=seed, iterations=ITERATIONS, method="asp")
+    stale, _ = rebalance(mbs, s["old"], K, seed=seed, iterations=ITERATIONS, method="asp")
     cv_after, cv_stale = group_load_cv(after, realized, K), group_load_cv(stale, realized, K)
     assert group_load_cv(mbs, s["old"], K) < before  # the drift unbalanced what was balanced on the old loads
     assert cv_after < 0.7 * before, (before, cv_after)  # measured: 0.263 -> 0.103 (seed 0), 0.285 -> 0.130 (1)
@@ -71,13 +73,15 @@ def test_refit_and_rebalance_lower_the_realized_group_load_cv(seed: int) -> None
 def test_rebalance_is_deterministic_for_a_seed_and_keeps_the_prompt_set() -> None:
     s = _stream(0)
     mbs = s["minibatches"][:50]  # 50 minibatches: 12 groups of 4 and a partial group of 2, kept last
-    first = rebalance(mbs, s["new"], K, seed=3, iterations=5000)
-    assert rebalance(mbs, s["new"], K, seed=3, iterations=5000) == first
-    assert rebalance(mbs, s["new"], K, seed=4, iterations=5000) != first  # the shuffle of whole groups differs
+    first = rebalance(mbs, s["new"], K, seed=3, iterations=5000, method="asp")
+    assert rebalance(mbs, s["new"], K, seed=3, iterations=5000, method="asp") == first
+    assert (
+        rebalance(mbs, s["new"], K, seed=4, iterations=5000, method="asp") != first
+    )  # the shuffle of whole groups differs
     ordered, groups = first
     assert sorted(p for mb in ordered for p in mb) == sorted(p for mb in mbs for p in mb)
     assert groups[-2:] == [12, 12] and max(groups) == 12
-    kept, _ = rebalance(mbs, s["new"], K, method="sorted", shuffle=False, iterations=0)
+    kept, _ = rebalance(mbs, s["new"], K, method="sorted", shuffle=False, iterations=0, seed=0)
     assert kept == [list(mb) for mb in mbs]  # "sorted" re-numbers groups only
 
 
@@ -88,14 +92,14 @@ def test_hand_worked_loads_and_errors() -> None:
     assert group_load_cv([["a", "b"], ["c"], ["d"], ["a"]], loads, 2) == pytest.approx(0.5 / 5.5)
     assert np.isnan(group_load_cv([["a"], ["b"], ["c"]], loads, 2))  # one complete group only
     with pytest.raises(ValueError, match="prompt 'x' of minibatch 1 has no load"):
-        rebalance([["a"], ["x"]], loads, 2, iterations=100)
+        rebalance([["a"], ["x"]], loads, 2, iterations=100, method="asp", seed=0)
     with pytest.raises(ValueError, match="at least one minibatch"):
-        rebalance([], loads, 2, iterations=100)
+        rebalance([], loads, 2, iterations=100, method="asp", seed=0)
     with pytest.raises(ValueError, match="minibatch 0 is empty"):
-        rebalance([[]], loads, 2, iterations=100)
+        rebalance([[]], loads, 2, iterations=100, method="asp", seed=0)
     with pytest.raises(ValueError):
         rebalance(
-            [["a"], ["b"]], {"a": 1.0, "b": -1.0}, 2, iterations=100
+            [["a"], ["b"]], {"a": 1.0, "b": -1.0}, 2, iterations=100, method="asp", seed=0
         )  # loads must be > 0 (balance_groups' check)
 
 

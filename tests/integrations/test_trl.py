@@ -37,7 +37,7 @@ def make_plan(n: int = 8) -> SchedulePlan:
     ids = np.arange(100, 100 + n)
     predicted = np.linspace(10.0, 80.0, n)[::-1].copy()  # longest first in the data: the schedule reorders
     return SchedulePlan.from_schedule(
-        build_schedule(ids, predicted, **SPEC.kwargs()), SPEC, estimator=ESTIMATOR, seed=0
+        build_schedule(ids, predicted, **SPEC.kwargs(), seed=0), SPEC, estimator=ESTIMATOR, seed=0
     )
 
 
@@ -79,7 +79,7 @@ def test_replan_refuses_a_second_minibatch_size() -> None:
     ids = np.arange(7)  # 7 prompts, b 2: one short minibatch
     spec = ScheduleSpec(b=2, kappa=1, k=1, iterations=0, method="asp")
     plan = SchedulePlan.from_schedule(
-        build_schedule(ids, np.arange(1.0, 8.0), **spec.kwargs()), spec, estimator=ESTIMATOR, seed=0
+        build_schedule(ids, np.arange(1.0, 8.0), **spec.kwargs(), seed=0), spec, estimator=ESTIMATOR, seed=0
     )
     assert len(plan.minibatch_sizes) == 2  # 2 and 3: TRL's check refuses this plan before training
     with pytest.raises(ScheduleMismatchError, match="process"):

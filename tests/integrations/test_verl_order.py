@@ -41,7 +41,9 @@ def test_docs_class_walks_verl_in_dispatch_order(tmp_path: Path, monkeypatch: py
     problems = [r["problem"] for r in generate_problems(12, seed=1)]
     chats = [[{"role": "user", "content": p}] for p in problems]
     pd.DataFrame({"prompt": chats, "prompt_id": ids}).to_parquet(tmp_path / "train.parquet")
-    schedule = build_schedule(np.array(ids), np.linspace(90.0, 5.0, 12), b=3, kappa=0, k=2, iterations=0)
+    schedule = build_schedule(
+        np.array(ids), np.linspace(90.0, 5.0, 12), b=3, kappa=0, k=2, iterations=0, seed=0, method="asp"
+    )
     (tmp_path / "outputs/schedule").mkdir(parents=True)
     schedule_to_frame(schedule).to_parquet(tmp_path / "outputs/schedule/schedule.parquet")
     (tmp_path / "asp_dataset.py").write_text(docs_class_source())

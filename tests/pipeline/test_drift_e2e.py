@@ -111,7 +111,14 @@ def project(
     end_run(tracker)
     preds = pd.read_parquet(root / "outputs/predictions.parquet")
     sched = build_schedule(
-        preds["prompt_id"].to_numpy(), preds["calibrated_length"].to_numpy(), b=2, kappa=0, k=2, iterations=2_000_000
+        preds["prompt_id"].to_numpy(),
+        preds["calibrated_length"].to_numpy(),
+        b=2,
+        kappa=0,
+        k=2,
+        iterations=2_000_000,
+        seed=0,
+        method="asp",
     )
     (root / "outputs/schedule").mkdir()
     schedule_to_frame(sched).to_parquet(root / "outputs/schedule/schedule.parquet", index=False)

@@ -66,7 +66,7 @@ def stream() -> dict[str, Any]:
     ids = [f"p{i:03d}" for i in range(N)]
     expected = 100 * np.exp(rng.normal(0, 0.7, N))
     raw = expected * np.exp(rng.normal(0, 0.1, N))
-    plan = WorkPlan.from_schedule(build_schedule(ids, raw, b=B, kappa=0, k=K, iterations=2000, seed=0))
+    plan = WorkPlan.from_schedule(build_schedule(ids, raw, b=B, kappa=0, k=K, iterations=2000, seed=0, method="asp"))
     frame = pd.DataFrame({"prompt_id": ids, "predicted_length": raw, "calibrated_length": raw})
     return {"ids": ids, "expected": dict(zip(ids, expected, strict=True)), "plan": plan, "frame": frame}
 
@@ -139,7 +139,7 @@ def test_windows_are_logged_and_warn_tags_the_run(
 ) -> None:
     tracker = new_tracker("drift-warn")
     watch = make_watch(stream, tracker, tmp_path, "warn")
-    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
+    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0))
     assert drive(cu, watch, stream) == 64
     windows = watch.windows()
     assert len(windows) == 16  # 64 minibatches / 4
@@ -167,7 +167,7 @@ def test_recalibrate_replans_exactly_the_pending_prompts(
 ) -> None:
     tracker = new_tracker("drift-recalibrate")
     watch = make_watch(stream, tracker, tmp_path, "recalibrate")
-    db = Database(stream["plan"], {p: p for p in stream["ids"]})
+    db = Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0)
     cu = StandInCU(db)
     drive(cu, watch, stream)
     assert len(cu.replans) == 1  # max_actions 1
@@ -203,7 +203,7 @@ def test_recalibrate_waits_for_enough_realized_prompts(
     stream: dict[str, Any], new_tracker: Callable[[str], MlflowTracker], tmp_path: Path
 ) -> None:
     watch = make_watch(stream, new_tracker("drift-wait"), None, "recalibrate", recalibrate_min_prompts=160)
-    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
+    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0))
     drive(cu, watch, stream)
     switch = next(r for r in watch.rows if r["kind"] == "switch")
     assert switch["prompts"] == 160 and switch["step"] == 8  # the streak began at window 4: 160 prompts by window 8
@@ -215,7 +215,7 @@ def test_reprofile_requests_a_stop_and_later_events_only_warn(
     action: str, stream: dict[str, Any], new_tracker: Callable[[str], MlflowTracker], tmp_path: Path
 ) -> None:
     watch = make_watch(stream, new_tracker("drift-reprofile"), tmp_path, action)
-    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
+    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0))
     drive(cu, watch, stream)
     assert cu.stop_reason == watch.stop_event.message and f"Action: {action}" in cu.stop_reason
     first = next(r for r in watch.windows() if r.get("event"))
@@ -233,13 +233,13 @@ def test_resume_keeps_the_history_up_to_the_step_and_applies_an_accepted_reprofi
 ) -> None:
     tracker = new_tracker("drift-resume")
     watch = make_watch(stream, tracker, tmp_path, "reprofile")
-    db = Database(stream["plan"], {p: p for p in stream["ids"]})
+    db = Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0)
     cu = StandInCU(db)
     drive(cu, watch, stream)
     stopped_at = cu.step  # request_stop: the checkpoint covers everything trained so far
     state = db.state()
     # a re-profile accepted as v2 (the files `asp.adaptation.reprofile` writes): new predictions, C4 plans
-    db2 = Database(stream["plan"], {p: p for p in stream["ids"]})
+    db2 = Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0)
     db2.restore(state)
     pending = db2.pending_prompts()
     frame = stream["frame"].assign(predicted_length=stream["frame"]["predicted_length"] * 1.5)
@@ -252,7 +252,14 @@ def test_resume_keeps_the_history_up_to_the_step_and_applies_an_accepted_reprofi
     rest_frame = frame.set_index("prompt_id").loc[pending].reset_index()
     for name, f in (("rest", rest_frame), ("full", frame)):
         sched = build_schedule(
-            f["prompt_id"].to_numpy(), f["predicted_length"].to_numpy(), b=B, kappa=0, k=K, iterations=2_000_000
+            f["prompt_id"].to_numpy(),
+            f["predicted_length"].to_numpy(),
+            b=B,
+            kappa=0,
+            k=K,
+            iterations=2_000_000,
+            seed=0,
+            method="asp",
         )
         write_parquet(schedule_to_frame(sched), v2 / f"{name}.parquet")
     write_json({"version": 2, "accepted": True, "kendall_tau": 0.95, "seconds": {"total": 12.5}}, v2 / "report.json")
@@ -272,7 +279,7 @@ def test_resume_keeps_the_history_up_to_the_step_and_applies_an_accepted_reprofi
     assert summary["drift/summary/lost_prompts"] == 0 and summary["drift/summary/duplicated_prompts"] == 0
     # a crash-resume from the same checkpoint again: the switch is in the checkpoint only if the plan version is
     again = make_watch(stream, tracker, tmp_path, "reprofile")
-    db3 = Database(stream["plan"], {p: p for p in stream["ids"]})
+    db3 = Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0)
     db3.restore(state)  # the checkpoint before the switch: v2 is applied again, once
     again.on_start(StandInCU(db3, step=stopped_at))
     assert db3.plan_version() == 2 and sum(r["kind"] == "switch" for r in again.rows) == 1
@@ -286,7 +293,7 @@ def test_handoff_writes_the_pending_file_and_the_plot(
 ) -> None:
     tracker = new_tracker("drift-handoff")
     watch = make_watch(stream, tracker, tmp_path, "reprofile")
-    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
+    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0))
     drive(cu, watch, stream)
     summary = RunSummary({}, [], [], [], cu.step, cu.step, 0, "", False, stopped=cu.stop_reason)
     monkeypatch.setenv(launch_drift.HANDOFF_ENV, "1")
@@ -350,7 +357,7 @@ def test_recalibrate_does_not_answer_a_ranking_drop(
     from asp.drift import DriftEvent
 
     watch = make_watch(stream, new_tracker("drift-tau-only"), None, "recalibrate")
-    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
+    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0))
     row: dict[str, Any] = {}
     watch._on_event(cu, DriftEvent(3, ("tau",), {"tau": 0.2}, {"tau": 0.5}, "recalibrate", 3), row)
     assert row["action"] == "warn" and "drift.action: reprofile" in row["event"]
@@ -364,7 +371,7 @@ def test_refit_from_run_waits_for_enough_recorded_lengths_before_stopping(
     """A refit needs the realized lengths of drift.refit_min_prompts trained prompts: an event that comes earlier
     waits (and says so), and the stop is asked for at the first window with enough of them."""
     watch = make_watch(stream, new_tracker("drift-refit-wait"), tmp_path, "refit_from_run", refit_min_prompts=300)
-    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}))
+    cu = StandInCU(Database(stream["plan"], {p: p for p in stream["ids"]}, max_attempts=3, seed=0))
     drive(cu, watch, stream)
     first = next(r for r in watch.windows() if r.get("event"))
     assert first["action"] == "refit_from_run" and first["step"] == 5 and watch.actions == 1

@@ -60,7 +60,7 @@ def heldout(trained_predictor: Built, loaded_predictor: tuple) -> tuple[np.ndarr
     """(predicted, true) mean lengths of the profiled held-out prompts, predicted here with the loaded model."""
     held = trained_predictor.extra["frames"]["heldout"].merge(trained_predictor.extra["stats"], on="prompt_id")
     model, tokenizer, _ = loaded_predictor
-    return predict_lengths(model, tokenizer, held["problem"].tolist()), held["mean_length"].to_numpy()
+    return predict_lengths(model, tokenizer, held["problem"].tolist(), batch_size=64), held["mean_length"].to_numpy()
 
 
 def test_metrics_equal_an_independent_computation(evaluated: Built, heldout: tuple[np.ndarray, np.ndarray]) -> None:

@@ -102,7 +102,16 @@ def inputs(tmp_path_factory: pytest.TempPathFactory, demo_policy: Built) -> Path
     roles = {"train": list(range(N_TRAIN)), "profile": [0, 1, 2, 3], "heldout": [4, 5]}
     frames = write_prompts(root / "outputs/prompts", records, roles, template)
     ids = frames["train"]["prompt_id"].to_numpy()
-    sched = build_schedule(ids, [float(intended_length(r)) for r in records], b=2, kappa=0, k=2, iterations=2_000_000)
+    sched = build_schedule(
+        ids,
+        [float(intended_length(r)) for r in records],
+        b=2,
+        kappa=0,
+        k=2,
+        iterations=2_000_000,
+        seed=0,
+        method="asp",
+    )
     (root / "outputs/schedule").mkdir()
     schedule_to_frame(sched).to_parquet(root / "outputs/schedule/schedule.parquet", index=False)
     return root

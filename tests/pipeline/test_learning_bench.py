@@ -89,7 +89,7 @@ def test_quick_run_writes_table_json_and_figure(
     ids = write_prompts(root / "outputs/prompts", records, roles, template)["train"]["prompt_id"].to_numpy()
     lengths = [float(intended_length(r)) for r in records]
     pd.DataFrame({"prompt_id": ids, "predicted_length": lengths}).to_parquet(root / "outputs/predictions.parquet")
-    sched = build_schedule(ids, lengths, b=4, kappa=0, k=2, iterations=200_000)
+    sched = build_schedule(ids, lengths, b=4, kappa=0, k=2, iterations=200_000, seed=0, method="asp")
     (root / "outputs/schedule").mkdir()
     schedule_to_frame(sched).to_parquet(root / "outputs/schedule/schedule.parquet", index=False)
     runtime = {"n_samples": 2, "max_new_tokens": 12, "actor_num_cpus": 0.25, "placement": "none"}

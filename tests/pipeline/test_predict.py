@@ -53,7 +53,9 @@ def test_predictions_cover_every_training_prompt(
     assert np.isfinite(pred).all() and (pred > 0).all()
     model, tokenizer, _ = loaded_predictor
     # evaluate's path (predict_lengths, batches of 64) gives the same numbers: padding and batching do not leak
-    np.testing.assert_allclose(pred, predict_lengths(model, tokenizer, train["problem"].tolist()), rtol=1e-4)
+    np.testing.assert_allclose(
+        pred, predict_lengths(model, tokenizer, train["problem"].tolist(), batch_size=64), rtol=1e-4
+    )
     np.testing.assert_allclose(out["calibrated_length"], 2 * pred, rtol=1e-12)
 
     n_long = sum(len(ids) > TINY_PREDICTOR["max_length"] for ids in tokenizer(train["problem"].tolist())["input_ids"])

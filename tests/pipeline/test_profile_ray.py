@@ -152,7 +152,7 @@ def test_a_dead_actors_minibatches_go_to_the_survivor(caplog: pytest.LogCaptureF
     from asp.runtime import EngineSpec, RuntimeConfig, StandInEngine
 
     options = {"jitter": 0.5, "seconds_per_call": 0.2}
-    sampling = SamplingParams(2, 16)
+    sampling = SamplingParams(2, 16, temperature=1.0, top_p=1.0, seed=0)
     todo = [(m, [f"w{m} w{i} #{m + i}" for i in range(3)]) for m in range(6)]
     got: dict[int, list[list[int]]] = {}
     config = RuntimeConfig(**RUNTIME, stall_timeout_s=60.0)

@@ -71,7 +71,14 @@ def pipeline(
     roles = {"train": list(range(N_TRAIN))}
     prompts = write_prompts(paths.prompts.parent, records, roles, chat_template(tok))["train"]
     sched = build_schedule(
-        prompts["prompt_id"].to_numpy(), [intended_length(r) for r in records], b=2, kappa=0, k=2, iterations=2_000_000
+        prompts["prompt_id"].to_numpy(),
+        [intended_length(r) for r in records],
+        b=2,
+        kappa=0,
+        k=2,
+        iterations=2_000_000,
+        seed=0,
+        method="asp",
     )
     paths.schedule.parent.mkdir(parents=True)
     schedule_to_frame(sched).to_parquet(paths.schedule, index=False)
@@ -174,7 +181,9 @@ def _apply_and_train(pipeline: dict[str, Any], state: Path, accepted: Accepted) 
     params = pipeline["params"]
     plan = WorkPlan.from_frame(pd.read_parquet(pipeline["paths"].schedule))
     prompts = pd.read_parquet(pipeline["paths"].prompts)
-    db = Database(plan, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)), epochs=1)
+    db = Database(
+        plan, dict(zip(prompts["prompt_id"], prompts["prompt"], strict=True)), epochs=1, max_attempts=3, seed=0
+    )
     db.restore(read_json(state / "runtime_state.json")["database"])
     assert db.replan(accepted.rest, accepted.full) == 2
     for item in db.next_unit(0):

@@ -89,7 +89,14 @@ def write_inputs(root: Path, params: Params) -> simulate.Paths:
     timings.to_csv(paths.timings, index=False)
     s = params.schedule
     sched = build_schedule(
-        preds.prompt_id.to_numpy(), predicted, b=s.b, kappa=s.kappa, k=s.k, iterations=s.iterations, seed=0
+        preds.prompt_id.to_numpy(),
+        predicted,
+        b=s.b,
+        kappa=s.kappa,
+        k=s.k,
+        iterations=s.iterations,
+        seed=0,
+        method="asp",
     )
     schedule_to_frame(sched).to_parquet(paths.schedule, index=False)
     return paths

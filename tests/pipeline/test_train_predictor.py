@@ -39,7 +39,7 @@ def test_saved_predictor_loads_and_predicts(trained_predictor: Built, loaded_pre
     assert [h["epoch"] for h in meta["history"]] == [1]
     assert meta["predictor/train_prompts"] == trained_predictor.metrics["predictor/train_prompts"]
     texts = trained_predictor.extra["frames"]["heldout"]["problem"].tolist()
-    pred = predict_lengths(model, tokenizer, texts)
+    pred = predict_lengths(model, tokenizer, texts, batch_size=64)
     assert pred.shape == (len(texts),) and np.isfinite(pred).all() and (pred > 0).all()
     # the head starts at the mean log target and trains one epoch: predictions stay in the data's range
     true = trained_predictor.extra["stats"]["mean_length"]

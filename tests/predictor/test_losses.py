@@ -66,13 +66,13 @@ def test_listwise_by_hand() -> None:
 def test_combined_kinds() -> None:
     pred, target = t(1, 0), t(2, 1)
     # mse: errors -1, -1 -> 1.0; pairwise 0.313262; mse + 0.5 * pairwise = 1.156631
-    assert combined_loss(pred, target, "mse").item() == pytest.approx(1.0)
-    assert combined_loss(pred, target, "pairwise").item() == pytest.approx(0.313262, abs=1e-6)
+    assert combined_loss(pred, target, "mse", rank_weight=1.0).item() == pytest.approx(1.0)
+    assert combined_loss(pred, target, "pairwise", rank_weight=1.0).item() == pytest.approx(0.313262, abs=1e-6)
     assert combined_loss(pred, target, "mse+pairwise", rank_weight=0.5).item() == pytest.approx(1.156631, abs=1e-6)
     expected = 1.0 + 2.0 * listwise_loss(pred, target).item()
     assert combined_loss(pred, target, "mse+listwise", rank_weight=2.0).item() == pytest.approx(expected)
     with pytest.raises(ValueError, match="unknown loss kind 'huber'"):
-        combined_loss(pred, target, "huber")
+        combined_loss(pred, target, "huber", rank_weight=1.0)
 
 
 def test_listmle_by_hand() -> None:
@@ -101,7 +101,7 @@ def test_every_mixed_kind_is_mse_plus_its_ranking_loss() -> None:
     mse = mse_loss(pred, target).item()
     for kind in LOSS_KINDS:
         if kind.startswith("mse+"):
-            rank = combined_loss(pred, target, kind.removeprefix("mse+")).item()
+            rank = combined_loss(pred, target, kind.removeprefix("mse+"), rank_weight=1.0).item()
             assert combined_loss(pred, target, kind, rank_weight=0.5).item() == pytest.approx(mse + 0.5 * rank)
 
 

@@ -28,39 +28,39 @@ TEXTS = ["Add mod 10: a=3 b=7", "Add mod 10: a=1 b=2 c=3 d=4 e=5 f=6", "Add mod 
 
 def test_missing_dir_names_path(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"nowhere.*not a local directory.*download"):
-        load_backbone(tmp_path / "nowhere", max_length=32)
+        load_backbone(tmp_path / "nowhere", max_length=32, kind="auto", dtype="float32")
 
 
 def test_hub_id_is_not_downloaded() -> None:
     with pytest.raises(UserError, match="Qwen/Qwen2.5-1.5B is not a local directory"):
-        load_backbone("Qwen/Qwen2.5-1.5B", max_length=32)
+        load_backbone("Qwen/Qwen2.5-1.5B", max_length=32, kind="auto", dtype="float32")
 
 
 def test_missing_config_and_tokenizer(tmp_path: Path, tiny_qwen2_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=r"empty has no config \(looked for config.json\)"):
-        load_backbone(tmp_path / "empty", max_length=32)
+        load_backbone(tmp_path / "empty", max_length=32, kind="auto", dtype="float32")
     no_tok = tmp_path / "no_tok"
     no_tok.mkdir()
     for f in ("config.json", "model.safetensors"):
         shutil.copy(tiny_qwen2_path / f, no_tok / f)
     with pytest.raises(UserError, match=r"no_tok has no tokenizer \(looked for tokenizer.json"):
-        load_backbone(no_tok, max_length=32)
+        load_backbone(no_tok, max_length=32, kind="auto", dtype="float32")
     (no_tok / "model.safetensors").unlink()
     with pytest.raises(UserError, match="no weights"):
-        load_backbone(no_tok, max_length=32)
+        load_backbone(no_tok, max_length=32, kind="auto", dtype="float32")
 
 
 def test_bad_kind_and_max_length(minilm_path: Path) -> None:
     with pytest.raises(UserError, match="kind must be"):
-        load_backbone(minilm_path, kind="seq2seq", max_length=32)
+        load_backbone(minilm_path, kind="seq2seq", max_length=32, dtype="float32")
     with pytest.raises(UserError, match=r"max_length=1000 is outside \[2, 512\]"):
-        load_backbone(minilm_path, max_length=1000)
+        load_backbone(minilm_path, max_length=1000, kind="auto", dtype="float32")
 
 
 def test_detect_kind(minilm_path: Path, tiny_qwen2_path: Path) -> None:
-    assert load_backbone(minilm_path, max_length=32).kind == "encoder"
-    assert load_backbone(tiny_qwen2_path, max_length=32).kind == "decoder"
+    assert load_backbone(minilm_path, max_length=32, kind="auto", dtype="float32").kind == "encoder"
+    assert load_backbone(tiny_qwen2_path, max_length=32, kind="auto", dtype="float32").kind == "decoder"
     assert detect_kind(Qwen2Config()) == "decoder"  # no architectures: decided by model type
     with pytest.raises(UserError, match="encoder-decoder"):
         detect_kind(T5Config())
@@ -85,7 +85,7 @@ def test_pad_batch_sides() -> None:
 
 
 def test_truncation_is_counted(minilm_path: Path) -> None:
-    bb = load_backbone(minilm_path, max_length=8)
+    bb = load_backbone(minilm_path, max_length=8, kind="auto", dtype="float32")
     enc = encode_texts(bb.tokenizer, ["short", "Add mod 10: a=1 b=2 c=3 d=4 e=5", "x " * 600], max_length=8)
     assert enc.truncated == [False, True, True] and enc.n_truncated == 2
     assert [len(s) for s in enc.input_ids] == [3, 8, 8]  # [CLS] short [SEP]; cut ones keep [SEP] at the end
@@ -102,8 +102,10 @@ def _random_lora(model: LengthPredictor) -> None:
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_decoder_padding_side_does_not_change_predictions(tiny_qwen2_path: Path, side: str) -> None:
-    bb = load_backbone(tiny_qwen2_path, max_length=64)
-    model = LengthPredictor(bb, lora_r=4, lora_alpha=8, seed=0).eval()
+    bb = load_backbone(tiny_qwen2_path, max_length=64, kind="auto", dtype="float32")
+    model = LengthPredictor(
+        bb, lora_r=4, lora_alpha=8, seed=0, head="linear", pooling="auto", truncation_side="right"
+    ).eval()
     _random_lora(model)
     enc = encode_texts(bb.tokenizer, TEXTS, 64)
     with torch.no_grad():
@@ -115,8 +117,8 @@ def test_decoder_padding_side_does_not_change_predictions(tiny_qwen2_path: Path,
 
 
 def test_encoder_batched_equals_single(minilm_path: Path) -> None:
-    bb = load_backbone(minilm_path, max_length=64)
-    model = LengthPredictor(bb, seed=0).eval()
+    bb = load_backbone(minilm_path, max_length=64, kind="auto", dtype="float32")
+    model = LengthPredictor(bb, seed=0, head="linear", pooling="auto", truncation_side="right").eval()
     _random_lora(model)
     enc = encode_texts(bb.tokenizer, TEXTS, 64)
     with torch.no_grad():
@@ -129,15 +131,33 @@ def test_encoder_batched_equals_single(minilm_path: Path) -> None:
 
 
 def test_seed_makes_init_reproducible(tiny_qwen2_path: Path) -> None:
-    a = LengthPredictor(load_backbone(tiny_qwen2_path, max_length=32), head="mlp", seed=3)
-    b = LengthPredictor(load_backbone(tiny_qwen2_path, max_length=32), head="mlp", seed=3)
+    a = LengthPredictor(
+        load_backbone(tiny_qwen2_path, max_length=32, kind="auto", dtype="float32"),
+        head="mlp",
+        seed=3,
+        pooling="auto",
+        truncation_side="right",
+    )
+    b = LengthPredictor(
+        load_backbone(tiny_qwen2_path, max_length=32, kind="auto", dtype="float32"),
+        head="mlp",
+        seed=3,
+        pooling="auto",
+        truncation_side="right",
+    )
     for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert na == nb and torch.equal(pa, pb)
 
 
 def test_bad_target_modules(tiny_qwen2_path: Path) -> None:
     with pytest.raises(UserError, match="target_modules"):
-        LengthPredictor(load_backbone(tiny_qwen2_path, max_length=32), target_modules=["no_such_layer"])
+        LengthPredictor(
+            load_backbone(tiny_qwen2_path, max_length=32, kind="auto", dtype="float32"),
+            target_modules=["no_such_layer"],
+            head="linear",
+            pooling="auto",
+            truncation_side="right",
+        )
 
 
 def test_truncate_ids_sides_keep_special_tokens() -> None:
@@ -153,7 +173,7 @@ def test_truncate_ids_sides_keep_special_tokens() -> None:
 
 
 def test_encode_texts_cuts_the_chosen_side(minilm_path: Path) -> None:
-    tok = load_backbone(minilm_path, max_length=8).tokenizer
+    tok = load_backbone(minilm_path, max_length=8, kind="auto", dtype="float32").tokenizer
     text = "alpha beta gamma delta epsilon zeta eta theta iota kappa"
     full = tok(text)["input_ids"]
     right, left, middle = (encode_texts(tok, [text], 8, side).input_ids[0] for side in ("right", "left", "middle"))
@@ -168,9 +188,16 @@ def test_cls_pool_takes_the_first_real_token() -> None:
 
 
 def test_pooling_choice_and_full_fine_tuning(minilm_path: Path) -> None:
-    enc = encode_texts(load_backbone(minilm_path, max_length=32).tokenizer, TEXTS, 32)
+    enc = encode_texts(load_backbone(minilm_path, max_length=32, kind="auto", dtype="float32").tokenizer, TEXTS, 32)
     ids, mask = pad_batch(enc.input_ids, 0)
-    full = LengthPredictor(load_backbone(minilm_path, max_length=32), lora_r=0, pooling="cls", seed=0).eval()
+    full = LengthPredictor(
+        load_backbone(minilm_path, max_length=32, kind="auto", dtype="float32"),
+        lora_r=0,
+        pooling="cls",
+        seed=0,
+        head="linear",
+        truncation_side="right",
+    ).eval()
     assert full.spec.pooling == "cls" and full.spec.lora_r == 0
     n_backbone = sum(p.numel() for p in full.backbone.parameters())
     assert sum(p.numel() for p in full.trainable_parameters()) == n_backbone + 385  # every weight + the head
@@ -178,9 +205,19 @@ def test_pooling_choice_and_full_fine_tuning(minilm_path: Path) -> None:
         cls = full.backbone(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
         torch.testing.assert_close(full(ids, mask), full.head(cls).squeeze(-1))
     with pytest.raises(UserError, match="pooling"):
-        LengthPredictor(load_backbone(minilm_path, max_length=32), pooling="max")
+        LengthPredictor(
+            load_backbone(minilm_path, max_length=32, kind="auto", dtype="float32"),
+            pooling="max",
+            head="linear",
+            truncation_side="right",
+        )
     with pytest.raises(UserError, match="truncation_side"):
-        LengthPredictor(load_backbone(minilm_path, max_length=32), truncation_side="top")
+        LengthPredictor(
+            load_backbone(minilm_path, max_length=32, kind="auto", dtype="float32"),
+            truncation_side="top",
+            head="linear",
+            pooling="auto",
+        )
 
 
 def test_reprofile_fine_tunes_a_fully_fine_tuned_predictor_whole(minilm_path: Path) -> None:
@@ -193,8 +230,8 @@ def test_reprofile_fine_tunes_a_fully_fine_tuned_predictor_whole(minilm_path: Pa
 
     overlay = {"predictor": {"lora": {"r": 0}, "batch_size": 2, "max_length": 32}, "drift": {"reprofile_epochs": 1}}
     params = validate_params(deep_merge(Params.defaults().model_dump(mode="json"), overlay), "test params")
-    backbone = load_backbone(minilm_path, max_length=32)
-    model = LengthPredictor(backbone, lora_r=0, seed=0)
+    backbone = load_backbone(minilm_path, max_length=32, kind="auto", dtype="float32")
+    model = LengthPredictor(backbone, lora_r=0, seed=0, head="linear", pooling="auto", truncation_side="right")
     model.backbone.requires_grad_(False)  # as loaded from a checkpoint
     before = {n: p.detach().clone() for n, p in model.backbone.named_parameters()}
     texts = [*TEXTS, "Add mod 10: a=2 b=2 c=2", "Add mod 10: a=5 b=1 c=1 d=1", "Add mod 10: a=4 b=4"]

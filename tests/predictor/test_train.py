@@ -16,21 +16,31 @@ from asp.predictor.model import LengthPredictor, encode_texts, load_backbone, pa
 from asp.predictor.train import epoch_batches, predict_encoded, predict_lengths, train_predictor
 
 # train_predictor's settings have no defaults: these are the predictor params' (tests change what they study)
-SETTINGS = ("epochs", "batch_size", "lr", "weight_decay", "loss", "rank_weight", "patience", "batching")
-TRAIN = {name: getattr(PredictorParams(), name) for name in SETTINGS}
+SETTINGS = (
+    "epochs",
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "loss",
+    "rank_weight",
+    "patience",
+    "batching",
+    "lexical_weights",
+)
+TRAIN = {**{name: getattr(PredictorParams(), name) for name in SETTINGS}, "seed": 0}
 
 
 def _fit(path: Path, n_train: int, n_val: int, **kw):
     texts, lengths, _ = simulated_profile(n_train + n_val, seed=5)
     texts = np.array(texts, dtype=object)
-    bb = load_backbone(path, max_length=64)
-    model = LengthPredictor(bb, lora_r=4, lora_alpha=8, seed=0)
+    bb = load_backbone(path, max_length=64, kind="auto", dtype="float32")
+    model = LengthPredictor(bb, lora_r=4, lora_alpha=8, seed=0, head="linear", pooling="auto", truncation_side="right")
     tr, va = slice(0, n_train), slice(n_train, None)
     enc = encode_texts(bb.tokenizer, texts[va], 64)  # raw log-scale outputs: the untrained head may be < 0
     before = predict_encoded(model, enc, batch_size=16, pad_id=pad_token_id(bb.tokenizer))
     args = {**TRAIN, "epochs": 2, "batch_size": 8, "lr": 3e-3, "loss": "mse+pairwise", "patience": 2, "seed": 0}
     res = train_predictor(model, bb.tokenizer, texts[tr], lengths[tr], texts[va], lengths[va], **{**args, **kw})
-    after = predict_lengths(model, bb.tokenizer, texts[va])
+    after = predict_lengths(model, bb.tokenizer, texts[va], batch_size=64)
     return res, before, after, lengths[va]
 
 
@@ -73,8 +83,10 @@ def test_early_stopping_keeps_best_epoch(tiny_qwen2_path: Path) -> None:
 
 
 def test_truncation_counted_in_training(tiny_qwen2_path: Path) -> None:
-    bb = load_backbone(tiny_qwen2_path, max_length=32)  # the 8 training texts have 28-40 tokens: 4 are cut
-    model = LengthPredictor(bb, seed=0)
+    bb = load_backbone(
+        tiny_qwen2_path, max_length=32, kind="auto", dtype="float32"
+    )  # the 8 training texts have 28-40 tokens: 4 are cut
+    model = LengthPredictor(bb, seed=0, head="linear", pooling="auto", truncation_side="right")
     texts, lengths, _ = simulated_profile(12, seed=1)
     texts = np.array(texts, dtype=object)
     res = train_predictor(
@@ -85,8 +97,8 @@ def test_truncation_counted_in_training(tiny_qwen2_path: Path) -> None:
 
 
 def test_bad_training_input(tiny_qwen2_path: Path) -> None:
-    bb = load_backbone(tiny_qwen2_path, max_length=32)
-    model = LengthPredictor(bb, seed=0)
+    bb = load_backbone(tiny_qwen2_path, max_length=32, kind="auto", dtype="float32")
+    model = LengthPredictor(bb, seed=0, head="linear", pooling="auto", truncation_side="right")
     t = ["add 1 + 2", "add 3", "add 4 + 5 + 6"]
     kw = {**TRAIN, "epochs": 1, "batch_size": 2}
     with pytest.raises(ValueError, match="got 2 lengths for 3 prompts"):

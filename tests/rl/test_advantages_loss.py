@@ -120,6 +120,7 @@ def test_on_policy_loss_stats_and_token_logprobs():
         clip_high=0.2,
         aggregation="token",
         denominator=4.0,
+        kl_coef=0.0,
     )
     # tokens: -2, -2, +1, +1 -> sum -2 / 4 = -0.5
     assert float(parts.loss) == pytest.approx(-0.5)

@@ -32,12 +32,12 @@ PROMPT = "w1 w2 w3"
 
 @pytest.fixture(scope="module")
 def engine(tiny_model) -> HFEngine:
-    return HFEngine(tiny_model, num_threads=1)  # greedy from PROMPT: 12 tokens without EOS
+    return HFEngine(tiny_model, num_threads=1, device="cpu", dtype="auto")  # greedy from PROMPT: 12 tokens without EOS
 
 
 @pytest.fixture(scope="module")
 def random_engine(tiny_model) -> HFEngine:
-    return HFEngine(tiny_model, num_threads=1)
+    return HFEngine(tiny_model, num_threads=1, device="cpu", dtype="auto")
 
 
 def teacher_forced(engine: HFEngine, prompt: str, tokens: list[int], t: float) -> torch.Tensor:
@@ -50,9 +50,11 @@ def teacher_forced(engine: HFEngine, prompt: str, tokens: list[int], t: float) -
 
 def test_hf_greedy_continuation_is_the_uninterrupted_response(engine):
     assert isinstance(engine, ContinuingEngine)
-    greedy = SamplingParams(n=1, max_new_tokens=12, temperature=0.0, seed=0)
+    greedy = SamplingParams(n=1, max_new_tokens=12, temperature=0.0, seed=0, top_p=1.0)
     (full,) = engine.generate([PROMPT], greedy)[0].samples
-    (head,) = engine.generate([PROMPT], SamplingParams(n=1, max_new_tokens=5, temperature=0.0))[0].samples
+    (head,) = engine.generate([PROMPT], SamplingParams(n=1, max_new_tokens=5, temperature=0.0, top_p=1.0, seed=0))[
+        0
+    ].samples
     (tail,) = engine.continue_responses([PROMPT], [head.token_ids], greedy, limits=[12 - 5])
     assert head.token_ids + tail.token_ids == full.token_ids and tail.length == 7 and tail.finish_reason == "length"
     np.testing.assert_allclose(head.logprobs + tail.logprobs, full.logprobs, atol=1e-5)
@@ -64,7 +66,7 @@ def test_hf_sampled_rows_of_different_lengths_have_aligned_logprobs_and_limits(r
     prompts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9"]
     partials = [[10, 11], [], [12, 13, 14, 15, 16]]  # no EOS (id 1) among them
     limits = [6, 3, 8]
-    params = SamplingParams(n=1, max_new_tokens=6, temperature=t, seed=4)
+    params = SamplingParams(n=1, max_new_tokens=6, temperature=t, seed=4, top_p=1.0)
     out = random_engine.continue_responses(prompts, partials, params, limits)
     assert len(out) == 3
     for prompt, partial, limit, s in zip(prompts, partials, limits, out, strict=True):
@@ -114,7 +116,7 @@ class HFBackedLLM:
         for p, sp in zip(prompts, sampling_params, strict=True):
             self.requests.append((p["prompt_token_ids"], dict(sp.__dict__)))
             ids = torch.tensor([p["prompt_token_ids"]])
-            params = SamplingParams(n=1, max_new_tokens=sp.max_tokens, temperature=0.0)
+            params = SamplingParams(n=1, max_new_tokens=sp.max_tokens, temperature=0.0, top_p=1.0, seed=0)
             gen, lps = self.hf._sample(ids, torch.ones_like(ids), params)
             toks = gen[0].tolist()
             if EOS_ID in toks:
@@ -131,7 +133,7 @@ class SamplingKw:
 
 
 def test_vllm_requests_put_the_partial_tokens_after_the_prompt_ids():
-    params = SamplingParams(n=4, max_new_tokens=8, temperature=0.7, seed=100)
+    params = SamplingParams(n=4, max_new_tokens=8, temperature=0.7, seed=100, top_p=1.0)
     contexts, reqs = continuation_requests([[5, 6], [7]], [[8, 9, 10], []], params, limits=[3, 20])
     assert contexts == [[5, 6, 8, 9, 10], [7]]
     assert [(r["n"], r["max_tokens"], r["seed"], r["temperature"]) for r in reqs] == [
@@ -145,8 +147,10 @@ def test_vllm_engine_continuation_equals_the_uninterrupted_response(engine):
     from .conftest import build_tokenizer
 
     llm = HFBackedLLM(engine)
-    vllm_engine = VLLMEngine.from_llm(llm, VLLMOptions(), tokenizer=build_tokenizer(), sampling_cls=SamplingKw)
-    greedy = SamplingParams(n=1, max_new_tokens=12, temperature=0.0)
+    vllm_engine = VLLMEngine.from_llm(
+        llm, VLLMOptions(dtype="auto", seed=0), tokenizer=build_tokenizer(), sampling_cls=SamplingKw
+    )
+    greedy = SamplingParams(n=1, max_new_tokens=12, temperature=0.0, top_p=1.0, seed=0)
     (full,) = vllm_engine.generate([PROMPT], greedy)[0].samples
     (tail,) = vllm_engine.continue_responses([PROMPT], [full.token_ids[:5]], greedy, limits=[7])
     assert full.token_ids[:5] + tail.token_ids == full.token_ids and tail.length == 7
@@ -160,7 +164,12 @@ def test_actor_budget_and_continuation_rebuild_the_uninterrupted_response(tiny_m
     from asp.rollout.hf import HFEngine as Hf
 
     cap = 10
-    actor = GenerationActor(0, 3, lambda: Hf(tiny_model, num_threads=1), SamplingParams(2, cap, temperature=0.0))
+    actor = GenerationActor(
+        0,
+        3,
+        lambda: Hf(tiny_model, num_threads=1, device="cpu", dtype="auto"),
+        SamplingParams(2, cap, temperature=0.0, top_p=1.0, seed=0),
+    )
     item = WorkItem(7, 2, 1, 0, ["a"], [PROMPT], seed=0, budget=4)
     (out,) = actor.generate([item], None)
     assert out.lengths.tolist() == [4, 4] and not out.finished.any() and not out.complete

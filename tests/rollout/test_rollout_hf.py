@@ -17,12 +17,12 @@ PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9"]  # 3, 1 and 5 tokens (word-level 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model) -> HFEngine:
-    return HFEngine(tiny_model, num_threads=1)
+    return HFEngine(tiny_model, num_threads=1, device="cpu", dtype="auto")
 
 
 @pytest.fixture(scope="module")
 def raw_engine(tiny_model) -> HFEngine:
-    return HFEngine(tiny_model, logprobs_mode="raw_logprobs", num_threads=1)
+    return HFEngine(tiny_model, logprobs_mode="raw_logprobs", num_threads=1, device="cpu", dtype="auto")
 
 
 def _recompute(engine: HFEngine, prompt: str, token_ids: list[int]) -> torch.Tensor:
@@ -44,12 +44,12 @@ def test_engine_satisfies_protocol(engine):
 
 def test_num_threads_applies_only_during_generate(engine):
     before = torch.get_num_threads()
-    engine.generate(PROMPTS[:1], SamplingParams(n=1, max_new_tokens=2))
+    engine.generate(PROMPTS[:1], SamplingParams(n=1, max_new_tokens=2, temperature=1.0, top_p=1.0, seed=0))
     assert torch.get_num_threads() == before
 
 
 def test_shapes_lengths_and_finish_reasons_are_consistent(engine):
-    res = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=8))
+    res = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0))
     assert [r.prompt_index for r in res] == [0, 1, 2]
     assert [r.prompt_tokens for r in res] == [3, 1, 5]
     for r in res:
@@ -67,14 +67,18 @@ def test_shapes_lengths_and_finish_reasons_are_consistent(engine):
 
 
 def test_eos_dominant_model_stops_immediately(stop_model):
-    res = HFEngine(stop_model, num_threads=1).generate(PROMPTS, SamplingParams(n=3, max_new_tokens=5))
+    res = HFEngine(stop_model, num_threads=1, device="cpu", dtype="auto").generate(
+        PROMPTS, SamplingParams(n=3, max_new_tokens=5, temperature=1.0, top_p=1.0, seed=0)
+    )
     for s in (s for r in res for s in r.samples):
         assert (s.token_ids, s.length, s.finish_reason, s.text) == ([EOS_ID], 1, "stop", "")
         assert s.logprobs[0] > -1e-3  # P(EOS) ~ 1
 
 
 def test_eos_suppressed_model_hits_the_cap(never_stop_model):
-    res = HFEngine(never_stop_model, num_threads=1).generate(PROMPTS, SamplingParams(n=2, max_new_tokens=3))
+    res = HFEngine(never_stop_model, num_threads=1, device="cpu", dtype="auto").generate(
+        PROMPTS, SamplingParams(n=2, max_new_tokens=3, temperature=1.0, top_p=1.0, seed=0)
+    )
     assert {(s.length, s.finish_reason) for r in res for s in r.samples} == {(3, "length")}
 
 
@@ -94,7 +98,7 @@ def test_same_seed_reproduces_and_other_seed_differs(engine):
 
 def test_processed_logprobs_match_forward_pass_at_temperature(engine):
     t = 0.7
-    res = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, temperature=t, seed=1))
+    res = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, temperature=t, seed=1, top_p=1.0))
     for prompt, r in zip(PROMPTS, res, strict=True):
         for s in r.samples:
             expected = _gather(torch.log_softmax(_recompute(engine, prompt, s.token_ids) / t, -1), s.token_ids)
@@ -102,7 +106,7 @@ def test_processed_logprobs_match_forward_pass_at_temperature(engine):
 
 
 def test_raw_logprobs_ignore_temperature(raw_engine):
-    res = raw_engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, temperature=0.7, seed=1))
+    res = raw_engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, temperature=0.7, seed=1, top_p=1.0))
     for prompt, r in zip(PROMPTS, res, strict=True):
         for s in r.samples:
             expected = _gather(torch.log_softmax(_recompute(raw_engine, prompt, s.token_ids), -1), s.token_ids)
@@ -124,7 +128,7 @@ def test_top_p_renormalises_processed_logprobs(engine):
 
 
 def test_greedy_is_argmax_and_identical_across_samples(engine):
-    res = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=6, temperature=0.0, seed=3))
+    res = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=6, temperature=0.0, seed=3, top_p=1.0))
     a, b = res[0].samples
     assert a.token_ids == b.token_ids
     logits = _recompute(engine, PROMPTS[0], a.token_ids)
@@ -135,8 +139,8 @@ def test_greedy_is_argmax_and_identical_across_samples(engine):
 
 
 def test_update_weights_in_place(tmp_path):
-    eng = HFEngine(build_tiny_checkpoint(tmp_path / "m"), num_threads=1)
-    params = SamplingParams(n=2, max_new_tokens=4)
+    eng = HFEngine(build_tiny_checkpoint(tmp_path / "m"), num_threads=1, device="cpu", dtype="auto")
+    params = SamplingParams(n=2, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0)
     before = eng.generate(PROMPTS, params)
     assert any(s.finish_reason == "length" for r in before for s in r.samples)
     emb = eng.model.model.embed_tokens.weight.detach().clone()
@@ -164,7 +168,7 @@ def test_update_weights_in_place(tmp_path):
 )
 def test_sampling_params_are_checked_when_built(fields, match):
     with pytest.raises(ValueError, match=match):
-        SamplingParams(**{"n": 1, "max_new_tokens": 4, **fields})
+        SamplingParams(**{"n": 1, "max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "seed": 0, **fields})
 
 
 def test_sampling_params_with_seed_changes_only_the_seed():
@@ -174,21 +178,25 @@ def test_sampling_params_with_seed_changes_only_the_seed():
 
 
 def test_bad_arguments_and_empty_minibatch(engine, tiny_model):
-    assert engine.generate([], SamplingParams(n=2, max_new_tokens=4)) == []
+    assert engine.generate([], SamplingParams(n=2, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0)) == []
     with pytest.raises(ValueError, match="logprobs_mode"):
-        HFEngine(tiny_model, logprobs_mode="logits")
+        HFEngine(tiny_model, logprobs_mode="logits", device="cpu", dtype="auto")
     with pytest.raises(ValueError, match="num_threads"):
-        HFEngine(tiny_model, num_threads=0)
+        HFEngine(tiny_model, num_threads=0, device="cpu", dtype="auto")
 
 
 def test_prompt_longer_than_context_is_rejected(tmp_path):
-    eng = HFEngine(build_tiny_checkpoint(tmp_path / "short", max_positions=16), num_threads=1)
+    eng = HFEngine(
+        build_tiny_checkpoint(tmp_path / "short", max_positions=16), num_threads=1, device="cpu", dtype="auto"
+    )
     with pytest.raises(ValueError, match="prompt 1 has 12 tokens"):
-        eng.generate(["w1", " ".join(["w2"] * 12)], SamplingParams(n=1, max_new_tokens=8))
+        eng.generate(
+            ["w1", " ".join(["w2"] * 12)], SamplingParams(n=1, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0)
+        )
 
 
 def test_timed_generate_records_minibatch_timing(engine):
-    mb = timed_generate(engine, PROMPTS, SamplingParams(n=2, max_new_tokens=5))
+    mb = timed_generate(engine, PROMPTS, SamplingParams(n=2, max_new_tokens=5, temperature=1.0, top_p=1.0, seed=0))
     lengths = [s.length for r in mb.results for s in r.samples]
     t = mb.timing
     assert (t.num_prompts, t.n, t.max_new_tokens, t.prompt_tokens) == (3, 2, 5, 9)

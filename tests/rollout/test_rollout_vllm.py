@@ -159,11 +159,16 @@ def test_request_builders_construct_real_vllm_objects(tmp_path):
         assert (sp.temperature, sp.top_p) == pytest.approx((0.7, 0.95))
         # temperature / top-p only, like HFEngine: no top-k, no penalties, EOS still ends a sample
         assert sp.top_k in (0, -1) and sp.min_p == 0.0 and sp.repetition_penalty == 1.0 and not sp.ignore_eos
-    greedy = vllm.SamplingParams(**sampling_kwargs(SamplingParams(n=1, max_new_tokens=8, temperature=0.0)))
+    greedy = vllm.SamplingParams(
+        **sampling_kwargs(SamplingParams(n=1, max_new_tokens=8, temperature=0.0, top_p=1.0, seed=0))
+    )
     assert greedy.temperature == 0.0 and greedy.max_tokens == 8
     from vllm.engine.arg_utils import EngineArgs
 
-    kw = llm_kwargs(tmp_path, VLLMOptions(max_model_len=4096, logprobs_mode="raw_logprobs", tensor_parallel_size=2))
+    kw = llm_kwargs(
+        tmp_path,
+        VLLMOptions(max_model_len=4096, logprobs_mode="raw_logprobs", tensor_parallel_size=2, dtype="auto", seed=0),
+    )
     unknown = set(kw) - {f.name for f in dataclasses.fields(EngineArgs)}
     assert not unknown, f"vllm.LLM would reject {unknown}"
     assert set(inspect.signature(vllm.LLM.__init__).parameters) >= {"model", "tokenizer", "seed"}
@@ -216,7 +221,9 @@ def test_weight_messages_pass_vllms_rpc_encoder_without_pickle(monkeypatch):
 
 
 def test_llm_kwargs_builds_engine_arguments(tmp_path):
-    options = VLLMOptions(tensor_parallel_size=2, gpu_memory_utilization=0.8, dtype="bfloat16", max_model_len=4096)
+    options = VLLMOptions(
+        tensor_parallel_size=2, gpu_memory_utilization=0.8, dtype="bfloat16", max_model_len=4096, seed=0
+    )
     kw = llm_kwargs(tmp_path, options)
     assert kw["model"] == kw["tokenizer"] == str(tmp_path)
     assert (kw["tensor_parallel_size"], kw["gpu_memory_utilization"], kw["dtype"]) == (2, 0.8, "bfloat16")
@@ -224,9 +231,11 @@ def test_llm_kwargs_builds_engine_arguments(tmp_path):
     assert kw["worker_extension_cls"] == WORKER_EXTENSION and kw["trust_remote_code"] is False
     assert (kw["seed"], kw["enforce_eager"]) == (0, False)
     assert kw["distributed_executor_backend"] == "mp"  # tp ranks as local processes, also in a placement group
-    assert "distributed_executor_backend" not in llm_kwargs(tmp_path, VLLMOptions())
-    assert "max_model_len" not in llm_kwargs(tmp_path, VLLMOptions())  # None: the model's own context length
-    raw = llm_kwargs(tmp_path, VLLMOptions(seed=3, logprobs_mode="raw_logprobs", enforce_eager=True))
+    assert "distributed_executor_backend" not in llm_kwargs(tmp_path, VLLMOptions(dtype="auto", seed=0))
+    assert "max_model_len" not in llm_kwargs(
+        tmp_path, VLLMOptions(dtype="auto", seed=0)
+    )  # None: the model's own context length
+    raw = llm_kwargs(tmp_path, VLLMOptions(seed=3, logprobs_mode="raw_logprobs", enforce_eager=True, dtype="auto"))
     assert (raw["seed"], raw["logprobs_mode"], raw["enforce_eager"]) == (3, "raw_logprobs", True)
 
 
@@ -245,9 +254,9 @@ def test_llm_kwargs_builds_engine_arguments(tmp_path):
 )
 def test_vllm_options_are_checked_before_vllm_is_imported(tiny_model, bad, match):
     with pytest.raises(ValueError, match=match):
-        VLLMOptions(**bad)
+        VLLMOptions(**{"dtype": "auto", "seed": 0, **bad})
     with pytest.raises(ValueError, match=match):
-        VLLMEngine(tiny_model, **bad)
+        VLLMEngine(tiny_model, **{"dtype": "auto", "seed": 0, **bad})
 
 
 def test_make_engine_takes_exactly_the_vllm_options(tiny_model):
@@ -292,7 +301,7 @@ def test_token_prompts():
 def test_vllm_engine_without_vllm_is_a_user_error(tiny_model, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # where vLLM is not installed, `import vllm` raises ImportError
     with pytest.raises(UserError, match="vLLM is not installed"):
-        VLLMEngine(tiny_model)
+        VLLMEngine(tiny_model, dtype="auto", seed=0)
 
 
 def test_the_engine_options_are_the_params_model():
@@ -305,10 +314,12 @@ def test_the_engine_options_are_the_params_model():
     assert issubclass(VLLMOptions, VllmRuntimeParams)
     assert set(VLLMOptions.model_fields) - set(VllmRuntimeParams.model_fields) == {"dtype", "seed", "logprobs_mode"}
     with pytest.raises(ValueError, match="max_model_len"):
-        VLLMOptions(max_model_len=8)
+        VLLMOptions(max_model_len=8, dtype="auto", seed=0)
     runtime = VllmRuntimeParams(max_model_len=512, kv_cache_gib=1.5, weight_bucket_mb=7)
     opts = engine_options(RuntimeEngineParams(kind="vllm", dtype="float32", num_threads=None, vllm=runtime), seed=4)
     assert set(opts) == set(VLLMOptions.model_fields) - {"logprobs_mode"}  # the pipeline keeps the default mode
     assert VLLMOptions(**opts) == VLLMOptions(**runtime.model_dump(), dtype="float32", seed=4)
-    profile = engine_options(EngineParams(kind="vllm", dtype="bfloat16", vllm=VllmParams(tensor_parallel_size=2)))
+    profile = engine_options(
+        EngineParams(kind="vllm", dtype="bfloat16", vllm=VllmParams(tensor_parallel_size=2)), seed=0
+    )
     assert VLLMOptions(**profile).tensor_parallel_size == 2 and "weight_transfer" not in profile

@@ -39,7 +39,7 @@ LOGPROB_TOL = 1e-4
 
 
 def _engine(path: Path, **options) -> VLLMEngine:
-    opts = {"dtype": "float32", "max_model_len": 256, "kv_cache_gib": KV_GIB, "weight_transfer": "rpc"}
+    opts = {"dtype": "float32", "seed": 0, "max_model_len": 256, "kv_cache_gib": KV_GIB, "weight_transfer": "rpc"}
     opts.update(enforce_eager=True, **options)  # no torch.compile warm-up: an engine starts in ~1.5 s, not ~8
     return VLLMEngine(path, **opts)
 
@@ -400,6 +400,7 @@ def test_two_vllm_actors_on_ray_with_a_deferred_reload(ray_cluster, model_dir):
         str(model_dir),
         {
             "dtype": "float32",
+            "seed": 0,
             "max_model_len": 256,
             "kv_cache_gib": KV_GIB,
             "weight_transfer": "rpc",

@@ -123,7 +123,11 @@ def _engine(
 ):
     llm = StandInLLM(workers)
     engine = VLLMEngine.from_llm(
-        llm, VLLMOptions(), tokenizer=build_tokenizer(), sampling_cls=StandInSamplingParams, loader=None
+        llm,
+        VLLMOptions(dtype="auto", seed=0),
+        tokenizer=build_tokenizer(),
+        sampling_cls=StandInSamplingParams,
+        loader=None,
     )
     engine.loader = BucketedLoader(engine._rpc, transfer, bucket_bytes, devices or cpu_gpus, fallback=fallback)
     return engine, llm
@@ -220,7 +224,7 @@ def test_deferred_reload_through_a_generation_actor():
     policy) and the same snapshot is loaded with the next one."""
     worker = StandInWorker("gpu-a")
     engine, llm = _engine("ipc", [worker])
-    actor = GenerationActor(0, 0, lambda: engine, SamplingParams(2, 4, 1.0, 1.0))
+    actor = GenerationActor(0, 0, lambda: engine, SamplingParams(2, 4, 1.0, 1.0, seed=0))
     item = WorkItem(task_id=0, minibatch_id=0, group_id=0, attempt=0, prompt_ids=[10], prompts=["w1 w2"], seed=5)
     state = _snapshot()
     llm.fail_on_call = 3  # after asp_device_uuid and one bucket
@@ -241,16 +245,18 @@ def test_close_shuts_the_engine_core_down_once_and_refuses_further_use():
     engine.close()  # idempotent
     assert llm.shutdowns == 1
     with pytest.raises(RuntimeError, match="closed"):
-        engine.generate(["w1"], SamplingParams(n=1, max_new_tokens=2))
+        engine.generate(["w1"], SamplingParams(n=1, max_new_tokens=2, temperature=1.0, top_p=1.0, seed=0))
     with pytest.raises(RuntimeError, match="closed"):
         engine.update_weights(_snapshot())
 
 
 def test_from_llm_builds_the_loader_from_the_options():
-    engine = VLLMEngine.from_llm(StandInLLM([]), VLLMOptions(weight_transfer="auto", weight_bucket_mb=3))
+    engine = VLLMEngine.from_llm(
+        StandInLLM([]), VLLMOptions(weight_transfer="auto", weight_bucket_mb=3, dtype="auto", seed=0)
+    )
     expected = "ipc" if torch.cuda.is_available() else "rpc"
     assert (engine.loader.transfer, engine.loader.bucket_bytes, engine.loader.fallback) == (expected, 3 << 20, True)
-    rpc = VLLMEngine.from_llm(StandInLLM([]), VLLMOptions(weight_transfer="rpc"))
+    rpc = VLLMEngine.from_llm(StandInLLM([]), VLLMOptions(weight_transfer="rpc", dtype="auto", seed=0))
     assert (rpc.loader.transfer, rpc.loader.fallback) == ("rpc", False)
 
 
@@ -262,5 +268,5 @@ def test_the_config_offers_the_engines_transfers_with_the_same_defaults():
 
     fields = VllmRuntimeParams.model_fields
     assert get_args(fields["weight_transfer"].annotation) == WEIGHT_TRANSFERS
-    cfg, opts = VllmRuntimeParams(), VLLMOptions()
+    cfg, opts = VllmRuntimeParams(), VLLMOptions(dtype="auto", seed=0)
     assert (cfg.weight_transfer, cfg.weight_bucket_mb) == (opts.weight_transfer, opts.weight_bucket_mb)

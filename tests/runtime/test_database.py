@@ -16,7 +16,7 @@ def plan_and_prompts():
 
 def test_units_follow_groups_and_carry_texts():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     units = [db.next_unit(gu=0) for _ in range(4)]
     assert [[it.task_id for it in u] for u in units] == [[0, 1], [2, 3], [4], []]
     first = units[0][0]
@@ -28,7 +28,7 @@ def test_units_follow_groups_and_carry_texts():
 
 def test_fail_retries_first_with_same_seed_then_gives_up():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts, max_attempts=2)
+    db = Database(plan, prompts, max_attempts=2, seed=0)
     first = db.next_unit(gu=0)[0]
     assert db.fail(first.task_id, 0, "boom")
     assert db.tasks[0].state == TaskState.FAILED
@@ -43,7 +43,7 @@ def test_fail_retries_first_with_same_seed_then_gives_up():
 
 def test_completion_is_idempotent_and_late_results_win():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     db.next_unit(gu=0)  # tasks 0, 1
     assert db.complete(0) is True
     assert db.complete(0) is False and db.duplicates == 1
@@ -55,7 +55,7 @@ def test_completion_is_idempotent_and_late_results_win():
 
 def test_exhausted_after_all_done_and_gu_lookup():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     for gu in range(3):
         db.next_unit(gu=gu)
     assert [t.task_id for t in db.issued_to(1)] == [2, 3]
@@ -66,7 +66,7 @@ def test_exhausted_after_all_done_and_gu_lookup():
 
 def test_unbounded_epochs_cycle_the_schedule():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts, epochs=None)
+    db = Database(plan, prompts, epochs=None, max_attempts=3, seed=0)
     ids = [it.task_id for _ in range(4) for it in db.next_unit(gu=0)]
     # epoch 0 = tasks 0..4 (3 units), then epoch 1 starts with group 0 = tasks 5, 6
     assert ids == [0, 1, 2, 3, 4, 5, 6]
@@ -75,7 +75,7 @@ def test_unbounded_epochs_cycle_the_schedule():
 
 def test_checkpoint_state_keeps_only_trained_prompts():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     for _ in range(3):
         db.next_unit(gu=0)
     for t in (0, 1, 2):
@@ -85,7 +85,7 @@ def test_checkpoint_state_keeps_only_trained_prompts():
     state = db.state()
     assert state == {"epochs_created": 1, "consumed": {"0": 2, "1": 1}}
 
-    fresh = Database(plan, prompts)
+    fresh = Database(plan, prompts, max_attempts=3, seed=0)
     fresh.restore(state)
     assert fresh.tasks[0].state == TaskState.DONE
     unit = fresh.next_unit(gu=0)  # group 0 remainder: only task 1, cut to its untrained prompt
@@ -98,4 +98,4 @@ def test_checkpoint_state_keeps_only_trained_prompts():
 def test_restore_rejects_impossible_counts():
     plan, prompts = plan_and_prompts()
     with pytest.raises(ValueError, match="trained 3 prompts"):
-        Database(plan, prompts).restore({"epochs_created": 1, "consumed": {"0": 3}})
+        Database(plan, prompts, max_attempts=3, seed=0).restore({"epochs_created": 1, "consumed": {"0": 3}})

@@ -26,7 +26,7 @@ def item(task_id: int, prompts: list[str]) -> WorkItem:
 
 
 def actor(**options) -> GenerationActor:
-    return GenerationActor(1, 3, EngineSpec("standin", options=options), SamplingParams(2, 5, 1.0, 1.0))
+    return GenerationActor(1, 3, EngineSpec("standin", options=options), SamplingParams(2, 5, 1.0, 1.0, seed=0))
 
 
 def test_outputs_are_columnar_and_capped():
@@ -61,7 +61,7 @@ def test_each_minibatch_is_sampled_with_its_own_seed():
             self.seen.append(params)
             return super().generate(prompts, params)
 
-    a = GenerationActor(0, 0, Recorder, SamplingParams(2, 5, 0.7, 0.9))
+    a = GenerationActor(0, 0, Recorder, SamplingParams(2, 5, 0.7, 0.9, seed=0))
     a.generate([item(0, ["x"])], None)
     assert a.engine.seen == [SamplingParams(2, 5, 0.7, 0.9, seed=7)]  # the WorkItem's seed, the rest as sent
 
@@ -73,7 +73,9 @@ def test_engine_errors_become_failures_and_load_errors_are_reported():
     results = a.generate([bad, item(6, ["fine"])], None)
     assert isinstance(results[0], Failure) and "ValueError" in results[0].reason
     assert results[0].task_id == 5 and not isinstance(results[1], Failure)
-    broken = GenerationActor(0, 0, EngineSpec("standin", options={"min_length": 0}), SamplingParams(1, 4, 1.0, 1.0))
+    broken = GenerationActor(
+        0, 0, EngineSpec("standin", options={"min_length": 0}), SamplingParams(1, 4, 1.0, 1.0, seed=0)
+    )
     assert "min_length" in broken.ready()
 
 
@@ -81,7 +83,7 @@ def test_standin_lengths_are_stable_and_jitter_is_seeded():
     eng = StandInEngine(min_length=3, max_length=7, jitter=0.5)
     assert 3 <= eng.base_length("abc") <= 7
     assert eng.base_length("abc") == StandInEngine(min_length=3, max_length=7).base_length("abc")  # crc32, not hash()
-    params = SamplingParams(n=4, max_new_tokens=100, seed=1)
+    params = SamplingParams(n=4, max_new_tokens=100, seed=1, temperature=1.0, top_p=1.0)
     a = eng.generate(["abc"], params)
     b = eng.generate(["abc"], params)
     assert a[0].lengths == b[0].lengths
@@ -112,7 +114,7 @@ def test_the_generation_unit_applies_pause_and_submit_calls_in_the_order_sent_wh
     from asp.runtime.generation import GenerationUnit
 
     async def scenario() -> GenerationUnit:
-        unit = GenerationUnit(0, [], [])
+        unit = GenerationUnit(0, [], [], coalesce_below_s=0.05, max_chunk=16)
         await unit.submit([item(2, ["c"])], 1)  # overtook submit 0: waits for it
         assert list(unit.queue) == [] and not unit.work.is_set()
         await unit.submit([item(0, ["a"]), item(1, ["b"])], 0)
@@ -126,7 +128,7 @@ def test_the_generation_unit_applies_pause_and_submit_calls_in_the_order_sent_wh
     assert not unit.paused and unit.work.is_set()  # the feeders would hand the queue out
 
     async def in_order() -> GenerationUnit:
-        unit = GenerationUnit(0, [], [])
+        unit = GenerationUnit(0, [], [], coalesce_below_s=0.05, max_chunk=16)
         await unit.submit([item(0, ["a"])], 0)
         await unit.set_paused(True, 0)
         return unit

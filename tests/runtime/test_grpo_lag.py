@@ -32,7 +32,7 @@ def test_evict_older_removes_only_stale_untaken_prompts():
 
 def test_regenerated_task_restarts_at_its_first_untrained_prompt_and_keeps_its_attempts():
     plan, prompts = make_plan(2, 3)
-    db = Database(plan, prompts, max_attempts=2)
+    db = Database(plan, prompts, max_attempts=2, seed=0)
     (t0, t1) = db.next_unit(0)
     db.complete(t0.task_id)
     db.mark_consumed(t0.task_id, 1)  # prompt 0 trained, prompts 1-2 became stale in the queue

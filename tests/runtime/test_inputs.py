@@ -74,7 +74,14 @@ def test_missing_model_directory_is_refused_before_ray(tmp_path):
 def test_plan_from_schedule_and_its_parquet_frame_agree():
     ids = [f"p{i}" for i in range(12)]
     sched = build_schedule(
-        ids, [10, 90, 20, 80, 30, 70, 40, 60, 50, 55, 45, 65], b=2, kappa=0, k=2, iterations=2_000_000
+        ids,
+        [10, 90, 20, 80, 30, 70, 40, 60, 50, 55, 45, 65],
+        b=2,
+        kappa=0,
+        k=2,
+        iterations=2_000_000,
+        seed=0,
+        method="asp",
     )
     from_sched = as_plan(sched)
     # minibatch blocks in reverse order (rows inside a minibatch keep theirs): dispatch_rank decides

@@ -54,7 +54,7 @@ def drain(db: Database) -> list:
 
 def test_replan_swaps_only_pending_work_keeping_the_prompt_set():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     issued = db.next_unit(gu=0)  # tasks 0, 1 are out (generating): the replan must not touch them
     assert db.pending_minibatches() == [[f"a{p}", f"b{p}"] for p in range(2, 6)]
     rest = reversed_plan(db)
@@ -72,8 +72,8 @@ def test_replan_swaps_only_pending_work_keeping_the_prompt_set():
 
 def test_replan_follows_the_new_groups_and_keeps_seeds_per_task():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
-    seeds = {it.task_id: it.seed for it in Database(plan, prompts).next_unit(gu=0)}
+    db = Database(plan, prompts, max_attempts=3, seed=0)
+    seeds = {it.task_id: it.seed for it in Database(plan, prompts, max_attempts=3, seed=0).next_unit(gu=0)}
     first = db.next_unit(gu=0)
     assert {it.task_id: it.seed for it in first} == seeds  # without a replan nothing changes
     ids = db.pending_prompts()
@@ -85,7 +85,7 @@ def test_replan_follows_the_new_groups_and_keeps_seeds_per_task():
 
 def test_wrong_prompt_set_is_refused_naming_the_difference():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     db.next_unit(gu=0)
     ids = db.pending_prompts()
     with pytest.raises(ValueError, match=r"lacks 1 \(e.g. \['b5'\]\) and has 1 others \(e.g. \['a0'\]\)"):
@@ -97,9 +97,9 @@ def test_wrong_prompt_set_is_refused_naming_the_difference():
 
 def test_exactly_once_across_replan_partial_training_and_restore():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     train(db, db.next_unit(gu=0), {0: 2, 1: 1})  # task 1 trained one prompt; b1 was still queued
-    resumed = Database(plan, prompts)
+    resumed = Database(plan, prompts, max_attempts=3, seed=0)
     resumed.restore(json.loads(json.dumps(db.state())))
     assert resumed.pending_prompts() == ["b1", *plan.prompt_ids()[4:]]  # the untrained suffix of task 1 too
     resumed.replan(reversed_plan(resumed))
@@ -108,7 +108,7 @@ def test_exactly_once_across_replan_partial_training_and_restore():
     resumed.next_unit(gu=0)  # issued, never trained: pending again after the restore
     pending = (resumed.state(), [t for t in resumed.tasks if resumed.tasks[t].consumed < 3 and t >= 6])
 
-    again = Database(plan, prompts)
+    again = Database(plan, prompts, max_attempts=3, seed=0)
     again.restore(json.loads(json.dumps(pending[0])))
     assert list(again.pending) == pending[1] == [6, 7, 8]
     assert again.pending_minibatches()[0] == list(resumed.plans[2][0].minibatches[0][2:])
@@ -120,7 +120,7 @@ def test_exactly_once_across_replan_partial_training_and_restore():
 
 def test_later_passes_use_the_full_plan():
     plan, prompts = plan_and_prompts(4)
-    db = Database(plan, prompts, epochs=2)
+    db = Database(plan, prompts, epochs=2, max_attempts=3, seed=0)
     db.next_unit(gu=0)  # tasks 0, 1 (group 0 of pass 0)
     full = WorkPlan.from_lists([["b3", "a3", "b2"], ["a2", "b1", "a1", "b0", "a0"]])
     assert db.replan(reversed_plan(db, 4), full) == 2
@@ -135,7 +135,7 @@ def test_later_passes_use_the_full_plan():
 
 def test_replan_with_nothing_pending_changes_only_later_passes():
     plan, prompts = plan_and_prompts(2, k=2)
-    db = Database(plan, prompts, epochs=None)
+    db = Database(plan, prompts, epochs=None, max_attempts=3, seed=0)
     first = db.next_unit(gu=0)  # the whole pass is out
     assert db.pending_prompts() == [] and db.pending_plan() is None
     db.replan(None, WorkPlan.from_lists([["b1", "b0", "a1", "a0"]]))
@@ -147,10 +147,10 @@ def test_replan_with_nothing_pending_changes_only_later_passes():
 
 def test_restore_of_a_multi_pass_run_replans_the_newest_pass():
     plan, prompts = plan_and_prompts(2, k=1)
-    db = Database(plan, prompts, epochs=2)
+    db = Database(plan, prompts, epochs=2, max_attempts=3, seed=0)
     for _ in range(3):
         db.next_unit(gu=0)  # pass 0 fully issued, pass 1 created and task 2 issued; nothing trained
-    resumed = Database(plan, prompts, epochs=2)
+    resumed = Database(plan, prompts, epochs=2, max_attempts=3, seed=0)
     resumed.restore(db.state())  # pass 0 and pass 1 both pending: a0 appears twice
     assert list(resumed.pending) == [0, 1, 2, 3]
     assert resumed.pending_prompts() == ["a0", "b0", "a1", "b1"]  # only pass 1: the prompt set stays unique
@@ -161,10 +161,10 @@ def test_restore_of_a_multi_pass_run_replans_the_newest_pass():
 
 def test_state_without_replans_is_unchanged_and_restores():
     plan, prompts = plan_and_prompts()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     train(db, db.next_unit(gu=0))
     assert db.state() == {"epochs_created": 1, "consumed": {"0": 2, "1": 2}}  # no new key when never replanned
-    old = Database(plan, prompts)
+    old = Database(plan, prompts, max_attempts=3, seed=0)
     old.restore({"epochs_created": 1, "consumed": {"0": 2, "1": 2}})
     assert list(old.pending) == [2, 3, 4, 5] and old.plan_version(2) == 1
 

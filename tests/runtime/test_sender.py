@@ -15,7 +15,9 @@ from .helpers import output
 def make_db(groups: list[int], size: int = 2, **kwargs) -> Database:
     """Minibatch p holds prompts "p<p>.0", "p<p>.1", ...; batch group of the p-th minibatch = groups[p]."""
     plan = WorkPlan.from_lists([[f"p{p}.{i}" for i in range(size)] for p in range(len(groups))], groups)
-    return Database(plan, {pid: f"text {pid}" for mb in plan.minibatches for pid in mb}, **kwargs)
+    return Database(
+        plan, {pid: f"text {pid}" for mb in plan.minibatches for pid in mb}, **{"max_attempts": 3, "seed": 0, **kwargs}
+    )
 
 
 def task_ids(sent: dict) -> dict[int, list[int]]:

@@ -39,7 +39,7 @@ def uneven_plan(sizes: list[int] = SIZES, k: int = 2) -> tuple[WorkPlan, dict[in
 
 def test_plan_round_issues_single_minibatches_until_a_batch_and_spreads_them():
     plan, prompts = uneven_plan()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     loads = [GULoad(0, 0, 2), GULoad(1, 0, 2)]  # target = live actors
     sent, issued = plan_round(db, loads, want=10)
     # 3 + 4 + 3 = 10 prompts: three single tasks, not whole groups of k = 2 (which would issue four)
@@ -54,7 +54,7 @@ def test_plan_round_issues_single_minibatches_until_a_batch_and_spreads_them():
 
 def test_plan_round_resends_failures_without_counting_them():
     plan, prompts = uneven_plan()
-    db = Database(plan, prompts)
+    db = Database(plan, prompts, max_attempts=3, seed=0)
     _, issued = plan_round(db, [GULoad(0, 0, 2)], want=6)
     assert issued == 7  # 3 + 4: the round may exceed the batch by part of a minibatch
     assert db.fail(1, 0, "actor died")
@@ -68,7 +68,7 @@ def test_plan_round_resends_failures_without_counting_them():
 
 def test_last_short_round_is_complete_when_no_new_task_is_left():
     plan, prompts = uneven_plan([3, 4])
-    db = Database(plan, prompts, epochs=1)
+    db = Database(plan, prompts, epochs=1, max_attempts=3, seed=0)
     _, issued = plan_round(db, [GULoad(0, 0, 2)], want=16)
     assert issued == 7 and not db.has_new_work
     db.complete(0)
@@ -79,7 +79,7 @@ def test_last_short_round_is_complete_when_no_new_task_is_left():
 
 def test_next_task_starts_new_epochs_when_unbounded():
     plan, prompts = uneven_plan([3, 4])
-    db = Database(plan, prompts, epochs=None)
+    db = Database(plan, prompts, epochs=None, max_attempts=3, seed=0)
     ids = [db.next_task(0).task_id for _ in range(3)]
     assert ids == [0, 1, 2] and db.epochs_created == 2 and db.has_new_work
 

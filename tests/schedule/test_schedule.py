@@ -18,7 +18,13 @@ from asp.schedule import (
     synthetic_lengths,
 )
 
-PAPER = {"b": PAPER_SPEC.b, "kappa": PAPER_SPEC.kappa, "k": PAPER_SPEC.k, "iterations": PAPER_SPEC.iterations}
+PAPER = {
+    "b": PAPER_SPEC.b,
+    "kappa": PAPER_SPEC.kappa,
+    "k": PAPER_SPEC.k,
+    "iterations": PAPER_SPEC.iterations,
+    "method": "asp",
+}
 
 
 def dataset(n: int = 3001, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -30,7 +36,7 @@ def dataset(n: int = 3001, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def test_schedule_structure() -> None:
     ids, pred, _ = dataset()
-    s = build_schedule(ids, pred, b=32, kappa=2, k=6, iterations=50_000, seed=1)
+    s = build_schedule(ids, pred, b=32, kappa=2, k=6, iterations=50_000, seed=1, method="asp")
     assert sorted(s.prompt_ids.tolist()) == sorted(ids.tolist())  # every prompt exactly once
     np.testing.assert_array_equal(ids[s.positions], s.prompt_ids)
     assert s.minibatch_sizes.min() >= 32 and s.minibatch_sizes.max() <= 34
@@ -45,7 +51,7 @@ def test_schedule_structure() -> None:
 
 def test_sorted_method_keeps_dp_order_and_shuffle_keeps_groups() -> None:
     ids, pred, _ = dataset(997)
-    s = build_schedule(ids, pred, **PAPER, method="sorted")
+    s = build_schedule(ids, pred, **{**PAPER, "method": "sorted"}, seed=0)
     np.testing.assert_array_equal(s.minibatch_ids, np.arange(s.n_minibatches))
     a = build_schedule(ids, pred, **{**PAPER, "iterations": 20_000}, seed=4)
     b = build_schedule(ids, pred, **{**PAPER, "iterations": 20_000}, seed=4, shuffle=True)
@@ -60,21 +66,21 @@ def test_calibrated_loads_callable_and_knots_agree() -> None:
     ids, pred, true = dataset()
     knots = (np.array([0.0, 3000.0, 20000.0]), np.array([2000.0, 4000.0, 6000.0]))
     kw = {**PAPER, "iterations": 20_000}
-    by_knots = build_schedule(ids, pred, calibration=knots, **kw)
-    by_call = build_schedule(ids, pred, calibration=lambda x: np.interp(x, *knots), **kw)
-    by_map = build_schedule(ids, pred, calibration={"x": knots[0], "y": knots[1]}, **kw)
+    by_knots = build_schedule(ids, pred, calibration=knots, **kw, seed=0)
+    by_call = build_schedule(ids, pred, calibration=lambda x: np.interp(x, *knots), **kw, seed=0)
+    by_map = build_schedule(ids, pred, calibration={"x": knots[0], "y": knots[1]}, **kw, seed=0)
     assert by_knots.info["loads"] == "calibrated"
     np.testing.assert_array_equal(by_knots.prompt_ids, by_call.prompt_ids)
     np.testing.assert_array_equal(by_knots.prompt_ids, by_map.prompt_ids)
     np.testing.assert_allclose(by_knots.loads, np.interp(by_knots.predicted_lengths, *knots))
-    raw = build_schedule(ids, pred, calibration=knots, loads="raw", **kw)
+    raw = build_schedule(ids, pred, calibration=knots, loads="raw", **kw, seed=0)
     assert raw.info["loads"] == "raw"
     np.testing.assert_array_equal(raw.loads, raw.predicted_lengths)
 
 
 def test_frame_round_trip_through_parquet(tmp_path) -> None:
     ids, pred, true = dataset(1000)
-    s = build_schedule(ids, pred, b=8, kappa=1, k=4, iterations=10_000)
+    s = build_schedule(ids, pred, b=8, kappa=1, k=4, iterations=10_000, seed=0, method="asp")
     frame = schedule_to_frame(s)
     assert list(frame.columns) == [
         "prompt_id",
@@ -103,7 +109,7 @@ def test_frame_round_trip_through_parquet(tmp_path) -> None:
 
 def test_summary_is_small_json_and_reports_realized_metrics() -> None:
     ids, pred, true = dataset(2000)
-    s = build_schedule(ids, pred, **{**PAPER, "iterations": 10_000})
+    s = build_schedule(ids, pred, **{**PAPER, "iterations": 10_000}, seed=0)
     summary = schedule_summary(s, true)
     json.dumps(summary)  # JSON-able
     assert summary["realized"] == schedule_metrics(true, s)
@@ -112,17 +118,19 @@ def test_summary_is_small_json_and_reports_realized_metrics() -> None:
 
 
 def test_infeasible_n_gets_one_short_minibatch() -> None:
-    s = build_schedule(list(range(5)), [1, 2, 3, 4, 5], b=4, kappa=0, k=1, iterations=PAPER_SPEC.iterations)
+    s = build_schedule(
+        list(range(5)), [1, 2, 3, 4, 5], b=4, kappa=0, k=1, iterations=PAPER_SPEC.iterations, seed=0, method="asp"
+    )
     assert sorted(s.minibatch_sizes.tolist()) == [1, 4] and s.info["feasible"] is False
     with pytest.raises(ValueError, match=r"^10 prompts cannot form minibatches of 16-18 prompts .*use b <= 10"):
-        build_schedule(list(range(10)), np.arange(1.0, 11.0), **{**PAPER, "b": 16}, on_infeasible="error")
+        build_schedule(list(range(10)), np.arange(1.0, 11.0), **{**PAPER, "b": 16}, on_infeasible="error", seed=0)
 
 
 def test_summary_of_a_schedule_without_a_complete_group_is_strict_json() -> None:
     """No complete group: mean_group_load is NaN in the dict and null in the JSON text (never NaN)."""
     from asp.io import json_text
 
-    s = build_schedule(list(range(10)), np.arange(1.0, 11.0), **{**PAPER, "b": 16})
+    s = build_schedule(list(range(10)), np.arange(1.0, 11.0), **{**PAPER, "b": 16}, seed=0)
     summary = schedule_summary(s)
     assert np.isnan(summary["predicted"]["mean_group_load"])
     text = json_text(summary)
@@ -155,4 +163,4 @@ def test_summary_of_a_schedule_without_a_complete_group_is_strict_json() -> None
 )
 def test_bad_input(args: tuple, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        build_schedule(*args, **{**PAPER, **kwargs})
+        build_schedule(*args, **{**PAPER, **kwargs}, seed=0)

@@ -71,7 +71,12 @@ def test_from_hf_config_reads_qwen2_and_qwen3_and_names_a_missing_key() -> None:
 
 def test_trainer_bytes_qwen3_8b_on_four_ranks_bf16_checkpointed() -> None:
     s = TrainerSettings(
-        world_size=4, mixed_precision=True, compute_bytes=2, activation_checkpointing=True, micro_batch_tokens=8192
+        world_size=4,
+        mixed_precision=True,
+        compute_bytes=2,
+        activation_checkpointing=True,
+        micro_batch_tokens=8192,
+        cpu_offload=False,
     )
     est = trainer_memory(Q8, s)
     shard = 8_190_735_360 // 4  # 2,047,683,840 parameters per rank
@@ -91,7 +96,9 @@ def test_trainer_bytes_qwen3_8b_on_four_ranks_bf16_checkpointed() -> None:
 
 
 def test_trainer_bytes_qwen25_15b_on_one_rank_fp32() -> None:
-    est = trainer_memory(Q15, TrainerSettings(micro_batch_tokens=4096))
+    est = trainer_memory(
+        Q15, TrainerSettings(micro_batch_tokens=4096, world_size=1, activation_checkpointing=False, cpu_offload=False)
+    )
     assert est.device["parameters"] == est.device["gradients"] == 4 * 1_543_714_304 == 6_174_857_216
     assert est.device["optimizer"] == 12_349_714_432
     assert est.device["gathered"] == 0  # one rank, fp32: nothing to gather or cast
@@ -104,7 +111,14 @@ def test_trainer_bytes_qwen25_15b_on_one_rank_fp32() -> None:
 
 
 def test_sharding_checkpointing_offload_and_reference() -> None:
-    base = TrainerSettings(world_size=1, mixed_precision=True, compute_bytes=2, micro_batch_tokens=4096)
+    base = TrainerSettings(
+        world_size=1,
+        mixed_precision=True,
+        compute_bytes=2,
+        micro_batch_tokens=4096,
+        activation_checkpointing=False,
+        cpu_offload=False,
+    )
     one, eight = trainer_memory(Q8, base), trainer_memory(Q8, replace(base, world_size=8))
     for key in ("parameters", "gradients", "optimizer"):
         assert eight.device[key] == one.device[key] // 8
@@ -120,14 +134,16 @@ def test_sharding_checkpointing_offload_and_reference() -> None:
     ref16 = trainer_memory(Q8, replace(base, reference=True, autocast=True, cpu_offload=True))
     assert ref16.device["reference"] == 4 * Q8.num_params and "reference" not in ref16.host
     assert ref16.device["logits"] - one.device["logits"] == 4096 * 151_936 * 2  # bf16 under autocast
-    fp32_offload = trainer_memory(Q15, TrainerSettings(cpu_offload=True))  # one rank, offload: FSDP2 all-gathers
+    fp32_offload = trainer_memory(
+        Q15, TrainerSettings(cpu_offload=True, world_size=1, activation_checkpointing=False)
+    )  # one rank, offload: FSDP2 all-gathers
     assert fp32_offload.device["gathered"] == 4 * (2 * Q15.root_params + 3 * Q15.layer_params)
     longest = trainer_memory(Q8, replace(base, longest_row_tokens=10240))
     assert longest.device["logits"] == 10240 * 151_936 * 14  # a row longer than the budget sets the tokens
 
 
 def test_generation_qwen3_8b_kv_cache_and_sequences() -> None:
-    est = generation_memory(Q8, GenerationSettings(max_seq_len=10240))
+    est = generation_memory(Q8, GenerationSettings(max_seq_len=10240, tensor_parallel_size=1))
     assert est.weights == 2 * 8_190_735_360  # bf16
     assert est.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2 == 147_456  # K and V, 36 layers, 8 kv heads
     # 1 GiB + 8192 * (4*4096 + 3*12288) * 2 + 256 * 151,936 * 4 = 1,073,741,824 + 872,415,232 + 155,582,464
@@ -138,7 +154,7 @@ def test_generation_qwen3_8b_kv_cache_and_sequences() -> None:
 
 
 def test_generation_kv_per_token_splits_over_tensor_parallel() -> None:
-    one = generation_memory(Q15, GenerationSettings(max_seq_len=4096))
+    one = generation_memory(Q15, GenerationSettings(max_seq_len=4096, tensor_parallel_size=1))
     assert one.kv_bytes_per_token == 2 * 28 * 2 * 128 * 2 == 28_672
     two = generation_memory(Q15, GenerationSettings(tensor_parallel_size=2, max_seq_len=4096))
     assert two.kv_bytes_per_token == 14_336 and two.weights == one.weights // 2
@@ -147,8 +163,15 @@ def test_generation_kv_per_token_splits_over_tensor_parallel() -> None:
 
 
 def test_check_fit_is_empty_when_everything_fits() -> None:
-    s = TrainerSettings(world_size=4, mixed_precision=True, compute_bytes=2, activation_checkpointing=True)
-    assert check_fit(Q8, replace(s, micro_batch_tokens=8192), GenerationSettings(max_seq_len=10240)) == []
+    s = TrainerSettings(
+        world_size=4, mixed_precision=True, compute_bytes=2, activation_checkpointing=True, cpu_offload=False
+    )
+    assert (
+        check_fit(
+            Q8, replace(s, micro_batch_tokens=8192), GenerationSettings(max_seq_len=10240, tensor_parallel_size=1)
+        )
+        == []
+    )
 
 
 def _suggested(problem: str, key: str) -> int:
@@ -158,7 +181,9 @@ def _suggested(problem: str, key: str) -> int:
 
 
 def test_check_fit_suggests_values_that_fit() -> None:
-    s = TrainerSettings(world_size=1, mixed_precision=True, compute_bytes=2, activation_checkpointing=True)
+    s = TrainerSettings(
+        world_size=1, mixed_precision=True, compute_bytes=2, activation_checkpointing=True, cpu_offload=False
+    )
     s = replace(s, micro_batch_tokens=8192)
     (problem,) = check_fit(Q8, s)
     assert "trainer device: needs" in problem and "of 80.0 GiB" in problem
@@ -174,15 +199,20 @@ def test_check_fit_suggests_values_that_fit() -> None:
 
 
 def test_check_fit_one_fp32_gpu_for_8b_needs_several_changes() -> None:
-    (problem,) = check_fit(Q8, TrainerSettings(world_size=1, micro_batch_tokens=8192))
+    (problem,) = check_fit(
+        Q8, TrainerSettings(world_size=1, micro_batch_tokens=8192, activation_checkpointing=False, cpu_offload=False)
+    )
     assert "needs 2" in problem and "no single change fits" in problem and "bfloat16" in problem
 
 
 def test_generation_refused_when_weights_leave_no_kv_cache() -> None:
     q32 = BUILTIN["qwen2.5-32b"]  # 32.76B x 2 B = 61.0 GiB of weights on one GPU
-    s = GenerationSettings(max_seq_len=32768)
+    s = GenerationSettings(max_seq_len=32768, tensor_parallel_size=1)
     (problem,) = check_fit(q32, None, s)
     assert "less than one 32768-token sequence" in problem and "tensor_parallel_size to 2" in problem
     assert generation_memory(q32, replace(s, tensor_parallel_size=2)).fits
     tiny = Architecture(100, 64, 2, 4, 4, 16, 128, True)
-    assert check_fit(tiny, None, GenerationSettings(gpu_memory_utilization=0.01, device_gib=80)) != []
+    assert (
+        check_fit(tiny, None, GenerationSettings(gpu_memory_utilization=0.01, device_gib=80, tensor_parallel_size=1))
+        != []
+    )

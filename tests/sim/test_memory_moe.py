@@ -248,7 +248,12 @@ def test_moe_block_activations_match_what_autograd_saves() -> None:
 
 def test_trainer_counts_every_expert_and_activations_the_active_ones() -> None:
     s = TrainerSettings(
-        world_size=8, mixed_precision=True, compute_bytes=2, activation_checkpointing=True, micro_batch_tokens=10240
+        world_size=8,
+        mixed_precision=True,
+        compute_bytes=2,
+        activation_checkpointing=True,
+        micro_batch_tokens=10240,
+        cpu_offload=False,
     )
     est = trainer_memory(Q30, s)
     shard = 30_532_122_624 // 8  # 3,816,515,328 parameters per rank: all 128 experts, sharded
@@ -268,7 +273,7 @@ def test_trainer_counts_every_expert_and_activations_the_active_ones() -> None:
 
 
 def test_generation_loads_every_expert() -> None:
-    est = generation_memory(Q30, GenerationSettings(max_seq_len=10240))
+    est = generation_memory(Q30, GenerationSettings(max_seq_len=10240, tensor_parallel_size=1))
     assert est.weights == 2 * 30_532_122_624  # bf16, all 128 experts: 56.9 GiB
     assert est.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2 == 98_304
     # 1 GiB + 8192 * (4*2048 + 8*(3*768 + 2048)) * 2 + 256 * 151,936 * 4 = 1,073,741,824 + 704,643,072 + 155,582,464
@@ -281,7 +286,12 @@ def test_generation_loads_every_expert() -> None:
 
 def test_qwen3_30b_a3b_on_one_80gib_gpu_is_refused_with_fixes_that_fit() -> None:
     s = TrainerSettings(
-        world_size=1, mixed_precision=True, compute_bytes=2, activation_checkpointing=True, micro_batch_tokens=8192
+        world_size=1,
+        mixed_precision=True,
+        compute_bytes=2,
+        activation_checkpointing=True,
+        micro_batch_tokens=8192,
+        cpu_offload=False,
     )
     (problem,) = check_fit(Q30, s)
     # 16 B x 30.5B = 455 GiB of fp32 weights, gradients and AdamW moments on one rank

@@ -196,12 +196,26 @@ def evaluator():
     ids = np.arange(P)
     workload = Workload.from_arrays(ids, np.full((P, N), 100), np.full(P, 10), 200)
     gen = GenerationTimeModel("continuous", (1.0, 0.0, 0.0, 0.0, 0.0), FEATURES["continuous"])
-    train = TrainingTimeModel(step_base_s=1.0, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0)
+    train = TrainingTimeModel(
+        step_base_s=1.0, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0, step_per_sample_s=0.0
+    )
     cfg = RuntimeConfig(
         trainer="simulated", iterations=20, global_batch_prompts=G, n_samples=N, q_max=32
     ).control_settings()
     cluster = _cluster(devices=8, tu_min_devices=1, tu_serial_fraction=0.5, devices_per_node=4)
-    return make_evaluator(ids, np.full(P, 100.0), workload, gen, train, cfg, cluster=cluster, kappa=0, iterations=500)
+    return make_evaluator(
+        ids,
+        np.full(P, 100.0),
+        workload,
+        gen,
+        train,
+        cfg,
+        cluster=cluster,
+        kappa=0,
+        iterations=500,
+        condition="C4",
+        method="asp",
+    )
 
 
 def test_rates_from_time_models(evaluator) -> None:

@@ -80,13 +80,16 @@ def test_fit_recovers_coefficients(form):
 
 def test_fit_is_deterministic_for_a_seed():
     frame = synthetic_timings("static", noise=0.05)
-    assert fit_generation_model(frame, "static", seed=3)[1] == fit_generation_model(frame, "static", seed=3)[1]
+    assert (
+        fit_generation_model(frame, "static", seed=3, folds=5)[1]
+        == fit_generation_model(frame, "static", seed=3, folds=5)[1]
+    )
 
 
 def test_collinear_rows_split_between_step_and_row_terms():
     frame = synthetic_timings("static").assign(num_prompts=16, n=8)  # rows constant: R*S proportional to S
     frame["wall_s"] = 0.02 * frame["max_length"] + 0.5
-    fitted, _ = fit_generation_model(frame, "static")
+    fitted, _ = fit_generation_model(frame, "static", folds=5, seed=0)
     assert fitted.coef[1] > 0 and fitted.coef[2] > 0  # neither term dropped
     t16, t18 = (fitted.seconds(p, 8, 100, 100 * p * 4, 30 * p) for p in (16, 18))
     assert 1.0 < t18 / t16 < 18 / 16 + 1e-9
@@ -96,7 +99,7 @@ def test_collinear_rows_split_between_step_and_row_terms():
 def test_round_trip(form):
     m = model(form)
     assert GenerationTimeModel.from_dict(m.to_dict()) == m
-    t = TrainingTimeModel(0.5, 1e-4, 0.2, 0.1, 0.3)
+    t = TrainingTimeModel(0.5, 1e-4, 0.2, 0.1, 0.3, step_per_sample_s=0.0)
     assert TrainingTimeModel.from_dict(t.to_dict()) == t
 
 
@@ -118,7 +121,7 @@ def test_generation_from_dict_rejects(change, message):
 
 
 def test_training_from_dict_rejects():
-    good = TrainingTimeModel(0.5, 1e-4, 0.0, 0.0, 0.0).to_dict()
+    good = TrainingTimeModel(0.5, 1e-4, 0.0, 0.0, 0.0, step_per_sample_s=0.0).to_dict()
     with pytest.raises(ValueError, match="save_s"):
         TrainingTimeModel.from_dict({**good, "save_s": -1})
     with pytest.raises(ValueError, match="load_s"):
@@ -130,15 +133,17 @@ def test_training_from_dict_rejects():
 def test_fit_generation_rejects_bad_frames():
     frame = synthetic_timings("static", m=20)
     with pytest.raises(ValueError, match="max_length"):
-        fit_generation_model(frame.drop(columns="max_length"), "static")
+        fit_generation_model(frame.drop(columns="max_length"), "static", folds=5, seed=0)
     with pytest.raises(ValueError, match="at least 7"):
-        fit_generation_model(frame.head(6), "static")
+        fit_generation_model(frame.head(6), "static", folds=5, seed=0)
     with pytest.raises(ValueError, match="at least 10"):
-        fit_generation_model(frame.head(9), "static", folds=10)
+        fit_generation_model(frame.head(9), "static", folds=10, seed=0)
     with pytest.raises(ValueError, match="row 3"):
-        fit_generation_model(frame.assign(wall_s=np.where(frame.index == 3, 0.0, frame.wall_s)), "static")
+        fit_generation_model(
+            frame.assign(wall_s=np.where(frame.index == 3, 0.0, frame.wall_s)), "static", folds=5, seed=0
+        )
     with pytest.raises(ValueError, match="form"):
-        fit_generation_model(frame, "paged")
+        fit_generation_model(frame, "paged", folds=5, seed=0)
 
 
 def real_profile_timings() -> pd.DataFrame:
@@ -158,9 +163,9 @@ def test_fit_on_real_profile_timings():
     frame = real_profile_timings()
     assert len(frame) >= 7  # enough rows for the fit's folds: a truncated file fails here, not by a skip
     for form in ("static", "continuous"):
-        fitted, report = fit_generation_model(frame, form)
+        fitted, report = fit_generation_model(frame, form, folds=5, seed=0)
         print(form, {k: round(v, 3) for k, v in report.items()}, fitted.coef)
-    fitted, report = fit_generation_model(frame, "static")
+    fitted, report = fit_generation_model(frame, "static", folds=5, seed=0)
     assert report["r2_heldout"] > 0.5
     row = frame.iloc[0]
     t16 = fitted.seconds(16, 8, row.max_length, row.total_tokens, row.prompt_tokens)

@@ -75,7 +75,7 @@ def _rank_main(rank: int, port: int, fsdp_spec: GRPOSpec, batches: list, out: st
 def two_ranks(tiny_qwen, tmp_path_factory):
     """The 1-rank spec, the two batches and the 2-rank run's results (one spawn for all the tests)."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    engine = HFEngine(tiny_qwen, num_threads=1)
+    engine = HFEngine(tiny_qwen, num_threads=1, device="cpu", dtype="auto")
     batches = [batch_from(engine, step=s, seed=s, ids=(0, 1, 2, 5)) for s in (1, 2)]
     one = spec(tiny_qwen, tmp / "one", micro_batch_tokens=40)
     out = tmp / "out.pkl"

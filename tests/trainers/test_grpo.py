@@ -72,7 +72,7 @@ def batch_from(engine: HFEngine, step: int, version: int = 0, seed: int = 0, ids
 
 @pytest.fixture(scope="module")
 def engine(tiny_qwen):
-    return HFEngine(tiny_qwen, num_threads=1)
+    return HFEngine(tiny_qwen, num_threads=1, device="cpu", dtype="auto")
 
 
 def test_trainer_scores_like_the_engine_and_exports_loadable_weights(tiny_qwen, engine):
@@ -91,7 +91,7 @@ def test_trainer_scores_like_the_engine_and_exports_loadable_weights(tiny_qwen, 
 
     expected = ray.ObjectRef if ray.is_initialized() else bytes
     assert isinstance(result.weights, WeightUpdate) and isinstance(result.weights.payload, expected)
-    fresh = HFEngine(tiny_qwen, num_threads=1)
+    fresh = HFEngine(tiny_qwen, num_threads=1, device="cpu", dtype="auto")
     fresh.update_weights(resolve_weights(result.weights.payload))
     for name, tensor in trainer.model.state_dict().items():
         torch.testing.assert_close(fresh.model.state_dict()[name], tensor)
@@ -101,7 +101,7 @@ def test_trainer_scores_like_the_engine_and_exports_loadable_weights(tiny_qwen, 
 
 
 def test_grpo_steps_raise_the_reward_of_a_learnable_task(tiny_qwen):
-    engine = HFEngine(tiny_qwen, num_threads=1)
+    engine = HFEngine(tiny_qwen, num_threads=1, device="cpu", dtype="auto")
     trainer = spec(tiny_qwen, lr=2e-2, micro_batch_tokens=256)()
     rewards = []
     for step in range(1, 11):
@@ -120,7 +120,12 @@ def test_files_transport_keeps_the_last_snapshots_and_a_corrupt_one_is_retried(t
     assert snaps == ["snapshot-00000002.safetensors", "snapshot-00000003.safetensors"]
     assert results[-1].weights.payload.endswith("snapshot-00000003.safetensors")
     # a corrupt snapshot: the actor keeps its weights, reports the error, and loads the next good offer
-    actor = GenerationActor(0, 0, lambda: HFEngine(tiny_qwen, num_threads=1), SamplingParams(2, 3, 1.0, 1.0))
+    actor = GenerationActor(
+        0,
+        0,
+        lambda: HFEngine(tiny_qwen, num_threads=1, device="cpu", dtype="auto"),
+        SamplingParams(2, 3, 1.0, 1.0, seed=0),
+    )
     before = {k: v.clone() for k, v in actor.engine.model.state_dict().items()}
     bad = tmp_path / "snapshots" / "snapshot-00000002.safetensors"
     bad.write_bytes(b"not a safetensors file")

@@ -100,7 +100,7 @@ def test_rewards_follow_the_loaded_weights(policies: tuple[Path, Path], monkeypa
     monkeypatch.setattr(asp.demo.task, "reward", lambda text, answer: sum(map(ord, text)) % 7 / 7)  # the response text
     a, b = policies
     records, _ = heldout_problems(6, seed=0)
-    sampling = {"samples": 2, "max_new_tokens": 12, "seed": 3, "num_threads": 1}
+    sampling = {"samples": 2, "max_new_tokens": 12, "seed": 3, "temperature": 1.0, "device": "cpu", "num_threads": 1}
     own_a = heldout_rewards(a, None, records, **sampling)
     own_b = heldout_rewards(b, None, records, **sampling)
     a_with_b = heldout_rewards(a, b / "model.safetensors", records, **sampling)

@@ -70,7 +70,13 @@ def read_position(params: Params, paths: LaunchPaths, state_dir: Path, prompts_b
     if state is None:
         what = "the run finished: nothing left to re-schedule" if "finished" in reason else reason
         raise UserError(f"{state_dir / 'runtime_state.json'}: {what}; re-profiling applies to a stopped run.")
-    db = Database(plan, prompts_by_id, epochs=None if config.iterations else 1, seed=config.seed)
+    db = Database(
+        plan,
+        prompts_by_id,
+        epochs=None if config.iterations else 1,
+        max_attempts=config.max_attempts,
+        seed=config.seed,
+    )
     db.restore(state["database"])
     ckpt = (state.get("trainer_state") or {}).get("checkpoint")
     weights = Path(ckpt) / "model.safetensors" if ckpt else None

@@ -99,7 +99,9 @@ def profile_lengths(params: Params, model_dir: Path, ids: list[Any], texts: list
     """Sample `profile.n_samples` responses per prompt; per-prompt mean / max length and truncated fraction."""
     prof = params.profile
     engine = profile_engine(prof, model_dir, seed)
-    sampling = SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
+    sampling = SamplingParams(
+        prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p, seed=0
+    )  # seed: each minibatch's
     rows, mb = [], prof.minibatch_prompts
     try:
         with progress_bar(total=len(ids), desc="re-profile", unit="prompt") as bar:

@@ -76,4 +76,4 @@ def latest_accepted(state_dir: Path) -> Accepted | None:
 
 def schedule_frame(params: Params, preds: pd.DataFrame, calibration: CalibrationMap | None) -> pd.DataFrame:
     """The C4 schedule (`schedule:` params, calibrated loads) of `preds`' prompts in the schedule Parquet layout."""
-    return schedule_to_frame(schedule_predictions(params, preds, calibration))
+    return schedule_to_frame(schedule_predictions(params, preds, calibration, condition="C4"))

@@ -116,7 +116,7 @@ def evaluator_for(params: Params, cluster: Cluster) -> Evaluator:
     preds = pd.read_parquet(paths.predictions, columns=["prompt_id", "predicted_length"])
     cal = CalibrationMap.from_dict(read_json(paths.calibration)) if paths.calibration.is_file() else None
     load = stage.workload(params, models, preds, cal)
-    base = stage.control_settings(params)
+    base = stage.control_settings(params, "C4")
     s = params.schedule
     ev = make_evaluator(
         preds["prompt_id"].to_numpy(),
@@ -132,6 +132,7 @@ def evaluator_for(params: Params, cluster: Cluster) -> Evaluator:
         loads=s.loads if cal is not None else "raw",
         method=s.method,
         shuffle=s.shuffle_groups,
+        condition="C4",
     )
     return ev
 

@@ -120,7 +120,7 @@ def _source(path: Path | None, synthetic: int | None) -> str:
     return str(path) if path is not None else f"--synthetic {synthetic}"
 
 
-def _true_lengths(path: Path | None, synthetic: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+def _true_lengths(path: Path | None, synthetic: int | None, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
     """(true lengths, the file's predicted lengths or None) of a lengths file or `--synthetic N`."""
     from asp.io.schedule import read_lengths
     from asp.schedule.ablation import synthetic_lengths
@@ -145,7 +145,9 @@ def build(
     kappa: KAPPA = None,
     k: K = None,
     iterations: ITERS = None,
-    seed: Annotated[int, typer.Option(help="Balancing / shuffle seed.")] = 0,
+    seed: Annotated[
+        int | None, typer.Option(help="Balancing / shuffle seed (default: common.seed's default).")
+    ] = None,
     method: METHOD = None,
     loads: Annotated[
         str | None, typer.Option(help="raw or calibrated (default: calibrated iff --calibration).")
@@ -163,6 +165,7 @@ def build(
     (temporary files renamed at the end): on any error nothing is written.
     """
     from asp import io
+    from asp.config import SEED
     from asp.io.schedule import read_calibration, read_lengths
     from asp.schedule.schedule import build_schedule, schedule_summary, schedule_to_frame
 
@@ -177,7 +180,7 @@ def build(
         data["prompt_id"],
         predicted,
         **spec.kwargs(),
-        seed=seed,
+        seed=SEED if seed is None else seed,
         calibration=cal,
         loads=loads,
         shuffle=shuffle,
@@ -316,7 +319,7 @@ def ablation_cmd(
 
     spec = _spec(b, kappa, k, iterations, method)
     _check_table_out(out)
-    true, file_preds = _true_lengths(input, synthetic)
+    true, file_preds = _true_lengths(input, synthetic, seed=0)
     _check_feasible(true.size, spec, _source(input, synthetic), allow_partial)
     seed_list = list(range(seeds))
     if tau is not None:
@@ -363,7 +366,7 @@ def sweep_cmd(
 
     spec = _spec(b, kappa, k, iterations, method)
     _check_table_out(out)
-    true, _ = _true_lengths(input, synthetic)
+    true, _ = _true_lengths(input, synthetic, seed=0)
     _check_feasible(true.size, spec, _source(input, synthetic), allow_partial)
     try:
         tau_list = list(PAPER_TAUS) if taus is None else [float(t) for t in taus.split(",") if t.strip()]

@@ -89,8 +89,8 @@ class Database:
         prompts_by_id: Mapping[Any, str],
         *,
         epochs: int | None = 1,
-        max_attempts: int = 3,
-        seed: int = 0,
+        max_attempts: int,
+        seed: int,
     ) -> None:
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be None or >= 1, got {epochs}")

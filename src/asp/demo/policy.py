@@ -322,7 +322,7 @@ def evaluate_policy(
     records: Sequence[dict],
     *,
     n_samples: int,
-    temperature: float = 1.0,
+    temperature: float,
     max_new_tokens: int,
     seed: int,
     batch_size: int,

@@ -205,9 +205,7 @@ def shortcut_response(record: dict) -> str:
     return full[: TOKENS_PER_STEP * keep] + f"{ANSWER_MARK} {record['answer']}"
 
 
-def warm_start_responses(
-    records: list[dict], *, skip_fraction: float = 0.0, skip_min_steps: int = 6, seed: int = 0
-) -> list[str]:
+def warm_start_responses(records: list[dict], *, skip_fraction: float, skip_min_steps: int, seed: int) -> list[str]:
     """The warm start's target response per record: `reference_response`, or on some long problems a shortcut.
 
     Args:
@@ -289,12 +287,18 @@ def step_reward(response: str, answer: str, prompt: str) -> float:
 
 
 def simulated_profile(
-    n: int, *, seed: int, samples: int = 8, cap: int = 256, p_early: float = 0.1, p_ramble: float = 0.05
+    n: int,
+    *,
+    seed: int,
+    responses_per_prompt: int = 8,
+    cap: int = 256,
+    p_early: float = 0.1,
+    p_ramble: float = 0.05,
 ) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Demo prompts with profiled-like mean lengths, for predictor tests and benchmarks (no policy needed).
 
-    Each prompt's target imitates the mean over `samples` sampled responses of a partly trained policy: most
-    samples have the intended length (`intended_length`) with Gaussian jitter (sd 3 tokens), a fraction
+    Each prompt's target imitates the mean over `responses_per_prompt` sampled responses of a partly trained
+    policy: most samples have the intended length (`intended_length`) with Gaussian jitter (sd 3 tokens), a fraction
     `p_early` stops early (0.2-1x), a fraction `p_ramble` rambles towards `cap`.
 
     Returns:
@@ -303,11 +307,11 @@ def simulated_profile(
     recs = generate_problems(n, seed=seed)
     rng = np.random.default_rng(seed + 1)
     base = np.array([intended_length(r) for r in recs], dtype=np.float64)[:, None]  # [n, 1]
-    lengths = base + rng.normal(0.0, 3.0, size=(n, samples))
-    early = rng.random((n, samples)) < p_early
-    lengths = np.where(early, base * rng.uniform(0.2, 1.0, size=(n, samples)), lengths)
-    ramble = rng.random((n, samples)) < p_ramble
-    lengths = np.where(ramble, rng.uniform(base, cap, size=(n, samples)), lengths)
+    lengths = base + rng.normal(0.0, 3.0, size=(n, responses_per_prompt))
+    early = rng.random((n, responses_per_prompt)) < p_early
+    lengths = np.where(early, base * rng.uniform(0.2, 1.0, size=(n, responses_per_prompt)), lengths)
+    ramble = rng.random((n, responses_per_prompt)) < p_ramble
+    lengths = np.where(ramble, rng.uniform(base, cap, size=(n, responses_per_prompt)), lengths)
     lengths = np.clip(np.rint(lengths), 1, cap)
     return [r["problem"] for r in recs], lengths.mean(axis=1), np.array([r["steps"] for r in recs])
 

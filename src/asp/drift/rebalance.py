@@ -44,8 +44,8 @@ def rebalance(
     loads: Mapping[Hashable, float],
     k: int,
     *,
-    method: str = "asp",
-    seed: int = 0,
+    method: str,
+    seed: int,
     shuffle: bool = True,
     iterations: int,
 ) -> tuple[list[list[Hashable]], list[int]]:
@@ -71,7 +71,7 @@ def rebalance(
 
     Example:
         >>> mbs, groups = rebalance([["a"], ["b"], ["c"], ["d"]], {"a": 1, "b": 2, "c": 3, "d": 4}, 2,
-        ...                         shuffle=False, iterations=1000)
+        ...                         method="asp", seed=0, shuffle=False, iterations=1000)
         >>> mbs, groups  # groups {d, a} and {c, b}: 5 and 5
         ([['d'], ['a'], ['c'], ['b']], [0, 0, 1, 1])
     """

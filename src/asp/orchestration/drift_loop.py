@@ -105,14 +105,15 @@ class LoopRun(PipelineRun):
 
 @dataclass(frozen=True)
 class ReprofileOutcome:
-    """What one re-profile did (the fields of `asp.pipeline.reprofile.ReprofileResult`, read from its report)."""
+    """What one re-profile did (the fields of `asp.adaptation.reprofile.ReprofileResult`, read from its report):
+    `gate_min_tau` is the report's ``min_tau`` (the gate it applied), `prompts_profiled` its ``prompts``."""
 
     accepted: bool
     version: int
     tau: float = float("nan")
-    min_tau: float = float("nan")
+    gate_min_tau: float = float("nan")
     policy_step: int = -1
-    prompts: int = 0
+    prompts_profiled: int = 0
     seconds: float = 0.0
     message: str = ""
     directory: str = ""
@@ -205,13 +206,17 @@ def versions(state_dir: Path) -> dict[int, Path]:
     return found
 
 
+REPORT_KEYS = {"gate_min_tau": "min_tau", "prompts_profiled": "prompts"}  # ReprofileOutcome field -> report.json key
+
+
 def read_outcome(directory: Path) -> ReprofileOutcome:
     """The outcome in `<directory>/report.json` (written by the re-profile, accepted or not)."""
     report = directory / "report.json"
     if not report.is_file():
         raise RuntimeError(f"the re-profile wrote {directory} without report.json; see its output above")
     data = json.loads(report.read_text())
-    known = {k: data[k] for k in ReprofileOutcome.__dataclass_fields__ if k in data and data[k] is not None}
+    keys = {name: REPORT_KEYS.get(name, name) for name in ReprofileOutcome.__dataclass_fields__}
+    known = {name: data[key] for name, key in keys.items() if data.get(key) is not None}
     known.setdefault("version", int(directory.name[1:]))
     known.setdefault("accepted", False)
     known["directory"] = str(directory)
@@ -251,9 +256,9 @@ def outcome_markdown(outcome: ReprofileOutcome, reason: str, step: int, mlflow_u
     rows = [
         ("version", f"v{outcome.version}"),
         ("Kendall τ (held out)", f"{outcome.tau:.4f}"),
-        ("τ gate (evaluate.min_tau)", f"{outcome.min_tau:.4f}"),
+        ("τ gate (evaluate.min_tau)", f"{outcome.gate_min_tau:.4f}"),
         ("policy step", str(outcome.policy_step)),
-        ("prompts profiled", str(outcome.prompts)),
+        ("prompts profiled", str(outcome.prompts_profiled)),
         ("seconds", f"{outcome.seconds:.1f}"),
         ("directory", f"`{outcome.directory}`"),
     ]

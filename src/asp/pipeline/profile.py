@@ -166,7 +166,9 @@ def check_chunks(prompts: pd.DataFrame, prof: ProfileParams, work: Path) -> list
 
 def sampling_params(prof: ProfileParams) -> SamplingParams:
     """The sampling settings of every profiling minibatch (its seed is set per minibatch)."""
-    return SamplingParams(prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p)
+    return SamplingParams(
+        prof.n_samples, prof.max_new_tokens, prof.temperature, prof.top_p, seed=0
+    )  # seed: each minibatch's
 
 
 def generate_minibatches(

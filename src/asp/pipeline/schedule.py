@@ -131,7 +131,7 @@ def heldout_ablation(
 def build(preds: pd.DataFrame, calibration: CalibrationMap | None, params: Params, paths: Paths) -> Schedule:
     """The `Schedule` of every predicted prompt: DP minibatches in balanced batch groups, in dispatch order."""
     try:
-        return schedule_predictions(params, preds, calibration)
+        return schedule_predictions(params, preds, calibration, condition="C4")
     except ValueError as exc:
         raise UserError(f"{paths.predictions}: cannot build a schedule: {exc}") from None
 

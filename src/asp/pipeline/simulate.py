@@ -267,7 +267,7 @@ def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: C
     return Workload.from_arrays(preds["prompt_id"].tolist(), lengths, tokens, params.runtime.max_new_tokens)
 
 
-def control_settings(params: Params, condition: str = "C4") -> ControlSettings:
+def control_settings(params: Params, condition: str) -> ControlSettings:
     """The simulated run's `asp.control.ControlSettings` for `condition`: ``runtime:`` (``runtime.mode`` included:
     sync simulates the synchronous baseline) with ``simulate.iterations`` when set, and ``common.seed``; history-aware
     passes (``runtime.history``) for C4 only, as in a launch."""

@@ -140,7 +140,7 @@ RANKING_FNS = {
 }
 
 
-def combined_loss(pred: torch.Tensor, target: torch.Tensor, kind: str, rank_weight: float = 1.0) -> torch.Tensor:
+def combined_loss(pred: torch.Tensor, target: torch.Tensor, kind: str, rank_weight: float) -> torch.Tensor:
     """The training objective selected by ``kind``.
 
     Args:

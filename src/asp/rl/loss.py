@@ -146,7 +146,7 @@ def grpo_loss(
     clip_high: float,
     aggregation: str,
     denominator: float,
-    kl_coef: float = 0.0,
+    kl_coef: float,
     ref_logp: torch.Tensor | None = None,
 ) -> LossParts:
     """GRPO loss of one micro-batch (see the module docstring).

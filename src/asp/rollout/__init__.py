@@ -1,7 +1,8 @@
 """Generation engines behind one protocol (`Engine`), built by `make_engine`.
 
-``make_engine("hf", path, device="cpu")`` gives an `HFEngine` (transformers `generate`, CPU or GPU);
-``make_engine("vllm", path, tensor_parallel_size=1, ...)`` gives a `VLLMEngine` (needs vLLM and CUDA).
+``make_engine("hf", path, device="cpu", dtype="float32")`` gives an `HFEngine` (transformers `generate`, CPU or
+GPU); ``make_engine("vllm", path, dtype="bfloat16", seed=0, tensor_parallel_size=1, ...)`` gives a `VLLMEngine`
+(needs vLLM and CUDA).
 ``engine.generate(prompts, SamplingParams(n=8, max_new_tokens=1024, temperature=1.0, top_p=1.0, seed=0))``
 decodes one minibatch. Both read a local checkpoint directory only and return `PromptResult`s with per-sample
 token ids, lengths, finish reasons and behaviour log-probs; see `asp.rollout.base` for the types and log-prob

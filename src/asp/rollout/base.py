@@ -55,9 +55,9 @@ class SamplingParams:
 
     n: int
     max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
+    temperature: float
+    top_p: float
+    seed: int
 
     def __post_init__(self) -> None:
         if self.n < 1:

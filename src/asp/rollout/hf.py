@@ -1,7 +1,8 @@
 """Hugging Face `generate` engine: CPU runs, tests, and a GPU baseline next to vLLM.
 
-`HFEngine(model_path, device="cpu", dtype="auto", logprobs_mode="processed_logprobs")` loads a local
-checkpoint (never a hub download) and implements `asp.rollout.base.Engine`:
+`HFEngine(model_path, device="cpu", dtype="float32", logprobs_mode="processed_logprobs")` loads a local
+checkpoint (never a hub download) and implements `asp.rollout.base.Engine` (device and dtype have no default:
+callers pass the params' ``profile.engine`` / ``runtime.engine`` ones):
 
 * prompts are tokenised without special tokens (they are already chat-templated), left-padded, and each
   prompt row is repeated ``params.n`` times; sampling uses temperature / top-p only (top-k off, no
@@ -17,8 +18,9 @@ checkpoint (never a hub download) and implements `asp.rollout.base.Engine`:
 
 Example::
 
-    eng = HFEngine("runs/policy")
-    res = eng.generate(["<bos><|user|>1+1<|assistant|>"], SamplingParams(n=4, max_new_tokens=64, seed=0))
+    eng = HFEngine("runs/policy", device="cpu", dtype="float32")
+    sampling = SamplingParams(n=4, max_new_tokens=64, temperature=1.0, top_p=1.0, seed=0)
+    res = eng.generate(["<bos><|user|>1+1<|assistant|>"], sampling)
 """
 
 from __future__ import annotations
@@ -126,8 +128,8 @@ class HFEngine:
         self,
         model_path: str | Path,
         *,
-        device: str = "cpu",
-        dtype: str = "auto",
+        device: str,
+        dtype: str,
         logprobs_mode: str = "processed_logprobs",
         attn_implementation: str | None = None,
         num_threads: int | None = None,

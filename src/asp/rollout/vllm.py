@@ -134,8 +134,8 @@ class VLLMOptions(VllmRuntimeParams):
             unknown.
     """
 
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    seed: Int = 0
+    dtype: Literal["auto", "bfloat16", "float16", "float32"]
+    seed: Int
     logprobs_mode: str = "processed_logprobs"
 
     @field_validator("logprobs_mode")

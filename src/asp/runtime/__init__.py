@@ -4,8 +4,8 @@ Training Queue and Training Unit.
     from asp.runtime import EngineSpec, RuntimeConfig, WorkPlan, run_async
     cfg = RuntimeConfig(generation_units=1, actors_per_unit=2, global_batch_prompts=16, q_max=48,
                         n_samples=4, max_new_tokens=64, trainer_step_s=0.5, actor_num_cpus=0.5)
-    summary = run_async(schedule, prompts_by_id, EngineSpec("hf", "runs/policy", {"num_threads": 1}), cfg,
-                        logger=tracker, checkpoint_dir="runs/launch/ckpt")
+    engine = EngineSpec("hf", "runs/policy", {"device": "cpu", "dtype": "float32", "num_threads": 1})
+    summary = run_async(schedule, prompts_by_id, engine, cfg, logger=tracker, checkpoint_dir="runs/launch/ckpt")
     summary.metrics["runtime/summary/mean_iteration_time_s"]
 
 The pure parts (Database, sender policy, Training Queue, backpressure, lag bound, messages, metrics) are the

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from asp.config import Int, Params, RuntimeParams, ScheduleParams
+from asp.config import SEED, Int, Params, RuntimeParams, ScheduleParams
 from asp.control.history import HistorySettings
 from asp.control.settings import ControlSettings, PartialSettings
 from asp.schedule.history import HistoryEstimator
@@ -25,7 +25,7 @@ from asp.schedule.spec import ScheduleSpec
 class RuntimeConfig(RuntimeParams):
     """`RuntimeParams` + ``seed``; frozen, unknown keys rejected."""
 
-    seed: Int = Field(0, ge=0, description="Base sampling seed (common.seed).")
+    seed: Int = Field(SEED, ge=0, description="Base sampling seed (common.seed).")
     schedule: ScheduleParams | None = Field(
         None,
         description="The schedule: params, which history-aware passes (runtime.history) schedule with; None (a config "

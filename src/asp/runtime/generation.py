@@ -273,7 +273,7 @@ class GenerationUnit:
     """
 
     def __init__(
-        self, gu: int, actors: list[Any], actor_ids: list[int], coalesce_below_s: float = 0.05, max_chunk: int = 16
+        self, gu: int, actors: list[Any], actor_ids: list[int], coalesce_below_s: float, max_chunk: int
     ) -> None:
         self.gu, self.actors, self.actor_ids = gu, list(actors), list(actor_ids)
         self.coalesce_below_s, self.max_chunk = coalesce_below_s, max(1, max_chunk)

@@ -265,7 +265,9 @@ def minibatch_result(out: MinibatchOutput, max_new_tokens: int) -> MinibatchResu
         )
         for p in range(len(out.prompt_ids))
     ]
-    timing = minibatch_timing(results, out.gen_end - out.gen_start, SamplingParams(n, max_new_tokens))
+    timing = minibatch_timing(
+        results, out.gen_end - out.gen_start, SamplingParams(n, max_new_tokens, 1.0, 1.0, 0)
+    )  # n, max_new_tokens recorded
     return MinibatchResult(results, timing)
 
 

@@ -157,7 +157,9 @@ def build_runtime(
         UserError: a placement group could not be placed, or an engine or the trainer failed to build (message
             includes its error).
     """
-    sampling = SamplingParams(config.n_samples, config.max_new_tokens, config.temperature, config.top_p)
+    sampling = SamplingParams(
+        config.n_samples, config.max_new_tokens, config.temperature, config.top_p, seed=0
+    )  # seed: each task's
     placement = create_placement(config, trainer_ranks(config, trainer_factory))
     actor_cls = ray.remote(GenerationActor)
     actor_options = dict(

@@ -54,7 +54,7 @@ class TrainingUnit:
     """
 
     def __init__(
-        self, trainer_factory: Callable[[], Trainer], rank: int = 0, world_size: int = 1, cwd: str | None = None
+        self, trainer_factory: Callable[[], Trainer], rank: int, world_size: int, cwd: str | None = None
     ) -> None:
         work_in(cwd)
         self.factory, self.rank, self.world_size = trainer_factory, rank, world_size

@@ -42,7 +42,7 @@ LENGTH_CAP = 8192
 ORDERS = ("shuffled", "given")  # the prompts' order per seed: a seeded permutation, or as given
 
 
-def synthetic_lengths(n: int, seed: int = 0, cap: int = LENGTH_CAP) -> np.ndarray:
+def synthetic_lengths(n: int, seed: int, cap: int = LENGTH_CAP) -> np.ndarray:
     """DeepScaleR-like response lengths: long-tailed, integer, capped at `cap` with a visible mass at the cap.
 
     A log-normal body (median 5,200 tokens, sigma 0.55) plus 3% short answers (median 600), rounded and clipped

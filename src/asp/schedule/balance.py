@@ -119,8 +119,8 @@ def balance_groups(
     k: int,
     *,
     iterations: int,
-    seed: int = 0,
-    method: str = "asp",
+    seed: int,
+    method: str,
     c: float = 1.0,
     temperature: float = 1.0,
     shuffle: bool = False,
@@ -147,7 +147,7 @@ def balance_groups(
             temperature negative or not finite.
 
     Example:
-        >>> balance_groups([1, 2, 3, 4], k=2, iterations=1000, seed=0).tolist()  # groups {4, 1} and {3, 2}
+        >>> balance_groups([1, 2, 3, 4], k=2, iterations=1000, seed=0, method="asp").tolist()  # {4, 1} and {3, 2}
         [3, 0, 2, 1]
     """
     values = as_lengths(loads, "loads")

@@ -36,7 +36,7 @@ def condition_schedule(
     b: int,
     kappa: int,
     k: int,
-    seed: int = 0,
+    seed: int,
     calibration: Any = None,
     loads: str | None = None,
     **balance: Any,
@@ -47,7 +47,7 @@ def condition_schedule(
         prompt_ids, predicted_lengths: (n,) as in `build_schedule`.
         condition: "C0" .. "C4".
         b, kappa, k, seed, calibration, loads: as in `build_schedule` (C0/C1 use fixed size b).
-        **balance: C4 only: iterations (required for C4), method, shuffle (see `build_schedule`).
+        **balance: C4 only: iterations and method (both required for C4), shuffle (see `build_schedule`).
 
     Returns:
         A `Schedule` whose `info["condition"]` names the condition.

@@ -162,8 +162,8 @@ def build_schedule(
     kappa: int,
     k: int,
     iterations: int,
-    seed: int = 0,
-    method: str = "asp",
+    seed: int,
+    method: str,
     calibration: Calibration | None = None,
     loads: str | None = None,
     shuffle: bool = False,
@@ -193,7 +193,8 @@ def build_schedule(
 
     Example:
         >>> ids = [f"p{i}" for i in range(8)]
-        >>> s = build_schedule(ids, [100, 900, 120, 880, 500, 510, 480, 520], b=2, kappa=0, k=2, iterations=2_000_000)
+        >>> s = build_schedule(ids, [100, 900, 120, 880, 500, 510, 480, 520], b=2, kappa=0, k=2,
+        ...                    iterations=2_000_000, seed=0, method="asp")
         >>> [m.tolist() for m in s.minibatches()]  # groups {p3 p1 | p0 p2} = 2000, {p5 p7 | p6 p4} = 2010 tokens
         [['p3', 'p1'], ['p0', 'p2'], ['p5', 'p7'], ['p6', 'p4']]
     """

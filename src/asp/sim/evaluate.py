@@ -2,7 +2,8 @@
 (schedules cached per (b, k), results per candidate) and measures the B.6 `Rates` from the time models.
 
     # settings: ControlSettings; kappa, iterations: the schedule params
-    ev = make_evaluator(ids, predicted, workload, gen, train, settings, cluster=cluster, kappa=2, iterations=200_000)
+    ev = make_evaluator(ids, predicted, workload, gen, train, settings, cluster=cluster, kappa=2,
+                        condition="C4", method="asp", iterations=200_000)
     ev(candidate)["runtime/summary/mean_iteration_time_s"]
 
 Tests: ``.venv/bin/python -m pytest tests/sim/test_planner.py -q``.
@@ -114,7 +115,7 @@ def make_evaluator(
     *,
     cluster: Cluster,
     resources: Resources | None = None,
-    condition: str = "C4",
+    condition: str,
     iterations: int,
     **schedule: Any,
 ) -> Evaluator:
@@ -128,7 +129,8 @@ def make_evaluator(
             `RuntimeConfig.control_settings()` of the params).
         cluster: the TU's Amdahl scaling; resources: the simulator's `Resources` (default: one device per actor).
         condition: C0..C4; iterations: C4's annealing iterations (`schedule.iterations`); **schedule: more
-            `condition_schedule` keywords (kappa, required; seed (default: base_config.seed), calibration, loads).
+            `condition_schedule` keywords (kappa, required; method, required for C4; seed (default:
+            base_config.seed), calibration, loads).
     """
     kwargs = {"condition": condition, "iterations": iterations, "seed": base_config.seed, **schedule}
     ids, pred = np.asarray(prompt_ids), np.asarray(predicted, np.float64)

@@ -74,13 +74,14 @@ GPU_MEMORY_UTILIZATION = 0.85
 
 @dataclass(frozen=True, slots=True)
 class TrainerSettings:
-    """One Training Unit rank. ``compute_bytes``: 2 under bf16 mixed precision or autocast, else 4."""
+    """One Training Unit rank. ``compute_bytes``: 2 under bf16 mixed precision or autocast, else 4. The settings
+    `runtime.grpo` declares (world_size, activation_checkpointing, cpu_offload) have no default here."""
 
-    world_size: int = 1
+    world_size: int
+    activation_checkpointing: bool
+    cpu_offload: bool
     mixed_precision: bool = False  # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
     compute_bytes: int = 4
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False
     micro_batch_tokens: int = MICRO_BATCH_TOKENS
     longest_row_tokens: int = 0  # a row longer than micro_batch_tokens gets a micro-batch of its own
     reference: bool = False  # kl_coef > 0
@@ -164,10 +165,11 @@ def trainer_memory(arch: Architecture, s: TrainerSettings) -> MemoryEstimate:
 
 @dataclass(frozen=True, slots=True)
 class GenerationSettings:
-    """One vLLM instance: ``dtype_bytes`` of the weights and KV cache, ``max_seq_len`` its max_model_len."""
+    """One vLLM instance: ``dtype_bytes`` of the weights and KV cache, ``max_seq_len`` its max_model_len;
+    ``tensor_parallel_size`` has no default (the engine's vLLM params declare it)."""
 
+    tensor_parallel_size: int
     dtype_bytes: int = 2
-    tensor_parallel_size: int = 1
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     max_seq_len: int = 4096
     device_gib: float = DEVICE_GIB

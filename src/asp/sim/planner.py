@@ -13,7 +13,8 @@ generation to training. Pure (no I/O; the figure is `asp.plots.planner.scaling_f
 
     cluster = Cluster(devices=64, devices_per_actor=8, tu_min_devices=8, tu_serial_fraction=0.2, devices_per_node=8)
     # settings: the Control Unit's (RuntimeConfig(...).control_settings()); kappa, iterations: the schedule params
-    ev = make_evaluator(ids, predicted, workload, gen, train, settings, cluster=cluster, kappa=2, iterations=200_000)
+    ev = make_evaluator(ids, predicted, workload, gen, train, settings, cluster=cluster, kappa=2,
+                        condition="C4", method="asp", iterations=200_000)
     b6 = b6_heuristic(cluster, ev, b=32, k=6, q_max=48); ev(b6)["runtime/summary/mean_iteration_time_s"]
     best, metrics = search_layout(cluster, ev, Grid(q_max=(32, 48), b=(32,), k=(6,)))[0]
 

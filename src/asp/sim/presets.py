@@ -191,7 +191,12 @@ def _h100_preset(name: str, model: str, params_b: float, active_b: float | None,
         description=f"H100 SXM, {model} (BF16), vLLM actor on {tp} GPU(s), GRPO Training Unit of {tu} GPUs",
         gen=_gen(0.0, per_step, per_seq, 0.0, 0.0),
         train=TrainingTimeModel(
-            step_base_s=0.0, step_per_token_s=per_token, save_s=save_s, convert_s=0.0, load_s=load_s
+            step_base_s=0.0,
+            step_per_token_s=per_token,
+            save_s=save_s,
+            convert_s=0.0,
+            load_s=load_s,
+            step_per_sample_s=0.0,
         ),
         devices_per_actor=tp,
         tu_devices=tu,
@@ -238,7 +243,12 @@ def _paper_preset() -> TimeModelPreset:
         description="ASP paper's setup: Ascend 910B3, Qwen3-30B-A3B, vLLM actors of 2 NPUs, a 32-NPU Training Unit",
         gen=_gen(0.0, PAPER_PER_STEP_S, PAPER_PER_SEQ_S, 0.0, 0.0),
         train=TrainingTimeModel(
-            step_base_s=step, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=PAPER_T_LOAD_S
+            step_base_s=step,
+            step_per_token_s=0.0,
+            save_s=0.0,
+            convert_s=0.0,
+            load_s=PAPER_T_LOAD_S,
+            step_per_sample_s=0.0,
         ),
         devices_per_actor=2,
         tu_devices=tu,

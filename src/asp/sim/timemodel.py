@@ -214,7 +214,7 @@ def _check_timings(frame: pd.DataFrame, form: str, folds: int) -> None:
 
 
 def fit_generation_model(
-    frame: pd.DataFrame, form: Literal["static", "continuous"], *, folds: int = 5, seed: int = 0
+    frame: pd.DataFrame, form: Literal["static", "continuous"], *, folds: int, seed: int
 ) -> tuple[GenerationTimeModel, dict[str, float]]:
     """Fit a `GenerationTimeModel` of `form` on per-minibatch timings and score it by K-fold cross-validation.
 
@@ -273,7 +273,7 @@ class TrainingTimeModel:
     save_s: float
     convert_s: float
     load_s: float
-    step_per_sample_s: float = 0.0
+    step_per_sample_s: float
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -282,7 +282,14 @@ class TrainingTimeModel:
     @classmethod
     def simulated(cls, trainer_step_s: float, refresh_delay_s: float) -> TrainingTimeModel:
         """The runtime's `SimulatedTrainer`: a fixed step time, reload = `refresh_delay_s` per actor, no export."""
-        return cls(step_base_s=trainer_step_s, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=refresh_delay_s)
+        return cls(
+            step_base_s=trainer_step_s,
+            step_per_token_s=0.0,
+            save_s=0.0,
+            convert_s=0.0,
+            load_s=refresh_delay_s,
+            step_per_sample_s=0.0,
+        )
 
     def step_seconds(self, tokens: float, samples: float = 0.0) -> float:
         """Seconds of one trainer step on a global batch of `samples` sequences (prompts x samples per prompt)

@@ -161,7 +161,7 @@ def read_predictor_info(pred_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_predictor(
-    pred_dir: str | os.PathLike, *, backbone_path: str | os.PathLike | None = None, dtype: str = "float32"
+    pred_dir: str | os.PathLike, *, backbone_path: str | os.PathLike | None = None, dtype: str
 ) -> tuple[LengthPredictor, PreTrainedTokenizerBase, dict[str, Any]]:
     """Rebuild a saved predictor in eval mode.
 

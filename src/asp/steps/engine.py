@@ -20,18 +20,15 @@ if TYPE_CHECKING:
     from asp.rollout import Engine
 
 
-def engine_options(engine: EngineParams, *, seed: int | None = None) -> dict[str, Any]:
+def engine_options(engine: EngineParams, *, seed: int) -> dict[str, Any]:
     """Keyword options of the engine `engine` describes: device, dtype and threads for hf; for vllm every field
-    of ``engine.vllm`` (with the weight-transfer settings under ``runtime.engine``), the dtype, and `seed` when
-    given."""
+    of ``engine.vllm`` (with the weight-transfer settings under ``runtime.engine``), the dtype, and the engine
+    `seed` (vLLM's own; every request carries a seed of its own)."""
     kind, device, dtype, num_threads, vllm = engine.kind, engine.device, engine.dtype, engine.num_threads, engine.vllm
     if kind != "vllm":
         return {"device": device, "dtype": dtype, "num_threads": num_threads}
     # the params' model is the engine's (`asp.rollout.vllm.VLLMOptions` extends it): its fields pass as they are
-    opts: dict[str, Any] = {**vllm.model_dump(), "dtype": dtype}
-    if seed is not None:
-        opts["seed"] = seed
-    return opts
+    return {**vllm.model_dump(), "dtype": dtype, "seed": seed}
 
 
 def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Engine:
@@ -51,6 +48,6 @@ def engine_spec(runtime: RuntimeParams, model_path: Path) -> EngineSpec:
     return EngineSpec(
         engine.kind,
         str(model_path),
-        engine_options(engine),
+        engine_options(engine, seed=0),  # the engine's own seed, as before: each request is seeded (task seeds)
         device=engine.device,
     )

@@ -33,7 +33,7 @@ def schedule_spec(schedule: ScheduleParams) -> ScheduleSpec:
 
 
 def schedule_predictions(
-    params: Params, preds: pd.DataFrame, calibration: CalibrationMap | None, condition: str = "C4"
+    params: Params, preds: pd.DataFrame, calibration: CalibrationMap | None, condition: str
 ) -> Schedule:
     """The `Schedule` of `preds`' prompts (columns prompt_id, predicted_length) under the ``schedule:`` params.
 

@@ -349,7 +349,7 @@ def sweep_stale_runs(tracker: Tracker, key: str) -> list[str]:
 def open_tracker(
     run_name: str,
     *,
-    experiment: str = "asp",
+    experiment: str,
     tracking_uri: str | None = None,
     enabled: bool = True,
     tags: Mapping[str, str] | None = None,

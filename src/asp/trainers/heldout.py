@@ -3,8 +3,9 @@ never trained on, with the initial weights or with a trainer checkpoint's.
 
     from asp.trainers.heldout import compare_heldout, final_weights, heldout_problems, heldout_rewards
     records, skipped = heldout_problems(256, seed=0, exclude=set(train["problem"]))
-    heldout_rewards(model_path, None, records, max_new_tokens=160, seed=0).mean           # 4 samples each
-    compare_heldout(model_path, final_weights(state_dir)[0], records, max_new_tokens=160, seed=0)  # before/after
+    sampling = {"max_new_tokens": 160, "seed": 0, "temperature": 1.0, "device": "cpu"}  # the runtime params'
+    heldout_rewards(model_path, None, records, **sampling).mean                            # 4 samples each
+    compare_heldout(model_path, final_weights(state_dir)[0], records, **sampling)           # before/after
 
 The problems come from the task's own generator on a seed of their own (`common.seed` + 900), and any whose
 text is among the run's prompts is skipped (short problems have few variants: about half of 256 fresh draws
@@ -96,8 +97,8 @@ def heldout_rewards(
     samples: int = HELDOUT_SAMPLES,
     max_new_tokens: int,
     seed: int,
-    temperature: float = 1.0,
-    device: str = "cpu",
+    temperature: float,
+    device: str,
     num_threads: int | None = None,
     batch_size: int = 64,
     reward: str | None = None,
