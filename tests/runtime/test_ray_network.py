@@ -1,4 +1,4 @@
-"""The local Ray cluster `ray_session` starts (no `runtime.ray_address`) listens on loopback only.
+"""The local Ray cluster `ray_session` starts (no `runtime.ray.address`) listens on loopback only.
 
 A separate Python process starts the cluster exactly as `run_async` does (`asp.runtime.ray_session`), so it does
 not clash with the session's shared cluster, runs an actor and a task (so worker processes exist), and reports

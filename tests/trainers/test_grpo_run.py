@@ -35,7 +35,13 @@ def factory(tiny_qwen, tmp_path, cfg, prompts, **grpo):
 
 def grpo_config(**overrides):
     """4 steps of 4 prompts x 4 responses of at most 6 tokens: the runtime settings these runs share."""
-    return fast_config(global_batch_prompts=4, q_max=8, n_samples=4, max_new_tokens=6, iterations=4, **overrides)
+    return fast_config(
+        global_batch_prompts=4,
+        iterations=4,
+        **overrides,
+        sampling={"n_samples": 4, "max_new_tokens": 6},
+        queue={"q_max": 8},
+    )
 
 
 def engine(tiny_qwen):

@@ -58,7 +58,7 @@ def heldout_reward(
     ] = Path("outputs/prompts/train.parquet"),
     problems: Annotated[int, typer.Option(min=1, help="New demo problems (runtime.heldout_problems).")] = 256,
     samples: Annotated[int, typer.Option(min=1, help="Responses per problem.")] = 4,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response cap (runtime.max_new_tokens).")] = 160,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response cap (runtime.sampling.max_new_tokens).")] = 160,
     seed: Annotated[int, typer.Option(min=0, help="common.seed")] = 0,
 ) -> None:
     """Mean demo reward on new problems (the policy, or the policy with trained weights)."""
