@@ -221,7 +221,7 @@ def _resume_keeps_chunks(params, p, full: pd.DataFrame) -> None:
 
 
 def _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path: Path, paths: launch.Paths) -> None:
-    """`trainer: grpo` through `run_stage` (as `asp stage launch`): interrupted after step 2 (KeyboardInterrupt in
+    """`trainer.kind: grpo` through `run_stage` (as `asp stage launch`): interrupted after step 2 (KeyboardInterrupt in
     the driver, as Ctrl-C), rerun: it resumes in the same MLflow run and the summary covers all 5 steps."""
     import yaml
 

@@ -202,7 +202,7 @@ def test_plan_layout_prints_b6_and_search_and_writes_an_overlay(project: Path) -
 
     overlay = yaml.safe_load((project / "plan.yaml").read_text())
     runtime = overlay["runtime"]
-    assert runtime["generation_units"] * runtime["actors_per_unit"] + overlay["plan"]["tu_devices"] <= 4
+    assert runtime["ray"]["generation_units"] * runtime["ray"]["actors_per_unit"] + overlay["plan"]["tu_devices"] <= 4
     assert overlay["schedule"] == {"b": 8, "k": 3}
     applied = {k: overlay[k] for k in ("runtime", "schedule")}
     assert validate_params(deep_merge(_params().model_dump(mode="json"), applied))

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from asp.config import deep_merge
 from asp.runtime.testhooks import HOLD_AT_ENV, HOLD_MARK_ENV, LEDGER_ENV
 from asp.tracking import PARENT_ENV
 
@@ -86,7 +87,7 @@ def finished(inputs: Path, ray_address: str, tmp_path_factory: pytest.TempPathFa
     params = make_params(
         {
             "common": {"experiment": f"stop-{uuid.uuid4().hex[:8]}"},
-            "runtime": {**RUNTIME, "ray": {"address": ray_address}},
+            "runtime": deep_merge(RUNTIME, {"ray": {"address": ray_address}}),
         }
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
@@ -163,7 +164,7 @@ def _dvc_status(root: Path) -> str:
 def test_a_changed_launch_stopped_by_ctrl_c_resumes_with_nothing_trained_twice(project: Path, tmp_path: Path) -> None:
     root = project
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["runtime"]["trainer_step_s"] = 0.001  # a params change: DVC reruns launch, and the finished run restarts
+    params["runtime"]["trainer"]["step_s"] = 0.001  # a params change: DVC reruns launch, and the finished run restarts
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     code, text = _stopped(root, tmp_path, ["launch"], "ctrl-c")

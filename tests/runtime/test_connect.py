@@ -24,7 +24,7 @@ from asp.runtime.config import RuntimeConfig
 from asp.runtime.profile_actors import actor_pool
 from asp.runtime.run import ray_session
 
-config = RuntimeConfig(ray_address=sys.argv[1], ray_connect_timeout_s=float(sys.argv[2]))
+config = RuntimeConfig(ray={"address": sys.argv[1], "connect_timeout_s": float(sys.argv[2])})
 try:
     if sys.argv[3] == "launch":  # run_async joins through ray_session
         with ray_session(config):

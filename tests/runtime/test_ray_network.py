@@ -21,7 +21,7 @@ import json, os, socket, time
 import psutil, ray
 from asp.runtime import RuntimeConfig, ray_session
 
-with ray_session(RuntimeConfig(ray_num_cpus=1, ray_num_gpus=0)) as started:
+with ray_session(RuntimeConfig(ray={"num_cpus": 1, "num_gpus": 0})) as started:
     @ray.remote(num_cpus=0)
     class Echo:
         def pid(self):

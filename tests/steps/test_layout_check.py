@@ -65,8 +65,8 @@ def test_local_ray_gpus_node_size_and_tensor_parallel(capsys: pytest.CaptureFixt
     )
     (problem,) = layout_problems(local)
     assert "the local Ray cluster gets 8 (runtime.ray.num_gpus" in problem
-    joined = load_params_with(ROOT / "params.yaml", "gpu-cluster", ["runtime.ray.num_gpus=8"])  # ray_address: auto
-    assert layout_problems(joined) == []  # ray_num_gpus only sizes a local cluster
+    joined = load_params_with(ROOT / "params.yaml", "gpu-cluster", ["runtime.ray.num_gpus=8"])  # ray.address: auto
+    assert layout_problems(joined) == []  # ray.num_gpus only sizes a local cluster
     wide = load_params_with(
         ROOT / "params.yaml", "gpu-cluster", ["runtime.ray.trainer_num_gpus=9", "simulate.plan.devices=64"]
     )

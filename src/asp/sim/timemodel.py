@@ -280,9 +280,10 @@ class TrainingTimeModel:
             object.__setattr__(self, f.name, _check_nonneg(f.name, getattr(self, f.name)))
 
     @classmethod
-    def simulated(cls, trainer_step_s: float, refresh_delay_s: float) -> TrainingTimeModel:
-        """The runtime's `SimulatedTrainer`: a fixed step time, reload = `refresh_delay_s` per actor, no export."""
-        return cls(step_base_s=trainer_step_s, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=refresh_delay_s)
+    def simulated(cls, step_s: float, refresh_delay_s: float) -> TrainingTimeModel:
+        """The runtime's `SimulatedTrainer` (``runtime.trainer``): a fixed step time `step_s`, reload =
+        `refresh_delay_s` per actor, no export."""
+        return cls(step_base_s=step_s, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=refresh_delay_s)
 
     def step_seconds(self, tokens: float, samples: float = 0.0) -> float:
         """Seconds of one trainer step on a global batch of `samples` sequences (prompts x samples per prompt)

@@ -53,7 +53,7 @@ def gpu_demand(params: Params) -> GpuDemand:
 
 def _describe(params: Params, d: GpuDemand) -> str:
     rt = params.runtime
-    ranks = f"runtime.grpo.world_size {d.ranks}" if rt.trainer.kind == "grpo" else "1 rank (trainer: simulated)"
+    ranks = f"runtime.grpo.world_size {d.ranks}" if rt.trainer.kind == "grpo" else "1 rank (trainer.kind: simulated)"
     return (
         f"the Training Unit {d.trainer:g} ({ranks} x runtime.ray.trainer_num_gpus {d.rank_gpus:g}) + generation "
         f"{d.generation:g} (runtime.ray.generation_units {rt.ray.generation_units} x actors_per_unit "
