@@ -80,7 +80,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Paths, ResumePoi
 
 
 def _heldout_params(**overlay: object) -> object:
-    runtime = {"trainer": "grpo", "heldout_problems": 5, "max_new_tokens": 8, **overlay.pop("runtime", {})}
+    runtime = {"trainer": {"kind": "grpo"}, "heldout_problems": 5, "sampling": {"max_new_tokens": 8}}
+    runtime |= overlay.pop("runtime", {})
     return make_params({"runtime": runtime, **overlay})
 
 

@@ -130,7 +130,10 @@ def test_sharded_predictions_equal_unsharded(
 @pytest.mark.parametrize(
     ("overlay", "match"),
     [
-        ({"profile": {"actors": 64}}, r"profile\.actors asks for 64 actors x runtime\.actor_num_cpus 0\.5 = 32 CPUs"),
+        (
+            {"profile": {"actors": 64}},
+            r"profile\.actors asks for 64 actors x runtime\.ray\.actor_num_cpus 0\.5 = 32 CPUs",
+        ),
         (
             {"profile": {"actors": 2}, "runtime": {"ray": {"actor_num_gpus": 1.0}}},
             r"= 2 GPUs but the Ray cluster has 0",
