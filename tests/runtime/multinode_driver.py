@@ -146,6 +146,7 @@ def profile_main(spec: dict[str, Any]) -> int:
         return real_item(*args)
 
     profile_actors.profile_runner, profile_actors.WorkItem = holding_runner, recorded
+    profile.profile_runner = holding_runner  # the stage's own name for it (imported at the top of its module)
     result: dict[str, Any] = {}
     code = 0
     try:

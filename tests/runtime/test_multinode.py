@@ -327,7 +327,13 @@ def test_launch_placed_per_node_survives_a_rollout_node_and_resumes_after_losing
     )
 
 
-PROFILE = {"n_samples": 2, "max_new_tokens": 8, "minibatch_prompts": 2, "chunk_minibatches": 1, "num_threads": 1}
+PROFILE = {
+    "n_samples": 2,
+    "max_new_tokens": 8,
+    "minibatch_prompts": 2,
+    "chunk_minibatches": 1,
+    "engine": {"num_threads": 1},
+}
 PROFILE_RUNTIME = {  # launch's layout: 2 GUs x 1 engine actor, one per rollout node; a dead actor stays dead
     "control": {"stall_timeout_s": 120.0},
     "ray": {
