@@ -39,6 +39,7 @@ runtime:
   generation_units: 2
   actors_per_unit: 3          # engines per Generation Unit
   q_max: 32                   # Training Queue depth (prompts)
+  # two global batches: generation pauses above it
   global_batch_prompts: 16
   n_samples: 4
   max_new_tokens: 96          # response cap
@@ -278,7 +279,12 @@ def test_migrate_rewrites_an_old_runtime_keeping_comments_and_values(
     assert rt.queue.gu_queue_target == Params.defaults().runtime.queue.gu_queue_target  # the rest: unchanged
     text = preset.read_text()
     assert text.startswith("# my cluster\n") and "trainer:\n    kind: simulated" in text, text
-    for comment in ("# grpo | simulated: fixed step time", "# Training Queue depth (prompts)", "# join the running"):
+    for comment in (
+        "# grpo | simulated: fixed step time",
+        "    q_max: 32                 # Training Queue depth (prompts)\n",  # at its column
+        "# two global batches: generation pauses above it",  # a comment line after a moved key
+        "# join the running",
+    ):
         assert comment in text, text
     assert yaml.safe_load(text)["runtime"]["queue"] == {"q_max": 32, "max_policy_lag": None, "coalesce_below_s": 0.0}
     before = preset.read_bytes()

@@ -41,15 +41,15 @@ def migrate_file(path: Path) -> list[tuple[str, str]]:
         return []
     if not hasattr(data, "items"):
         raise UserError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}.")
-    notes = {old: _eol_comment(*_holder(data, old)) for old, _ in moved_keys(data)}  # `q_max: 16  # depth`
+    notes = {old: _comment(*_holder(data, old)) for old, _ in moved_keys(data)}  # `q_max: 16  # depth`
     moved = migrate_params(data)
-    for old, new in moved:  # each moved scalar keeps its end-of-line comment
-        if not notes.get(old):
+    for old, new in moved:  # each moved key keeps its comment (and the comment lines that followed it)
+        if notes.get(old) is None:
             continue
         parent, key = _holder(data, old)
         getattr(getattr(parent, "ca", None), "items", {}).pop(key, None)
         section, target = _holder(data, new)
-        section.yaml_add_eol_comment(notes[old], target)
+        section.ca.items[target] = notes[old]
     if moved:
         out = io.StringIO()
         rt.dump(data, out)
@@ -71,9 +71,9 @@ def _holder(data: Any, dotted: str) -> tuple[Any, str]:
     return data, key
 
 
-def _eol_comment(section: object, key: str) -> str | None:
-    """The end-of-line comment after `key`'s scalar value in a round-trip `section`, without its newline."""
+def _comment(section: object, key: str) -> list[Any] | None:
+    """The comment tokens after `key`'s scalar value in a round-trip `section` (its end-of-line comment and any
+    comment lines up to the next key), or None."""
     items = getattr(getattr(section, "ca", None), "items", {})
-    token = (items.get(key) or [None, None, None])[2]
-    text = token.value.strip() if token is not None else ""
-    return text.splitlines()[0] if text.startswith("#") else None
+    tokens = items.get(key)
+    return tokens if tokens and len(tokens) > 2 and tokens[2] is not None else None
