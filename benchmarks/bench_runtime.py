@@ -35,20 +35,13 @@ def bench(
     mbs = [list(range(i, i + prompts_per_mb)) for i in range(0, total, prompts_per_mb)]
     plan = WorkPlan.from_lists(mbs, [p // 6 for p in range(n_minibatches)])
     cfg = RuntimeConfig(
-        generation_units=units,
-        actors_per_unit=actors,
-        gu_queue_target=8,
         global_batch_prompts=64 * prompts_per_mb,
-        q_max=10**9,
-        n_samples=n,
-        max_new_tokens=max_len,
-        actor_num_cpus=0.0,
-        poll_timeout_s=0.5,
-        coalesce_below_s=coalesce_s,
         iterations=None,
-        trainer_step_s=0.0,
-        refresh_delay_s=0.0,
-        max_policy_lag=None,
+        sampling={"n_samples": n, "max_new_tokens": max_len},
+        queue={"gu_queue_target": 8, "q_max": 10**9, "coalesce_below_s": coalesce_s, "max_policy_lag": None},
+        control={"poll_timeout_s": 0.5},
+        ray={"generation_units": units, "actors_per_unit": actors, "actor_num_cpus": 0.0},
+        trainer={"step_s": 0.0, "refresh_delay_s": 0.0},
     )
     engine = EngineSpec("standin", options={"min_length": max(1, max_len // 2), "max_length": max_len})
     start = time.perf_counter()
@@ -100,19 +93,13 @@ def ablation(n_prompts: int = 3072, seed: int = 0) -> None:
         list(range(n_prompts)), pred, b=16, kappa=2, k=6, iterations=2_000_000, seed=seed, method="asp"
     )
     cfg = RuntimeConfig(
-        generation_units=2,
-        actors_per_unit=2,
-        gu_queue_target=6,
         global_batch_prompts=64,
-        q_max=192,
-        n_samples=4,
-        max_new_tokens=8192,
-        trainer_step_s=0.1,
-        refresh_delay_s=0.02,
-        actor_num_cpus=0.0,
         seed=seed,
         iterations=None,
-        max_policy_lag=None,
+        sampling={"n_samples": 4, "max_new_tokens": 8192},
+        queue={"gu_queue_target": 6, "q_max": 192, "max_policy_lag": None},
+        ray={"generation_units": 2, "actors_per_unit": 2, "actor_num_cpus": 0.0},
+        trainer={"step_s": 0.1, "refresh_delay_s": 0.02},
     )
     results = {
         name: run_async(plan, prompts, engine, cfg, trainer_factory=make_trainer_factory("simulated", cfg)).metrics

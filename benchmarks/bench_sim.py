@@ -78,15 +78,11 @@ def synthetic_workload(n_prompts: int, seed: int = 0) -> tuple[np.ndarray, Workl
 def runtime_config(iterations: int | None) -> ControlSettings:
     """The paper-scale setting as the simulator's `ControlSettings` (the runtime params' defaults otherwise)."""
     return RuntimeConfig(
-        generation_units=16,
-        actors_per_unit=8,
-        gu_queue_target=6,
         global_batch_prompts=BATCH,
-        q_max=4 * BATCH,
-        n_samples=N_SAMPLES,
-        max_new_tokens=CAP,
-        max_policy_lag=None,
         iterations=iterations,
+        sampling={"n_samples": N_SAMPLES, "max_new_tokens": CAP},
+        queue={"gu_queue_target": 6, "q_max": 4 * BATCH, "max_policy_lag": None},
+        ray={"generation_units": 16, "actors_per_unit": 8},
     ).control_settings()
 
 

@@ -104,7 +104,8 @@ def layout(name: str, copies: int) -> Layout:
     raw = read_yaml(ROOT / "params.yaml")
     if name == "gpu":
         raw = deep_merge(raw, read_yaml(ROOT / "configs/gpu-cluster.yaml"))
-    runtime = {**raw["runtime"], "iterations": None, "max_new_tokens": CAP}
+    runtime = {**raw["runtime"], "iterations": None}
+    runtime["sampling"] = {**runtime["sampling"], "max_new_tokens": CAP}
     settings = RuntimeConfig(**runtime, seed=0).control_settings()  # no schedule settings: history off
     sched = raw["schedule"]
     return Layout(name, settings, sched["b"], sched["kappa"], sched["k"], copies if name == "gpu" else 1)

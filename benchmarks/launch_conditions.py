@@ -18,22 +18,18 @@ from pathlib import Path
 
 from launch_paths import scratch_launch_paths
 
-from asp.config import Params, load_params
+from asp.config import Params, RuntimeParams, deep_merge, load_params
 from asp.env import set_offline_defaults
 from asp.pipeline import launch
 from asp.tracking import NullTracker
 
 # the scheduling-study setting (fixed training time, so iteration time reflects the schedule only)
 TABLE_4B = {
-    "trainer": "simulated",
-    "trainer_step_s": 0.5,
-    "refresh_delay_s": 0.2,
     "iterations": 30,
     "global_batch_prompts": 16,
-    "q_max": 64,
-    "actors_per_unit": 3,
-    "gu_queue_target": 6,
-    "max_policy_lag": None,
+    "queue": {"q_max": 64, "gu_queue_target": 6, "max_policy_lag": None},
+    "ray": {"actors_per_unit": 3},
+    "trainer": {"kind": "simulated", "step_s": 0.5, "refresh_delay_s": 0.2},
 }
 COLUMNS = {
     "mean_iteration_time_s": "mean iter (s)",
@@ -51,7 +47,8 @@ def table_4b_params(params: Params, condition: str, iterations: int | None = Non
     """params with the Table 4(b) runtime setting above and `runtime.condition` set (`iterations`: fewer steps for a
     quick look; None: the setting's 30)."""
     extra = {} if iterations is None else {"iterations": iterations}
-    runtime = params.runtime.model_copy(update={**TABLE_4B, "condition": condition, **extra})
+    overlay = deep_merge(TABLE_4B, {"condition": condition, **extra})
+    runtime = RuntimeParams.model_validate(deep_merge(params.runtime.model_dump(), overlay))
     return params.model_copy(update={"runtime": runtime})
 
 

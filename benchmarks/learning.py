@@ -44,7 +44,7 @@ import pandas as pd
 from launch_paths import scratch_launch_paths
 
 from asp.cli.plan import load_params_with
-from asp.config import Params
+from asp.config import Params, RuntimeParams, deep_merge
 from asp.env import set_offline_defaults
 from asp.pipeline import launch
 from asp.steps.paths import rebase
@@ -58,12 +58,11 @@ CONDITIONS = {  # name -> (mode, condition, partial rollouts)
 }
 BASELINE = "sync C0"
 SETTING = {  # benchmarks/sync_vs_async.py's setting
-    "trainer": "grpo",
-    "generation_units": 1,
-    "actors_per_unit": 2,
     "global_batch_prompts": 32,
-    "q_max": 64,
     "heldout_problems": 0,  # the curve's first and last points are the before / after
+    "queue": {"q_max": 64},
+    "ray": {"generation_units": 1, "actors_per_unit": 2},
+    "trainer": {"kind": "grpo"},
 }
 FULL = {"iterations": 40, "checkpoint_interval": 5, "eval_interval": 5, "eval_problems": 128, "seeds": 3}
 QUICK = {
@@ -214,23 +213,22 @@ def bench_params(params: Params, name: str, seed: int, setting: dict[str, int]) 
     """params with the setting, the condition `name`'s mode / schedule / partial rollouts and seed offset `seed`."""
     mode, condition, partial = CONDITIONS[name]
     runtime = params.runtime
-    budget = min(runtime.partial.token_budget, max(1, runtime.max_new_tokens // 2))
-    grpo = runtime.grpo.model_copy(
-        update={"eval_interval": setting["eval_interval"], "eval_problems": setting["eval_problems"]}
-    )
-    sizes: dict[str, int] = {k: setting[k] for k in ("global_batch_prompts", "q_max") if k in setting}
+    budget = min(runtime.partial.token_budget, max(1, runtime.sampling.max_new_tokens // 2))
     update: dict[str, Any] = {
-        **SETTING,
-        **sizes,
         "iterations": setting["iterations"],
         "checkpoint_interval": setting["checkpoint_interval"],
         "mode": mode,
         "condition": condition,
-        "partial": runtime.partial.model_copy(update={"enabled": partial, "token_budget": budget}),
-        "grpo": grpo,
+        "partial": {"enabled": partial, "token_budget": budget},
+        "grpo": {"eval_interval": setting["eval_interval"], "eval_problems": setting["eval_problems"]},
     }
+    if "global_batch_prompts" in setting:
+        update["global_batch_prompts"] = setting["global_batch_prompts"]
+    if "q_max" in setting:  # the setting's Training Queue depth: runtime.queue.q_max
+        update["queue"] = {"q_max": setting["q_max"]}
+    merged = deep_merge(runtime.model_dump(), deep_merge(SETTING, update))
     common = params.common.model_copy(update={"seed": params.common.seed + seed})
-    return params.model_copy(update={"runtime": runtime.model_copy(update=update), "common": common})
+    return params.model_copy(update={"runtime": RuntimeParams.model_validate(merged), "common": common})
 
 
 def measure(params: Params, root: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Node loss on a multi-node Ray cluster on this machine: prompts lost / duplicated and time to recover (issue 23 §2).
 
 Runs the slow multi-node tests (tests/runtime/test_multinode.py: a head + 3 worker raylets on 127.0.0.1, launch's
-runtime and the 2-actor profile joined through runtime.ray_address, nodes SIGKILLed while known work is in flight)
+runtime and the 2-actor profile joined through runtime.ray.address, nodes SIGKILLed while known work is in flight)
 and collects what they measure, each line printed by the test from its own assertions and timestamps:
 
 * launch: seconds from losing a rollout node to its minibatches being re-issued to the surviving Generation Unit, to

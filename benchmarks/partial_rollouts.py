@@ -131,8 +131,9 @@ def demo(iterations: int, budget: int, variants: list[str]) -> dict[str, dict[st
     params = load_params(ROOT / "params.yaml")
     print(
         f"\n## (demo) launch, GRPO, hf engines, {iterations} updates, budget {budget} tokens "
-        f"(runtime: {params.runtime.generation_units} GU x {params.runtime.actors_per_unit} actors, batch "
-        f"{params.runtime.global_batch_prompts} x n={params.runtime.n_samples}, cap {params.runtime.max_new_tokens})\n"
+        f"(runtime: {params.runtime.ray.generation_units} GU x {params.runtime.ray.actors_per_unit} actors, batch "
+        f"{params.runtime.global_batch_prompts} x n={params.runtime.sampling.n_samples}, "
+        f"cap {params.runtime.sampling.max_new_tokens})\n"
     )
     rows = {}
     for name in variants:
@@ -161,7 +162,7 @@ def gpu_settings(iterations: int, partial: dict[str, Any], budget: int, lag: str
     runtime = dict(raw["runtime"])
     runtime.update(iterations=iterations, partial={**partial, "token_budget": budget})
     if lag != "preset":
-        runtime["max_policy_lag"] = None if lag == "none" else int(lag)
+        runtime["queue"] = {**runtime["queue"], "max_policy_lag": None if lag == "none" else int(lag)}
     return RuntimeConfig(**runtime, seed=0).control_settings(), raw["schedule"]
 
 

@@ -3,7 +3,7 @@
 ``measure`` runs the profile stage (`asp.pipeline.profile.run`, no tracking) on the demo's prompts and policy
 (outputs/prompts, outputs/policy: `dvc repro profile` first) once per actor count, each in a fresh temporary
 directory: ``profile.actors: 1`` is one engine in this process, N > 1 is N Ray engine actors on a local Ray this
-script's stage run starts (runtime.actor_num_cpus each). It prints wall time (Ray start and engine loads included),
+script's stage run starts (runtime.ray.actor_num_cpus each). It prints wall time (Ray start and engine loads included),
 the engines' summed generate seconds, minibatches per actor, generated tokens/s over the wall time, the speed-up and
 whether samples.parquet is byte-identical to the 1-actor run's. Wall-clock: run it on an otherwise idle machine; the
 demo's hf engine uses one thread, so the machine's cores bound the gain.
@@ -108,7 +108,7 @@ def measure(args: argparse.Namespace) -> None:
         f"\nprofile on the demo: {n} prompts x {prof.n_samples} samples, cap {prof.max_new_tokens}, "
         f"{base['minibatches']} minibatches of {prof.minibatch_prompts} "
         f"(hf engine, {prof.engine.num_threads} thread each; "
-        f"runtime.actor_num_cpus {params.runtime.actor_num_cpus:g})\n"
+        f"runtime.ray.actor_num_cpus {params.runtime.ray.actor_num_cpus:g})\n"
     )
     print("| actors | wall (s) | Σ engine generate (s) | minibatches per actor | tokens/s (wall) | speed-up | "
           "samples = 1 actor's |")  # fmt: skip

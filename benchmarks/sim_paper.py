@@ -96,17 +96,13 @@ def plans(ids: np.ndarray, work: Workload, tau: float, seed: int) -> dict[str, W
 
 def settings(gus: int, actors: int, iterations: int, seed: int):
     return RuntimeConfig(
-        generation_units=gus,
-        actors_per_unit=actors,
         global_batch_prompts=BATCH,
-        q_max=4 * BATCH,
-        n_samples=N,
-        max_new_tokens=CAP,
-        max_policy_lag=None,
         iterations=iterations,
-        stall_timeout_s=1e6,  # minibatches take minutes here
-        poll_timeout_s=5.0,
         seed=seed,
+        sampling={"n_samples": N, "max_new_tokens": CAP},
+        queue={"q_max": 4 * BATCH, "max_policy_lag": None},
+        control={"stall_timeout_s": 1e6, "poll_timeout_s": 5.0},  # minibatches take minutes here
+        ray={"generation_units": gus, "actors_per_unit": actors},
     ).control_settings()
 
 

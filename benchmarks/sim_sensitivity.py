@@ -65,17 +65,13 @@ def setup(seed: int = 0):
 
 def settings(condition: str = "C4", iterations: int = ITERATIONS, **over):
     base = dict(
-        generation_units=2,
-        actors_per_unit=8,
         global_batch_prompts=BATCH,
-        q_max=4 * BATCH,
-        n_samples=N,
-        max_new_tokens=CAP,
-        max_policy_lag=None,
         iterations=iterations,
-        stall_timeout_s=1e6,
-        poll_timeout_s=2.0,
         condition=condition,
+        sampling={"n_samples": N, "max_new_tokens": CAP},
+        queue={"q_max": 4 * BATCH, "max_policy_lag": None},
+        control={"stall_timeout_s": 1e6, "poll_timeout_s": 2.0},
+        ray={"generation_units": 2, "actors_per_unit": 8},
         history=HistoryParams(enabled=False),
         schedule=ScheduleParams(b=B, kappa=KAPPA, k=K, iterations=20_000),
     )
@@ -123,7 +119,7 @@ def main() -> None:
         c0 = iter_s(plans["C0"], work, gen, train, settings("C0"))
         c4 = iter_s(plans["C4"], work, gen, train, settings("C4"))
         hist = iter_s(plans["C4"], work, gen, train, settings("C4", history=HistoryParams(enabled=True)))
-        lagged = iter_s(plans["C4"], work, gen, train, settings("C4", max_policy_lag=2))
+        lagged = iter_s(plans["C4"], work, gen, train, settings("C4", queue={"q_max": 4 * BATCH, "max_policy_lag": 2}))
         partial = iter_s(plans["C4"], work, gen, train, settings(
             "C4", max_policy_lag=2, partial=PartialParams(enabled=True, token_budget=1024)))  # fmt: skip
         sync = iter_s(plans["C4"], work, gen, train, settings("C4", mode="sync"))

@@ -100,7 +100,7 @@ def fitted_terms(params: Params, fit_from: Path) -> Terms:
         if not f.is_file():
             sys.exit(f"{f}: missing; run the launch stage (GRPO) first, or pass --no-fit")
     it = pd.read_parquet(iterations)
-    train, treport = fit_training_model(it, n_samples=params.runtime.n_samples)
+    train, treport = fit_training_model(it, n_samples=params.runtime.sampling.n_samples)
     paths = stage.Paths()
     timings = pd.read_csv(paths.timings)
     gen, _ = fit_generation_model(timings, stage.generation_form(params), folds=params.simulate.folds, seed=0)
@@ -119,7 +119,7 @@ def fitted_terms(params: Params, fit_from: Path) -> Terms:
 
 def with_terms(p: Params, terms: Terms) -> Params:
     """`p` with the launch-fitted terms for a GRPO run (the simulated trainer computes nothing: unchanged)."""
-    if p.runtime.trainer != "grpo" or terms.training is None:
+    if p.runtime.trainer.kind != "grpo" or terms.training is None:
         return p
     training = p.simulate.training.model_copy(update=terms.training)
     update = {"training": training, "sharing_factor": terms.sharing_factor}

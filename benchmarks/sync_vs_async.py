@@ -38,7 +38,7 @@ from pathlib import Path
 from launch_paths import scratch_launch_paths
 
 from asp.cli.plan import load_params_with
-from asp.config import Params
+from asp.config import Params, RuntimeParams, deep_merge
 from asp.env import set_offline_defaults
 from asp.pipeline import launch
 from asp.tracking import NullTracker
@@ -46,13 +46,12 @@ from asp.tracking import NullTracker
 RUNS = (("sync", "C0", False), ("async", "C0", False), ("async", "C4", False))
 PARTIAL_RUN = ("async", "C4", True)  # added where the params turn partial rollouts on (demo-vllm), or by --runs
 SETTING = {
-    "trainer": "grpo",
-    "generation_units": 1,
-    "actors_per_unit": 2,
     "global_batch_prompts": 32,
-    "q_max": 64,
     "iterations": 30,
     "heldout_problems": 0,
+    "queue": {"q_max": 64},
+    "ray": {"generation_units": 1, "actors_per_unit": 2},
+    "trainer": {"kind": "grpo"},
 }
 ROWS = {  # metric key -> (label, format)
     "runtime/summary/mean_iteration_time_s": ("mean iteration time (s)", ".3f"),
@@ -78,9 +77,9 @@ ROWS = {  # metric key -> (label, format)
 
 def bench_params(params: Params, mode: str, condition: str, iterations: int, partial: bool = False) -> Params:
     """params with the benchmark setting above, `runtime.mode`, `runtime.condition` and partial rollouts set."""
-    update = {**SETTING, "iterations": iterations, "mode": mode, "condition": condition}
-    update["partial"] = params.runtime.partial.model_copy(update={"enabled": partial})
-    return params.model_copy(update={"runtime": params.runtime.model_copy(update=update)})
+    update = {"iterations": iterations, "mode": mode, "condition": condition, "partial": {"enabled": partial}}
+    runtime = RuntimeParams.model_validate(deep_merge(params.runtime.model_dump(), deep_merge(SETTING, update)))
+    return params.model_copy(update={"runtime": runtime})
 
 
 def run_name(mode: str, condition: str, partial: bool) -> str:

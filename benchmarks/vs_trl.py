@@ -98,11 +98,11 @@ def trl_config(params: Any, out: Path, seed: int, iterations: int) -> Any:
         disable_tqdm=True,
         seed=seed,
         max_steps=iterations,
-        per_device_train_batch_size=rt.global_batch_prompts * rt.n_samples,
-        num_generations=rt.n_samples,
-        max_completion_length=rt.max_new_tokens,
-        temperature=rt.temperature,
-        top_p=rt.top_p,
+        per_device_train_batch_size=rt.global_batch_prompts * rt.sampling.n_samples,
+        num_generations=rt.sampling.n_samples,
+        max_completion_length=rt.sampling.max_new_tokens,
+        temperature=rt.sampling.temperature,
+        top_p=rt.sampling.top_p,
         learning_rate=g.lr,
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=g.warmup_steps,
@@ -235,8 +235,9 @@ def run_asp(params: Any, paths: Any, seed: int, iterations: int, steps: list[int
     interval = steps[0] if all(s % steps[0] == 0 for s in steps) else 1
     rt = params.runtime
     update = {
-        "trainer": "grpo", "mode": mode, "condition": "C0" if mode == "sync" else "C4", "iterations": iterations,
+        "mode": mode, "condition": "C0" if mode == "sync" else "C4", "iterations": iterations,
         "heldout_problems": 0, "checkpoint_interval": interval,
+        "trainer": rt.trainer.model_copy(update={"kind": "grpo"}),
         "grpo": rt.grpo.model_copy(update={"keep_checkpoints": 10_000}),
     }  # fmt: skip
     p = params.model_copy(
@@ -273,8 +274,8 @@ def evaluate(policy: Path, records: list[dict], result: dict, params: Any, seed:
 
     for c in result["checkpoints"]:
         r = heldout_rewards(
-            policy, c["weights"], records, max_new_tokens=params.runtime.max_new_tokens, seed=seed,
-            temperature=params.runtime.temperature, device="cpu", num_threads=TRL_THREADS,
+            policy, c["weights"], records, max_new_tokens=params.runtime.sampling.max_new_tokens, seed=seed,
+            temperature=params.runtime.sampling.temperature, device="cpu", num_threads=TRL_THREADS,
         )  # fmt: skip
         c["heldout_reward"] = r.mean
         c.pop("weights")

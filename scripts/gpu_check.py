@@ -155,7 +155,7 @@ def run_overrides(sizes: Sizes, device_gib: float) -> dict[str, Any]:
     if sizes.micro_batch_tokens is not None:  # the estimate's longest row must not exceed the dry run's micro-batch
         out["runtime.grpo.micro_batch_tokens"] = sizes.micro_batch_tokens
         out["runtime.engine.vllm.max_model_len"] = sizes.micro_batch_tokens
-        out["runtime.max_new_tokens"] = sizes.micro_batch_tokens // 2
+        out["runtime.sampling.max_new_tokens"] = sizes.micro_batch_tokens // 2
     return out
 
 
@@ -333,14 +333,14 @@ def grpo_part(row: Row, model_dir: Path, params: Any, sizes: Sizes) -> None:
     )
     g = params.runtime.grpo
     cfg = g.model_copy(update={"snapshot_interval": 10**9, "transport": "object_store", "snapshot_dir": None})
-    n = params.runtime.n_samples
+    n = params.runtime.sampling.n_samples
     row_tokens = g.micro_batch_tokens // n
     prompt_tokens = max(2, row_tokens // 10)
     prompts = {p: text_of(prompt_tokens, p) for p in range(sizes.micro_batches)}
     rt = params.runtime
     spec = GRPOSpec(
         str(model_dir), prompts, dict.fromkeys(prompts, "1"), cfg, "math",
-        temperature=rt.temperature, seed=0, checkpoint_interval=rt.checkpoint_interval,
+        temperature=rt.sampling.temperature, seed=0, checkpoint_interval=rt.checkpoint_interval,
     )  # fmt: skip
     row.settings = (
         f"world_size 1, {g.mixed_precision} mixed precision, autocast {g.autocast_dtype}, activation checkpointing "

@@ -1,7 +1,7 @@
 """DVC stage `prepare`: load, check, template and split the prompts.
 
-Run: `asp stage prepare` (dvc.yaml calls this). Reads params `common.seed`, `prepare`,
-`profile.max_new_tokens` and `runtime.max_new_tokens` (room left for responses in the policy's context); writes
+Run: `asp stage prepare` (dvc.yaml calls this). Reads params `common.seed`, `prepare`, `profile.max_new_tokens`
+and `runtime.sampling.max_new_tokens` (room left for responses in the policy's context); writes
 outputs/prompts/{train,profile,heldout}.parquet and metrics/prepare.json.
 """
 

@@ -100,7 +100,7 @@ def test_gpu_init_then_check_then_the_runs_plan(project: Path, capsys: pytest.Ca
     assert asp("plan", "memory", "-c", "my-cluster") == 0
     params = check_request(RunRequest(preset="my-cluster"))  # what `asp repro --preset my-cluster` checks first
     assert params.policy.path == str(project / "policy") and params.runtime.engine.kind == "vllm"
-    assert (params.runtime.generation_units, params.runtime.actors_per_unit) == (3, 4)
+    assert (params.runtime.ray.generation_units, params.runtime.ray.actors_per_unit) == (3, 4)
     assert params.schedule.b == 32  # inherited from gpu-cluster
 
 

@@ -179,8 +179,8 @@ def test_grpo_section_typed_and_checked() -> None:
     assert "runtime.grpo.learning_rate" in msg and "lr" in msg and "loss_aggregation" in msg
     msg = _error({"runtime": {"grpo": {"loss_aggregation": "mean"}}})
     assert "'runtime.grpo.loss_aggregation' = 'mean'" in msg and "'token' or 'sequence'" in msg
-    assert "'runtime.trainer' = 'ppo'" in _error({"runtime": {"trainer": "ppo"}})
-    assert "'runtime.stale_samples'" in _error({"runtime": {"stale_samples": "keep"}})
+    assert "'runtime.trainer.kind' = 'ppo'" in _error({"runtime": {"trainer": {"kind": "ppo"}}})
+    assert "'runtime.queue.stale_samples'" in _error({"runtime": {"queue": {"stale_samples": "keep"}}})
 
 
 # ---- duplicate keys: refused, naming the key and both lines -------------------------------------------------------
@@ -259,8 +259,8 @@ def test_set_errors_point_at_the_set_value_not_the_file(tmp_path: Path) -> None:
     ("sets", "message"),
     [
         (
-            ["runtime.trainer=simulated", "runtime.grpo.world_size=2"],
-            "runtime.grpo.world_size = 2 but runtime.trainer = 'simulated' runs on one rank",
+            ["runtime.trainer.kind=simulated", "runtime.grpo.world_size=2"],
+            "runtime.grpo.world_size = 2 but runtime.trainer.kind = 'simulated' runs on one rank",
         ),
         (["runtime.grpo.cpu_offload=true"], "runtime.grpo.cpu_offload needs a CUDA device (runtime.grpo.device is"),
         (["runtime.grpo.backend=nccl"], "runtime.grpo.backend = 'nccl' needs a CUDA device (runtime.grpo.device is"),
@@ -281,7 +281,10 @@ def test_trainer_settings_checks_apply_only_where_they_matter() -> None:
         on_gpu = RuntimeParams(grpo=GRPOParams(device="cuda", **knobs))  # fine on a CUDA device
         assert on_gpu.grpo.device == "cuda"
     # a simulated trainer leaves runtime.grpo unused: only its rank count is refused
-    assert RuntimeParams(trainer="simulated", grpo=GRPOParams(cpu_offload=True, backend="nccl")).trainer == "simulated"
+    assert (
+        RuntimeParams(grpo=GRPOParams(cpu_offload=True, backend="nccl"), trainer={"kind": "simulated"}).trainer.kind
+        == "simulated"
+    )
     assert GRPOParams(reward="tests.trainers.test_grpo:share_of_w_words").reward.endswith(":share_of_w_words")
     assert GRPOParams(reward="demo_steps").reward == "demo_steps"
 
@@ -291,17 +294,23 @@ def test_the_profile_samples_as_the_launch_unless_it_sets_its_own() -> None:
     setting, so a changed launch cap changes what the profile measures too; an explicit profile value wins."""
     assert {SHIPPED["profile"][key] for key in ("max_new_tokens", "temperature", "top_p")} == {None}
     shipped = load_params(ROOT / "params.yaml")
-    assert (shipped.profile.max_new_tokens, shipped.profile.top_p) == (shipped.runtime.max_new_tokens, 1.0)
-    longer = validate_params(deep_merge(SHIPPED, {"runtime": {"max_new_tokens": 300, "top_p": 0.9}}))
+    assert (shipped.profile.max_new_tokens, shipped.profile.top_p) == (shipped.runtime.sampling.max_new_tokens, 1.0)
+    longer = validate_params(deep_merge(SHIPPED, {"runtime": {"sampling": {"max_new_tokens": 300, "top_p": 0.9}}}))
     assert (longer.profile.max_new_tokens, longer.profile.top_p) == (300, 0.9)
     profile = {key: value for key, value in SHIPPED["profile"].items() if key != "max_new_tokens"}  # absent: same
     assert (
         validate_params({**SHIPPED, "profile": profile, "runtime": longer.runtime.model_dump()}).profile.max_new_tokens
         == 300
     )
-    own = validate_params(deep_merge(SHIPPED, {"profile": {"max_new_tokens": 64}, "runtime": {"max_new_tokens": 300}}))
-    assert (own.profile.max_new_tokens, own.runtime.max_new_tokens) == (64, 300)
-    with pytest.raises(UserError, match=r"runtime.temperature is 0 \(greedy\) and profile.temperature is null"):
-        validate_params(deep_merge(SHIPPED, {"runtime": {"temperature": 0}}))
-    greedy = validate_params(deep_merge(SHIPPED, {"runtime": {"temperature": 0}, "profile": {"temperature": 0.7}}))
-    assert (greedy.runtime.temperature, greedy.profile.temperature) == (0, 0.7)
+    own = validate_params(
+        deep_merge(SHIPPED, {"profile": {"max_new_tokens": 64}, "runtime": {"sampling": {"max_new_tokens": 300}}})
+    )
+    assert (own.profile.max_new_tokens, own.runtime.sampling.max_new_tokens) == (64, 300)
+    with pytest.raises(
+        UserError, match=r"runtime.sampling.temperature is 0 \(greedy\) and profile.temperature is null"
+    ):
+        validate_params(deep_merge(SHIPPED, {"runtime": {"sampling": {"temperature": 0}}}))
+    greedy = validate_params(
+        deep_merge(SHIPPED, {"runtime": {"sampling": {"temperature": 0}}, "profile": {"temperature": 0.7}})
+    )
+    assert (greedy.runtime.sampling.temperature, greedy.profile.temperature) == (0, 0.7)

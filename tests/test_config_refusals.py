@@ -34,13 +34,13 @@ def _error(**sections: dict) -> str:
 @pytest.mark.parametrize("key", ["actor_resources", "trainer_resources"])
 @pytest.mark.parametrize("amount", [-1, 0])
 def test_custom_resource_amount_must_be_positive(key: str, amount: int) -> None:
-    text = _error(runtime={key: {"rollout_node": amount}})
-    assert f"'runtime.{key}.rollout_node' = {amount}: Input should be greater than 0" in text, text
+    text = _error(runtime={f"ray.{key}": {"rollout_node": amount}})
+    assert f"'runtime.ray.{key}.rollout_node' = {amount}: Input should be greater than 0" in text, text
 
 
 def test_token_budget_at_or_above_max_new_tokens_is_refused_when_partial_is_on() -> None:
-    text = _error(runtime={"partial.enabled": True, "partial.token_budget": 200, "max_new_tokens": 160})
-    assert "runtime.partial.token_budget = 200 is not below runtime.max_new_tokens = 160" in text, text
+    text = _error(runtime={"partial.enabled": True, "partial.token_budget": 200, "sampling.max_new_tokens": 160})
+    assert "runtime.partial.token_budget = 200 is not below runtime.sampling.max_new_tokens = 160" in text, text
     assert "partial rollouts would do nothing" in text and "runtime.partial.enabled: false" in text
     raw = read_yaml(ROOT / "params.yaml")
     raw["runtime"]["partial"] |= {"enabled": False, "token_budget": 200}  # off: the budget is not used
@@ -56,14 +56,14 @@ def test_bias_reference_error_names_the_key_without_validator_internals(value: o
 
 def test_params_check_exits_2_on_a_negative_resource() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "asp", "params", "check", "--set", "runtime.actor_resources={rollout_node: -1}"],
+        [sys.executable, "-m", "asp", "params", "check", "--set", "runtime.ray.actor_resources={rollout_node: -1}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert "'runtime.actor_resources.rollout_node' = -1" in out.stderr
+    assert "'runtime.ray.actor_resources.rollout_node' = -1" in out.stderr
 
 
 @pytest.mark.parametrize("message", [{"role": "user"}, {"role": "user", "content": None}])

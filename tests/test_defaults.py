@@ -65,7 +65,7 @@ HOMES: dict[str, tuple[str, ...]] = {
     "asp/trainers/": ("runtime",),
     "asp/runtime/": ("runtime",),
     "asp/control/": ("runtime",),
-    "asp/rollout/": ("profile", "runtime.engine"),
+    "asp/rollout/": ("profile", "runtime.engine", "runtime.sampling"),
     "asp/sim/": ("simulate", "runtime", "schedule"),
     "asp/sim/planner.py": ("simulate.plan", "runtime", "schedule"),
     "asp/sim/memory.py": ("runtime.grpo", "runtime.memory", "runtime.engine.vllm", "profile.engine.vllm"),

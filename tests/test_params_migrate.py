@@ -1,7 +1,8 @@
 """Keys that moved (`asp.config.moved_keys`: the profile stage's engine settings now sit in ``profile.engine``, the
-shape ``runtime.engine`` has): a params file, a preset or a `--set` that still uses an old key is refused with one
-message naming the new key (exit 2); `asp params migrate FILE...` rewrites a file into the current shape, keeping its
-comments, and the result validates to the same values. In-process through `asp.cli.main`."""
+shape ``runtime.engine`` has; the runtime's flat keys in its sections ``sampling``, ``queue``, ``control``, ``ray`` and
+``trainer``): a params file, a preset, a `--set` or a Prefect run's overrides that still use an old key are refused
+with one message naming the new key (exit 2); `asp params migrate FILE...` rewrites a file into the current shape,
+keeping its comments, and the result validates to the same values. In-process through `asp.cli.main`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asp.config import Params, deep_merge, migrate_params, moved_keys, read_yaml, validate_params
+from asp.config import Params, deep_merge, load_params, migrate_params, moved_keys, read_yaml, validate_params
+from asp.errors import UserError
+from asp.orchestration.request import RunRequest, check_request
+from asp.pipeline.simulate import launch_setting_differences
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_PROFILE = """\
@@ -25,6 +29,29 @@ profile:
     tensor_parallel_size: 2
     max_model_len: 4096       # prompt + response
 """
+
+# the runtime section as it was before its sections: flat keys, `trainer` a scalar, the ray_* names
+OLD_RUNTIME = """\
+runtime:
+  condition: C4
+  trainer: simulated          # grpo | simulated: fixed step time
+  iterations: 7
+  generation_units: 2
+  actors_per_unit: 3          # engines per Generation Unit
+  q_max: 32                   # Training Queue depth (prompts)
+  # two global batches: generation pauses above it
+  global_batch_prompts: 16
+  n_samples: 4
+  max_new_tokens: 96          # response cap
+  max_policy_lag: null
+  trainer_step_s: 0.25        # simulated only
+  refresh_delay_s: 0.1
+  ray_address: auto           # join the running cluster
+  ray_connect_timeout_s: 5.0
+  stall_timeout_s: 120
+  coalesce_below_s: 0.0
+"""
+SECTIONS = ("sampling", "queue", "control", "ray", "trainer")
 
 
 def _cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
@@ -121,6 +148,148 @@ def test_migrate_rewrites_an_old_file_keeping_comments_and_values(
     before = old.read_bytes()
     code, out, _ = _cli(capsys, "params", "migrate", str(old))
     assert code == 0 and "already in the current shape" in out and old.read_bytes() == before
+
+
+def _old_runtime_file(path: Path) -> Path:
+    """The repository's params.yaml with its runtime section written in the earlier, flat shape."""
+    data = read_yaml(ROOT / "params.yaml")
+    current = {k: v for k, v in data["runtime"].items() if k not in SECTIONS}
+    data["runtime"] = deep_merge(current, yaml.safe_load(OLD_RUNTIME)["runtime"])
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_old_runtime_keys_move_into_their_sections() -> None:
+    raw = yaml.safe_load(OLD_RUNTIME)
+    moved = moved_keys(raw)
+    assert moved[0] == ("runtime.trainer", "runtime.trainer.kind")  # the scalar first: the section others join
+    assert dict(moved) == {
+        "runtime.trainer": "runtime.trainer.kind",
+        "runtime.generation_units": "runtime.ray.generation_units",
+        "runtime.actors_per_unit": "runtime.ray.actors_per_unit",
+        "runtime.q_max": "runtime.queue.q_max",
+        "runtime.n_samples": "runtime.sampling.n_samples",
+        "runtime.max_new_tokens": "runtime.sampling.max_new_tokens",
+        "runtime.max_policy_lag": "runtime.queue.max_policy_lag",
+        "runtime.trainer_step_s": "runtime.trainer.step_s",
+        "runtime.refresh_delay_s": "runtime.trainer.refresh_delay_s",
+        "runtime.ray_address": "runtime.ray.address",
+        "runtime.ray_connect_timeout_s": "runtime.ray.connect_timeout_s",
+        "runtime.stall_timeout_s": "runtime.control.stall_timeout_s",
+        "runtime.coalesce_below_s": "runtime.queue.coalesce_below_s",
+    }
+    assert migrate_params(raw) == moved
+    assert raw["runtime"] == {
+        "condition": "C4",
+        "trainer": {"kind": "simulated", "step_s": 0.25, "refresh_delay_s": 0.1},
+        "iterations": 7,
+        "ray": {"generation_units": 2, "actors_per_unit": 3, "address": "auto", "connect_timeout_s": 5.0},
+        "queue": {"q_max": 32, "max_policy_lag": None, "coalesce_below_s": 0.0},
+        "global_batch_prompts": 16,
+        "sampling": {"n_samples": 4, "max_new_tokens": 96},
+        "control": {"stall_timeout_s": 120},
+    }
+    assert moved_keys(raw) == [] and migrate_params(raw) == []
+    half = {"runtime": {"queue": {"q_max": 64}, "q_max": 32, "trainer": {"kind": "grpo"}, "trainer_step_s": 1.0}}
+    assert migrate_params(half) == [
+        ("runtime.q_max", "runtime.queue.q_max"),
+        ("runtime.trainer_step_s", "runtime.trainer.step_s"),
+    ]
+    assert half["runtime"] == {"queue": {"q_max": 64}, "trainer": {"kind": "grpo", "step_s": 1.0}}  # the new key wins
+
+
+def test_an_old_runtime_file_or_preset_is_refused_naming_the_new_key(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    old = _old_runtime_file(tmp_path / "params.yaml")
+    code, _, err = _cli(capsys, "params", "check", "--params", str(old))
+    assert code == 2 and err.count("error:") == 1, err
+    assert f"{old}: runtime.trainer: this key is now runtime.trainer.kind: runtime's settings are grouped in " in err
+    assert "(12 more key(s) of runtime moved the same way)" in err and f"`asp params migrate {old}`" in err, err
+    preset = tmp_path / "big.yaml"
+    preset.write_text("runtime:\n  q_max: 64\n")
+    with pytest.raises(UserError) as refused:
+        load_params(ROOT / "params.yaml", overlay=preset)
+    message = str(refused.value)
+    assert message.startswith(f"{ROOT / 'params.yaml'} + {preset}: runtime.q_max: this key is now runtime.queue.q_max")
+    assert f"run `asp params migrate {ROOT / 'params.yaml'} {preset}`" in message, message
+
+
+@pytest.mark.parametrize(
+    ("key", "new"),
+    [
+        ("runtime.q_max=32", "runtime.queue.q_max"),
+        ("runtime.trainer=simulated", "runtime.trainer.kind"),
+        ("runtime.ray_address=auto", "runtime.ray.address"),
+        ("runtime.trainer_step_s=0.1", "runtime.trainer.step_s"),
+        ("runtime.actor_resources={rollout: 1}", "runtime.ray.actor_resources"),
+    ],
+)
+def test_an_old_runtime_key_in_a_set_is_refused_naming_the_key_to_set(
+    capsys: pytest.CaptureFixture, key: str, new: str
+) -> None:
+    code, _, err = _cli(capsys, "params", "check", "--params", str(ROOT / "params.yaml"), "--set", key)
+    old = key.split("=")[0]
+    assert code == 2 and f"error: --set {old}: this key is now {new}: " in err, err
+    assert f"To fix it, set {new} instead." in err, err
+
+
+def test_an_old_runtime_key_in_a_prefect_run_s_overrides_is_refused() -> None:
+    request = RunRequest(overrides={"runtime.n_samples": 4}, overrides_from="overrides")
+    with pytest.raises(UserError, match=r"^overrides runtime.n_samples: this key is now runtime.sampling.n_samples"):
+        check_request(request, root=ROOT)
+
+
+def test_a_launch_recorded_in_the_old_shape_is_the_same_setting() -> None:
+    """`asp simulate` compares the setting with dvc.lock's launch params, recorded before the runtime's sections."""
+    raw = read_yaml(ROOT / "params.yaml")
+    params = validate_params(raw)
+    flat = {k: v for k, v in raw["runtime"].items() if k not in SECTIONS}
+    for section in SECTIONS:
+        for key, value in raw["runtime"][section].items():
+            old = {"address": "ray_address", "connect_timeout_s": "ray_connect_timeout_s", "num_cpus": "ray_num_cpus",
+                   "num_gpus": "ray_num_gpus", "step_s": "trainer_step_s"}.get(key, key)  # fmt: skip
+            flat[old if section in ("ray", "trainer") else key] = value
+    flat["trainer"] = raw["runtime"]["trainer"]["kind"]
+    del flat["kind"]
+    lock = {"runtime": flat, "schedule": raw["schedule"], "profile": raw["profile"], "common.seed": 0}
+    assert launch_setting_differences(params, lock, raw) == []
+    lock["runtime"] = {**flat, "q_max": 32}
+    assert launch_setting_differences(params, lock, raw) == ["runtime.queue.q_max (launch 32, here 16)"]
+
+
+def test_migrate_rewrites_an_old_runtime_keeping_comments_and_values(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    old = _old_runtime_file(tmp_path / "params.yaml")
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("# my cluster\n" + OLD_RUNTIME)
+    code, out, _ = _cli(capsys, "params", "migrate", str(old), str(preset))
+    assert code == 0 and f"{preset}: 13 key(s) moved" in out, out
+    assert "  runtime.ray_address -> runtime.ray.address" in out, out
+    migrated = validate_params(read_yaml(old), str(old))
+    rt = migrated.runtime
+    assert (rt.trainer.kind, rt.trainer.step_s, rt.ray.address, rt.queue.q_max, rt.sampling.n_samples) == (
+        "simulated",
+        0.25,
+        "auto",
+        32,
+        4,
+    )
+    assert rt.queue.gu_queue_target == Params.defaults().runtime.queue.gu_queue_target  # the rest: unchanged
+    text = preset.read_text()
+    assert text.startswith("# my cluster\n") and "trainer:\n    kind: simulated" in text, text
+    for comment in (
+        "# grpo | simulated: fixed step time",
+        "    q_max: 32                 # Training Queue depth (prompts)\n",  # at its column
+        "# two global batches: generation pauses above it",  # a comment line after a moved key
+        "# join the running",
+    ):
+        assert comment in text, text
+    assert yaml.safe_load(text)["runtime"]["queue"] == {"q_max": 32, "max_policy_lag": None, "coalesce_below_s": 0.0}
+    before = preset.read_bytes()
+    code, out, _ = _cli(capsys, "params", "migrate", str(preset))
+    assert code == 0 and "already in the current shape" in out and preset.read_bytes() == before
 
 
 def test_the_repository_s_own_files_are_current(capsys: pytest.CaptureFixture) -> None:

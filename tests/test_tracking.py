@@ -144,14 +144,14 @@ def test_resumed_run_continues_and_keeps_changed_params_as_tags(exp: str, _mlflo
     uri = _mlflow_store
     with pytest.raises(KeyboardInterrupt), open_tracker("launch", experiment=exp) as tracker:
         run_id = tracker.run_id
-        tracker.log_params({"runtime": {"iterations": 4, "q_max": 16}})
+        tracker.log_params({"runtime": {"iterations": 4, "queue": {"q_max": 16}}})
         tracker.log_metrics({"train/reward_mean": 0.1}, step=1)
         raise KeyboardInterrupt
     client = MlflowClient(uri)
     assert client.get_run(run_id).info.status == "KILLED"
     with open_tracker("launch", experiment=exp, resume_run_id=run_id) as again:
         assert again.run_id == run_id
-        again.log_params({"runtime": {"iterations": 6, "q_max": 16}, "extra": 1})  # iterations changed
+        again.log_params({"runtime": {"iterations": 6, "queue": {"q_max": 16}}, "extra": 1})  # iterations changed
         again.log_metrics({"train/reward_mean": 0.2}, step=2)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["asp.resumed"] == "true"

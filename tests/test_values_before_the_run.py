@@ -65,7 +65,7 @@ def test_a_kv_cache_larger_than_the_machine_is_refused(capsys: pytest.CaptureFix
     assert "a KV cache of 10000 GiB (runtime.engine.vllm.kv_cache_gib)" in err and "lower kv_cache_gib" in err
     code, _, err = _check(capsys, "--preset", "demo-vllm", "--set", "profile.engine.vllm.kv_cache_gib=10000")
     assert code == 2 and "profile.engine.vllm.kv_cache_gib = 10000 GiB is not below this machine's memory" in err
-    sets = ["--set", "runtime.trainer=simulated", "--set", "runtime.engine.vllm.kv_cache_gib=10000"]
+    sets = ["--set", "runtime.trainer.kind=simulated", "--set", "runtime.engine.vllm.kv_cache_gib=10000"]
     assert _check(capsys, "--preset", "demo-vllm", *sets)[0] == 2  # checked whichever trainer runs
 
 

@@ -276,18 +276,21 @@ class ProfileParams(_Params):
     )
     engine: EngineParams = EngineParams()
     n_samples: Int = Field(8, ge=1, description="Responses sampled per prompt (paper: 8).")
-    # null or absent in params: the launch's runtime.KEY (`Params`), so the profile measures the lengths the launch
-    # generates (`SHARED_SAMPLING`); the defaults are the launch's, for a ProfileParams on its own
-    max_new_tokens: Int = Field(MAX_NEW_TOKENS, ge=1, description="Response length cap; null: runtime's.")
-    temperature: Float = Field(TEMPERATURE, gt=0, description="null: runtime.temperature.")
-    top_p: Float = Field(TOP_P, gt=0, le=1, description="null: runtime.top_p.")
+    # null or absent in params: the launch's runtime.sampling.KEY (`Params`), so the profile measures the lengths the
+    # launch generates (`SHARED_SAMPLING`); the defaults are the launch's, for a ProfileParams on its own
+    max_new_tokens: Int = Field(
+        MAX_NEW_TOKENS, ge=1, description="Response length cap; null: runtime.sampling.max_new_tokens."
+    )
+    temperature: Float = Field(TEMPERATURE, gt=0, description="null: runtime.sampling.temperature.")
+    top_p: Float = Field(TOP_P, gt=0, le=1, description="null: runtime.sampling.top_p.")
     minibatch_prompts: Int = Field(16, ge=1, description="Prompts per generate call (one timed minibatch).")
     chunk_minibatches: Int = Field(4, ge=1, description="Minibatches per saved chunk (the resume unit).")
     actors: Actors = Field(
         1,
         description="Engines the minibatches fan out over: 1 = one engine in the stage's own process (the CPU "
-        "default); N > 1 = N Ray engine actors (runtime.ray_address; runtime.actor_num_cpus / actor_num_gpus each, "
-        "placed like one Generation Unit); 'runtime' = launch's layout (generation_units x actors_per_unit).",
+        "default); N > 1 = N Ray engine actors (runtime.ray.address; runtime.ray.actor_num_cpus / actor_num_gpus "
+        "each, placed like one Generation Unit); 'runtime' = launch's layout (runtime.ray.generation_units x "
+        "actors_per_unit).",
     )
     lengths: LengthsFileParams = LengthsFileParams()
 
@@ -384,7 +387,7 @@ class RuntimeEngineParams(EngineParams):
 
 
 class GRPOParams(_Params):
-    """The GRPO Training Unit (``runtime.grpo``; used when ``runtime.trainer: grpo``); see docs/grpo.md.
+    """The GRPO Training Unit (``runtime.grpo``; used when ``runtime.trainer.kind: grpo``); see docs/grpo.md.
 
     Defaults suit the CPU demo policy; for a multi-billion-parameter policy use e.g. lr 1e-6, token
     aggregation, clip_high 0.28 and autocast_dtype bfloat16 on GPU (configs/gpu-cluster.yaml).
@@ -556,11 +559,101 @@ class HistoryParams(_Params):
     )
 
 
+class SamplingParams(_Params):
+    """``runtime.sampling``: how each response is sampled; the profile's too where ``profile`` leaves a key null."""
+
+    n_samples: Int = Field(8, ge=1, description="Responses per prompt (the GRPO group).")
+    max_new_tokens: Int = Field(MAX_NEW_TOKENS, ge=1, description="Response cap (tokens); the profile's unless set.")
+    temperature: Float = Field(TEMPERATURE, ge=0, description="0 = greedy.")
+    top_p: Float = Field(TOP_P, gt=0, le=1)
+
+
+class QueueParams(_Params):
+    """``runtime.queue``: the Generation Units' queues, the Training Queue's backpressure and the lag bound."""
+
+    gu_queue_target: Int = Field(
+        2, ge=0, description="Minibatches waiting per GU on top of one per decoding actor (paper: 5-10)."
+    )
+    q_max: Int = Field(16, ge=1, description="Training Queue depth (prompts) above which no new minibatch starts.")
+    q_resume: Int | None = Field(
+        None, ge=0, description="Depth at or below which generation resumes; None: max(q_max - batch, batch - 1)."
+    )
+    max_policy_lag: Int | None = Field(
+        4, ge=0, description="Bound on each trained sample's policy lag (steps); None: unbounded."
+    )
+    stale_samples: Literal["drop", "regenerate"] = Field(
+        "drop", description="Beyond max_policy_lag: drop (counted, never trained) or regenerate with newer weights."
+    )
+    coalesce_below_s: Float = Field(
+        0.05,
+        ge=0,
+        description="A GU hands an actor several queued minibatches per call while each takes less "
+        "than this (tiny models); 0 disables coalescing.",
+    )
+    max_chunk: Int = Field(16, ge=1, description="Most minibatches handed to an actor in one coalesced call.")
+
+
+class ControlParams(_Params):
+    """``runtime.control``: the Control Unit loop's waits and how often a minibatch is sent again."""
+
+    poll_timeout_s: Float = Field(
+        1.0, gt=0, description="Longest wait of the Control Unit loop before it checks its state again."
+    )
+    stall_timeout_s: Float = Field(600.0, gt=0, description="Fail when nothing is generated or trained this long.")
+    max_attempts: Int = Field(3, ge=1, description="Sends of one minibatch before the run fails with its error.")
+
+
+class RayParams(_Params):
+    """``runtime.ray``: the Ray cluster, the actor layout and each actor's resources (docs/cluster.md)."""
+
+    address: str | None = Field(None, description="Connect to this Ray cluster instead of starting a local one.")
+    connect_timeout_s: Float = Field(
+        10.0,
+        gt=0,
+        description="Longest wait for runtime.ray.address to answer (a TCP connect to its GCS port) before the run "
+        "stops with a message naming the address.",
+    )
+    num_cpus: Int | None = Field(None, ge=1, description="CPUs of a local cluster (None: what Ray detects).")
+    num_gpus: Int | None = Field(None, ge=0)
+    placement: Literal["pack", "spread", "none"] = Field(
+        "pack",
+        description="Ray placement groups: one per Generation Unit (pack: its actors on one node when they fit) and "
+        "one for the Training Unit's ranks; none: plain resource requests.",
+    )
+    generation_units: Int = Field(1, ge=1, description="Generation Units (GUs).")
+    actors_per_unit: Int = Field(2, ge=1, description="Generation actors per GU (one engine each).")
+    actor_num_cpus: Float = Field(0.5, ge=0, description="Ray CPUs per generation actor.")
+    actor_num_gpus: Float = Field(0.0, ge=0, description="Ray GPUs per generation actor (vLLM: tensor parallel).")
+    actor_resources: dict[str, PositiveFloat] | None = Field(
+        None,
+        description="Custom Ray resources per generation actor, in its placement bundle (e.g. {rollout_node: 1} to "
+        "keep generation on nodes started with --resources '{\"rollout_node\": 8}'); None: CPUs / GPUs only.",
+    )
+    actor_max_restarts: Int = Field(2, ge=0, description="Ray restarts of a dead generation actor.")
+    trainer_num_cpus: Float = Field(0.0, ge=0)
+    trainer_num_gpus: Float = Field(0.0, ge=0)
+    trainer_resources: dict[str, PositiveFloat] | None = Field(
+        None, description="Custom Ray resources per Training Unit rank, as actor_resources (pins the trainer's node)."
+    )
+
+
+class TrainerParams(_Params):
+    """``runtime.trainer``: which Training Unit trains (the GRPO one's settings: ``runtime.grpo``)."""
+
+    kind: Literal["simulated", "grpo"] = Field(
+        "grpo", description="grpo: real GRPO updates; simulated: fixed step time (scheduling studies)."
+    )
+    step_s: Float = Field(0.5, ge=0, description="kind: simulated only: the fixed step time.")
+    refresh_delay_s: Float = Field(0.2, ge=0, description="kind: simulated only: weight reload per actor.")
+
+
 class RuntimeParams(_Params):
     """The `launch` stage: asynchronous multi-instance RL run (paper section 4; docs/runtime.md).
 
-    Counts are minibatches, prompts or trainer steps as named; times in seconds. The runtime consumes this
-    model (`asp.runtime.RuntimeConfig` adds only the run's seed).
+    The run's own settings sit at the top; the rest in sections: ``sampling``, ``queue`` (queues, backpressure,
+    lag), ``control`` (the Control Unit loop), ``ray`` (cluster, layout, resources), ``trainer``, ``engine``,
+    ``memory``, ``partial``, ``history`` and ``grpo``. Counts are minibatches, prompts or trainer steps as named;
+    times in seconds. The runtime consumes this model (`asp.runtime.RuntimeConfig` adds only the run's seed).
     """
 
     condition: Literal["C0", "C1", "C2", "C3", "C4"] = Field("C4", description="Schedule condition (paper 5.3).")
@@ -569,107 +662,50 @@ class RuntimeParams(_Params):
         description="async: ASP (generation overlaps training, bounded lag); sync: generate one global batch with "
         "all actors, train, reload every actor, repeat (the synchronous baseline, lag 0).",
     )
-    placement: Literal["pack", "spread", "none"] = Field(
-        "pack",
-        description="Ray placement groups: one per Generation Unit (pack: its actors on one node when they fit) and "
-        "one for the Training Unit's ranks; none: plain resource requests.",
-    )
-    memory: TrainerMemoryParams = TrainerMemoryParams()
-    trainer: Literal["simulated", "grpo"] = Field(
-        "grpo", description="grpo: real GRPO updates; simulated: fixed step time (scheduling studies)."
-    )
-    engine: RuntimeEngineParams = RuntimeEngineParams()
-    grpo: GRPOParams = GRPOParams()
-    max_policy_lag: Int | None = Field(
-        4, ge=0, description="Bound on each trained sample's policy lag (steps); None: unbounded."
-    )
-    stale_samples: Literal["drop", "regenerate"] = Field(
-        "drop", description="Beyond max_policy_lag: drop (counted, never trained) or regenerate with newer weights."
-    )
     iterations: Int | None = Field(
         200, ge=1, description="Trainer steps; None: one pass over the schedule. More steps cycle through it again."
-    )
-    generation_units: Int = Field(1, ge=1, description="Generation Units (GUs).")
-    actors_per_unit: Int = Field(2, ge=1, description="Generation actors per GU (one engine each).")
-    gu_queue_target: Int = Field(
-        2, ge=0, description="Minibatches waiting per GU on top of one per decoding actor (paper: 5-10)."
-    )
-    q_max: Int = Field(16, ge=1, description="Training Queue depth (prompts) above which no new minibatch starts.")
-    q_resume: Int | None = Field(
-        None, ge=0, description="Depth at or below which generation resumes; None: max(q_max - batch, batch - 1)."
     )
     global_batch_prompts: Int = Field(
         16, ge=1, description="Prompts per training step (a prompt's n samples together)."
     )
-    n_samples: Int = Field(8, ge=1, description="Responses per prompt.")
-    max_new_tokens: Int = Field(MAX_NEW_TOKENS, ge=1)
-    temperature: Float = Field(TEMPERATURE, ge=0, description="0 = greedy.")
-    top_p: Float = Field(TOP_P, gt=0, le=1)
-    trainer_step_s: Float = Field(0.5, ge=0, description="trainer: simulated only: the fixed step time.")
-    refresh_delay_s: Float = Field(0.2, ge=0, description="trainer: simulated only: weight reload per actor.")
     checkpoint_interval: Int = Field(10, ge=1, description="Runtime + trainer checkpoints every this many steps.")
-    actor_num_cpus: Float = Field(0.5, ge=0, description="Ray CPUs per generation actor.")
-    actor_num_gpus: Float = Field(0.0, ge=0, description="Ray GPUs per generation actor (vLLM: tensor parallel).")
-    trainer_num_cpus: Float = Field(0.0, ge=0)
-    trainer_num_gpus: Float = Field(0.0, ge=0)
-    actor_resources: dict[str, PositiveFloat] | None = Field(
-        None,
-        description="Custom Ray resources per generation actor, in its placement bundle (e.g. {rollout_node: 1} to "
-        "keep generation on nodes started with --resources '{\"rollout_node\": 8}'); None: CPUs / GPUs only.",
-    )
-    trainer_resources: dict[str, PositiveFloat] | None = Field(
-        None, description="Custom Ray resources per Training Unit rank, as actor_resources (pins the trainer's node)."
-    )
-    actor_max_restarts: Int = Field(2, ge=0, description="Ray restarts of a dead generation actor.")
-    max_attempts: Int = Field(3, ge=1, description="Sends of one minibatch before the run fails with its error.")
-    ray_address: str | None = Field(None, description="Connect to this Ray cluster instead of starting a local one.")
-    ray_connect_timeout_s: Float = Field(
-        10.0,
-        gt=0,
-        description="Longest wait for ray_address to answer (a TCP connect to its GCS port) before the run stops "
-        "with a message naming the address.",
-    )
-    ray_num_cpus: Int | None = Field(None, ge=1, description="CPUs of a local cluster (None: what Ray detects).")
-    ray_num_gpus: Int | None = Field(None, ge=0)
-    poll_timeout_s: Float = Field(
-        1.0, gt=0, description="Longest wait of the Control Unit loop before it checks its state again."
-    )
-    stall_timeout_s: Float = Field(600.0, gt=0, description="Fail when nothing is generated or trained this long.")
-    coalesce_below_s: Float = Field(
-        0.05,
-        ge=0,
-        description="A GU hands an actor several queued minibatches per call while each takes less "
-        "than this (tiny models); 0 disables coalescing.",
-    )
-    max_chunk: Int = Field(16, ge=1, description="Most minibatches handed to an actor in one coalesced call.")
-    partial: PartialParams = PartialParams()
-    history: HistoryParams = HistoryParams()
     heldout_problems: Int = Field(
         256,
         ge=0,
         description="grpo on the built-in demo task: new problems (not among the run's prompts) whose reward the "
         "launch stage measures before and after training; 0 disables.",
     )
+    sampling: SamplingParams = SamplingParams()
+    queue: QueueParams = QueueParams()
+    control: ControlParams = ControlParams()
+    ray: RayParams = RayParams()
+    trainer: TrainerParams = TrainerParams()
+    engine: RuntimeEngineParams = RuntimeEngineParams()
+    memory: TrainerMemoryParams = TrainerMemoryParams()
+    partial: PartialParams = PartialParams()
+    history: HistoryParams = HistoryParams()
+    grpo: GRPOParams = GRPOParams()
 
     @property
     def total_actors(self) -> int:
-        return self.generation_units * self.actors_per_unit
+        """Generation actors of the run: ``ray.generation_units x ray.actors_per_unit``."""
+        return self.ray.generation_units * self.ray.actors_per_unit
 
     @property
     def resume_depth(self) -> int:
         """Queue depth (prompts) at or below which a paused sender resumes."""
-        return resume_depth(self.q_resume, self.q_max, self.global_batch_prompts)
+        return resume_depth(self.queue.q_resume, self.queue.q_max, self.global_batch_prompts)
 
     @model_validator(mode="after")
     def _trainer_settings_agree(self) -> RuntimeParams:
         """Trainer settings that cannot work together (checked here, so `asp params check` reports them before a
         run; `asp.trainers.make_trainer_factory` only builds the trainer)."""
         grpo = self.grpo
-        if self.trainer == "simulated":
+        if self.trainer.kind == "simulated":
             if grpo.world_size > 1:
                 raise ValueError(
-                    f"runtime.grpo.world_size = {grpo.world_size} but runtime.trainer = 'simulated' runs on one rank; "
-                    "set runtime.grpo.world_size: 1 or use runtime.trainer: grpo"
+                    f"runtime.grpo.world_size = {grpo.world_size} but runtime.trainer.kind = 'simulated' runs on one "
+                    "rank; set runtime.grpo.world_size: 1 or use runtime.trainer.kind: grpo"
                 )
             return self
         on_cuda = grpo.device.startswith("cuda")
@@ -694,29 +730,29 @@ class RuntimeParams(_Params):
     @model_validator(mode="after")
     def _partial_budget_splits(self) -> RuntimeParams:
         """A token budget of max_new_tokens or more never cuts a response: partial rollouts on in name only."""
-        budget = self.partial.token_budget
-        if self.partial.enabled and budget >= self.max_new_tokens:
+        budget, cap = self.partial.token_budget, self.sampling.max_new_tokens
+        if self.partial.enabled and budget >= cap:
             raise ValueError(
-                f"runtime.partial.token_budget = {budget} is not below runtime.max_new_tokens = "
-                f"{self.max_new_tokens}: every response would finish in its first engine call, so partial rollouts "
-                f"would do nothing. Set token_budget below max_new_tokens (e.g. {max(1, self.max_new_tokens // 4)}), "
-                "or runtime.partial.enabled: false"
+                f"runtime.partial.token_budget = {budget} is not below runtime.sampling.max_new_tokens = {cap}: "
+                "every response would finish in its first engine call, so partial rollouts would do nothing. Set "
+                f"token_budget below max_new_tokens (e.g. {max(1, cap // 4)}), or runtime.partial.enabled: false"
             )
         return self
 
     @model_validator(mode="after")
     def _queue_holds_a_batch(self) -> RuntimeParams:
-        if self.q_max < self.global_batch_prompts:
+        q_max, batch = self.queue.q_max, self.global_batch_prompts
+        if q_max < batch:
             raise ValueError(
-                f"q_max = {self.q_max} is smaller than one global batch ({self.global_batch_prompts} prompts); "
-                "generation would pause before a batch could form. Use 2-4 global batches."
+                f"runtime.queue.q_max = {q_max} is smaller than one global batch (runtime.global_batch_prompts = "
+                f"{batch}); generation would pause before a batch could form. Use 2-4 global batches."
             )
-        low = self.global_batch_prompts - 1
-        if not low <= self.resume_depth <= self.q_max:
+        low = batch - 1
+        if not low <= self.resume_depth <= q_max:
             raise ValueError(
-                f"q_resume = {self.resume_depth} must lie in [global_batch_prompts - 1 = {low}, "
-                f"q_max = {self.q_max}]: below it, a paused queue with fewer prompts than one batch would never "
-                "resume. Leave it null."
+                f"runtime.queue.q_resume = {self.resume_depth} must lie in [runtime.global_batch_prompts - 1 = {low}, "
+                f"runtime.queue.q_max = {q_max}]: below it, a paused queue with fewer prompts than one batch would "
+                "never resume. Leave it null."
             )
         return self
 
@@ -734,8 +770,8 @@ STAGE_TIMEOUTS_S: dict[str, float] = {
 
 
 class SimTrainingParams(_Params):
-    """The Training Unit's times for the simulator when ``runtime.trainer: grpo`` (the simulated trainer's are
-    ``runtime.trainer_step_s`` / ``refresh_delay_s``). `asp simulate fit-training` fits them from a launch's
+    """The Training Unit's times for the simulator when ``runtime.trainer.kind: grpo`` (the simulated trainer's are
+    ``runtime.trainer.step_s`` / ``refresh_delay_s``). `asp simulate fit-training` fits them from a launch's
     ``outputs/launch/iterations.parquet``; the defaults are its fit of the demo's GRPO launch."""
 
     step_base_s: Float = Field(0.604, ge=0, description="Seconds per trainer step, fixed part.")
@@ -1018,7 +1054,7 @@ class Params(_Params):
     @classmethod
     def _profile_samples_as_the_launch(cls, data: Any) -> Any:
         """Fill the profile's sampling settings left null (`SHARED_SAMPLING`) with the launch's: one setting, set
-        once in ``runtime``, unless the profile sets its own."""
+        once in ``runtime.sampling``, unless the profile sets its own."""
         if not isinstance(data, dict):
             return data
         profile, runtime = (_as_dict(data.get(key)) for key in ("profile", "runtime"))
@@ -1027,12 +1063,12 @@ class Params(_Params):
         unset = [key for key in SHARED_SAMPLING if profile.get(key) is None]
         if not unset:
             return data
-        runtime = runtime or {}
-        launch = {key: runtime.get(key, RuntimeParams.model_fields[key].default) for key in unset}
+        sampling = _as_dict((runtime or {}).get("sampling")) or {}
+        launch = {key: sampling.get(key, SamplingParams.model_fields[key].default) for key in unset}
         if launch.get("temperature") == 0:
             raise ValueError(
-                "runtime.temperature is 0 (greedy) and profile.temperature is null (the launch's), but the profile "
-                "samples its responses: set profile.temperature (e.g. 1.0)"
+                "runtime.sampling.temperature is 0 (greedy) and profile.temperature is null (the launch's), but the "
+                "profile samples its responses: set profile.temperature (e.g. 1.0)"
             )
         return {**data, "profile": {**profile, **launch}}
 
@@ -1057,7 +1093,7 @@ class Params(_Params):
         return cls(**sections)
 
 
-SHARED_SAMPLING = ("max_new_tokens", "temperature", "top_p")  # profile.KEY: null = runtime.KEY
+SHARED_SAMPLING = ("max_new_tokens", "temperature", "top_p")  # profile.KEY: null = runtime.sampling.KEY
 
 
 def _as_dict(section: Any) -> dict[str, Any] | None:
@@ -1139,44 +1175,108 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# Keys of an earlier shape of the params, (old, new) in dotted form. A move whose new key lies inside the old one
+# (``profile.engine`` -> ``profile.engine.kind``) turns a scalar into a section: it applies only where the old key
+# holds a scalar (``engine: hf`` becomes ``engine: {kind: hf}``); every other move applies wherever the old key is
+# set. Scalar moves come first, so the keys that follow can join the section they create.
 ENGINE_KEYS = ("device", "dtype", "num_threads", "vllm")  # once directly in `profile`, now in `profile.engine`
+RUNTIME_MOVES = {  # runtime.KEY, once flat, -> runtime.SECTION.KEY
+    **{key: f"sampling.{key}" for key in ("n_samples", "max_new_tokens", "temperature", "top_p")},
+    **{
+        key: f"queue.{key}"
+        for key in ("gu_queue_target", "q_max", "q_resume", "max_policy_lag", "stale_samples", "coalesce_below_s",
+                    "max_chunk")
+    },
+    **{key: f"control.{key}" for key in ("poll_timeout_s", "stall_timeout_s", "max_attempts")},
+    "ray_address": "ray.address",
+    "ray_connect_timeout_s": "ray.connect_timeout_s",
+    "ray_num_cpus": "ray.num_cpus",
+    "ray_num_gpus": "ray.num_gpus",
+    **{
+        key: f"ray.{key}"
+        for key in ("placement", "generation_units", "actors_per_unit", "actor_num_cpus", "actor_num_gpus",
+                    "actor_resources", "actor_max_restarts", "trainer_num_cpus", "trainer_num_gpus",
+                    "trainer_resources")
+    },
+    "trainer_step_s": "trainer.step_s",
+    "refresh_delay_s": "trainer.refresh_delay_s",
+}  # fmt: skip
+MOVES: tuple[tuple[str, str], ...] = (
+    ("profile.engine", "profile.engine.kind"),  # `profile.engine: hf`, before it was a section
+    ("runtime.trainer", "runtime.trainer.kind"),  # `runtime.trainer: grpo`, before it was a section
+    *((f"profile.{key}", f"profile.engine.{key}") for key in ENGINE_KEYS),
+    *((f"runtime.{key}", f"runtime.{new}") for key, new in RUNTIME_MOVES.items()),
+)
+WHY_MOVED = {  # the top-level section of a move -> why its keys moved (the refusal's message)
+    "profile": "profile.engine is one engine section with the keys of runtime.engine (kind, device, dtype, "
+    "num_threads, vllm)",
+    "runtime": "runtime's settings are grouped in sections (sampling, queue, control, ray, trainer)",
+}
+
+
+def _scalar_move(old: str, new: str) -> bool:
+    return new.startswith(f"{old}.")
+
+
+def _lookup(raw: Mapping[str, Any], dotted: str) -> tuple[Mapping[str, Any] | None, str]:
+    """The mapping that holds the last part of `dotted` in `raw` (None when a parent is absent or not a mapping)
+    and that last part."""
+    *parents, leaf = dotted.split(".")
+    node: Any = raw
+    for part in parents:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return (node if isinstance(node, Mapping) else None), leaf
 
 
 def moved_keys(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The (old, new) dotted keys of a raw params mapping (a params file, a preset) written in an earlier shape:
-    ``profile.engine: vllm`` is ``profile.engine.kind``; ``profile.{device,dtype,num_threads,vllm}`` are in
-    ``profile.engine``, the one engine section `runtime.engine` has too."""
-    profile = raw.get("profile")
-    if not isinstance(profile, Mapping):
-        return []
-    old_engine = "engine" in profile and not isinstance(profile["engine"], Mapping)
-    moved = [OLD_ENGINE] if old_engine else []
-    return moved + [(f"profile.{key}", f"profile.engine.{key}") for key in ENGINE_KEYS if key in profile]
-
-
-OLD_ENGINE = ("profile.engine", "profile.engine.kind")  # `profile.engine: hf`, before it was a section
+    """The (old, new) dotted keys of a raw params mapping (a params file, a preset, a dvc.lock's recorded params)
+    written in an earlier shape, in the order of `MOVES`: e.g. ``profile.engine: vllm`` is
+    ``profile.engine.kind``, ``profile.device`` is ``profile.engine.device``, ``runtime.q_max`` is
+    ``runtime.queue.q_max`` and ``runtime.ray_address`` is ``runtime.ray.address``."""
+    moved = []
+    for old, new in MOVES:
+        parent, leaf = _lookup(raw, old)
+        if parent is None or leaf not in parent:
+            continue
+        if not _scalar_move(old, new) or not isinstance(parent[leaf], Mapping):
+            moved.append((old, new))
+    return moved
 
 
 def migrate_params(raw: MutableMapping[str, Any]) -> list[tuple[str, str]]:
     """Rewrite `raw` in place into the current shape (`moved_keys`); returns what moved. Works on any mutable
-    mapping, so a round-trip YAML document keeps its comments and order. A key already set in the new place keeps
-    its value (the old copy is dropped)."""
+    mapping, so a round-trip YAML document keeps its comments and order (a section a move creates takes the place
+    of the first key that moves into it). A key already set in the new place keeps its value (the old copy is
+    dropped)."""
     moved = moved_keys(raw)
-    if not moved:
-        return []
-    profile = raw["profile"]
-    if OLD_ENGINE in moved:  # `engine: hf` becomes the section's kind
-        section = type(profile)()
-        section["kind"] = profile["engine"]
-    else:
-        section = profile.get("engine", type(profile)())
-    for key in ENGINE_KEYS:
-        if key in profile:
-            value = profile.pop(key)
-            if key not in section:
-                section[key] = value
-    profile["engine"] = section
+    for old, new in moved:
+        parent, leaf = _lookup(raw, old)
+        assert isinstance(parent, MutableMapping)  # moved_keys found the key there
+        if _scalar_move(old, new):  # `engine: hf` becomes the section `engine: {kind: hf}`, in the same place
+            section = type(parent)()
+            section[new.rsplit(".", 1)[1]] = parent[leaf]
+            parent[leaf] = section
+            continue
+        value, position = parent[leaf], list(parent).index(leaf)
+        del parent[leaf]
+        node: MutableMapping[str, Any] = raw
+        *sections, new_leaf = new.split(".")
+        for part in sections:
+            if part not in node:
+                _insert(node, position if node is parent else len(node), part, type(parent)())
+            node = node[part]
+        if new_leaf not in node:
+            node[new_leaf] = value
     return moved
+
+
+def _insert(mapping: MutableMapping[str, Any], position: int, key: str, value: Any) -> None:
+    """Put `key` at `position` of `mapping` (a round-trip YAML mapping's `insert`; a plain dict's end)."""
+    insert = getattr(mapping, "insert", None)
+    if insert is not None:
+        insert(position, key, value)
+    else:
+        mapping[key] = value
 
 
 def _refuse_moved(raw: Mapping[str, Any], source: str, overrides: Iterable[str], origin: str) -> None:
@@ -1193,11 +1293,13 @@ def _refuse_moved(raw: Mapping[str, Any], source: str, overrides: Iterable[str],
         if given
         else f"run `asp params migrate {' '.join(files)}` to rewrite it (comments kept)"
     )
-    also = f" ({len(moved) - 1} more key(s) of profile moved the same way)" if len(moved) > 1 else ""
-    raise UserError(
-        f"{where}: this key is now {new}: profile.engine is one engine section with the keys of runtime.engine "
-        f"(kind, device, dtype, num_threads, vllm){also}. To fix it, {fix}."
-    )
+    section = old.split(".")[0]
+    same = sum(o.split(".")[0] == section for o, _ in moved[1:])
+    others = len(moved) - 1 - same
+    also = [f"{same} more key(s) of {section} moved the same way"] if same else []
+    also += [f"{others} more key(s) of other sections moved"] if others else []
+    note = f" ({'; '.join(also)})" if also else ""
+    raise UserError(f"{where}: this key is now {new}: {WHY_MOVED[section]}{note}. To fix it, {fix}.")
 
 
 def validate_params(

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from asp.config import deep_merge
 from asp.control.core import ControlCore, GUSlot
 from asp.control.database import Database
 from asp.control.messages import MinibatchOutput, WorkItem
@@ -106,18 +107,15 @@ def output(
 
 def sim_settings(enabled: bool, order: str = "fifo", **overrides: Any) -> ControlSettings:
     """The simulator's settings for the partial-rollout tests: 1 GU x 2 actors, global batch 4, 2 samples of at most
-    16 tokens, partial rollouts with a 4-token budget (`enabled`, `order`); `overrides`: other RuntimeConfig fields.
+    16 tokens, partial rollouts with a 4-token budget (`enabled`, `order`); `overrides`: other RuntimeConfig fields (a
+    section's as the keys that change, merged in).
     """
-    fields: dict[str, Any] = dict(
-        iterations=None,
-        max_policy_lag=None,
-        generation_units=1,
-        actors_per_unit=2,
-        gu_queue_target=2,
-        global_batch_prompts=4,
-        q_max=16,
-        n_samples=2,
-        max_new_tokens=16,
-        partial={"enabled": enabled, "token_budget": 4, "continuation_order": order},
-    )
-    return RuntimeConfig(**{**fields, **overrides}).control_settings()
+    fields: dict[str, Any] = {
+        "iterations": None,
+        "global_batch_prompts": 4,
+        "sampling": {"n_samples": 2, "max_new_tokens": 16},
+        "queue": {"max_policy_lag": None, "gu_queue_target": 2, "q_max": 16},
+        "ray": {"generation_units": 1, "actors_per_unit": 2},
+        "partial": {"enabled": enabled, "token_budget": 4, "continuation_order": order},
+    }
+    return RuntimeConfig(**deep_merge(fields, overrides)).control_settings()

@@ -288,14 +288,11 @@ def _wakeup(decisions, i: int) -> bool:
 def test_the_ray_control_unit_on_the_simulators_timeline_makes_the_simulators_decisions(mode, monkeypatch):
     config = RuntimeConfig(
         mode=mode,
-        generation_units=2,
-        actors_per_unit=2,
-        gu_queue_target=1,
         global_batch_prompts=4,
-        n_samples=2,
-        q_max=6,
-        max_policy_lag=1,
         iterations=None,
+        sampling={"n_samples": 2},
+        queue={"gu_queue_target": 1, "q_max": 6, "max_policy_lag": 1},
+        ray={"generation_units": 2, "actors_per_unit": 2},
     )
     p = plan(20, 2, k=2)
     ids = p.prompt_ids()
@@ -305,7 +302,7 @@ def test_the_ray_control_unit_on_the_simulators_timeline_makes_the_simulators_de
     fake = ScriptedRay(result.decisions, versions, 1.3)
     monkeypatch.setattr(control, "ray", fake)
     monkeypatch.setattr(control, "time", fake)
-    db = Database(p, {pid: f"prompt {pid}" for pid in ids}, epochs=1, max_attempts=config.max_attempts, seed=0)
+    db = Database(p, {pid: f"prompt {pid}" for pid in ids}, epochs=1, max_attempts=config.control.max_attempts, seed=0)
     gus = [GUState(g, fake.handle(g), [2 * g, 2 * g + 1], {2 * g, 2 * g + 1}) for g in range(2)]
     summary = control.ControlUnit(config, db, gus, fake.trainer()).run()
     assert summary.events == result.decisions

@@ -158,7 +158,7 @@ def test_a_store_without_a_bound_has_no_stale_tasks():
 @pytest.mark.parametrize("stale", ["drop", "regenerate"])
 def test_the_simulator_on_the_same_core_retires_stale_held_work_and_loses_no_prompt(stale):
     # every held minibatch is stale once a step trained
-    cfg = sim_settings(True, max_policy_lag=0, stale_samples=stale, max_new_tokens=CAP)
+    cfg = sim_settings(True, sampling={"max_new_tokens": CAP}, queue={"max_policy_lag": 0, "stale_samples": stale})
     p = plan(8, 2)
     lengths = np.random.default_rng(0).integers(1, CAP + 1, (16, 2))
     work = Workload.from_arrays(p.prompt_ids(), lengths, np.full(16, 3), max_new_tokens=CAP)

@@ -34,18 +34,15 @@ TINY: dict[str, Any] = {
     "evaluate": {"min_tau": -1.0, "on_fail": "warn"},
     "schedule": {"b": 4, "kappa": 1, "k": 3, "iterations": 20000, "ablation_seeds": 2},
     "runtime": {
-        "trainer": "simulated",
         "iterations": 3,
-        "actors_per_unit": 2,
         "global_batch_prompts": 8,
-        "q_max": 24,
-        "n_samples": 2,
-        "max_new_tokens": 48,
-        "trainer_step_s": 0.05,
-        "refresh_delay_s": 0.01,
         "checkpoint_interval": 1,
         "heldout_problems": 16,
         "grpo": {"eval_problems": 16},  # the learning curve of a grpo run: as few problems as the held-out reward
+        "sampling": {"n_samples": 2, "max_new_tokens": 48},
+        "queue": {"q_max": 24},
+        "ray": {"actors_per_unit": 2},
+        "trainer": {"kind": "simulated", "step_s": 0.05, "refresh_delay_s": 0.01},
     },
 }
 

@@ -221,16 +221,16 @@ def _resume_keeps_chunks(params, p, full: pd.DataFrame) -> None:
 
 
 def _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path: Path, paths: launch.Paths) -> None:
-    """`trainer: grpo` through `run_stage` (as `asp stage launch`): interrupted after step 2 (KeyboardInterrupt in
+    """`trainer.kind: grpo` through `run_stage` (as `asp stage launch`): interrupted after step 2 (KeyboardInterrupt in
     the driver, as Ctrl-C), rerun: it resumes in the same MLflow run and the summary covers all 5 steps."""
     import yaml
 
     grpo_runtime = {
-        "trainer": "grpo",
         "iterations": 5,
         "checkpoint_interval": 1,
-        "max_policy_lag": 2,
         "grpo": {"lr": 1e-3, "num_threads": 1, "micro_batch_tokens": 2048},
+        "queue": {"max_policy_lag": 2},
+        "trainer": {"kind": "grpo"},
     }
     raw = tiny_params(LEARNING_POLICY, {"runtime": grpo_runtime, "common": {"experiment": "e2e-grpo"}})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
@@ -268,7 +268,7 @@ def _grpo_launch_resumes_in_the_same_mlflow_run(tmp_path: Path, paths: launch.Pa
     for key in ("grpo/reward_first_20pct", "grpo/T_train_s", "grpo/T_gen_s", "grpo/d_off_estimate_mean"):
         assert np.isfinite(metrics[key]), key
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.params["runtime.trainer"] == "grpo"
+    assert run.info.status == "FINISHED" and run.data.params["runtime.trainer.kind"] == "grpo"
     steps = [m.step for m in client.get_metric_history(run_id, "train/reward_mean")]
     assert set(steps) == {1, 2, 3, 4, 5}  # one curve across both sessions, steps continuing
     assert len(pd.read_parquet(paths.out_dir / "iterations.parquet")) == 5

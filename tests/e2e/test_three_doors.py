@@ -758,13 +758,14 @@ def test_cancelling_a_launch_that_started_afresh_leaves_it_as_it_was(
     params_path = repo / "params.yaml"
     original = params_path.read_text()
     params = yaml.safe_load(original)
-    params["runtime"].update({"iterations": 10, "trainer_step_s": 2.0})  # ~20 s of steps: time to cancel
+    params["runtime"]["iterations"] = 10
+    params["runtime"]["trainer"]["step_s"] = 2.0  # ~20 s of steps: time to cancel
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         if "launch" in _dvc_changed(repo):
             _sh([sys.executable, "-m", "asp", "repro", "launch"], repo, timeout=900)  # the finished run to keep
         if not forced:  # changed: a launch param DVC tracks (the last run finished, so it starts afresh)
-            params["runtime"]["trainer_step_s"] = 2.5
+            params["runtime"]["trainer"]["step_s"] = 2.5
             params_path.write_text(yaml.safe_dump(params, sort_keys=False))
         before = _launch_files(repo)
         (history,) = list((repo / "outputs/launch_state").glob("*/iterations.jsonl"))

@@ -32,13 +32,13 @@ RUN = {
     "profile": {"engine": {"vllm": {"enforce_eager": True}}},  # engines start without a compile warm-up (tests only)
     "runtime": {
         "engine": {"vllm": {"enforce_eager": True}},
-        "trainer": "grpo",
         "iterations": ITERATIONS,
-        "q_max": 8,
         "checkpoint_interval": 2,
         "heldout_problems": 0,
         "partial": {"token_budget": 16},
         "grpo": {"warmup_steps": 0},
+        "queue": {"q_max": 8},
+        "trainer": {"kind": "grpo"},
     },
 }
 

@@ -37,8 +37,8 @@ def test_stages_come_in_dvc_yaml_order() -> None:
 
 
 def test_overrides_are_validated_with_the_params_message() -> None:
-    params = check_request(RunRequest(overrides={"schedule.k": 3, "runtime.trainer": "simulated"}), root=ROOT)
-    assert params.schedule.k == 3 and params.runtime.trainer == "simulated"
+    params = check_request(RunRequest(overrides={"schedule.k": 3, "runtime.trainer.kind": "simulated"}), root=ROOT)
+    assert params.schedule.k == 3 and params.runtime.trainer.kind == "simulated"
     with pytest.raises(
         UserError, match=r"unknown key 'schedule\.kk' \(from --set\) \(allowed here: .*\bk\b.*--set value"
     ):
@@ -92,9 +92,9 @@ def test_a_preset_and_overrides_make_an_experiment_with_sorted_sets() -> None:
 
 
 def test_set_args_parse_yaml_scalars() -> None:
-    assert parse_set_args(["schedule.k=3", "runtime.trainer=grpo", "evaluate.min_tau=0.5", "a.b=[1, 2]"]) == {
+    assert parse_set_args(["schedule.k=3", "runtime.trainer.kind=grpo", "evaluate.min_tau=0.5", "a.b=[1, 2]"]) == {
         "schedule.k": 3,
-        "runtime.trainer": "grpo",
+        "runtime.trainer.kind": "grpo",
         "evaluate.min_tau": 0.5,
         "a.b": [1, 2],
     }

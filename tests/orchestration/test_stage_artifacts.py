@@ -113,7 +113,7 @@ def test_the_parameters_are_typed_for_the_ui() -> None:
     # a text box in the new UI's form, not an object only its JSON mode can fill (nor a list: the new UI sends a
     # list's typed items as null)
     assert props["overrides"]["type"] == "string" and props["overrides"]["default"] == ""
-    assert "schedule.k=3 runtime.trainer=grpo" in props["overrides"]["description"]
+    assert "schedule.k=3 runtime.trainer.kind=grpo" in props["overrides"]["description"]
     assert props["stages"]["items"]["enum"] == stage_names(ROOT / "dvc.yaml")
     assert {p["type"] for p in props.values()} == {"array", "string", "boolean"}  # stages: an array
     assert _request([], NO_PRESET, "", False).preset is None and _request([], "gpu-cluster", "", False).preset
@@ -122,8 +122,14 @@ def test_the_parameters_are_typed_for_the_ui() -> None:
 def test_overrides_are_typed_as_set_takes_them() -> None:
     from asp.orchestration.flow import parse_overrides
 
-    typed = parse_overrides(" schedule.k=4 runtime.trainer=grpo,evaluate.min_tau=0.5\n a.b=[1, 2]; c.d = x y ")
-    assert typed == {"schedule.k": 4, "runtime.trainer": "grpo", "evaluate.min_tau": 0.5, "a.b": [1, 2], "c.d": "x y"}
+    typed = parse_overrides(" schedule.k=4 runtime.trainer.kind=grpo,evaluate.min_tau=0.5\n a.b=[1, 2]; c.d = x y ")
+    assert typed == {
+        "schedule.k": 4,
+        "runtime.trainer.kind": "grpo",
+        "evaluate.min_tau": 0.5,
+        "a.b": [1, 2],
+        "c.d": "x y",
+    }
     assert parse_overrides("") == parse_overrides(None) == parse_overrides("  ") == {}
     with pytest.raises(UserError, match=r"^overrides: 'schedule.k 4' is not SECTION.KEY=VALUE .*Fix the overrides"):
         parse_overrides("schedule.k 4")

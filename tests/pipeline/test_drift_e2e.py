@@ -49,17 +49,15 @@ OVERLAY: dict[str, Any] = {
     "schedule": {"b": 2, "kappa": 0, "k": 2, "iterations": 200},
     "evaluate": {"min_tau": -1.0},  # the one-epoch tiny predictor: the gate is exercised, not the predictor
     "runtime": {
-        "trainer": "grpo",
         "iterations": 12,  # 12 steps x 4 prompts = the 48 prompts once
         "global_batch_prompts": 4,
-        "n_samples": 2,
-        "max_new_tokens": 24,
-        "q_max": 8,
-        "actors_per_unit": 1,
-        "placement": "none",
         "checkpoint_interval": 2,
         "heldout_problems": 0,
         "memory": {"check": False},
+        "sampling": {"n_samples": 2, "max_new_tokens": 24},
+        "queue": {"q_max": 8},
+        "ray": {"actors_per_unit": 1, "placement": "none"},
+        "trainer": {"kind": "grpo"},
     },
     "drift": {
         "enabled": True,

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from asp.config import deep_merge
 from asp.control.history import PASS_REASON
 from asp.control.plan import WorkPlan
 
@@ -69,14 +70,15 @@ def _pass_plans(database: dict[str, Any]) -> list[dict[str, Any]]:
 def test_grpo_launch_killed_at_a_pass_boundary_keeps_its_history_and_reschedules_the_later_passes(
     inputs: Path, ray_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    runtime = {
-        **kp.RUNTIME,
-        **kp.GRPO,
-        "heldout_problems": 0,
-        "grpo": {**kp.GRPO["grpo"], "eval_interval": 0},  # no learning curve (test_kill_points covers it)
-        "iterations": STEPS,
-        "ray_address": ray_address,
-    }
+    runtime = deep_merge(
+        deep_merge(kp.RUNTIME, kp.GRPO),
+        {
+            "heldout_problems": 0,
+            "grpo": {"eval_interval": 0},  # no learning curve (test_kill_points covers it)
+            "iterations": STEPS,
+            "ray": {"address": ray_address},
+        },
+    )
     overlay = {"runtime": runtime, "drift": {"enabled": False}, "schedule": SCHEDULE}
     root, params = kp._project(inputs, tmp_path, overlay)
     assert params.runtime.history.enabled  # the default

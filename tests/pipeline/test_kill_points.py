@@ -17,7 +17,7 @@ through the same `run_stage`. Checked after the rerun:
 * profile (6 prompts in 3 one-minibatch chunks): the rerun generates only the minibatches no saved chunk holds, and
   writes the same samples as an unkilled run, in the killed attempt's MLflow run, FINISHED, metrics logged once.
 
-The stage processes join this session's Ray cluster (`runtime.ray_address`), so no test starts Ray of its own.
+The stage processes join this session's Ray cluster (`runtime.ray.address`), so no test starts Ray of its own.
 `make test` (CI) kills at 6 of the 11 points, one of each kind of rerun; `make test-all` at every point.
 """
 
@@ -40,7 +40,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from asp.config import Params
+from asp.config import Params, deep_merge
 from asp.demo.task import generate_problems, intended_length
 from asp.pipeline import launch, profile
 from asp.runtime.testhooks import KILL_ENV, LEDGER_ENV
@@ -57,26 +57,19 @@ pytestmark = pytest.mark.slow  # each test runs a stage process to its kill poin
 ROOT = Path(__file__).resolve().parents[2]
 N_TRAIN, BATCH, STEPS = 24, 4, 6  # one pass: 12 minibatches of 2 prompts, 6 steps of 4 prompts
 RUNTIME = {
-    "trainer": "simulated",
     "iterations": None,
     "global_batch_prompts": BATCH,
-    "n_samples": 2,
-    "max_new_tokens": 8,
-    "q_max": 8,
-    "generation_units": 1,
-    "actors_per_unit": 1,
-    "placement": "none",
     "checkpoint_interval": 2,
-    "trainer_step_s": 0.0,
-    "refresh_delay_s": 0.0,
-    "actor_num_cpus": 0.25,
     "heldout_problems": 0,
-    "poll_timeout_s": 0.2,
     "memory": {"check": False},
+    "sampling": {"n_samples": 2, "max_new_tokens": 8},
+    "queue": {"q_max": 8},
+    "control": {"poll_timeout_s": 0.2},
+    "ray": {"generation_units": 1, "actors_per_unit": 1, "placement": "none", "actor_num_cpus": 0.25},
+    "trainer": {"kind": "simulated", "step_s": 0.0, "refresh_delay_s": 0.0},
 }
 PROFILE = {"n_samples": 2, "max_new_tokens": 8, "minibatch_prompts": 2, "chunk_minibatches": 1}
 GRPO = {
-    "trainer": "grpo",
     "heldout_problems": 4,
     "grpo": {
         "lr": 1e-3,
@@ -86,6 +79,7 @@ GRPO = {
         "eval_problems": 4,
         "eval_samples": 2,
     },
+    "trainer": {"kind": "grpo"},
 }
 CURVE = [0, 2, 4, 6]  # the learning curve's steps (eval_interval 2 = checkpoint_interval)
 
@@ -198,7 +192,9 @@ def _outputs(root: Path) -> dict[str, Any]:
 def unkilled(inputs: Path, ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The launch run nobody killed, through the same `run_stage`."""
     root, _ = _project(
-        inputs, tmp_path_factory.mktemp("unkilled"), {"runtime": {**RUNTIME, "ray_address": ray_address}}
+        inputs,
+        tmp_path_factory.mktemp("unkilled"),
+        {"runtime": deep_merge(RUNTIME, {"ray": {"address": ray_address}})},
     )
     with pytest.MonkeyPatch.context() as mp:
         _rerun(root, "launch", mp)
@@ -232,7 +228,7 @@ def test_launch_killed_at_a_phase_boundary_continues_exactly_once(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    root, params = _project(inputs, tmp_path, {"runtime": {**RUNTIME, "ray_address": ray_address}})
+    root, params = _project(inputs, tmp_path, {"runtime": deep_merge(RUNTIME, {"ray": {"address": ray_address}})})
     _killed(root, "launch", point)
     run_id = json.loads((root / "outputs/launch_state/C4" / RUN_FILE).read_text())["run_id"]
     metrics = _rerun(root, "launch", monkeypatch)
@@ -274,7 +270,9 @@ def test_grpo_launch_killed_measures_heldout_and_learning_curve_once(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    root, params = _project(inputs, tmp_path, {"runtime": {**RUNTIME, **GRPO, "ray_address": ray_address}})
+    root, params = _project(
+        inputs, tmp_path, {"runtime": deep_merge(deep_merge(RUNTIME, GRPO), {"ray": {"address": ray_address}})}
+    )
     err = _killed(root, "launch", point)
     metrics = _rerun(root, "launch", monkeypatch)
     again = capsys.readouterr().err

@@ -29,13 +29,13 @@ def test_history_keeps_steps_up_to_the_checkpoint_and_skips_a_cut_line(tmp_path:
 
 def test_checkpoint_key_ignores_operational_grpo_settings() -> None:
     def key(**grpo: object) -> dict:
-        return fingerprint_extra(make_params({"runtime": {"trainer": "grpo", "grpo": grpo}}).runtime)
+        return fingerprint_extra(make_params({"runtime": {"grpo": grpo, "trainer": {"kind": "grpo"}}}).runtime)
 
     assert key(micro_batch_tokens=1024, num_threads=2, world_size=2) == key()  # DCP reshards across world sizes
     assert key(lr=1e-3) != key() and key(mixed_precision="bfloat16") != key()
-    simulated = fingerprint_extra(make_params({"runtime": {"trainer": "simulated"}}).runtime)
+    simulated = fingerprint_extra(make_params({"runtime": {"trainer": {"kind": "simulated"}}}).runtime)
     assert simulated == {"trainer": "simulated", "mode": "async"}
-    sync = fingerprint_extra(make_params({"runtime": {"trainer": "simulated", "mode": "sync"}}).runtime)
+    sync = fingerprint_extra(make_params({"runtime": {"mode": "sync", "trainer": {"kind": "simulated"}}}).runtime)
     assert sync != simulated  # an async run is not resumed in sync mode
 
 
@@ -80,7 +80,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Paths, ResumePoi
 
 
 def _heldout_params(**overlay: object) -> object:
-    runtime = {"trainer": "grpo", "heldout_problems": 5, "max_new_tokens": 8, **overlay.pop("runtime", {})}
+    runtime = {"trainer": {"kind": "grpo"}, "heldout_problems": 5, "sampling": {"max_new_tokens": 8}}
+    runtime |= overlay.pop("runtime", {})
     return make_params({"runtime": runtime, **overlay})
 
 

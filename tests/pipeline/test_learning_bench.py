@@ -92,7 +92,10 @@ def test_quick_run_writes_table_json_and_figure(
     sched = build_schedule(ids, lengths, b=4, kappa=0, k=2, iterations=200_000, seed=0, method="asp")
     (root / "outputs/schedule").mkdir()
     schedule_to_frame(sched).to_parquet(root / "outputs/schedule/schedule.parquet", index=False)
-    runtime = {"n_samples": 2, "max_new_tokens": 12, "actor_num_cpus": 0.25, "placement": "none"}
+    runtime = {
+        "sampling": {"n_samples": 2, "max_new_tokens": 12},
+        "ray": {"actor_num_cpus": 0.25, "placement": "none"},
+    }
     params = make_params({"runtime": {**runtime, "memory": {"check": False}, "grpo": {"lr": 1e-3}}})
     (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
     monkeypatch.chdir(root)

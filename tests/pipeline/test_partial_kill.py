@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from asp.config import deep_merge
 from asp.control.partial import _held_from_json
 from asp.runtime.testhooks import HOLD_ENV
 
@@ -38,15 +39,17 @@ def test_grpo_launch_with_partial_rollouts_killed_at_a_checkpoint_continues_them
     inputs: Path, ray_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     partial = {"enabled": True, "token_budget": BUDGET, "continuation_order": "online"}
-    runtime = {
-        **kp.RUNTIME,
-        **kp.GRPO,
-        "heldout_problems": 0,
-        "grpo": {**kp.GRPO["grpo"], "eval_interval": 0},  # no learning curve (test_kill_points covers it)
-        "iterations": STEPS,
-        "partial": partial,
-    }
-    runtime.update(ray_address=ray_address, max_policy_lag=None)
+    runtime = deep_merge(
+        deep_merge(kp.RUNTIME, kp.GRPO),
+        {
+            "heldout_problems": 0,
+            "grpo": {"eval_interval": 0},  # no learning curve (test_kill_points covers it)
+            "iterations": STEPS,
+            "partial": partial,
+            "ray": {"address": ray_address},
+            "queue": {"max_policy_lag": None},
+        },
+    )
     root, _ = kp._project(inputs, tmp_path, {"runtime": runtime, "drift": {"enabled": False}})
     monkeypatch.setenv(HOLD_ENV, "1")  # the killed process: its first continuation waits for checkpoint 2
     kp._killed(root, "launch", "checkpoint@2")

@@ -249,12 +249,13 @@ def test_prompt_longer_than_policy_context_is_rejected_by_id(tmp_path: Path, dem
 
 
 def test_response_budget_is_the_larger_max_new_tokens(tmp_path: Path, demo_policy: Built) -> None:
-    """runtime.max_new_tokens 300 > profile's 160: 512 - 300 = 212 tokens left, so row 0 (286 tokens) fails too."""
+    """runtime.sampling.max_new_tokens 300 > profile's 160: 512 - 300 = 212 tokens left, so row 0 (286 tokens) fails
+    too."""
     data = _deepscaler_subset(tmp_path, n=3)
     params = make_params(
         {
             "prepare": {"dataset": str(data), "profile_prompts": 2, "heldout_prompts": 2},
-            "runtime": {"max_new_tokens": 300},
+            "runtime": {"sampling": {"max_new_tokens": 300}},
         }
     )
     with pytest.raises(UserError, match=r"'p0000000' \(286 tokens\).*at most 212 tokens.*minus 300 response"):

@@ -29,7 +29,7 @@ from .test_profile import CAP, MB, N_MINIBATCHES, N_SAMPLES, _setup
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 PROFILE = {"n_samples": N_SAMPLES, "max_new_tokens": CAP, "minibatch_prompts": MB, "chunk_minibatches": 1}
-RUNTIME = {"actor_num_cpus": 0.5, "actor_max_restarts": 0}
+RUNTIME = {"ray": {"actor_num_cpus": 0.5, "actor_max_restarts": 0}}
 
 
 def _params(actors: Any) -> Any:
@@ -130,8 +130,14 @@ def test_sharded_predictions_equal_unsharded(
 @pytest.mark.parametrize(
     ("overlay", "match"),
     [
-        ({"profile": {"actors": 64}}, r"profile\.actors asks for 64 actors x runtime\.actor_num_cpus 0\.5 = 32 CPUs"),
-        ({"profile": {"actors": 2}, "runtime": {"actor_num_gpus": 1.0}}, r"= 2 GPUs but the Ray cluster has 0"),
+        (
+            {"profile": {"actors": 64}},
+            r"profile\.actors asks for 64 actors x runtime\.ray\.actor_num_cpus 0\.5 = 32 CPUs",
+        ),
+        (
+            {"profile": {"actors": 2}, "runtime": {"ray": {"actor_num_gpus": 1.0}}},
+            r"= 2 GPUs but the Ray cluster has 0",
+        ),
     ],
 )
 def test_a_layout_the_cluster_cannot_hold_is_one_clear_error(
@@ -155,7 +161,7 @@ def test_a_dead_actors_minibatches_go_to_the_survivor(caplog: pytest.LogCaptureF
     sampling = SamplingParams(2, 16, temperature=1.0, top_p=1.0, seed=0)
     todo = [(m, [f"w{m} w{i} #{m + i}" for i in range(3)]) for m in range(6)]
     got: dict[int, list[list[int]]] = {}
-    config = RuntimeConfig(**RUNTIME, stall_timeout_s=60.0)
+    config = RuntimeConfig(**RUNTIME, control={"stall_timeout_s": 60.0})
     with profile_actors.profile_runner(config, 2, EngineSpec("standin", None, options), sampling) as runner:
         for m, result, actor in runner.run(todo, seed=7):
             if not got:
@@ -179,9 +185,9 @@ def test_dispatch_makespan_gives_each_minibatch_to_the_first_idle_engine() -> No
 def test_pool_layout_is_a_count_or_launchs() -> None:
     from asp.runtime import RuntimeConfig
 
-    rt = RuntimeConfig(generation_units=3, actors_per_unit=4)
+    rt = RuntimeConfig(ray={"generation_units": 3, "actors_per_unit": 4})
     assert profile_actors.pool_size(rt, "runtime") == 12 and profile_actors.pool_size(rt, 5) == 5
-    assert profile_actors.pool_config(rt, 5).generation_units == 1
+    assert profile_actors.pool_config(rt, 5).ray.generation_units == 1
 
 
 def test_a_failed_engine_call_is_reported_with_its_reason() -> None:

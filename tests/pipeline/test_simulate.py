@@ -27,14 +27,12 @@ OVERLAY = {
     "profile": {"max_new_tokens": CAP, "n_samples": N_SAMPLES},
     "schedule": {"b": 8, "kappa": 1, "k": 3, "iterations": 2000},
     "runtime": {
-        "trainer": "simulated",
         "iterations": 20,
         "global_batch_prompts": 16,
-        "q_max": 48,
-        "n_samples": N_SAMPLES,
-        "max_new_tokens": CAP,
-        "actors_per_unit": 3,
-        "trainer_step_s": 0.4,
+        "sampling": {"n_samples": N_SAMPLES, "max_new_tokens": CAP},
+        "queue": {"q_max": 48},
+        "ray": {"actors_per_unit": 3},
+        "trainer": {"kind": "simulated", "step_s": 0.4},
     },
     "simulate": {"conditions": ["C0", "C4"]},
 }
@@ -113,7 +111,7 @@ def test_stage_writes_metrics_per_condition_and_is_deterministic(inputs: tuple[P
     metrics = simulate.run(params, paths, NullTracker())
     assert metrics["simulate/gen_fit/r2_heldout"] > 0.9  # the timings follow a linear law in max_length
     for cond in ("C0", "C4"):
-        assert metrics[f"simulate/{cond}/mean_iteration_time_s"] >= params.runtime.trainer_step_s
+        assert metrics[f"simulate/{cond}/mean_iteration_time_s"] >= params.runtime.trainer.step_s
         assert 0 <= metrics[f"simulate/{cond}/padding_rate_mean"] < 1
     # the balanced schedule pads less than the original order, as the scheduler promises
     assert metrics["simulate/C4/padding_rate_mean"] < metrics["simulate/C0/padding_rate_mean"]
@@ -175,7 +173,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_cli_prints_the_table_and_writes_out(project: Path) -> None:
-    res = _asp(["simulate", "-c", "C4", "--set", "runtime.actors_per_unit=4", "--out", "sim-out"], project)
+    res = _asp(["simulate", "-c", "C4", "--set", "runtime.ray.actors_per_unit=4", "--out", "sim-out"], project)
     assert res.returncode == 0, res.stderr
     assert "| mean iter (s) |" in res.stdout and "| C4 |" in res.stdout.splitlines()[1]
     saved = json.loads((project / "sim-out/simulate.json").read_text())
@@ -187,8 +185,8 @@ def test_cli_prints_the_table_and_writes_out(project: Path) -> None:
     ("override", "named"),
     [
         ("simulate.training.step_base_s=-1", "simulate.training.step_base_s"),
-        ("runtime.trainer_step_s=-0.5", "runtime.trainer_step_s"),
-        ("runtime.actors_per_unit=0", "runtime.actors_per_unit"),
+        ("runtime.trainer.step_s=-0.5", "runtime.trainer.step_s"),
+        ("runtime.ray.actors_per_unit=0", "runtime.ray.actors_per_unit"),
         ("simulate.cores=0", "simulate.cores"),
     ],
 )
@@ -211,7 +209,7 @@ def test_plan_layout_prints_b6_and_search_and_writes_an_overlay(project: Path) -
 
     overlay = yaml.safe_load((project / "plan.yaml").read_text())
     runtime = overlay["runtime"]
-    assert runtime["generation_units"] * runtime["actors_per_unit"] + overlay["plan"]["tu_devices"] <= 4
+    assert runtime["ray"]["generation_units"] * runtime["ray"]["actors_per_unit"] + overlay["plan"]["tu_devices"] <= 4
     assert overlay["schedule"] == {"b": 8, "k": 3}
     applied = {k: overlay[k] for k in ("runtime", "schedule")}
     assert validate_params(deep_merge(_params().model_dump(mode="json"), applied))
@@ -317,10 +315,16 @@ def test_last_launch_of_the_same_setting_is_checked_and_others_are_named(tmp_pat
     _fake_launch(tmp_path, params, measured)
     condition, found = simulate.last_launch(params, tmp_path)
     assert condition == "C4" and found == measured
-    other = params.model_copy(update={"runtime": params.runtime.model_copy(update={"actors_per_unit": 5})})
+    other = params.model_copy(
+        update={
+            "runtime": params.runtime.model_copy(
+                update={"ray": params.runtime.ray.model_copy(update={"actors_per_unit": 5})}
+            )
+        }
+    )
     why = simulate.last_launch(other, tmp_path)
     assert why == (
-        "no launch of this setting to check against; the last launch differs in runtime.actors_per_unit "
+        "no launch of this setting to check against; the last launch differs in runtime.ray.actors_per_unit "
         "(launch 3, here 5)"
     )
     longer = params.model_copy(update={"simulate": params.simulate.model_copy(update={"iterations": 7})})

@@ -52,7 +52,7 @@ def test_each_gap_is_named() -> None:
         assert key in joined
     # the simulated trainer's times are params, not measurements: nothing to fit on GPUs
     # (one rank: the params refuse the simulated trainer with grpo.world_size > 1)
-    assert gpu_gaps(_gpu(runtime={"trainer": "simulated", "grpo": {"world_size": 1}})) == []
+    assert gpu_gaps(_gpu(runtime={"trainer": {"kind": "simulated"}, "grpo": {"world_size": 1}})) == []
 
 
 def test_the_fit_refuses_before_reading_anything(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from asp.config import deep_merge
 from asp.runtime.testhooks import HOLD_AT_ENV, HOLD_MARK_ENV, LEDGER_ENV
 from asp.tracking import PARENT_ENV
 
@@ -84,7 +85,10 @@ def finished(inputs: Path, ray_address: str, tmp_path_factory: pytest.TempPathFa
     shutil.copytree(inputs / "outputs", root / "outputs", symlinks=True)
     (root / "stages").symlink_to(ROOT / "stages")
     params = make_params(
-        {"common": {"experiment": f"stop-{uuid.uuid4().hex[:8]}"}, "runtime": {**RUNTIME, "ray_address": ray_address}}
+        {
+            "common": {"experiment": f"stop-{uuid.uuid4().hex[:8]}"},
+            "runtime": deep_merge(RUNTIME, {"ray": {"address": ray_address}}),
+        }
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False))
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"launch": STAGE}}, sort_keys=False))
@@ -160,7 +164,7 @@ def _dvc_status(root: Path) -> str:
 def test_a_changed_launch_stopped_by_ctrl_c_resumes_with_nothing_trained_twice(project: Path, tmp_path: Path) -> None:
     root = project
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["runtime"]["trainer_step_s"] = 0.001  # a params change: DVC reruns launch, and the finished run restarts
+    params["runtime"]["trainer"]["step_s"] = 0.001  # a params change: DVC reruns launch, and the finished run restarts
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     code, text = _stopped(root, tmp_path, ["launch"], "ctrl-c")
@@ -179,7 +183,7 @@ def test_a_changed_launch_stopped_by_ctrl_c_resumes_with_nothing_trained_twice(p
 
 def test_a_stopped_set_experiment_of_launch_resumes_with_nothing_trained_twice(project: Path, tmp_path: Path) -> None:
     root = project
-    args = ["launch", "--set", "runtime.trainer_step_s=0.002"]
+    args = ["launch", "--set", "runtime.trainer.step_s=0.002"]
     params_before = (root / "params.yaml").read_bytes()
 
     code, text = _stopped(root, tmp_path, args, "sigterm")

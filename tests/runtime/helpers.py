@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from ray import cloudpickle as ray_cloudpickle
 
+from asp.config import deep_merge
 from asp.runtime import MinibatchOutput, RuntimeConfig, WorkPlan
 from asp.runtime.engines import StandInEngine
 from asp.trainers import SimulatedTrainer
@@ -31,27 +32,21 @@ def make_plan(n_minibatches: int, size: int, k: int = 2) -> tuple[WorkPlan, dict
     return WorkPlan.from_lists(mbs, [p // k for p in range(n_minibatches)]), prompts
 
 
-def fast_config(**overrides) -> RuntimeConfig:
+def fast_config(**overrides: Any) -> RuntimeConfig:
     """A small config for tests: 1 GU x 2 actors, tiny fractional CPUs, short polls, one pass over the plan,
-    an instant simulated trainer and no lag bound (the demo defaults of `RuntimeParams` otherwise)."""
-    base = dict(
-        iterations=None,
-        trainer_step_s=0.0,
-        refresh_delay_s=0.0,
-        max_policy_lag=None,
-        generation_units=1,
-        actors_per_unit=2,
-        gu_queue_target=4,
-        global_batch_prompts=8,
-        q_max=32,
-        n_samples=2,
-        max_new_tokens=16,
-        actor_num_cpus=0.25,
-        poll_timeout_s=0.2,
-        stall_timeout_s=240.0,  # a stall means a bug, not a busy machine: CI may run two test workers at once
-    )
-    base.update(overrides)
-    return RuntimeConfig(**base)
+    an instant simulated trainer and no lag bound (the demo defaults of `RuntimeParams` otherwise); `overrides`:
+    `RuntimeConfig` fields, a section's given as the keys that change (``queue={"q_max": 8}``)."""
+    base: dict[str, Any] = {
+        "iterations": None,
+        "global_batch_prompts": 8,
+        "sampling": {"n_samples": 2, "max_new_tokens": 16},
+        "queue": {"max_policy_lag": None, "gu_queue_target": 4, "q_max": 32},
+        # a stall means a bug, not a busy machine: CI may run two test workers at once
+        "control": {"poll_timeout_s": 0.2, "stall_timeout_s": 240.0},
+        "ray": {"generation_units": 1, "actors_per_unit": 2, "actor_num_cpus": 0.25},
+        "trainer": {"step_s": 0.0, "refresh_delay_s": 0.0},
+    }
+    return RuntimeConfig(**deep_merge(base, overrides))
 
 
 def read_ledger(path: Path) -> list[dict]:

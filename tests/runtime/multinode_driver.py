@@ -1,5 +1,5 @@
 """The driver process of the multi-node tests (tests/runtime/test_multinode.py): one `run_async` run joined to an
-existing Ray cluster through ``runtime.ray_address``, in its own process (the pytest process may hold a Ray of its
+existing Ray cluster through ``runtime.ray.address``, in its own process (the pytest process may hold a Ray of its
 own, and the test kills nodes while this runs).
 
     python tests/runtime/multinode_driver.py SPEC.json
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import helpers  # noqa: E402  (tests/runtime/helpers.py: registered for pickling by value)
 from ray import cloudpickle as ray_cloudpickle  # noqa: E402
 
+from asp.config import deep_merge  # noqa: E402
 from asp.errors import UserError  # noqa: E402
 from asp.runtime import RuntimeFailure, run_async  # noqa: E402
 
@@ -132,7 +133,7 @@ def profile_main(spec: dict[str, Any]) -> int:
     Path(gate).mkdir(parents=True, exist_ok=True)
     raw = Params.defaults().model_dump(mode="json")
     raw["profile"] |= spec["profile"]
-    raw["runtime"] |= spec["runtime"] | {"ray_address": spec["address"]}
+    raw["runtime"] = deep_merge(raw["runtime"], deep_merge(spec["runtime"], {"ray": {"address": spec["address"]}}))
     params = validate_params(raw, "multinode profile")
     paths = rebase(profile.Paths(policy=Path(spec["policy"]), prompts=Path(spec["prompts"])), work)
     real_runner, real_item, sent = profile_actors.profile_runner, profile_actors.WorkItem, []
@@ -145,6 +146,7 @@ def profile_main(spec: dict[str, Any]) -> int:
         return real_item(*args)
 
     profile_actors.profile_runner, profile_actors.WorkItem = holding_runner, recorded
+    profile.profile_runner = holding_runner  # the stage's own name for it (imported at the top of its module)
     result: dict[str, Any] = {}
     code = 0
     try:
@@ -167,7 +169,7 @@ def main(spec_path: str) -> int:
     gate = work / "gate"
     gate.mkdir(parents=True, exist_ok=True)
     plan, prompts = helpers.make_plan(spec["minibatches"], spec["size"])
-    config = helpers.fast_config(ray_address=spec["address"], **spec.get("config", {}))
+    config = helpers.fast_config(**deep_merge(spec.get("config", {}), {"ray": {"address": spec["address"]}}))
     engine = functools.partial(_holding_engine, str(gate), spec.get("holds", []), {"seconds_per_call": 0.01})
     may_step = functools.partial(_may_step, hold_step=spec.get("hold_step"))
     trainer = functools.partial(WhereTrainer, str(gate), may_step, str(work / "ledger.jsonl"))

@@ -1,4 +1,4 @@
-"""A wrong or closed ``runtime.ray_address`` ends within ``runtime.ray_connect_timeout_s`` with one message naming it
+"""A wrong or closed ``runtime.ray.address`` ends within ``runtime.ray.connect_timeout_s`` with one message naming it
 (`asp.runtime.connect`), instead of Ray's endless "Failed to connect to GCS" loop.
 
 The driver runs in its own process (this one may hold the session's Ray already, and then `ray_session` joins
@@ -24,7 +24,7 @@ from asp.runtime.config import RuntimeConfig
 from asp.runtime.profile_actors import actor_pool
 from asp.runtime.run import ray_session
 
-config = RuntimeConfig(ray_address=sys.argv[1], ray_connect_timeout_s=float(sys.argv[2]))
+config = RuntimeConfig(ray={"address": sys.argv[1], "connect_timeout_s": float(sys.argv[2])})
 try:
     if sys.argv[3] == "launch":  # run_async joins through ray_session
         with ray_session(config):
@@ -54,14 +54,14 @@ def test_closed_address_stops_within_the_timeout_naming_the_param(stage: str) ->
     took = time.monotonic() - started
     assert done.returncode == 2, done.stderr[-2000:]
     assert took < 60
-    assert "runtime.ray_address" in done.stderr and address in done.stderr
+    assert "runtime.ray.address" in done.stderr and address in done.stderr
     assert "ray status" in done.stderr and "Traceback" not in done.stderr
     assert "joined" not in done.stdout
 
 
 def test_unresponsive_host_waits_at_most_the_timeout() -> None:
     started = time.monotonic()
-    with pytest.raises(UserError, match=r"runtime.ray_connect_timeout_s = 0.5"):
+    with pytest.raises(UserError, match=r"runtime.ray.connect_timeout_s = 0.5"):
         check_reachable("192.0.2.1:6379", 0.5)  # TEST-NET-1: never answers (or is unroutable at once)
     assert time.monotonic() - started < 5
 

@@ -46,9 +46,9 @@ def test_regenerated_task_restarts_at_its_first_untrained_prompt_and_keeps_its_a
 
 def test_lag_params_are_checked():
     with pytest.raises(ValidationError, match="max_policy_lag"):
-        fast_config(max_policy_lag=-1)
+        fast_config(queue={"max_policy_lag": -1})
     with pytest.raises(ValidationError, match="stale_samples"):
-        fast_config(stale_samples="keep")
+        fast_config(queue={"stale_samples": "keep"})
 
 
 def ledger_lags(path):
@@ -68,7 +68,9 @@ def test_the_lag_bound_holds_end_to_end(ray_cluster, tmp_path, mode):
     # and at version 2 the other 24 are stale, however many of them the driver has ingested by then.
     plan, prompts = make_plan(16, 2)  # 32 prompts, batches of 4
     ledger, gate_dir = tmp_path / "ledger.jsonl", str(tmp_path / "gate")
-    cfg = fast_config(global_batch_prompts=4, q_max=32, max_policy_lag=1, stale_samples=mode, gu_queue_target=2)
+    cfg = fast_config(
+        global_batch_prompts=4, queue={"q_max": 32, "max_policy_lag": 1, "stale_samples": mode, "gu_queue_target": 2}
+    )
     summary = run_async(
         plan,
         prompts,

@@ -16,7 +16,9 @@ from .helpers import fast_config, make_plan, read_ledger
 def test_tiny_qwen_generation_with_simulated_trainer(ray_cluster, tiny_qwen, tmp_path):
     plan, prompts = make_plan(6, 2)  # 12 prompts of 2-6 words; batches of 4 prompts -> 3 steps
     engine = EngineSpec("hf", str(tiny_qwen), {"device": "cpu", "dtype": "float32", "num_threads": 1})
-    cfg = fast_config(global_batch_prompts=4, q_max=8, n_samples=2, max_new_tokens=6, temperature=1.0)
+    cfg = fast_config(
+        global_batch_prompts=4, sampling={"n_samples": 2, "max_new_tokens": 6, "temperature": 1.0}, queue={"q_max": 8}
+    )
     ledger = tmp_path / "ledger.jsonl"
     summary = run_async(
         plan, prompts, engine, cfg, trainer_factory=functools.partial(SimulatedTrainer, 0.05, 0.01, str(ledger))

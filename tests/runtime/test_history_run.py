@@ -38,10 +38,9 @@ def test_a_multi_pass_run_reschedules_each_pass_and_resumes_with_its_history(ray
     config = fast_config(
         iterations=PASSES * PROMPTS // BATCH,
         global_batch_prompts=BATCH,
-        gu_queue_target=1,
-        q_max=BATCH,
         checkpoint_interval=2,
         schedule=ScheduleParams(b=3, kappa=0, k=2, iterations=500),
+        queue={"gu_queue_target": 1, "q_max": BATCH},
     )
     assert config.control_settings().history is not None  # runtime.history is on by default
     run = functools.partial(

@@ -15,22 +15,28 @@ from .helpers import fast_config, make_plan
 
 
 def test_q_max_below_one_global_batch_is_refused():
-    with pytest.raises(ValidationError, match=r"q_max = 8 is smaller than one global batch"):
-        RuntimeConfig(q_max=8, global_batch_prompts=16)
+    with pytest.raises(ValidationError, match=r"runtime.queue.q_max = 8 is smaller than one global batch"):
+        RuntimeConfig(global_batch_prompts=16, queue={"q_max": 8})
 
 
 def test_resume_level_that_could_deadlock_is_refused():
     # paused at 3..7 prompts with batches of 8: no batch can form and generation would never resume
-    with pytest.raises(ValidationError, match=r"q_resume = 2 must lie in \[global_batch_prompts - 1 = 7, q_max = 16"):
-        RuntimeConfig(q_max=16, global_batch_prompts=8, q_resume=2)
-    assert RuntimeConfig(q_max=8, global_batch_prompts=8).resume_depth == 7
-    assert RuntimeConfig(q_max=48, global_batch_prompts=16).resume_depth == 32
+    with pytest.raises(
+        ValidationError,
+        match=r"q_resume = 2 must lie in \[runtime.global_batch_prompts - 1 = 7, runtime.queue.q_max = 16",
+    ):
+        RuntimeConfig(global_batch_prompts=8, queue={"q_max": 16, "q_resume": 2})
+    assert RuntimeConfig(global_batch_prompts=8, queue={"q_max": 8}).resume_depth == 7
+    assert RuntimeConfig(global_batch_prompts=16, queue={"q_max": 48}).resume_depth == 32
 
 
-@pytest.mark.parametrize(("field", "value"), [("n_samples", 0), ("top_p", 0.0), ("actors_per_unit", 0)])
-def test_out_of_range_fields_are_named(field, value):
-    with pytest.raises(ValidationError, match=rf"{field}\n  Input should be greater than"):
-        RuntimeConfig(**{field: value})
+@pytest.mark.parametrize(
+    ("section", "field", "value"),
+    [("sampling", "n_samples", 0), ("sampling", "top_p", 0.0), ("ray", "actors_per_unit", 0)],
+)
+def test_out_of_range_fields_are_named(section, field, value):
+    with pytest.raises(ValidationError, match=rf"{section}.{field}\n  Input should be greater than"):
+        RuntimeConfig(**{section: {field: value}})
 
 
 def test_unknown_param_is_refused():

@@ -4,9 +4,9 @@ node loss, loopback.
 The cluster (`ray.cluster_utils.Cluster`, Ray's own multi-node test harness) is a head node without CPUs (GCS and
 the driver's raylet: what a real cluster's head is) and three worker nodes, each its own raylet, object store and
 agents on 127.0.0.1, with distinct custom resources: ``gen_a`` and ``gen_b`` {CPU: 1, asp_rollout: 1} for the
-Generation Units and ``train`` {CPU: 1, asp_train: 1} for the Training Unit (``runtime.actor_resources`` /
+Generation Units and ``train`` {CPU: 1, asp_train: 1} for the Training Unit (``runtime.ray.actor_resources`` /
 ``trainer_resources`` pin the units to them). Each run is in a separate driver process
-(tests/runtime/multinode_driver.py) joined through ``runtime.ray_address``; a gate (`helpers.Gate`) holds chosen
+(tests/runtime/multinode_driver.py) joined through ``runtime.ray.address``; a gate (`helpers.Gate`) holds chosen
 engine calls or a trainer step so that a node is lost (SIGKILL of its raylet, agents and workers at once) while
 known work is in flight on it. The GCS declares a node dead after 3 missed health checks 1 s apart (Ray's default is
 5 x 3 s); the numbers printed (run with -s) are detection + recovery times under that setting.
@@ -51,15 +51,16 @@ NODES = {
     "train": {"num_cpus": 1, "resources": {"asp_train": 1, "node_train": 1}},
 }
 PINNED = {  # 2 GUs x 2 actors (0.5 CPU + 0.5 asp_rollout each: one GU fills one rollout node), the TU on `train`
-    "generation_units": 2,
-    "actors_per_unit": 2,
-    "actor_num_cpus": 0.5,
-    "actor_resources": {"asp_rollout": 0.5},
-    "trainer_resources": {"asp_train": 1},
-    "gu_queue_target": 2,
-    "coalesce_below_s": 0.0,
     "checkpoint_interval": 2,
-    "stall_timeout_s": 120.0,
+    "queue": {"gu_queue_target": 2, "coalesce_below_s": 0.0},
+    "control": {"stall_timeout_s": 120.0},
+    "ray": {
+        "generation_units": 2,
+        "actors_per_unit": 2,
+        "actor_num_cpus": 0.5,
+        "actor_resources": {"asp_rollout": 0.5},
+        "trainer_resources": {"asp_train": 1},
+    },
 }
 MINIBATCHES, SIZE = 24, 2  # 48 prompts; global batches of 8 -> 6 steps
 
@@ -326,14 +327,22 @@ def test_launch_placed_per_node_survives_a_rollout_node_and_resumes_after_losing
     )
 
 
-PROFILE = {"n_samples": 2, "max_new_tokens": 8, "minibatch_prompts": 2, "chunk_minibatches": 1, "num_threads": 1}
+PROFILE = {
+    "n_samples": 2,
+    "max_new_tokens": 8,
+    "minibatch_prompts": 2,
+    "chunk_minibatches": 1,
+    "engine": {"num_threads": 1},
+}
 PROFILE_RUNTIME = {  # launch's layout: 2 GUs x 1 engine actor, one per rollout node; a dead actor stays dead
-    "generation_units": 2,
-    "actors_per_unit": 1,
-    "actor_num_cpus": 0.5,
-    "actor_resources": {"asp_rollout": 1},
-    "actor_max_restarts": 0,
-    "stall_timeout_s": 120.0,
+    "control": {"stall_timeout_s": 120.0},
+    "ray": {
+        "generation_units": 2,
+        "actors_per_unit": 1,
+        "actor_num_cpus": 0.5,
+        "actor_resources": {"asp_rollout": 1},
+        "actor_max_restarts": 0,
+    },
 }
 PROFILE_PROMPTS = {"profile": 12, "heldout": 4}  # 16 prompts: 8 minibatches of 2, one chunk each
 

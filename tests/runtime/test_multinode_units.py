@@ -1,4 +1,5 @@
-"""Pinning units to nodes by custom Ray resources (``runtime.actor_resources`` / ``trainer_resources``), pure parts.
+"""Pinning units to nodes by custom Ray resources (``runtime.ray.actor_resources`` / ``trainer_resources``), pure
+parts.
 
 The bundles carry the custom resources next to CPUs / GPUs (so a unit's placement group lands only on nodes that
 have them); with ``placement: none`` each actor asks for them itself; a cluster without enough of them is refused
@@ -19,11 +20,13 @@ from asp.runtime.placement import TRAINER, Placement, bundle, loose_resources, u
 def test_bundles_carry_the_custom_resources():
     assert bundle(0.5, 0.0, {"rollout": 0.5, "zero": 0.0}) == {"CPU": 0.5, "rollout": 0.5}
     cfg = RuntimeConfig(
-        generation_units=2,
-        actors_per_unit=2,
-        actor_num_cpus=0.5,
-        actor_resources={"rollout": 0.5},
-        trainer_resources={"train": 1.0},
+        ray={
+            "generation_units": 2,
+            "actors_per_unit": 2,
+            "actor_num_cpus": 0.5,
+            "actor_resources": {"rollout": 0.5},
+            "trainer_resources": {"train": 1.0},
+        }
     )
     assert unit_bundles(cfg, 1) == {
         "gu0": [{"CPU": 0.5, "rollout": 0.5}] * 2,
@@ -34,12 +37,14 @@ def test_bundles_carry_the_custom_resources():
 
 
 def test_defaults_are_unchanged():
-    assert RuntimeConfig().actor_resources is None and RuntimeConfig().trainer_resources is None
+    assert RuntimeConfig().ray.actor_resources is None and RuntimeConfig().ray.trainer_resources is None
     assert unit_bundles(RuntimeConfig(), 1) == {"gu0": [{"CPU": 0.5}, {"CPU": 0.5}]}
 
 
 def test_without_groups_each_actor_asks_for_its_custom_resources():
-    cfg = RuntimeConfig(placement="none", actor_resources={"rollout": 1.0}, trainer_resources={"train": 2.0})
+    cfg = RuntimeConfig(
+        ray={"placement": "none", "actor_resources": {"rollout": 1.0}, "trainer_resources": {"train": 2.0}}
+    )
     assert unit_bundles(cfg, 1) == {}
     placement = Placement(loose=loose_resources(cfg))
     assert placement.actor_options(0, 1) == {"resources": {"rollout": 1.0}}
@@ -48,11 +53,11 @@ def test_without_groups_each_actor_asks_for_its_custom_resources():
 
 
 def test_missing_custom_resources_are_refused_naming_them():
-    cfg = RuntimeConfig(generation_units=2, actors_per_unit=2, actor_resources={"rollout": 0.5})
+    cfg = RuntimeConfig(ray={"generation_units": 2, "actors_per_unit": 2, "actor_resources": {"rollout": 0.5}})
     check_custom_resources(cfg, {"CPU": 4.0, "rollout": 2.0})  # 4 actors x 0.5: enough
     with pytest.raises(UserError, match=r"needs 2 of the custom Ray resource 'rollout'.*has 1\b.*--resources"):
         check_custom_resources(cfg, {"CPU": 4.0, "rollout": 1.0})
-    grpo = RuntimeConfig(trainer="grpo", grpo={"world_size": 2}, trainer_resources={"train": 1.0})
+    grpo = RuntimeConfig(grpo={"world_size": 2}, ray={"trainer_resources": {"train": 1.0}}, trainer={"kind": "grpo"})
     with pytest.raises(UserError, match=r"needs 2 of the custom Ray resource 'train'.*x 2 trainer ranks.*has 0"):
         check_custom_resources(grpo, {"CPU": 4.0})
 

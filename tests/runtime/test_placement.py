@@ -46,20 +46,28 @@ def test_bundle_leaves_out_zero_amounts():
 
 
 def test_trainer_ranks_follow_the_grpo_world_size():
-    assert trainer_ranks(RuntimeConfig(trainer="grpo", grpo={"world_size": 4})) == 4
-    assert trainer_ranks(RuntimeConfig(trainer="simulated")) == 1
+    assert trainer_ranks(RuntimeConfig(grpo={"world_size": 4}, trainer={"kind": "grpo"})) == 4
+    assert trainer_ranks(RuntimeConfig(trainer={"kind": "simulated"})) == 1
     # the simulated trainer runs on one rank: params validation refuses a grpo.world_size > 1 beside it, so a
     # config that would ask trainer_ranks for more than one simulated rank cannot be built
     with pytest.raises(ValidationError, match="'simulated' runs on one rank"):
-        RuntimeConfig(trainer="simulated", grpo={"world_size": 4})
+        RuntimeConfig(grpo={"world_size": 4}, trainer={"kind": "simulated"})
     declared = functools.partial(SimulatedTrainer, 0.0, 0.0)
     declared.world_size = 2  # a factory that says how many ranks it starts wins (build_training_unit uses it)
-    assert trainer_ranks(RuntimeConfig(trainer="grpo"), declared) == 2
-    assert trainer_ranks(RuntimeConfig(trainer="grpo", grpo={"world_size": 3}), functools.partial(int)) == 3
+    assert trainer_ranks(RuntimeConfig(trainer={"kind": "grpo"}), declared) == 2
+    assert trainer_ranks(RuntimeConfig(grpo={"world_size": 3}, trainer={"kind": "grpo"}), functools.partial(int)) == 3
 
 
 def test_unit_bundles_one_group_per_gu_and_one_for_the_trainer():
-    cfg = RuntimeConfig(generation_units=2, actors_per_unit=3, actor_num_cpus=1, actor_num_gpus=1, trainer_num_gpus=2)
+    cfg = RuntimeConfig(
+        ray={
+            "generation_units": 2,
+            "actors_per_unit": 3,
+            "actor_num_cpus": 1,
+            "actor_num_gpus": 1,
+            "trainer_num_gpus": 2,
+        }
+    )
     assert gu_bundles(cfg) == [{"CPU": 1.0, "GPU": 1.0}] * 3
     assert trainer_bundles(cfg, 2) == [{"GPU": 2.0}] * 2
     assert unit_bundles(cfg, 2) == {
@@ -72,9 +80,9 @@ def test_unit_bundles_one_group_per_gu_and_one_for_the_trainer():
 def test_units_asking_for_nothing_get_no_group():
     demo = RuntimeConfig()  # the demo: actors 0.5 CPU, trainer 0 CPU / 0 GPU
     assert unit_bundles(demo, 1) == {"gu0": [{"CPU": 0.5}, {"CPU": 0.5}]}
-    free = RuntimeConfig(actor_num_cpus=0, trainer_num_cpus=0)
+    free = RuntimeConfig(ray={"actor_num_cpus": 0, "trainer_num_cpus": 0})
     assert unit_bundles(free, 1) == {}
-    assert unit_bundles(RuntimeConfig(placement="none", trainer_num_cpus=1), 1) == {}
+    assert unit_bundles(RuntimeConfig(ray={"placement": "none", "trainer_num_cpus": 1}), 1) == {}
 
 
 def test_without_groups_the_options_are_empty():
@@ -119,7 +127,7 @@ ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Probe travels
 
 def test_each_actor_lands_in_its_units_group(ray_cluster):
     ray = ray_cluster
-    cfg = fast_config(generation_units=2, actors_per_unit=2, actor_num_cpus=0.5, trainer_num_cpus=1)
+    cfg = fast_config(ray={"generation_units": 2, "actors_per_unit": 2, "actor_num_cpus": 0.5, "trainer_num_cpus": 1})
     before = set(asp_groups())
     placement = create_placement(cfg, trainer_ranks(cfg))
     created = set(asp_groups()) - before
@@ -152,7 +160,7 @@ def test_each_actor_lands_in_its_units_group(ray_cluster):
 def test_the_groups_use_the_configured_strategy(ray_cluster, placement, strategy):
     from ray.util import placement_group_table
 
-    made = create_placement(fast_config(placement=placement, actors_per_unit=3), 1)
+    made = create_placement(fast_config(ray={"placement": placement, "actors_per_unit": 3}), 1)
     try:
         table = placement_group_table(made.groups["gu0"])
         assert table["strategy"] == strategy and list(table["bundles"].values()) == [{"CPU": 0.25}] * 3
@@ -162,19 +170,19 @@ def test_the_groups_use_the_configured_strategy(ray_cluster, placement, strategy
 
 def test_placement_none_makes_no_group(ray_cluster):
     before = asp_groups()
-    placement = create_placement(fast_config(placement="none", trainer_num_cpus=1), 1)
+    placement = create_placement(fast_config(ray={"placement": "none", "trainer_num_cpus": 1}), 1)
     assert placement.groups == {} and asp_groups() == before
 
 
 @pytest.mark.parametrize(
     ("overrides", "unit", "bundles"),
     [
-        (dict(actor_num_cpus=8), "gu0", "[{'CPU': 8.0}, {'CPU': 8.0}]"),  # more than the 4 CPUs of the node
-        (dict(trainer_num_gpus=1), TRAINER, "[{'GPU': 1.0}]"),  # a GPU on a CPU-only cluster
+        ({"actor_num_cpus": 8}, "gu0", "[{'CPU': 8.0}, {'CPU': 8.0}]"),  # more than the 4 CPUs of the node
+        ({"trainer_num_gpus": 1}, TRAINER, "[{'GPU': 1.0}]"),  # a GPU on a CPU-only cluster
     ],
 )
 def test_a_group_that_cannot_be_placed_is_refused_quickly(ray_cluster, overrides, unit, bundles):
-    cfg = fast_config(stall_timeout_s=1.0, **overrides)
+    cfg = fast_config(ray=overrides, control={"stall_timeout_s": 1.0})
     before = set(asp_groups())
     start = time.monotonic()
     with pytest.raises(UserError, match="could not place") as info:
@@ -182,14 +190,14 @@ def test_a_group_that_cannot_be_placed_is_refused_quickly(ray_cluster, overrides
     assert time.monotonic() - start < 10
     message = str(info.value)
     assert f"{unit} with bundles {bundles}" in message and "'CPU': 4.0" in message
-    assert "runtime.placement: none" in message and "stall_timeout_s" in message
+    assert "runtime.ray.placement: none" in message and "stall_timeout_s" in message
     created = set(asp_groups()) - before
     assert created and set(wait_removed(created).values()) == {"REMOVED"}  # the placeable ones too
 
 
 def test_run_async_packs_two_units_and_removes_their_groups(ray_cluster, tmp_path):
     plan, prompts = make_plan(8, 3)
-    cfg = fast_config(generation_units=2, actors_per_unit=2, placement="pack")
+    cfg = fast_config(ray={"generation_units": 2, "actors_per_unit": 2, "placement": "pack"})
     before = set(asp_groups())
     seen: list[dict[str, str]] = []
     summary = run_async(

@@ -1,4 +1,4 @@
-"""The local Ray cluster `ray_session` starts (no `runtime.ray_address`) listens on loopback only.
+"""The local Ray cluster `ray_session` starts (no `runtime.ray.address`) listens on loopback only.
 
 A separate Python process starts the cluster exactly as `run_async` does (`asp.runtime.ray_session`), so it does
 not clash with the session's shared cluster, runs an actor and a task (so worker processes exist), and reports
@@ -21,7 +21,7 @@ import json, os, socket, time
 import psutil, ray
 from asp.runtime import RuntimeConfig, ray_session
 
-with ray_session(RuntimeConfig(ray_num_cpus=1, ray_num_gpus=0)) as started:
+with ray_session(RuntimeConfig(ray={"num_cpus": 1, "num_gpus": 0})) as started:
     @ray.remote(num_cpus=0)
     class Echo:
         def pid(self):

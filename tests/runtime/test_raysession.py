@@ -27,7 +27,7 @@ raysession.registry = lambda: Path(sys.argv[1])
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.run import ray_session
 
-with ray_session(RuntimeConfig(ray_num_cpus=1)):
+with ray_session(RuntimeConfig(ray={"num_cpus": 1})):
     print("started", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """

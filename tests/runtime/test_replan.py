@@ -190,7 +190,7 @@ def test_stop_resume_with_replan_trains_every_prompt_once(ray_cluster, tmp_path)
         plan,
         prompts,
         EngineSpec("standin", options={"seconds_per_call": 0.005}),
-        fast_config(gu_queue_target=2, checkpoint_interval=2),
+        fast_config(checkpoint_interval=2, queue={"gu_queue_target": 2}),
         trainer_factory=functools.partial(SimulatedTrainer, 0.0, 0.0, str(tmp_path / "ledger.jsonl")),
         checkpoint_dir=tmp_path / "ck",
     )
@@ -233,7 +233,7 @@ def test_a_stop_between_checkpoints_trains_on_to_the_next_one(ray_cluster, tmp_p
         plan,
         prompts,
         EngineSpec("standin", options={"seconds_per_call": 0.005}),
-        fast_config(gu_queue_target=2, checkpoint_interval=3),
+        fast_config(checkpoint_interval=3, queue={"gu_queue_target": 2}),
         trainer_factory=functools.partial(SimulatedTrainer, 0.0, 0.0, str(tmp_path / "ledger.jsonl")),
         checkpoint_dir=tmp_path / "ck",
         on_iteration=stop_at_first_step,

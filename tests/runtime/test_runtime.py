@@ -57,7 +57,7 @@ def trainer(tmp_path, step_s: float = 0.0, refresh_s: float = 0.0):
 def test_one_pass_trains_every_prompt_once_and_logs(ray_cluster, tmp_path):
     plan, prompts = make_plan(12, 3)  # 36 prompts; batches of 8 -> 4 full steps + a short one of 4
     logger = ListLogger()
-    cfg = fast_config(q_max=8)  # = one batch: resumes at 7 prompts (q_max - 8 = 0 would deadlock)
+    cfg = fast_config(queue={"q_max": 8})  # = one batch: resumes at 7 prompts (q_max - 8 = 0 would deadlock)
     summary = run_async(
         plan,
         prompts,
@@ -117,7 +117,7 @@ def test_killed_actor_loses_nothing_and_duplicates_nothing(ray_cluster, tmp_path
         plan,
         prompts,
         GatedStandIn(str(gate.dir), free_calls=4),
-        fast_config(gu_queue_target=2, coalesce_below_s=0.0),
+        fast_config(queue={"gu_queue_target": 2, "coalesce_below_s": 0.0}),
         trainer_factory=trainer(tmp_path),
         on_iteration=hook,
     )
@@ -141,7 +141,9 @@ def test_lost_generation_unit_hands_its_work_to_the_other(ray_cluster, tmp_path)
         plan,
         prompts,
         GatedStandIn(str(gate.dir), free_calls=4),
-        fast_config(generation_units=2, actors_per_unit=1, gu_queue_target=2, coalesce_below_s=0.0),
+        fast_config(
+            queue={"gu_queue_target": 2, "coalesce_below_s": 0.0}, ray={"generation_units": 2, "actors_per_unit": 1}
+        ),
         trainer_factory=trainer(tmp_path),
         on_iteration=hook,
     )
@@ -173,7 +175,7 @@ def test_backpressure_bounds_the_queue(ray_cluster, tmp_path, monkeypatch):
     # The trainer only steps while generation is paused, until it paused twice: the queue must fill past q_max
     # (pause), drain to the resume depth while paused (resume), and fill again (pause), whatever the speeds.
     plan, prompts = make_plan(30, 2, k=1)
-    cfg = fast_config(global_batch_prompts=4, q_max=8, coalesce_below_s=0.0, gu_queue_target=1)
+    cfg = fast_config(global_batch_prompts=4, queue={"q_max": 8, "coalesce_below_s": 0.0, "gu_queue_target": 1})
     gate = Gate(tmp_path / "gate")
     changes = observe_backpressure(monkeypatch, gate)
     may_step = functools.partial(only_while_paused, pauses=2)
@@ -188,12 +190,12 @@ def test_backpressure_bounds_the_queue(ray_cluster, tmp_path, monkeypatch):
     kinds = [e[1] for e in summary.events if e[1] in ("pause", "resume")]
     assert kinds[:3] == ["pause", "resume", "pause"] and m["runtime/summary/pauses"] == kinds.count("pause") >= 2
     assert [k for k, _ in changes] == kinds
-    assert all(d > cfg.q_max if k == "pause" else d <= cfg.resume_depth for k, d in changes)  # the hysteresis
+    assert all(d > cfg.queue.q_max if k == "pause" else d <= cfg.resume_depth for k, d in changes)  # the hysteresis
     assert not any(e[1] == "send" for e in _while_paused(summary.events))  # the sender stopped
     # once paused, only minibatches already handed to the GU can arrive: the one that crossed q_max plus at
     # most gu_queue_target + actors = 3 more, 2 prompts each, however late the pause message lands
-    max_prompts = m["runtime/summary/queue_max_samples"] / cfg.n_samples
-    assert cfg.q_max < max_prompts <= cfg.q_max + 2 + 3 * 2
+    max_prompts = m["runtime/summary/queue_max_samples"] / cfg.sampling.n_samples
+    assert cfg.queue.q_max < max_prompts <= cfg.queue.q_max + 2 + 3 * 2
     assert trained_counts(tmp_path / "ledger.jsonl") == Counter(range(60))
 
 
@@ -272,6 +274,6 @@ def test_engine_that_fails_to_load_is_reported(ray_cluster):
 
 def test_more_actors_than_cpus_is_refused(ray_cluster):
     plan, prompts = make_plan(2, 2)
-    cfg = fast_config(generation_units=2, actors_per_unit=3, actor_num_cpus=1.0)
+    cfg = fast_config(ray={"generation_units": 2, "actors_per_unit": 3, "actor_num_cpus": 1.0})
     with pytest.raises(UserError, match=r"needs 6 CPUs .* Ray can give 4\b"):
         run_async(plan, prompts, EngineSpec("standin"), cfg, trainer_factory=SimulatedTrainer)

@@ -110,7 +110,7 @@ def trainer(tmp_path, step_s: float = 0.05, refresh_s: float = 0.01):
 
 def sync_config(**overrides):
     """2 actors in one GU, rounds of >= 6 prompts, one minibatch per actor call (no coalescing)."""
-    return fast_config(mode="sync", global_batch_prompts=6, q_max=6, coalesce_below_s=0.0, **overrides)
+    return fast_config(mode="sync", global_batch_prompts=6, **overrides, queue={"q_max": 6, "coalesce_below_s": 0.0})
 
 
 ENGINE = EngineSpec("standin", options={"seconds_per_call": 0.03, "jitter": 0.5})

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import asp.control.core as engine  # the Control Unit core the simulator drives (the Ledger patches its parts)
+from asp.config import deep_merge
 from asp.control.queue import Backpressure, TrainingQueue
 from asp.control.settings import ControlSettings
 from asp.runtime import RuntimeConfig, WorkPlan
@@ -82,23 +83,20 @@ def make_workload(plan: WorkPlan, n: int = 2, seed: int | None = None, cap: int 
 
 def config(**overrides) -> ControlSettings:
     """As tests/runtime/helpers.fast_config: 1 GU x 2 actors, batches of 8 prompts, n = 2, one pass, no lag bound."""
-    base = dict(
-        iterations=None,
-        max_policy_lag=None,
-        generation_units=1,
-        actors_per_unit=2,
-        gu_queue_target=4,
-        global_batch_prompts=8,
-        q_max=32,
-        n_samples=2,
-        max_new_tokens=16,
-    )
-    return RuntimeConfig(**(base | overrides)).control_settings()
+    base = {
+        "iterations": None,
+        "global_batch_prompts": 8,
+        "sampling": {"n_samples": 2, "max_new_tokens": 16},
+        "queue": {"max_policy_lag": None, "gu_queue_target": 4, "q_max": 32},
+        "ray": {"generation_units": 1, "actors_per_unit": 2},
+    }
+    return RuntimeConfig(**deep_merge(base, overrides)).control_settings()
 
 
 def one_actor(**overrides) -> ControlSettings:
     """1 GU x 1 actor, a global batch = one minibatch of 2 prompts, the GU holds 2 + 1 minibatches."""
-    return config(**({"actors_per_unit": 1, "gu_queue_target": 2, "global_batch_prompts": 2, "q_max": 4} | overrides))
+    base = {"global_batch_prompts": 2, "queue": {"gu_queue_target": 2, "q_max": 4}, "ray": {"actors_per_unit": 1}}
+    return config(**deep_merge(base, overrides))
 
 
 def column(result, key: str) -> list:
@@ -231,7 +229,7 @@ def test_two_actors_share_one_core():
     #   step 1 trains mb0 20-21 (iteration 21), step 2 trains mb1 21-22 (iteration 1).
     #   mb2, mb3 start at 20, again together at half speed -> 40; steps 40-41 (iteration 19) and 41-42 (1).
     plan = make_plan(4, 2, k=1)
-    cfg = one_actor(actors_per_unit=2)
+    cfg = one_actor(ray={"actors_per_unit": 2})
     shared = simulate(plan, make_workload(plan), FixedGen(10.0), FixedTrain(1.0), cfg, Resources(cores=1))
     assert column(shared, "gen_s") == [20.0] * 4
     assert column(shared, "arrival_s") == [20.0, 20.0, 40.0, 40.0]
@@ -254,7 +252,7 @@ def test_unequal_jobs_share_one_core():
     plan = make_plan(2, 2, k=1)
     lengths = np.array([[10, 10], [10, 10], [20, 20], [20, 20]])
     work = Workload.from_arrays(plan.prompt_ids(), lengths, np.full(4, 3), max_new_tokens=32)
-    cfg = one_actor(actors_per_unit=2)
+    cfg = one_actor(ray={"actors_per_unit": 2})
     r = simulate(plan, work, PerTokenGen(0.25), FixedTrain(1.0), cfg, Resources(cores=1))
     assert column(r, "arrival_s") == [20.0, 30.0] and column(r, "gen_s") == [20.0, 30.0]
     assert column(r, "tokens") == [40, 80]
@@ -266,9 +264,10 @@ def test_unequal_jobs_share_one_core():
 def test_same_inputs_same_result():
     plan = make_plan(40, 3, k=3)
     cfg = config(
-        generation_units=2, actors_per_unit=3, gu_queue_target=2, iterations=25, max_policy_lag=1,
-        stale_samples="regenerate", q_max=16,
-    )  # fmt: skip
+        iterations=25,
+        queue={"gu_queue_target": 2, "max_policy_lag": 1, "stale_samples": "regenerate", "q_max": 16},
+        ray={"generation_units": 2, "actors_per_unit": 3},
+    )
     args = (plan, make_workload(plan, seed=1), PerTokenGen(0.01, 0.2), FixedTrain(0.5, load_s=0.1), cfg)
     a = simulate(*args, Resources(cores=3, report_latency_s=0.05))
     b = simulate(*args, Resources(cores=3, report_latency_s=0.05))
@@ -285,7 +284,7 @@ def test_one_pass_trains_every_prompt_once(monkeypatch):
     # tests/runtime/test_runtime.py::test_one_pass_trains_every_prompt_once_and_logs: 36 prompts, batches of 8
     ledger = Ledger(monkeypatch)
     plan = make_plan(12, 3)
-    r = simulate(plan, make_workload(plan, seed=0), PerTokenGen(0.01), FixedTrain(0.05), config(q_max=8))
+    r = simulate(plan, make_workload(plan, seed=0), PerTokenGen(0.01), FixedTrain(0.05), config(queue={"q_max": 8}))
     assert ledger.trained() == Counter(range(36))
     assert [len(pids) for _, pids, _ in ledger.batches] == [8, 8, 8, 8, 4]  # the short last batch
     assert [it["step"] for it in r.iterations] == [1, 2, 3, 4, 5]
@@ -296,7 +295,11 @@ def test_one_pass_trains_every_prompt_once(monkeypatch):
 def test_one_pass_at_scale_trains_every_prompt_once(monkeypatch):
     ledger = Ledger(monkeypatch)
     plan = make_plan(101, 5, k=4)  # 505 prompts: the last batch of 32 is short
-    cfg = config(generation_units=3, actors_per_unit=4, global_batch_prompts=32, q_max=64, gu_queue_target=3)
+    cfg = config(
+        global_batch_prompts=32,
+        queue={"q_max": 64, "gu_queue_target": 3},
+        ray={"generation_units": 3, "actors_per_unit": 4},
+    )
     r = simulate(plan, make_workload(plan, seed=2), PerTokenGen(0.02, 0.1), FixedTrain(0.3, load_s=0.2), cfg)
     assert sum(ledger.trained().values()) == plan.n_prompts and set(ledger.trained().values()) == {1}
     assert r.metrics["runtime/summary/prompts_trained"] == plan.n_prompts
@@ -309,7 +312,7 @@ def test_backpressure_bounds_the_queue(monkeypatch):
     # q_max (pause), drain to the resume depth (resume) and fill again (pause).
     ledger = Ledger(monkeypatch)
     plan = make_plan(30, 2, k=1)
-    cfg = config(global_batch_prompts=4, q_max=8, gu_queue_target=1)
+    cfg = config(global_batch_prompts=4, queue={"q_max": 8, "gu_queue_target": 1})
     r = simulate(plan, make_workload(plan, seed=3), FixedGen(1.0), FixedTrain(10.0), cfg)
     changes = ledger.pauses()
     kinds = [k for k, _, _ in changes]
@@ -341,7 +344,9 @@ def test_the_lag_bound_holds(monkeypatch, mode):
     # other 24 are stale.
     ledger = Ledger(monkeypatch)
     plan = make_plan(16, 2)
-    cfg = config(global_batch_prompts=4, q_max=32, max_policy_lag=1, stale_samples=mode, gu_queue_target=2)
+    cfg = config(
+        global_batch_prompts=4, queue={"q_max": 32, "max_policy_lag": 1, "stale_samples": mode, "gu_queue_target": 2}
+    )
     r = simulate(plan, make_workload(plan, seed=4), FixedGen(1.0), FixedTrain(100.0), cfg)
     assert [versions for _, _, versions in ledger.batches[:2]] == [[0] * 4, [0] * 4]
     assert max(ledger.lags()) <= 1 and all(lag <= 1 for lag in lags_max(r))
@@ -365,8 +370,11 @@ def test_lag_zero_trains_only_current_samples(monkeypatch, mode):
     # trained + dropped = all prompts, none twice
     ledger = Ledger(monkeypatch)
     plan = make_plan(60, 4, k=3)
-    cfg = config(generation_units=2, actors_per_unit=3, global_batch_prompts=8, q_max=24, max_policy_lag=0,
-                 stale_samples=mode)  # fmt: skip
+    cfg = config(
+        global_batch_prompts=8,
+        queue={"q_max": 24, "max_policy_lag": 0, "stale_samples": mode},
+        ray={"generation_units": 2, "actors_per_unit": 3},
+    )
     r = simulate(plan, make_workload(plan, seed=5), PerTokenGen(0.05, 0.1), FixedTrain(0.7, load_s=0.2), cfg)
     assert set(ledger.lags()) == {0} and set(lags_max(r)) == {0.0}
     counts, m = ledger.trained(), r.metrics
@@ -390,7 +398,11 @@ def test_work_freed_by_a_resume_is_sent_at_once():
     #   mb5 103-104, mb6 104-105 (version 1) -> step 2 105-205; mb7-mb9 105-108 -> depth 6 -> pause; at 205
     #   (version 2) those 6 are dropped and the plan is done: 8 prompts trained, 12 dropped.
     plan = make_plan(10, 2, k=1)
-    cfg = config(actors_per_unit=1, gu_queue_target=0, global_batch_prompts=4, q_max=4, max_policy_lag=0)
+    cfg = config(
+        global_batch_prompts=4,
+        queue={"gu_queue_target": 0, "q_max": 4, "max_policy_lag": 0},
+        ray={"actors_per_unit": 1},
+    )
     r = simulate(plan, make_workload(plan), FixedGen(1.0), FixedTrain(100.0), cfg)
     assert column(r, "gen_start_s")[5:] == [103.0, 104.0, 105.0, 106.0, 107.0]
     assert [it["runtime/iteration_time_s"] for it in r.iterations] == [102.0, 103.0]
@@ -411,7 +423,7 @@ def test_missing_prompt_in_workload_is_named():
 
 def test_sample_count_mismatch_raises():
     plan = make_plan(3, 2)
-    with pytest.raises(ValueError, match=r"n=3 samples per prompt, runtime.n_samples is 2"):
+    with pytest.raises(ValueError, match=r"n=3 samples per prompt, runtime.sampling.n_samples is 2"):
         simulate(plan, make_workload(plan, n=3), FixedGen(1.0), FixedTrain(1.0), config())
 
 

@@ -82,7 +82,7 @@ def test_candidate_devices_fit_and_overlay() -> None:
     assert "exceed one node" in Candidate(1, 5, 48, 32, 6, 8).misfit(cluster)
     assert "needs 34 devices" in Candidate(4, 3, 48, 32, 6, 10).misfit(cluster)
     assert c.overlay() == {
-        "runtime": {"generation_units": 3, "actors_per_unit": 4, "q_max": 48},
+        "runtime": {"queue": {"q_max": 48}, "ray": {"generation_units": 3, "actors_per_unit": 4}},
         "schedule": {"b": 32, "k": 6},
         "plan": {"tu_devices": 8},
     }
@@ -200,7 +200,11 @@ def evaluator():
         step_base_s=1.0, step_per_token_s=0.0, save_s=0.0, convert_s=0.0, load_s=0.0, step_per_sample_s=0.0
     )
     cfg = RuntimeConfig(
-        trainer="simulated", iterations=20, global_batch_prompts=G, n_samples=N, q_max=32
+        iterations=20,
+        global_batch_prompts=G,
+        sampling={"n_samples": N},
+        queue={"q_max": 32},
+        trainer={"kind": "simulated"},
     ).control_settings()
     cluster = _cluster(devices=8, tu_min_devices=1, tu_serial_fraction=0.5, devices_per_node=4)
     return make_evaluator(

@@ -211,7 +211,7 @@ def test_fit_training_model_rejects_missing_columns():
 
 
 def test_simulated_training_model():
-    t = TrainingTimeModel.simulated(trainer_step_s=0.5, refresh_delay_s=0.2)
+    t = TrainingTimeModel.simulated(step_s=0.5, refresh_delay_s=0.2)
     assert t.step_seconds(1e6) == 0.5 and t.publish_seconds() == 0.0 and t.load_s == 0.2
 
 

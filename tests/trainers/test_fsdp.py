@@ -162,13 +162,15 @@ def test_split_micro_batches_pads_ranks_with_dummy_passes():
 
 def test_rank_settings_that_cannot_work_are_refused_by_the_params():
     """The runtime params refuse them (tests/test_config.py: `asp params check` exits 2 naming the keys)."""
-    with pytest.raises(ValidationError, match="world_size = 2 but runtime.trainer = 'simulated'"):
-        RuntimeConfig(iterations=5, trainer="simulated", grpo=GRPOParams(world_size=2))
-    assert RuntimeConfig(iterations=5, trainer="grpo", grpo=GRPOParams(world_size=2)).grpo.world_size == 2
+    with pytest.raises(ValidationError, match="world_size = 2 but runtime.trainer.kind = 'simulated'"):
+        RuntimeConfig(iterations=5, grpo=GRPOParams(world_size=2), trainer={"kind": "simulated"})
+    assert RuntimeConfig(iterations=5, grpo=GRPOParams(world_size=2), trainer={"kind": "grpo"}).grpo.world_size == 2
     for knobs, match in (({"cpu_offload": True}, "cpu_offload needs a CUDA device"), ({"backend": "nccl"}, "nccl")):
         with pytest.raises(ValidationError, match=match):
             RuntimeConfig(iterations=5, grpo=GRPOParams(**knobs))
-        assert RuntimeConfig(iterations=5, trainer="simulated", grpo=GRPOParams(**knobs))  # unused: not checked
+        assert RuntimeConfig(
+            iterations=5, grpo=GRPOParams(**knobs), trainer={"kind": "simulated"}
+        )  # unused: not checked
         assert RuntimeConfig(iterations=5, grpo=GRPOParams(**knobs, device="cuda"))
 
 
@@ -179,7 +181,9 @@ def test_two_rank_launch_trains_every_prompt_once(ray_cluster, tiny_qwen, tmp_pa
 
     plan, prompts = make_plan(40, 2)  # 80 prompts, 4 per global batch: 20 steps
     grpo = GRPOParams(world_size=2, lr=2e-2, warmup_steps=0, micro_batch_tokens=64)
-    cfg = fast_config(global_batch_prompts=4, q_max=8, n_samples=4, max_new_tokens=6, grpo=grpo)
+    cfg = fast_config(
+        global_batch_prompts=4, grpo=grpo, sampling={"n_samples": 4, "max_new_tokens": 6}, queue={"q_max": 8}
+    )
     trainer = make_trainer_factory(
         "grpo",
         cfg,

@@ -238,7 +238,7 @@ def test_lag_monitor_by_hand():
 
 
 def test_trainer_factory_checks_inputs(tiny_qwen, tmp_path):
-    cfg = RuntimeConfig(iterations=5, trainer_step_s=0.1, refresh_delay_s=0.2)
+    cfg = RuntimeConfig(iterations=5, trainer={"step_s": 0.1, "refresh_delay_s": 0.2})
     sim = make_trainer_factory("simulated", cfg)()
     assert isinstance(sim, SimulatedTrainer) and sim.step_time_s == 0.1
     factory = make_trainer_factory(

@@ -74,7 +74,7 @@ def read_position(params: Params, paths: LaunchPaths, state_dir: Path, prompts_b
         plan,
         prompts_by_id,
         epochs=None if config.iterations else 1,
-        max_attempts=config.max_attempts,
+        max_attempts=config.control.max_attempts,
         seed=config.seed,
     )
     db.restore(state["database"])

@@ -7,8 +7,8 @@ problems of the built-in task that are not among the pipeline's prompts (so neve
 Both lines decode the same problems with the same seed, so their difference is the GRPO run's held-out gain.
 The launch stage measures the same numbers itself (``grpo/heldout_reward_before`` / ``_after`` in
 metrics/launch.json, `asp.trainers.heldout`); with the defaults (the params' defaults of ``common.seed``,
-``runtime.max_new_tokens`` and ``runtime.heldout_problems``, and the launch's samples per problem and temperature),
-this command repeats that measurement.
+``runtime.sampling.max_new_tokens`` and ``runtime.heldout_problems``, and the launch's samples per problem and
+temperature), this command repeats that measurement.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def heldout_reward(
         int | None, typer.Option("--samples", min=1, help="Responses per problem (default: the launch's).")
     ] = None,
     max_new_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Response cap (default: runtime.max_new_tokens' default).")
+        int | None, typer.Option(min=1, help="Response cap (default: runtime.sampling.max_new_tokens' default).")
     ] = None,
     seed: Annotated[int | None, typer.Option(min=0, help="Seed (default: common.seed's default).")] = None,
 ) -> None:

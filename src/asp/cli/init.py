@@ -157,8 +157,12 @@ def _keys(
     keys += [
         ("runtime.memory.architecture", None, "null: sized from --model's config.json"),
         ("runtime.grpo.world_size", lay["world_size"], f"derived: a quarter of the {total} GPUs train (FSDP2 ranks)"),
-        ("runtime.generation_units", lay["generation_units"], f"derived: {total - lay['world_size']} vLLM actors"),
-        ("runtime.actors_per_unit", lay["actors_per_unit"], f"derived: up to {MAX_ACTORS_PER_UNIT}, within a node"),
+        ("runtime.ray.generation_units", lay["generation_units"], f"derived: {total - lay['world_size']} vLLM actors"),
+        (
+            "runtime.ray.actors_per_unit",
+            lay["actors_per_unit"],
+            f"derived: up to {MAX_ACTORS_PER_UNIT}, within a node",
+        ),
         ("simulate.plan.devices", total, f"--gpus-per-node {gpus} x --nodes {nodes}; {used} used"),
         ("simulate.plan.devices_per_node", gpus, "--gpus-per-node"),
     ]

@@ -12,11 +12,12 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from asp.config import ENGINE_KEYS, migrate_params
+from asp.config import migrate_params, moved_keys
 from asp.errors import UserError
 
 
@@ -40,14 +41,15 @@ def migrate_file(path: Path) -> list[tuple[str, str]]:
         return []
     if not hasattr(data, "items"):
         raise UserError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}.")
-    profile = data.get("profile")
-    notes = {key: _eol_comment(profile, key) for key in ("engine", *ENGINE_KEYS)}  # `engine: hf  # hf | vllm`
+    notes = {old: _comment(*_holder(data, old)) for old, _ in moved_keys(data)}  # `q_max: 16  # depth`
     moved = migrate_params(data)
-    for old, new in moved:  # each moved scalar keeps its end-of-line comment
-        key, target = old.split(".")[-1], new.split(".")[-1]
-        if notes.get(key):
-            profile.ca.items.pop(key, None)
-            profile["engine"].yaml_add_eol_comment(notes[key], target)
+    for old, new in moved:  # each moved key keeps its comment (and the comment lines that followed it)
+        if notes.get(old) is None:
+            continue
+        parent, key = _holder(data, old)
+        getattr(getattr(parent, "ca", None), "items", {}).pop(key, None)
+        section, target = _holder(data, new)
+        section.ca.items[target] = notes[old]
     if moved:
         out = io.StringIO()
         rt.dump(data, out)
@@ -61,8 +63,17 @@ def _null(representer, value):  # noqa: ANN001, ANN202 (ruamel's representer pro
     return representer.represent_scalar("tag:yaml.org,2002:null", "null")
 
 
-def _eol_comment(section: object, key: str) -> str | None:
-    """The end-of-line comment after `key`'s scalar value in a round-trip `section`, without its newline."""
+def _holder(data: Any, dotted: str) -> tuple[Any, str]:
+    """The round-trip mapping that holds the last part of `dotted` (None where a parent is missing), and that part."""
+    *parents, key = dotted.split(".")
+    for part in parents:
+        data = data.get(part) if hasattr(data, "get") else None
+    return data, key
+
+
+def _comment(section: object, key: str) -> list[Any] | None:
+    """The comment tokens after `key`'s scalar value in a round-trip `section` (its end-of-line comment and any
+    comment lines up to the next key), or None."""
     items = getattr(getattr(section, "ca", None), "items", {})
-    token = (items.get(key) or [None, None, None])[2]
-    return token.value.strip() if token is not None and token.value.strip().startswith("#") else None
+    tokens = items.get(key)
+    return tokens if tokens and len(tokens) > 2 and tokens[2] is not None else None

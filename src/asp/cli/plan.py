@@ -191,10 +191,10 @@ def layout(
     for n in counts:
         _check_grid_size(_resized(cluster, n, curve), one, max_candidates, f"--curve {curve}: at {n} devices, ")
     ev = evaluator_for(p, cluster)
-    lag = p.runtime.max_policy_lag
+    lag = p.runtime.queue.max_policy_lag
     limits = Limits(depth_batches=p.simulate.plan.max_depth_batches, policy_lag=None if lag is None else float(lag))
     try:
-        b6 = b6_heuristic(cluster, ev, b=s.b, k=s.k, q_max=p.runtime.q_max)
+        b6 = b6_heuristic(cluster, ev, b=s.b, k=s.k, q_max=p.runtime.queue.q_max)
         ranked = search_layout(cluster, ev, grid, limits=limits, max_candidates=max_candidates)
     except ValueError as exc:
         raise UserError(f"cannot plan this cluster: {exc}") from None
@@ -226,7 +226,7 @@ def layout(
             rows = scaling_curve(cluster, ev, counts, fixed, limits=limits, max_candidates=max_candidates)
         except ValueError as exc:
             raise UserError(f"--curve {curve}: {exc}") from None
-        b6_rows = b6_curve(cluster, ev, counts, b=s.b, k=s.k, q_max=p.runtime.q_max)
+        b6_rows = b6_curve(cluster, ev, counts, b=s.b, k=s.k, q_max=p.runtime.queue.q_max)
         typer.echo("| devices | search: layout | search: iteration (s) | B.6: layout | B.6: iteration (s) |")
         typer.echo("|---|---|---|---|---|")
         for (n, c, m), (_, c6, m6) in zip(rows, b6_rows, strict=True):

@@ -1,7 +1,7 @@
 """`asp simulate`: the `launch` run predicted on a simulated clock, for any params override, without a launch.
 
     asp simulate                                    # runtime: + simulate: of params.yaml, C0 and C4
-    asp simulate -c C4 --set runtime.actors_per_unit=4 --set schedule.k=6 --out sim-out
+    asp simulate -c C4 --set runtime.ray.actors_per_unit=4 --set schedule.k=6 --out sim-out
     asp simulate -c C0 --set runtime.mode=sync      # the synchronous baseline (rounds of one global batch, lag 0)
     asp simulate fit-training outputs/launch/iterations.parquet    # simulate.training + sharing_factor, a launch
     asp simulate fit-training run16/iterations.parquet run32/iterations.parquet   # + the per-sequence cost
@@ -174,7 +174,8 @@ def fit_training(
         Path, typer.Option("--params", "-p", help="the launch's params file (runtime.grpo.device: where it trained)")
     ] = Path("params.yaml"),
     n_samples: Annotated[
-        str | None, typer.Option(help="samples per prompt of each launch, comma-separated (default runtime.n_samples)")
+        str | None,
+        typer.Option(help="samples per prompt of each launch, comma-separated (default runtime.sampling.n_samples)"),
     ] = None,
 ) -> None:
     """Fit the Training Unit's times (and the CPU-sharing factor of the generation calls) from launches and print
@@ -191,9 +192,9 @@ def fit_training(
     files = list(iterations or [Path("outputs/launch/iterations.parquet")])
     for f in files:
         if not f.is_file():
-            raise UserError(f"{f}: not found. Run the launch stage with runtime.trainer: grpo first.")
+            raise UserError(f"{f}: not found. Run the launch stage with runtime.trainer.kind: grpo first.")
     p = load_with_overrides(params, [], [])
-    counts = [p.runtime.n_samples] * len(files)
+    counts = [p.runtime.sampling.n_samples] * len(files)
     if n_samples:
         try:
             counts = [int(v) for v in n_samples.split(",")]

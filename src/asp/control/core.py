@@ -255,7 +255,7 @@ class ControlCore:
         idle = now - self.last_progress
         if idle > self.settings.stall_timeout_s:
             raise RuntimeFailure(
-                f"no minibatch arrived and no step finished for {idle:.0f} s (runtime.stall_timeout_s); "
+                f"no minibatch arrived and no step finished for {idle:.0f} s (runtime.control.stall_timeout_s); "
                 f"pending={len(self.db.pending)} issued={self.db.n_issued} queue={self.tq.depth} prompts "
                 f"paused={self.bp.paused}.{' ' + hint if hint else ''}"
             )
@@ -381,7 +381,7 @@ class ControlCore:
             if not self.db.fail(fail.task_id, fail.attempt, fail.reason):
                 raise RuntimeFailure(
                     f"minibatch task {fail.task_id} failed {self.settings.max_attempts} times "
-                    f"(runtime.max_attempts); last error: {fail.reason}"
+                    f"(runtime.control.max_attempts); last error: {fail.reason}"
                 )
         for actor in report.dead_actors:
             g.alive.discard(actor)
@@ -434,8 +434,8 @@ class ControlCore:
         self._event(now, "fail", sent[0], -1, cont_id, -1)
         if self.db.partials.release(sent[1], failed=True) >= self.settings.max_attempts:
             raise RuntimeFailure(
-                f"continuing partial responses failed {self.settings.max_attempts} times (runtime.max_attempts); "
-                f"last error: {reason}"
+                f"continuing partial responses failed {self.settings.max_attempts} times "
+                f"(runtime.control.max_attempts); last error: {reason}"
             )
 
     def lose_gu(self, index: int, reason: str) -> None:

@@ -2,8 +2,10 @@
 
 The runtime builds it from its `RuntimeConfig` (`RuntimeConfig.control_settings()`), the simulator's callers from
 the params at the pipeline / CLI edge, so `asp.control` and `asp.sim` never read `asp.config`. The fields mean what
-the ``runtime:`` params of the same name mean (docs in `asp.config.RuntimeParams`); there are no defaults here,
-the config owns them.
+the ``runtime:`` params of the same name mean, flat here: ``runtime.sampling.n_samples`` is `n_samples`,
+``runtime.queue.q_max`` `q_max`, ``runtime.ray.generation_units`` `generation_units`, ``runtime.control.max_attempts``
+`max_attempts` (docs in `asp.config.RuntimeParams` and its sections); there are no defaults here, the config owns
+them.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ OVERRIDE_START = re.compile(r"[\s,;]+(?=[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\s*=)")  
 
 def parse_overrides(text: str | None) -> dict[str, Any]:
     """The flow's `overrides`, what the user typed in the run form's text box: `SECTION.KEY=VALUE` items separated
-    by spaces, commas or new lines (`schedule.k=4 runtime.trainer=grpo`; a value may hold spaces and commas, as
+    by spaces, commas or new lines (`schedule.k=4 runtime.trainer.kind=grpo`; a value may hold spaces and commas, as
     `a.b=[1, 2]` does), read as `asp repro --set` reads them (values as YAML scalars). `UserError` naming a bad
     item."""
     items = OVERRIDE_START.split((text or "").strip())
@@ -306,7 +306,7 @@ def asp_pipeline(
         preset: a preset in configs/ applied on top of params.yaml for this run only (the run is then a DVC
             experiment); none: params.yaml as it is.
         overrides: params for this run only, SECTION.KEY=VALUE items (dotted keys) separated by spaces, e.g.
-            schedule.k=3 runtime.trainer=grpo, as `asp repro --set` takes them; the run is then a DVC experiment
+            schedule.k=3 runtime.trainer.kind=grpo, as `asp repro --set` takes them; the run is then a DVC experiment
             and params.yaml stays as it is. Checked against the params models before anything runs.
         force: rerun stages even when DVC finds them up to date (force=true with no overrides reruns them in the
             workspace). How to run, cancel and read a run: docs/ui.md.

@@ -92,7 +92,7 @@ def read_preset(name: str, root: str | Path = ".", _chain: tuple[str, ...] = ())
 
 
 def parse_set_args(items: Iterable[str], origin: str = "--set") -> dict[str, Any]:
-    """`["schedule.k=3", "runtime.trainer=grpo"]` -> `{"schedule.k": 3, "runtime.trainer": "grpo"}` (values
+    """`["schedule.k=3", "runtime.trainer.kind=grpo"]` -> `{"schedule.k": 3, "runtime.trainer.kind": "grpo"}` (values
     parsed as YAML scalars, as `dvc exp run -S` does). `origin` names where they were typed in a bad item's message:
     `--set` (the command line) or `overrides` (the Prefect run form's text box)."""
     out: dict[str, Any] = {}
@@ -102,7 +102,7 @@ def parse_set_args(items: Iterable[str], origin: str = "--set") -> dict[str, Any
             if origin == "--set":
                 raise UserError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set schedule.k=3.")
             raise UserError(
-                f"{origin}: {item!r} is not SECTION.KEY=VALUE (e.g. schedule.k=3 runtime.trainer=grpo). "
+                f"{origin}: {item!r} is not SECTION.KEY=VALUE (e.g. schedule.k=3 runtime.trainer.kind=grpo). "
                 f"Fix the {origin} and run again."
             )
         try:
@@ -120,7 +120,7 @@ def _typed(origin: str, key: Any, value: Any = ...) -> str:
 
 
 def typed_overrides(overrides: Mapping[str, Any]) -> str:
-    """The overrides as typed in the Prefect UI's text box, bracketed: `[schedule.k=3 runtime.trainer=grpo]`."""
+    """The overrides as typed in the Prefect UI's text box, bracketed: `[schedule.k=3 runtime.trainer.kind=grpo]`."""
     return "[" + " ".join(_typed("overrides", k, v) for k, v in overrides.items()) + "]"
 
 

@@ -1,9 +1,9 @@
 """`launch` stage: the asynchronous multi-instance RL run that consumes the schedule (paper §4, appendix B).
 
 Generation actors (hf on CPU, vLLM on GPUs) in Generation Units decode the scheduled minibatches in dispatch
-order; completed minibatches flow through the bounded Training Queue to the Training Unit. `runtime.trainer`
+order; completed minibatches flow through the bounded Training Queue to the Training Unit. `runtime.trainer.kind`
 picks it: ``grpo`` trains the policy (rewards from the task's verifier, GRPO updates, weight snapshots the
-actors load after their current minibatch, policy lag measured and bounded by `runtime.max_policy_lag`);
+actors load after their current minibatch, policy lag measured and bounded by `runtime.queue.max_policy_lag`);
 ``simulated`` sleeps a fixed step time (the paper's Table 4(b) scheduling setting). `runtime.condition` picks
 the schedule: C4 is the `schedule` stage's output; C0-C3 are rebuilt from the same predictions.
 
@@ -139,10 +139,10 @@ def resume_run_id(params: Params, paths: Paths) -> str | None:
 def trainer_factory(
     params: Params, paths: Paths, point: ResumePoint, prompts: pd.DataFrame, prompts_by_id: dict[Any, str]
 ) -> Callable[[], Trainer]:
-    """The Training Unit's factory for `runtime.trainer` (checked here, before any actor starts)."""
+    """The Training Unit's factory for `runtime.trainer.kind` (checked here, before any actor starts)."""
     runtime = params.runtime
-    if runtime.trainer != "grpo":
-        factory = make_trainer_factory(runtime.trainer, point.config)
+    if runtime.trainer.kind != "grpo":
+        factory = make_trainer_factory(runtime.trainer.kind, point.config)
         ledger = trainer_ledger()  # test hook: what the simulated trainer trained, step by step
         if ledger is None:
             return factory
@@ -150,7 +150,7 @@ def trainer_factory(
     if "answer" not in prompts.columns:
         raise UserError(
             f"{paths.prompts}: no 'answer' column; the grpo trainer needs each prompt's reference answer "
-            "(prepare.answer_field). Re-run prepare, or use runtime.trainer: simulated."
+            "(prepare.answer_field). Re-run prepare, or use runtime.trainer.kind: simulated."
         )
     per_pass = -(-len(point.plan.prompt_ids()) // runtime.global_batch_prompts)
     return make_trainer_factory(
@@ -224,7 +224,7 @@ def begin(point: ResumePoint, runtime: RuntimeParams, tracker: Tracker) -> None:
     else:
         learning.keep_checkpointed(point.directory, interval_of(runtime))
     done = f"after step {point.step}" if point.state is not None else f"fresh run ({point.reason})"
-    print(f"[launch] {runtime.condition}, trainer {runtime.trainer}: {done}", file=sys.stderr)
+    print(f"[launch] {runtime.condition}, trainer {runtime.trainer.kind}: {done}", file=sys.stderr)
 
 
 def run_session(
@@ -290,7 +290,7 @@ def save_outputs(
         write_json(
             {
                 "condition": runtime.condition,
-                "trainer": runtime.trainer,
+                "trainer": runtime.trainer.kind,
                 "resume_reason": summary.resume_reason,
                 "trainer_step": summary.trainer_step,
                 "policy_version": summary.policy_version,
@@ -326,14 +326,16 @@ def heldout_metrics(
         records, skipped = heldout_problems(runtime.heldout_problems, seed=seed, exclude=set(prompts["problem"]))
     except ValueError as exc:
         raise UserError(f"runtime.heldout_problems: {exc}") from None
-    temperature = runtime.temperature if runtime.temperature > 0 else 1.0  # the demo sampler does not decode greedily
+    temperature = (
+        runtime.sampling.temperature if runtime.sampling.temperature > 0 else 1.0
+    )  # the demo sampler does not decode greedily
     print(f"[launch] held-out reward: {len(records)} new problems x {HELDOUT_SAMPLES} samples", file=sys.stderr)
     measured = compare_heldout(
         policy_model_path(paths.policy),
         final[0],
         records,
         samples=HELDOUT_SAMPLES,
-        max_new_tokens=runtime.max_new_tokens,
+        max_new_tokens=runtime.sampling.max_new_tokens,
         seed=seed,
         temperature=temperature,
         device=runtime.grpo.device,
@@ -408,7 +410,8 @@ def finish_pending(
     summary, history = point.finished
     runtime = params.runtime
     print(
-        f"[launch] {runtime.condition}, trainer {runtime.trainer}: the run finished at step {summary.trainer_step} "
+        f"[launch] {runtime.condition}, trainer {runtime.trainer.kind}: the run finished at step "
+        f"{summary.trainer_step} "
         "but the stage was stopped before its end (held-out evaluation, outputs, final metrics); finishing that now "
         "(nothing is trained again)",
         file=sys.stderr,
@@ -444,14 +447,14 @@ def end_of_run(
     from asp.runtime.run import close_run
 
     runtime = params.runtime
-    metrics = run_metrics(summary, runtime.trainer)
+    metrics = run_metrics(summary, runtime.trainer.kind)
     final: dict[str, Any] = {}
     if watch is not None:
         drift = launch_drift.finish(watch, summary, point.directory, paths.drift_plot, tracker, log=False)
         metrics.update(drift)
         final.update(drift)
     points: list[dict[str, float]] = []
-    if runtime.trainer == "grpo" and not summary.stopped:
+    if runtime.trainer.kind == "grpo" and not summary.stopped:
         curve, points = measure_curve(
             params,
             point.directory,
@@ -464,7 +467,7 @@ def end_of_run(
         metrics.update(curve)
         metrics.update(measured_heldout(params, paths, point, prompts, summary))
         kill_point("launch:evaluated")
-    elif runtime.trainer == "grpo":
+    elif runtime.trainer.kind == "grpo":
         stopped = "not measured: the run stopped for drift"
         metrics.update({"grpo/heldout_measured": 0, "grpo/heldout_note": stopped})
         metrics.update({"learning/measured": 0, "learning/note": stopped})
@@ -473,13 +476,13 @@ def end_of_run(
     write_json(metrics, paths.metrics)
     save_figure(timeline_figure(summary.iterations), paths.plot, tracker)
     save_figure(
-        curve_figure(points, metrics.get("learning/note", "not measured: runtime.trainer is not grpo")),
+        curve_figure(points, metrics.get("learning/note", "not measured: runtime.trainer.kind is not grpo")),
         paths.curve_plot,
         tracker,
     )
     grpo = (
         {k: v for k, v in metrics.items() if k.startswith(("grpo/", "learning/")) and not k.startswith(CURVE_PREFIX)}
-        if runtime.trainer == "grpo"
+        if runtime.trainer.kind == "grpo"
         else {}
     )
     final.update(grpo)

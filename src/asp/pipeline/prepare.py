@@ -9,7 +9,7 @@ profile and heldout are disjoint subsets of train.
 Bad input is caught here, not minutes later in `profile`: a file that is not UTF-8 or not readable Parquet, rows
 without a problem or answer, duplicate ids, and prompts (chat template applied) longer than the policy's context
 allows: max_position_embeddings minus the longest response the pipeline asks for (the larger of
-profile.max_new_tokens and runtime.max_new_tokens). `prepare.bad_rows: error` stops with the rows / ids named;
+profile.max_new_tokens and runtime.sampling.max_new_tokens). `prepare.bad_rows: error` stops with the rows / ids named;
 `drop` drops them and counts them in metrics/prepare.json (`prepare/dropped_too_long` for the long prompts).
 
 Run: `asp stage prepare` (what `dvc repro prepare` calls).
@@ -249,7 +249,7 @@ def fit_context(
         raise UserError(
             f"the policy's context (max_position_embeddings {context} tokens) leaves no room for a prompt next to "
             f"responses of up to {max_new_tokens} tokens (the larger of profile.max_new_tokens and "
-            "runtime.max_new_tokens). Lower those below the context, or use a policy with a longer context."
+            "runtime.sampling.max_new_tokens). Lower those below the context, or use a policy with a longer context."
         )
     counts, lower_bound = token_counts(df["prompt"].tolist(), tokenizer, limit)
     bad = counts > limit
@@ -258,7 +258,7 @@ def fit_context(
             _too_long_message(df["prompt_id"].to_numpy()[bad], counts[bad], lower_bound[bad], source)
             + f" A prompt may have at most {limit} tokens: the policy's max_position_embeddings {context} "
             f"minus {max_new_tokens} response tokens (the larger of profile.max_new_tokens and "
-            "runtime.max_new_tokens). Shorten or remove these prompts, set prepare.bad_rows: drop to drop "
+            "runtime.sampling.max_new_tokens). Shorten or remove these prompts, set prepare.bad_rows: drop to drop "
             "them (counted as prepare/dropped_too_long), or lower the max_new_tokens settings."
         )
     return (
@@ -308,7 +308,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Load, clean, template and split the prompts; write Parquet and metrics; log to the tracker."""
     prep, seed = params.prepare, params.common.seed
     raw, source = load_raw(prep, seed)
-    max_new_tokens = max(params.profile.max_new_tokens, params.runtime.max_new_tokens)
+    max_new_tokens = max(params.profile.max_new_tokens, params.runtime.sampling.max_new_tokens)
     df, counts, templated = build_prompts(raw, prep, source, paths.policy, max_new_tokens)
     roles = split_roles(len(df), prep.profile_prompts, prep.heldout_prompts, seed + 2)
     save_splits(df, roles, paths.out_dir)
@@ -319,7 +319,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
             "prepare": prep.model_dump(),
             "common.seed": seed,
             "profile.max_new_tokens": params.profile.max_new_tokens,
-            "runtime.max_new_tokens": params.runtime.max_new_tokens,
+            "runtime.sampling.max_new_tokens": params.runtime.sampling.max_new_tokens,
         }
     )
     tracker.log_metrics(metrics)

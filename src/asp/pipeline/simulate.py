@@ -10,7 +10,7 @@ core (`asp.control`):
   prompts against their cross-fitted calibrated predictions (out of sample), then sampled for every scheduled
   prompt (the same lengths in every condition); the default resamples the samples of the held-out prompts
   with the nearest calibrated length, rescaled;
-* training time: ``runtime.trainer_step_s`` / ``refresh_delay_s`` for the simulated trainer, the
+* training time: ``runtime.trainer.step_s`` / ``refresh_delay_s`` for the simulated trainer, the
   ``simulate.training`` params for GRPO (`asp simulate fit-training` fits them from a launch);
 * CPU sharing: the generation times are the profile fit (one engine alone) x ``simulate.sharing_factor``
   (`asp simulate fit-training` fits it from a launch's own generation calls; 1 by default).
@@ -135,7 +135,7 @@ def gpu_gaps(params: Params) -> list[str]:
             f"simulate.cores is {sim.cores:g} (CPU cores shared by the actors) but the actors run on "
             f"{rt.engine.device}, a device each: set simulate.cores: null."
         )
-    if rt.trainer == "grpo" and _on_gpu(rt.grpo.device) and sim.training.measured_on != "cuda":
+    if rt.trainer.kind == "grpo" and _on_gpu(rt.grpo.device) and sim.training.measured_on != "cuda":
         gaps.append(
             f"simulate.training holds times measured on {sim.training.measured_on} (the defaults are the CPU "
             "demo's fit) but the Training Unit runs on GPUs: after a first launch, run `asp simulate fit-training` "
@@ -162,8 +162,8 @@ def check_gpu_gaps(params: Params) -> None:
 def training_model(params: Params) -> TrainingTimeModel:
     """The Training Unit's times: the simulated trainer's fixed ones, or `simulate.training` for GRPO."""
     rt = params.runtime
-    if rt.trainer == "simulated":
-        return TrainingTimeModel.simulated(rt.trainer_step_s, rt.refresh_delay_s)
+    if rt.trainer.kind == "simulated":
+        return TrainingTimeModel.simulated(rt.trainer.step_s, rt.trainer.refresh_delay_s)
     return TrainingTimeModel(**params.simulate.training.model_dump(exclude={"measured_on"}))
 
 
@@ -262,9 +262,9 @@ def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: C
     predicted = preds["predicted_length"].to_numpy(np.float64)
     expected = calibration(predicted) if calibration is not None else predicted
     rng = np.random.default_rng(params.common.seed)
-    lengths = models.lengths.sample(np.asarray(expected, np.float64), params.runtime.n_samples, rng)
+    lengths = models.lengths.sample(np.asarray(expected, np.float64), params.runtime.sampling.n_samples, rng)
     tokens = np.full(len(preds), round(models.prompt_tokens), np.int64)
-    return Workload.from_arrays(preds["prompt_id"].tolist(), lengths, tokens, params.runtime.max_new_tokens)
+    return Workload.from_arrays(preds["prompt_id"].tolist(), lengths, tokens, params.runtime.sampling.max_new_tokens)
 
 
 def control_settings(params: Params, condition: str) -> ControlSettings:
@@ -361,7 +361,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     metrics = run_metrics(models, results)
     save_outputs(models, results, paths.out_dir)
     write_json(metrics, paths.metrics)
-    title = f"Simulated launch ({params.runtime.trainer} trainer, {params.runtime.total_actors} actors)"
+    title = f"Simulated launch ({params.runtime.trainer.kind} trainer, {params.runtime.total_actors} actors)"
     save_figure(timeline_figure({c: r.iterations for c, r in results.items()}, title), paths.plot, tracker)
     tracker.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
     tracker.log_dict({"models": read_json(paths.out_dir / "models.json")}, "simulate_models.json")

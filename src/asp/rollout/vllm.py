@@ -169,7 +169,7 @@ def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:
     if options.kv_cache_gib is not None:
         kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
     if options.tensor_parallel_size > 1:
-        # Inside a Ray placement group (runtime.placement) vLLM would pick its Ray executor and look for one GPU
+        # Inside a Ray placement group (runtime.ray.placement) vLLM would pick its Ray executor and look for one GPU
         # bundle per rank in the actor's group; the generation actor already holds its tensor_parallel_size GPUs
         # in one bundle, so its ranks run as local processes on those GPUs, as without a placement group.
         kwargs["distributed_executor_backend"] = "mp"

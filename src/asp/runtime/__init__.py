@@ -1,11 +1,15 @@
 """The asynchronous multi-instance RL runtime on Ray (paper §4, appendix B): Control Unit, Generation Units,
 Training Queue and Training Unit.
 
+    from asp.config import QueueParams, RayParams, SamplingParams, TrainerParams
     from asp.runtime import EngineSpec, RuntimeConfig, WorkPlan, run_async
-    cfg = RuntimeConfig(generation_units=1, actors_per_unit=2, global_batch_prompts=16, q_max=48,
-                        n_samples=4, max_new_tokens=64, trainer_step_s=0.5, actor_num_cpus=0.5)
-    engine = EngineSpec("hf", "runs/policy", {"device": "cpu", "dtype": "float32", "num_threads": 1})
-    summary = run_async(schedule, prompts_by_id, engine, cfg, logger=tracker, checkpoint_dir="runs/launch/ckpt")
+    cfg = RuntimeConfig(global_batch_prompts=16, queue=QueueParams(q_max=48),
+                        sampling=SamplingParams(n_samples=4, max_new_tokens=64),
+                        ray=RayParams(generation_units=1, actors_per_unit=2, actor_num_cpus=0.5),
+                        trainer=TrainerParams(kind="simulated", step_s=0.5))   # asp.config's section models
+    engine_options = {"device": "cpu", "dtype": "float32", "num_threads": 1}
+    summary = run_async(schedule, prompts_by_id, EngineSpec("hf", "runs/policy", engine_options), cfg,
+                        logger=tracker, checkpoint_dir="runs/launch/ckpt")
     summary.metrics["runtime/summary/mean_iteration_time_s"]
 
 The pure parts (Database, sender policy, Training Queue, backpressure, lag bound, messages, metrics) are the

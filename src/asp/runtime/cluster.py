@@ -1,8 +1,8 @@
 """Checks of the Ray cluster a run uses, before any actor works: resources in all, custom resources, one directory.
 
-`check_resources`: the cluster's CPUs / GPUs (and the custom resources of ``runtime.actor_resources`` /
+`check_resources`: the cluster's CPUs / GPUs (and the custom resources of ``runtime.ray.actor_resources`` /
 ``trainer_resources``) cover what the Generation Units' actors and the Training Unit's ranks ask for, else a
-`UserError` naming the knob to change. `check_same_directory` (launch joined to a cluster by ``runtime.ray_address``):
+`UserError` naming the knob to change. `check_same_directory` (launch joined to a cluster by ``runtime.ray.address``):
 every actor works in the driver's directory, i.e. its node has the project at the same path (the policy, weight
 snapshots and trainer checkpoints are relative paths), else a `UserError` naming the nodes (`directory_problem`).
 Tests: tests/runtime/test_multinode_units.py (pure), tests/runtime/test_multinode.py (a multi-node cluster).
@@ -25,35 +25,37 @@ def check_resources(config: RuntimeConfig) -> None:
 
     available = ray.cluster_resources()  # totals: what Ray can give once other work finishes
     for kind, per_actor, trainer, knob in (
-        ("CPU", config.actor_num_cpus, config.trainer_num_cpus, "ray_num_cpus"),
-        ("GPU", config.actor_num_gpus, config.trainer_num_gpus, "ray_num_gpus"),
+        ("CPU", config.ray.actor_num_cpus, config.ray.trainer_num_cpus, "ray.num_cpus"),
+        ("GPU", config.ray.actor_num_gpus, config.ray.trainer_num_gpus, "ray.num_gpus"),
     ):
         trainer = trainer * trainer_ranks(config)
         need = config.total_actors * per_actor + trainer
         have = available.get(kind, 0.0)
         if need > have + 1e-9:
             raise UserError(
-                f"the runtime needs {need:g} {kind}s ({config.generation_units} units x {config.actors_per_unit} "
-                f"actors x {per_actor:g} + trainer {trainer:g}) but Ray can give {have:g}. Use fewer "
-                f"runtime.generation_units / actors_per_unit, a smaller runtime.actor_num_{kind.lower()}s, or "
+                f"the runtime needs {need:g} {kind}s ({config.ray.generation_units} units x "
+                f"{config.ray.actors_per_unit} actors x {per_actor:g} + trainer {trainer:g}) but Ray can give "
+                f"{have:g}. Use fewer "
+                f"runtime.ray.generation_units / actors_per_unit, a smaller runtime.ray.actor_num_{kind.lower()}s, or "
                 f"more resources (runtime.{knob} or a bigger cluster)."
             )
     check_custom_resources(config, available)
 
 
 def check_custom_resources(config: RuntimeConfig, available: Mapping[str, float]) -> None:
-    """Raise `UserError` when the cluster lacks the custom resources of runtime.actor_resources / trainer_resources."""
-    actor, trainer = config.actor_resources or {}, config.trainer_resources or {}
+    """Raise `UserError` when the cluster lacks the custom resources of runtime.ray.actor_resources /
+    trainer_resources."""
+    actor, trainer = config.ray.actor_resources or {}, config.ray.trainer_resources or {}
     ranks = trainer_ranks(config)
     for name in sorted(set(actor) | set(trainer)):
         need = config.total_actors * actor.get(name, 0.0) + ranks * trainer.get(name, 0.0)
         have = available.get(name, 0.0)
         if need > have + 1e-9:
             raise UserError(
-                f"the runtime needs {need:g} of the custom Ray resource {name!r} (runtime.actor_resources x "
-                f"{config.total_actors} actors + runtime.trainer_resources x {ranks} trainer ranks) but the cluster "
-                f"has {have:g}. Start the nodes meant for these units with `ray start --resources "
-                f"'{{\"{name}\": N}}'` (docs/cluster.md), or change runtime.actor_resources / trainer_resources."
+                f"the runtime needs {need:g} of the custom Ray resource {name!r} (runtime.ray.actor_resources x "
+                f"{config.total_actors} actors + runtime.ray.trainer_resources x {ranks} trainer ranks) but the "
+                f"cluster has {have:g}. Start the nodes meant for these units with `ray start --resources "
+                f"'{{\"{name}\": N}}'` (docs/cluster.md), or change runtime.ray.actor_resources / trainer_resources."
             )
 
 
@@ -89,5 +91,5 @@ def directory_problem(cwd: str, places: Mapping[str, tuple[str, str]]) -> str | 
         f"run on Ray node(s) {', '.join(n[:12] for n in nodes)} where the project directory {cwd} does not exist. "
         "The actors read the policy and write snapshots and trainer checkpoints relative to it: put the project on "
         "storage mounted at the same path on every node (docs/cluster.md), or pin the units to nodes that have it "
-        "(runtime.actor_resources / trainer_resources)."
+        "(runtime.ray.actor_resources / trainer_resources)."
     )

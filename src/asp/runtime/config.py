@@ -6,7 +6,7 @@ this subclass adds ``seed`` (``common.seed``: minibatch task t samples with a se
 Validation happens at construction and raises pydantic's `ValidationError` naming the field.
 
     from asp.runtime import RuntimeConfig
-    cfg = RuntimeConfig(iterations=5, actors_per_unit=2, trainer_step_s=0.1)    # demo defaults otherwise
+    cfg = RuntimeConfig(iterations=5, trainer=TrainerParams(kind="simulated", step_s=0.1))  # demo defaults otherwise
     cfg = RuntimeConfig.from_params(params)                                     # params: asp.config.Params
     cfg.control_settings()          # the plain `asp.control.ControlSettings` the Control Unit core and asp.sim read
 """
@@ -39,22 +39,23 @@ class RuntimeConfig(RuntimeParams):
 
     def control_settings(self) -> ControlSettings:
         """What the Control Unit's decisions read (`asp.control`), as a plain dataclass."""
+        queue, control = self.queue, self.control
         return ControlSettings(
             mode=self.mode,
-            generation_units=self.generation_units,
-            actors_per_unit=self.actors_per_unit,
-            gu_queue_target=self.gu_queue_target,
+            generation_units=self.ray.generation_units,
+            actors_per_unit=self.ray.actors_per_unit,
+            gu_queue_target=queue.gu_queue_target,
             global_batch_prompts=self.global_batch_prompts,
-            n_samples=self.n_samples,
-            q_max=self.q_max,
-            q_resume=self.q_resume,
-            max_policy_lag=self.max_policy_lag,
-            stale_samples=self.stale_samples,
+            n_samples=self.sampling.n_samples,
+            q_max=queue.q_max,
+            q_resume=queue.q_resume,
+            max_policy_lag=queue.max_policy_lag,
+            stale_samples=queue.stale_samples,
             iterations=self.iterations,
-            max_attempts=self.max_attempts,
+            max_attempts=control.max_attempts,
             checkpoint_interval=self.checkpoint_interval,
-            stall_timeout_s=self.stall_timeout_s,
-            poll_timeout_s=self.poll_timeout_s,
+            stall_timeout_s=control.stall_timeout_s,
+            poll_timeout_s=control.poll_timeout_s,
             seed=self.seed,
             partial=PartialSettings(
                 enabled=self.partial.enabled,
@@ -64,7 +65,7 @@ class RuntimeConfig(RuntimeParams):
                 wait_for_full=self.partial.wait_for_full,
                 oldest_first=self.partial.oldest_first,
             ),
-            max_new_tokens=self.max_new_tokens,
+            max_new_tokens=self.sampling.max_new_tokens,
             history=self.history_settings() if self.condition == "C4" else None,
         )
 

@@ -1,11 +1,11 @@
-"""Joining the Ray cluster of ``runtime.ray_address`` within a bounded wait, or one `UserError` saying why not.
+"""Joining the Ray cluster of ``runtime.ray.address`` within a bounded wait, or one `UserError` saying why not.
 
 Ray's own connect loop retries an unreachable GCS for minutes (printing "Failed to connect to GCS ... within 5
 seconds" every ~40 s) without ever giving up, so `join_cluster` first resolves the address (``auto`` reads the
 cluster Ray recorded; ``ray://host:port`` is a Ray Client address) and opens a TCP connection to it, waiting at most
-``runtime.ray_connect_timeout_s``; only when the port answers does it call ``ray.init(address=...)``. (A port that
+``runtime.ray.connect_timeout_s``; only when the port answers does it call ``ray.init(address=...)``. (A port that
 answers but is not a Ray GCS, e.g. the dashboard's, still meets Ray's unbounded loop: Ray offers no way to bound it
-from Python.) Every failure is a `UserError` (exit 2) naming ``runtime.ray_address``, what was tried and what to
+from Python.) Every failure is a `UserError` (exit 2) naming ``runtime.ray.address``, what was tried and what to
 check. `ray_session` (`asp.runtime.run`), which launch, profile and predict on actors use, calls it.
 Tests: tests/runtime/test_connect.py.
 """
@@ -29,7 +29,7 @@ def split_address(address: str) -> tuple[str, int]:
     host, sep, port = bare.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UserError(
-            f"runtime.ray_address = {address!r} is not an address Ray can join: use 'auto' (the cluster `ray start` "
+            f"runtime.ray.address = {address!r} is not an address Ray can join: use 'auto' (the cluster `ray start` "
             "started on this machine), HEAD_IP:6379 (the head node's GCS port) or ray://HEAD_IP:10001 (Ray Client), "
             "or null to start a local cluster."
         )
@@ -50,9 +50,9 @@ def resolve_address(address: str) -> str:
         return str(canonicalize_bootstrap_address_or_die(address))
     except (ConnectionError, ValueError) as exc:
         raise UserError(
-            "runtime.ray_address = 'auto' but no running Ray cluster was found on this machine "
+            "runtime.ray.address = 'auto' but no running Ray cluster was found on this machine "
             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}). Check that `ray start --head` ran "
-            "on this node (`ray status` lists the cluster), or set runtime.ray_address to HEAD_IP:6379, or null to "
+            "on this node (`ray status` lists the cluster), or set runtime.ray.address to HEAD_IP:6379, or null to "
             "start a local cluster."
         ) from None
 
@@ -70,11 +70,11 @@ def check_reachable(address: str, timeout_s: float) -> None:
     except OSError as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc) or type(exc).__name__)
     raise UserError(
-        f"cannot reach the Ray cluster at runtime.ray_address = {address!r}: a TCP connection to {host}:{port} "
-        f"failed ({why}) within runtime.ray_connect_timeout_s = {timeout_s:g} s. Check that the cluster is running "
+        f"cannot reach the Ray cluster at runtime.ray.address = {address!r}: a TCP connection to {host}:{port} "
+        f"failed ({why}) within runtime.ray.connect_timeout_s = {timeout_s:g} s. Check that the cluster is running "
         f"(`ray status` on the head node), that the address is the head node's GCS address (`ray start --head` "
         f"prints it; default port 6379, or ray://HOST:10001 for Ray Client) and that a firewall lets this machine "
-        "reach it; or set runtime.ray_address: null to start a local cluster."
+        "reach it; or set runtime.ray.address: null to start a local cluster."
     )
 
 
@@ -93,7 +93,7 @@ def join_cluster(address: str, timeout_s: float, **options: object) -> None:
     except (ConnectionError, TimeoutError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(
-            f"Ray could not join the cluster at runtime.ray_address = {address!r} ({target} answers, but: {first}). "
+            f"Ray could not join the cluster at runtime.ray.address = {address!r} ({target} answers, but: {first}). "
             "Check that it is the head node's GCS address (`ray start --head` prints it; not the dashboard's port), "
-            "that this machine runs the cluster's Ray and Python versions, or set runtime.ray_address: null."
+            "that this machine runs the cluster's Ray and Python versions, or set runtime.ray.address: null."
         ) from None

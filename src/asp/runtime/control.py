@@ -207,13 +207,13 @@ class ControlUnit:
         core.begin(time.time())
         self.passes_saved = self._planned_passes()  # restored from the checkpoint: saved already
         for g in self.gus:
-            g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
+            g.collect_ref = g.handle.collect.remote(self.config.control.poll_timeout_s)
         while not core.finished() and not core.stopped():
             self._submit(core.dispatch(time.time()))
             self._maybe_train()
             refs = [g.collect_ref for g in self.gus if not core.gus[g.index].dead]
             refs += [self.inflight_ref] if self.inflight_ref is not None else []
-            ready, _ = ray.wait(refs, num_returns=1, timeout=self.config.poll_timeout_s)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=self.config.control.poll_timeout_s)
             for ref in ready:
                 if self.inflight_ref is not None and ref == self.inflight_ref:
                     self._on_step(self._step_result(ref))
@@ -274,7 +274,7 @@ class ControlUnit:
         if not self.core.on_report(report, time.time()):
             self._gu_lost(g, f"all generation actors of unit {g.index} died")
             return
-        g.collect_ref = g.handle.collect.remote(self.config.poll_timeout_s)
+        g.collect_ref = g.handle.collect.remote(self.config.control.poll_timeout_s)
 
     def _observe(self, out: MinibatchOutput) -> None:
         if self.observer is not None:

@@ -1,24 +1,24 @@
 """Ray placement groups for the runtime: one per Generation Unit, one for the Training Unit (paper section 4).
 
-``runtime.placement`` maps the paper's units onto the nodes of a Ray cluster:
+``runtime.ray.placement`` maps the paper's units onto the nodes of a Ray cluster:
 
 * ``pack`` (default): each Generation Unit is a placement group with one bundle per generation actor
   (``{CPU: actor_num_cpus, GPU: actor_num_gpus}``) and strategy PACK, so a GU's actors share a node when they fit
   there (and spill onto other nodes when not); the Training Unit's ranks (``runtime.grpo.world_size`` when
-  ``runtime.trainer: grpo``, else 1; ``{CPU: trainer_num_cpus, GPU: trainer_num_gpus}`` each) are their own
+  ``runtime.trainer.kind: grpo``, else 1; ``{CPU: trainer_num_cpus, GPU: trainer_num_gpus}`` each) are their own
   PACK group.
 * ``spread``: the same groups with strategy SPREAD (a unit's bundles on different nodes where possible).
 * ``none``: no groups; every actor asks Ray for its CPUs / GPUs on its own (the behaviour before placement groups).
 
-**Pinning units to nodes** (``runtime.actor_resources`` / ``trainer_resources``, default none): custom Ray resources
-added to each generation actor's / trainer rank's bundle (with ``placement: none``, to the actor's own request), so a
-unit lands only on nodes started with that resource (``ray start --resources '{"rollout_node": 8}'``): e.g. the
-Training Unit on the node with the fast interconnect and the Generation Units on the others (docs/cluster.md).
+**Pinning units to nodes** (``runtime.ray.actor_resources`` / ``trainer_resources``, default none): custom Ray
+resources added to each generation actor's / trainer rank's bundle (with ``placement: none``, to the actor's own
+request), so a unit lands only on nodes started with that resource (``ray start --resources '{"rollout_node": 8}'``):
+e.g. the Training Unit on the node with the fast interconnect and the Generation Units on the others (docs/cluster.md).
 
 Ray refuses a bundle that asks for nothing (every value 0), so zero amounts are left out of a bundle, and a unit
 whose bundles would all be empty (e.g. the demo's Training Unit with ``trainer_num_cpus: 0``) gets **no** group:
 its actors are scheduled with plain resource requests, exactly as with ``placement: none``. All groups are
-created at once and must be ready within ``runtime.stall_timeout_s``; otherwise they are removed and a
+created at once and must be ready within ``runtime.control.stall_timeout_s``; otherwise they are removed and a
 `UserError` names the group, its bundles and the cluster's resources.
 
     from asp.runtime.placement import create_placement, trainer_ranks
@@ -59,18 +59,18 @@ def trainer_ranks(config: RuntimeConfig, trainer_factory: Any = None) -> int:
     declared = getattr(trainer_factory, "world_size", None)
     if declared is not None:
         return int(declared)
-    return config.grpo.world_size if config.trainer == "grpo" else 1
+    return config.grpo.world_size if config.trainer.kind == "grpo" else 1
 
 
 def gu_bundles(config: RuntimeConfig) -> list[Bundle]:
     """One bundle per generation actor of a Generation Unit (all GUs alike)."""
-    one = bundle(config.actor_num_cpus, config.actor_num_gpus, config.actor_resources)
-    return [dict(one) for _ in range(config.actors_per_unit)]
+    one = bundle(config.ray.actor_num_cpus, config.ray.actor_num_gpus, config.ray.actor_resources)
+    return [dict(one) for _ in range(config.ray.actors_per_unit)]
 
 
 def trainer_bundles(config: RuntimeConfig, ranks: int) -> list[Bundle]:
     """One bundle per Training Unit rank."""
-    one = bundle(config.trainer_num_cpus, config.trainer_num_gpus, config.trainer_resources)
+    one = bundle(config.ray.trainer_num_cpus, config.ray.trainer_num_gpus, config.ray.trainer_resources)
     return [dict(one) for _ in range(ranks)]
 
 
@@ -79,9 +79,9 @@ def unit_bundles(config: RuntimeConfig, ranks: int) -> dict[str, list[Bundle]]:
 
     Empty for ``placement: none``; a unit whose bundles all ask for nothing is left out (plain scheduling).
     """
-    if config.placement == "none":
+    if config.ray.placement == "none":
         return {}
-    units = {f"gu{g}": gu_bundles(config) for g in range(config.generation_units)}
+    units = {f"gu{g}": gu_bundles(config) for g in range(config.ray.generation_units)}
     units[TRAINER] = trainer_bundles(config, ranks)
     return {name: bundles for name, bundles in units.items() if any(bundles)}
 
@@ -166,12 +166,12 @@ def create_placement(config: RuntimeConfig, trainer_ranks: int) -> Placement:
     placement = Placement(bundles=wanted, loose=loose_resources(config))
     if not wanted:
         return placement
-    strategy, tag = STRATEGIES[config.placement], uuid.uuid4().hex[:8]
+    strategy, tag = STRATEGIES[config.ray.placement], uuid.uuid4().hex[:8]
     try:
         for unit, bundles in wanted.items():
             placement.groups[unit] = placement_group(bundles, strategy=strategy, name=_group_name(unit, tag))
         refs = {unit: group.ready() for unit, group in placement.groups.items()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=config.stall_timeout_s)
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=config.control.stall_timeout_s)
     except BaseException:
         placement.remove()
         raise
@@ -185,10 +185,10 @@ def create_placement(config: RuntimeConfig, trainer_ranks: int) -> Placement:
 
 def loose_resources(config: RuntimeConfig) -> dict[str, dict[str, float]]:
     """With ``placement: none``: unit name -> the custom resources each of its actors asks Ray for (no groups)."""
-    if config.placement != "none":
+    if config.ray.placement != "none":
         return {}  # a unit with custom resources always has a group: they are in its bundles
-    units = {f"gu{g}": config.actor_resources for g in range(config.generation_units)}
-    units[TRAINER] = config.trainer_resources
+    units = {f"gu{g}": config.ray.actor_resources for g in range(config.ray.generation_units)}
+    units[TRAINER] = config.ray.trainer_resources
     return {unit: {k: float(v) for k, v in custom.items() if v > 0} for unit, custom in units.items() if custom}
 
 
@@ -205,10 +205,10 @@ def _not_placed_message(
     have = {kind: cluster.get(kind, 0.0) for kind in ("CPU", "GPU", *custom) if kind in cluster or kind in custom}
     groups = "; ".join(f"{unit} with bundles {wanted[unit]}" for unit in missing)
     return (
-        f"Ray could not place the placement group of {groups} within {config.stall_timeout_s:g} s "
-        f"(runtime.stall_timeout_s, runtime.placement: {config.placement}); the cluster has {have} in all, "
-        "and a bundle must fit on one node (with pack, a whole unit on one node first). Use smaller "
-        "runtime.actor_num_cpus / actor_num_gpus (or trainer_num_cpus / trainer_num_gpus), fewer actors_per_unit "
-        "or Training Unit ranks, more or bigger nodes (with the custom resources of runtime.actor_resources / "
-        "trainer_resources), free resources held by other jobs, or runtime.placement: none."
+        f"Ray could not place the placement group of {groups} within {config.control.stall_timeout_s:g} s "
+        f"(runtime.control.stall_timeout_s, runtime.ray.placement: {config.ray.placement}); the cluster has {have} "
+        "in all, and a bundle must fit on one node (with pack, a whole unit on one node first). Use smaller "
+        "runtime.ray.actor_num_cpus / actor_num_gpus (or trainer_num_cpus / trainer_num_gpus), fewer actors_per_unit "
+        "or Training Unit ranks, more or bigger nodes (with the custom resources of runtime.ray.actor_resources / "
+        "trainer_resources), free resources held by other jobs, or runtime.ray.placement: none."
     )

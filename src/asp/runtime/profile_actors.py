@@ -1,18 +1,18 @@
 """`profile` and `predict` past one process: their minibatches (predictor batches) fanned out over Ray actors.
 
-The actors and their placement are launch's: `actor_pool` starts Ray (or joins ``runtime.ray_address``) through
+The actors and their placement are launch's: `actor_pool` starts Ray (or joins ``runtime.ray.address``) through
 `asp.runtime.run.ray_session`, creates the placement groups of `asp.runtime.placement` for a layout of
 Generation Units (`pool_config`: ``profile.actors: N`` is one unit of N actors, ``runtime`` is launch's
-``generation_units x actors_per_unit``; ``runtime.actor_num_cpus`` / ``actor_num_gpus`` per actor, no Training
+``generation_units x actors_per_unit``; ``runtime.ray.actor_num_cpus`` / ``actor_num_gpus`` per actor, no Training
 Unit), starts one actor per bundle and waits until each loaded its model. Profiling actors ARE launch's
 `asp.runtime.generation.GenerationActor` (one engine built from a picklable `EngineSpec`, one timed
 ``engine.generate`` per minibatch, seed = the minibatch's `WorkItem.seed`); predictor actors are `PredictorActor`.
 
 `fan_out` is the dispatcher: one task per idle actor, results yielded as they complete (any order). A task whose
-actor returned a `Failure` or raised is sent again (at most ``runtime.max_attempts`` sends); one whose actor died
-(a lost node, an out-of-memory kill) goes to the surviving actors at once, and the dead actor rejoins when Ray
-restarted it (``runtime.actor_max_restarts``). With no actor left, or nothing finished within
-``runtime.stall_timeout_s``, it stops with a `UserError`; what the caller saved (profile chunks) is kept.
+actor returned a `Failure` or raised is sent again (at most ``runtime.control.max_attempts`` sends); one whose actor
+died (a lost node, an out-of-memory kill) goes to the surviving actors at once, and the dead actor rejoins when Ray
+restarted it (``runtime.ray.actor_max_restarts``). With no actor left, or nothing finished within
+``runtime.control.stall_timeout_s``, it stops with a `UserError`; what the caller saved (profile chunks) is kept.
 
 A minibatch's seed depends only on its index (``common.seed + m``), never on which actor runs it, so the samples are
 those of one in-process engine with the same settings (bit for bit on CPU with the same threads; on GPUs as
@@ -51,10 +51,11 @@ log = logging.getLogger(__name__)
 
 def pool_config(runtime: RuntimeConfig, actors: int | str) -> RuntimeConfig:
     """The runtime config whose Generation Units are the pool's layout: `actors` = N is one unit of N actors,
-    ``"runtime"`` keeps launch's ``generation_units x actors_per_unit``."""
+    ``"runtime"`` keeps launch's ``ray.generation_units x ray.actors_per_unit``."""
     if actors == "runtime":
         return runtime
-    return runtime.model_copy(update={"generation_units": 1, "actors_per_unit": int(actors)})
+    ray = runtime.ray.model_copy(update={"generation_units": 1, "actors_per_unit": int(actors)})
+    return runtime.model_copy(update={"ray": ray})
 
 
 def pool_size(runtime: RuntimeConfig, actors: int | str) -> int:
@@ -84,14 +85,15 @@ def check_pool_resources(config: RuntimeConfig, knob: str) -> None:
     import ray
 
     have = ray.cluster_resources()
-    for kind, per_actor in (("CPU", config.actor_num_cpus), ("GPU", config.actor_num_gpus)):
+    for kind, per_actor in (("CPU", config.ray.actor_num_cpus), ("GPU", config.ray.actor_num_gpus)):
         need = config.total_actors * per_actor
         if need > have.get(kind, 0.0) + 1e-9:
             raise UserError(
-                f"{knob} asks for {config.total_actors} actors x runtime.actor_num_{kind.lower()}s {per_actor:g} = "
-                f"{need:g} {kind}s but the Ray cluster has {have.get(kind, 0.0):g}. Use fewer actors ({knob}), a "
-                f"smaller runtime.actor_num_{kind.lower()}s, or a bigger cluster (runtime.ray_address, "
-                f"runtime.ray_num_{kind.lower()}s)."
+                f"{knob} asks for {config.total_actors} actors x runtime.ray.actor_num_{kind.lower()}s "
+                f"{per_actor:g} = {need:g} {kind}s but the Ray cluster has {have.get(kind, 0.0):g}. Use fewer actors "
+                f"({knob}), a "
+                f"smaller runtime.ray.actor_num_{kind.lower()}s, or a bigger cluster (runtime.ray.address, "
+                f"runtime.ray.num_{kind.lower()}s)."
             )
 
 
@@ -104,7 +106,7 @@ def _wait_ready(handles: dict[int, Any], timeout_s: float, what: str) -> None:
     if len(ready) < len(refs):
         raise UserError(
             f"{len(refs) - len(ready)} of {len(refs)} {what} actors did not start within {timeout_s:g} s "
-            "(runtime.stall_timeout_s): the cluster lacks the resources or the model is slow to load."
+            "(runtime.control.stall_timeout_s): the cluster lacks the resources or the model is slow to load."
         )
     for ref in ready:
         try:
@@ -132,17 +134,17 @@ def actor_pool(
         handles: dict[int, Any] = {}
         try:
             remote = ray.remote(actor_cls)
-            for g in range(config.generation_units):
-                for i in range(config.actors_per_unit):
-                    a = g * config.actors_per_unit + i
+            for g in range(config.ray.generation_units):
+                for i in range(config.ray.actors_per_unit):
+                    a = g * config.ray.actors_per_unit + i
                     options = dict(
-                        num_cpus=config.actor_num_cpus,
-                        num_gpus=config.actor_num_gpus,
-                        max_restarts=config.actor_max_restarts,
+                        num_cpus=config.ray.actor_num_cpus,
+                        num_gpus=config.ray.actor_num_gpus,
+                        max_restarts=config.ray.actor_max_restarts,
                         max_task_retries=0,
                     )
                     handles[a] = remote.options(**options, **placement.actor_options(g, i)).remote(*args(g, a))
-            _wait_ready(handles, config.stall_timeout_s, what)
+            _wait_ready(handles, config.control.stall_timeout_s, what)
             log.info("%d %s actors on Ray (placement %s)", len(handles), what, placement.describe() or "none")
             yield handles
         finally:
@@ -205,7 +207,7 @@ def fan_out(
         task.attempt += 1
         if task.attempt >= max_attempts:
             raise UserError(
-                f"{what} {task.index} failed {task.attempt} times (runtime.max_attempts); last error: {error}"
+                f"{what} {task.index} failed {task.attempt} times (runtime.control.max_attempts); last error: {error}"
             )
         log.warning("%s %d: %s; sending it again (attempt %d)", what, task.index, error, task.attempt + 1)
         queue.appendleft(task)
@@ -220,7 +222,7 @@ def fan_out(
         ready, _ = ray.wait(waiting, num_returns=1, timeout=stall_timeout_s)
         if not ready:
             raise UserError(
-                f"no {what} finished within {stall_timeout_s:g} s (runtime.stall_timeout_s); {len(reviving)} "
+                f"no {what} finished within {stall_timeout_s:g} s (runtime.control.stall_timeout_s); {len(reviving)} "
                 "actors are waiting to be restarted (a lost node?). Rerun when the cluster is whole."
             )
         ref = ready[0]
@@ -296,8 +298,8 @@ class ProfileRunner:
             tasks,
             submit,
             error_of=_one_error,
-            max_attempts=self.config.max_attempts,
-            stall_timeout_s=self.config.stall_timeout_s,
+            max_attempts=self.config.control.max_attempts,
+            stall_timeout_s=self.config.control.stall_timeout_s,
             what="profile minibatch",
         ):
             yield task.index, minibatch_result(result[0], self.sampling.max_new_tokens), actor
@@ -389,8 +391,8 @@ def predict_sharded(
             tasks,
             submit,
             error_of=_no_error,
-            max_attempts=config.max_attempts,
-            stall_timeout_s=config.stall_timeout_s,
+            max_attempts=config.control.max_attempts,
+            stall_timeout_s=config.control.stall_timeout_s,
             what=what,
         )
 

@@ -2,7 +2,7 @@
 
 Everything that can be checked is checked before any actor starts (`UserError`): the schedule against the
 prompt set, the config (q_max >= one global batch, ...), the engine's model directory, the Ray resources
-the actors need, that the units' placement groups (`asp.runtime.placement`, ``runtime.placement``) can be
+the actors need, that the units' placement groups (`asp.runtime.placement`, ``runtime.ray.placement``) can be
 placed, and finally that every engine actually loaded (its error is reported verbatim).
 `ray_session` owns `ray.init` / `ray.shutdown` only when it started Ray (dashboard off, every server on
 127.0.0.1), so tests and callers can share a cluster; actors are always killed on exit, Ctrl-C or SIGTERM.
@@ -53,7 +53,7 @@ LOOPBACK = "127.0.0.1"
 def ray_session(config: RuntimeConfig) -> Iterator[bool]:
     """Use the running Ray, or start one and shut it down on exit. Yields True if started.
 
-    Without `runtime.ray_address` the local cluster is started with the dashboard off and this node's address
+    Without `runtime.ray.address` the local cluster is started with the dashboard off and this node's address
     set to 127.0.0.1, so its servers (GCS, raylet, workers, runtime-env agent, the autoscaler monitor's metrics
     endpoint) listen on loopback only (tests/runtime/test_ray_network.py checks the sockets).
     """
@@ -61,13 +61,13 @@ def ray_session(config: RuntimeConfig) -> Iterator[bool]:
         yield False
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if config.ray_address:
-        loopback = config.ray_address.split(":")[0] in (LOOPBACK, "localhost")
+    if config.ray.address:
+        loopback = config.ray.address.split(":")[0] in (LOOPBACK, "localhost")
         with _loopback_node_address() if loopback else contextlib.nullcontext():  # else Ray dials the node's IP
-            join_cluster(config.ray_address, config.ray_connect_timeout_s)  # bounded wait, else UserError
+            join_cluster(config.ray.address, config.ray.connect_timeout_s)  # bounded wait, else UserError
     else:
         reap_dead_sessions()
-        init_local_ray(num_cpus=config.ray_num_cpus, num_gpus=config.ray_num_gpus)
+        init_local_ray(num_cpus=config.ray.num_cpus, num_gpus=config.ray.num_gpus)
         record_local_ray()
     try:
         yield True
@@ -158,37 +158,41 @@ def build_runtime(
             includes its error).
     """
     sampling = SamplingParams(
-        config.n_samples, config.max_new_tokens, config.temperature, config.top_p, seed=0
+        config.sampling.n_samples,
+        config.sampling.max_new_tokens,
+        config.sampling.temperature,
+        config.sampling.top_p,
+        seed=0,
     )  # seed: each task's
     placement = create_placement(config, trainer_ranks(config, trainer_factory))
     actor_cls = ray.remote(GenerationActor)
     actor_options = dict(
-        num_cpus=config.actor_num_cpus,
-        num_gpus=config.actor_num_gpus,
-        max_restarts=config.actor_max_restarts,
+        num_cpus=config.ray.actor_num_cpus,
+        num_gpus=config.ray.actor_num_gpus,
+        max_restarts=config.ray.actor_max_restarts,
         max_task_retries=0,
     )
     handles: dict[int, Any] = {}
     owner: dict[int, int] = {}
-    for g in range(config.generation_units):
-        for i in range(config.actors_per_unit):
-            a = g * config.actors_per_unit + i
+    for g in range(config.ray.generation_units):
+        for i in range(config.ray.actors_per_unit):
+            a = g * config.ray.actors_per_unit + i
             options = actor_options | placement.actor_options(g, i)
             handle = actor_cls.options(**options).remote(g, a, engine_factory, sampling, os.getcwd())
             handles[a], owner[a] = handle, g
     trainer, ranks = build_training_unit(config, trainer_factory, placement)  # rank 0 leads; all ranks: rank_handles
     units: list[Any] = []
     try:
-        _wait_ready(handles, owner, trainer, config.stall_timeout_s)
-        if config.ray_address:  # a local cluster is this machine: same directory by construction
+        _wait_ready(handles, owner, trainer, config.control.stall_timeout_s)
+        if config.ray.address:  # a local cluster is this machine: same directory by construction
             ranks_by_name = {f"Training Unit rank {r}": h for r, h in enumerate(ranks)}
             check_same_directory({f"generation actor {a}": h for a, h in handles.items()} | ranks_by_name)
-        for g in range(config.generation_units):
+        for g in range(config.ray.generation_units):
             ids = [a for a in handles if owner[a] == g]
             units.append(
                 ray.remote(GenerationUnit)
                 .options(num_cpus=0, **placement.unit_options(g))
-                .remote(g, [handles[a] for a in ids], ids, config.coalesce_below_s, config.max_chunk)
+                .remote(g, [handles[a] for a in ids], ids, config.queue.coalesce_below_s, config.queue.max_chunk)
             )
         ray.get([u.start.remote() for u in units])
     except BaseException:
@@ -214,7 +218,7 @@ def _wait_ready(handles: dict[int, Any], owner: dict[int, int], trainer: Any, ti
             error = ray.get(ref, timeout=0.01)
         except ray.exceptions.GetTimeoutError:
             error = (
-                f"it did not start within {timeout_s:g} s (runtime.stall_timeout_s); Ray may be unable to "
+                f"it did not start within {timeout_s:g} s (runtime.control.stall_timeout_s); Ray may be unable to "
                 "place it (resources held by other jobs) or loading is very slow"
             )
         except ray.exceptions.RayActorError as exc:
@@ -239,7 +243,7 @@ def make_checkpointer(
     the global batch size, n and `fingerprint_extra`; a checkpoint of anything else is not resumed."""
     extra = dict(fingerprint_extra or {})
     fingerprint = as_plan(plan).fingerprint(
-        global_batch_prompts=config.global_batch_prompts, n=config.n_samples, **extra
+        global_batch_prompts=config.global_batch_prompts, n=config.sampling.n_samples, **extra
     )
     return Checkpointer(Path(checkpoint_dir), fingerprint)
 
@@ -294,13 +298,13 @@ def run_async(
         engine_factory.check()
         tp = int(engine_factory.options.get("tensor_parallel_size", 1))
         on_cpu = engine_factory.device == "cpu"  # vLLM's CPU build: no GPU per actor
-        if engine_factory.kind == "vllm" and not on_cpu and config.actor_num_gpus < tp:
+        if engine_factory.kind == "vllm" and not on_cpu and config.ray.actor_num_gpus < tp:
             raise UserError(
-                f"vLLM actors with tensor_parallel_size={tp} need runtime.actor_num_gpus >= {tp}, "
-                f"got {config.actor_num_gpus:g}."
+                f"vLLM actors with tensor_parallel_size={tp} need runtime.ray.actor_num_gpus >= {tp}, "
+                f"got {config.ray.actor_num_gpus:g}."
             )
     epochs = 1 if config.iterations is None else None
-    db = Database(plan, prompts_by_id, epochs=epochs, max_attempts=config.max_attempts, seed=config.seed)
+    db = Database(plan, prompts_by_id, epochs=epochs, max_attempts=config.control.max_attempts, seed=config.seed)
     checkpointer, state, reason, runlog = None, None, "fresh run", None
     if checkpoint_dir is not None:
         checkpointer = make_checkpointer(plan, config, checkpoint_dir, fingerprint_extra)

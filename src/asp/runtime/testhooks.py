@@ -2,7 +2,7 @@
 trainer trained. Never set them outside tests.
 
     ASP_KILL_AT=launch:outputs asp stage launch      # dies right after outputs/launch was written
-    ASP_TRAINER_LEDGER=/tmp/ledger.jsonl asp stage launch   # runtime.trainer simulated: one line per step trained
+    ASP_TRAINER_LEDGER=/tmp/ledger.jsonl asp stage launch   # runtime.trainer.kind simulated: one line per step trained
     ASP_HOLD_CONTINUATION=1 ASP_KILL_AT=checkpoint@2 asp stage launch   # partial rollouts: held work at the kill
     ASP_KILL_AT=pass@2 asp stage launch              # runtime.history: just after the pass-2 plan was checkpointed
     ASP_HOLD_AT=checkpoint@2 ASP_HOLD_MARK=/tmp/held asp stage launch   # waits there until a signal stops it

@@ -152,7 +152,8 @@ def build_training_unit(
     """Start the Training Unit's rank actors (``trainer_factory.world_size``, 1 if it has none) without waiting.
 
     Args:
-        config: the `RuntimeConfig` (``trainer_num_cpus`` / ``trainer_num_gpus`` per rank, ``stall_timeout_s``).
+        config: the `RuntimeConfig` (``ray.trainer_num_cpus`` / ``ray.trainer_num_gpus`` per rank,
+            ``control.stall_timeout_s``).
         trainer_factory: the picklable factory; may carry ``world_size``, ``needs_process_group`` and ``backend``.
         placement: None, or an object whose ``trainer_options(rank)`` returns extra ``.options(...)`` kwargs.
 
@@ -166,13 +167,13 @@ def build_training_unit(
     cls = ray.remote(TrainingUnit)
     ranks = []
     for rank in range(world):
-        options = {"num_cpus": config.trainer_num_cpus, "num_gpus": config.trainer_num_gpus}
+        options = {"num_cpus": config.ray.trainer_num_cpus, "num_gpus": config.ray.trainer_num_gpus}
         if placement is not None:
             options.update(placement.trainer_options(rank))
         ranks.append(cls.options(**options).remote(trainer_factory, rank, world, os.getcwd()))
     if _needs_group(trainer_factory, world):
         backend = str(getattr(trainer_factory, "backend", "gloo"))
-        ranks[0].start_group.remote(ranks[1:], backend, max(float(config.stall_timeout_s), 60.0))
+        ranks[0].start_group.remote(ranks[1:], backend, max(float(config.control.stall_timeout_s), 60.0))
     _RANKS[ranks[0]._actor_id.hex()] = ranks
     return ranks[0], ranks
 

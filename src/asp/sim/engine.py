@@ -412,7 +412,8 @@ def simulate(
         )
     if workload.lengths.shape[1] != settings.n_samples:
         raise ValueError(
-            f"workload has n={workload.lengths.shape[1]} samples per prompt, runtime.n_samples is {settings.n_samples}"
+            f"workload has n={workload.lengths.shape[1]} samples per prompt, runtime.sampling.n_samples is "
+            f"{settings.n_samples}"
         )
     sim = _Sim(plan, workload, gen, train, settings, resources or Resources(), record_decisions)
     sim.run()

@@ -307,7 +307,7 @@ def generation_suggestions(arch: Architecture, s: GenerationSettings) -> list[st
     for t in (2, 4, 8):
         bigger = t > s.tensor_parallel_size and arch.num_heads % t == 0
         if bigger and generation_memory(arch, replace(s, tensor_parallel_size=t)).fits:
-            out.append(f"set runtime.engine.vllm.tensor_parallel_size to {t} (and runtime.actor_num_gpus {t})")
+            out.append(f"set runtime.engine.vllm.tensor_parallel_size to {t} (and runtime.ray.actor_num_gpus {t})")
             break
     est = generation_memory(arch, s)
     need = est.weights + est.allowance + est.kv_bytes_per_token * s.max_seq_len

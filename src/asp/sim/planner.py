@@ -131,11 +131,11 @@ class Candidate:
             return f"needs {self.devices(cluster)} devices, the cluster has {cluster.devices}"
         return None
 
-    def overlay(self) -> dict[str, dict[str, int]]:
+    def overlay(self) -> dict[str, dict[str, Any]]:
         """Params overlay (``runtime`` and ``schedule`` keys of params.yaml); ``plan`` holds what no param sets."""
-        runtime = {"generation_units": self.generation_units, "actors_per_unit": self.actors_per_unit}
+        ray = {"generation_units": self.generation_units, "actors_per_unit": self.actors_per_unit}
         return {
-            "runtime": {**runtime, "q_max": self.q_max},
+            "runtime": {"ray": ray, "queue": {"q_max": self.q_max}},
             "schedule": {"b": self.b, "k": self.k},
             "plan": {"tu_devices": self.tu_devices},
         }

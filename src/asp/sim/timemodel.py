@@ -280,10 +280,11 @@ class TrainingTimeModel:
             object.__setattr__(self, f.name, _check_nonneg(f.name, getattr(self, f.name)))
 
     @classmethod
-    def simulated(cls, trainer_step_s: float, refresh_delay_s: float) -> TrainingTimeModel:
-        """The runtime's `SimulatedTrainer`: a fixed step time, reload = `refresh_delay_s` per actor, no export."""
+    def simulated(cls, step_s: float, refresh_delay_s: float) -> TrainingTimeModel:
+        """The runtime's `SimulatedTrainer` (``runtime.trainer``): a fixed step time `step_s`, reload =
+        `refresh_delay_s` per actor, no export."""
         return cls(
-            step_base_s=trainer_step_s,
+            step_base_s=step_s,
             step_per_token_s=0.0,
             save_s=0.0,
             convert_s=0.0,

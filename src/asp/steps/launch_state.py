@@ -60,8 +60,8 @@ GRPO_OPERATIONAL = (
 
 def fingerprint_extra(runtime: RuntimeParams) -> dict[str, Any]:
     """What a runtime checkpoint must match besides the plan: the mode, the trainer and its learning settings."""
-    if runtime.trainer != "grpo":
-        return {"trainer": runtime.trainer, "mode": runtime.mode}
+    if runtime.trainer.kind != "grpo":
+        return {"trainer": runtime.trainer.kind, "mode": runtime.mode}
     grpo = {k: v for k, v in runtime.grpo.model_dump().items() if k not in GRPO_OPERATIONAL}
     return {"trainer": "grpo", "mode": runtime.mode, "grpo": grpo}
 

@@ -1,15 +1,15 @@
 """Does the run's layout fit the cluster the params declare? Training Unit ranks and generation actors against GPUs.
 
 Used by ``asp params check`` (before the memory check). What the runtime asks Ray for: the Training Unit,
-``runtime.grpo.world_size`` ranks (1 with the simulated trainer) of ``runtime.trainer_num_gpus`` GPUs each, and the
-generation actors, ``runtime.generation_units x actors_per_unit`` of ``runtime.actor_num_gpus`` each. The GPUs the
-params declare: ``simulate.plan.devices`` (the cluster's accelerators, the one `asp plan layout` plans for; GPU presets
-set it, configs/gpu-cluster.yaml: 16) with ``simulate.plan.devices_per_node`` per node, and, for a local Ray cluster
-(``runtime.ray_address: null``), ``runtime.ray_num_gpus`` when set. A run asking for more GPUs than declared, or one
-actor or rank for more than a node has, would wait for a placement Ray can never make; a vLLM actor with fewer GPUs
-than its tensor-parallel size cannot start. The launch stage checks the same
-demand against what Ray really has once it is up (`asp.runtime.run.check_resources`), so a params file whose
-``simulate.plan`` is stale is refused here but not there. Tests: tests/steps/test_layout_check.py.
+``runtime.grpo.world_size`` ranks (1 with the simulated trainer) of ``runtime.ray.trainer_num_gpus`` GPUs each, and
+the generation actors, ``runtime.ray.generation_units x actors_per_unit`` of ``runtime.ray.actor_num_gpus`` each. The
+GPUs the params declare: ``simulate.plan.devices`` (the cluster's accelerators, the one `asp plan layout` plans for;
+GPU presets set it, configs/gpu-cluster.yaml: 16) with ``simulate.plan.devices_per_node`` per node, and, for a local
+Ray cluster (``runtime.ray.address: null``), ``runtime.ray.num_gpus`` when set. A run asking for more GPUs than
+declared, or one actor or rank for more than a node has, would wait for a placement Ray can never make; a vLLM actor
+with fewer GPUs than its tensor-parallel size cannot start. The launch stage checks the same demand against what Ray
+really has once it is up (`asp.runtime.run.check_resources`), so a params file whose ``simulate.plan`` is stale is
+refused here but not there. Tests: tests/steps/test_layout_check.py.
 """
 
 from __future__ import annotations
@@ -47,25 +47,25 @@ class GpuDemand:
 
 def gpu_demand(params: Params) -> GpuDemand:
     rt = params.runtime
-    ranks = rt.grpo.world_size if rt.trainer == "grpo" else 1
-    return GpuDemand(ranks, rt.trainer_num_gpus, rt.total_actors, rt.actor_num_gpus)
+    ranks = rt.grpo.world_size if rt.trainer.kind == "grpo" else 1
+    return GpuDemand(ranks, rt.ray.trainer_num_gpus, rt.total_actors, rt.ray.actor_num_gpus)
 
 
 def _describe(params: Params, d: GpuDemand) -> str:
     rt = params.runtime
-    ranks = f"runtime.grpo.world_size {d.ranks}" if rt.trainer == "grpo" else "1 rank (trainer: simulated)"
+    ranks = f"runtime.grpo.world_size {d.ranks}" if rt.trainer.kind == "grpo" else "1 rank (trainer.kind: simulated)"
     return (
-        f"the Training Unit {d.trainer:g} ({ranks} x runtime.trainer_num_gpus {d.rank_gpus:g}) + generation "
-        f"{d.generation:g} (runtime.generation_units {rt.generation_units} x actors_per_unit {rt.actors_per_unit} "
-        f"x actor_num_gpus {d.actor_gpus:g})"
+        f"the Training Unit {d.trainer:g} ({ranks} x runtime.ray.trainer_num_gpus {d.rank_gpus:g}) + generation "
+        f"{d.generation:g} (runtime.ray.generation_units {rt.ray.generation_units} x actors_per_unit "
+        f"{rt.ray.actors_per_unit} x actor_num_gpus {d.actor_gpus:g})"
     )
 
 
 def _fix(params: Params) -> str:
     """What to lower, with the smallest world size whose rank fits in memory when the estimate knows it."""
-    fitted = min_trainer_devices(params) if params.runtime.trainer == "grpo" else None
+    fitted = min_trainer_devices(params) if params.runtime.trainer.kind == "grpo" else None
     smallest = f" (a rank fits in memory from world_size {fitted[0]}, `asp plan memory`)" if fitted else ""
-    return f"lower runtime.grpo.world_size{smallest}, runtime.generation_units or runtime.actors_per_unit"
+    return f"lower runtime.grpo.world_size{smallest}, runtime.ray.generation_units or runtime.ray.actors_per_unit"
 
 
 def layout_problems(params: Params) -> list[str]:
@@ -82,7 +82,7 @@ def layout_problems(params: Params) -> list[str]:
     if rt.engine.kind == "vllm" and not cpu_vllm and d.actor_gpus < tp:
         problems.append(
             f"runtime.engine.vllm.tensor_parallel_size = {tp}, but each generation actor gets "
-            f"runtime.actor_num_gpus = {d.actor_gpus:g} GPUs: set runtime.actor_num_gpus to {tp}."
+            f"runtime.ray.actor_num_gpus = {d.actor_gpus:g} GPUs: set runtime.ray.actor_num_gpus to {tp}."
         )
     fix = _fix(params)
     if d.total > plan.devices + EPS:
@@ -91,16 +91,16 @@ def layout_problems(params: Params) -> list[str]:
             f"(simulate.plan.devices). To fit: {fix}; or, if the cluster is larger, set simulate.plan.devices to its "
             "GPU count."
         )
-    if rt.ray_address is None and rt.ray_num_gpus is not None and d.total > rt.ray_num_gpus + EPS:
+    if rt.ray.address is None and rt.ray.num_gpus is not None and d.total > rt.ray.num_gpus + EPS:
         problems.append(
             f"the layout needs {d.total:g} GPUs: {_describe(params, d)}, but the local Ray cluster gets "
-            f"{rt.ray_num_gpus} (runtime.ray_num_gpus, runtime.ray_address null). To fit: {fix}; or raise "
-            "runtime.ray_num_gpus to the GPUs of this machine."
+            f"{rt.ray.num_gpus} (runtime.ray.num_gpus, runtime.ray.address null). To fit: {fix}; or raise "
+            "runtime.ray.num_gpus to the GPUs of this machine."
         )
     for key, gpus in (("trainer_num_gpus", d.rank_gpus), ("actor_num_gpus", d.actor_gpus)):
         if gpus > plan.devices_per_node + EPS:
             problems.append(
-                f"runtime.{key} = {gpus:g}, but a node has {plan.devices_per_node} GPUs "
+                f"runtime.ray.{key} = {gpus:g}, but a node has {plan.devices_per_node} GPUs "
                 "(simulate.plan.devices_per_node): one Ray actor cannot span nodes. Lower it."
             )
     return problems

@@ -53,7 +53,7 @@ class WeightKeeper:
 
 def interval_of(runtime: RuntimeParams) -> int:
     """The curve's evaluation interval in steps (0: off; only a grpo run has a curve)."""
-    if runtime.trainer != "grpo":
+    if runtime.trainer.kind != "grpo":
         return 0
     return curve_interval(runtime.grpo.eval_interval, runtime.checkpoint_interval)
 
@@ -88,7 +88,7 @@ def measure_curve(
     except ValueError as exc:
         raise UserError(f"runtime.grpo.eval_problems: {exc}") from None
     reward = resolve_reward(grpo.reward, params.prepare.dataset)
-    temperature = runtime.temperature if runtime.temperature > 0 else 1.0
+    temperature = runtime.sampling.temperature if runtime.sampling.temperature > 0 else 1.0
     keep_checkpointed(state_dir, interval)
     elapsed = elapsed_by_step(iterations)
     store = CurveStore(state_dir)
@@ -109,7 +109,7 @@ def measure_curve(
             weights,
             records,
             samples=grpo.eval_samples,
-            max_new_tokens=runtime.max_new_tokens,
+            max_new_tokens=runtime.sampling.max_new_tokens,
             seed=seed,
             temperature=temperature,
             device=grpo.device,

@@ -110,7 +110,7 @@ def trainer_settings(params: Params) -> TrainerSettings:
         activation_checkpointing=g.activation_checkpointing,
         cpu_offload=g.cpu_offload,
         micro_batch_tokens=g.micro_batch_tokens,
-        longest_row_tokens=max(longest, rt.max_new_tokens),
+        longest_row_tokens=max(longest, rt.sampling.max_new_tokens),
         reference=g.kl_coef > 0,
         autocast=g.autocast_dtype is not None,
         device_gib=rt.memory.device_gib,
@@ -133,7 +133,7 @@ def generation_settings(params: Params, arch: Architecture) -> GenerationSetting
     engine = params.runtime.engine
     if engine.kind != "vllm":
         return None
-    seq = engine.vllm.max_model_len or arch.max_position_embeddings or params.runtime.max_new_tokens
+    seq = engine.vllm.max_model_len or arch.max_position_embeddings or params.runtime.sampling.max_new_tokens
     return GenerationSettings(
         dtype_bytes=DTYPE_BYTES[engine.dtype],
         tensor_parallel_size=engine.vllm.tensor_parallel_size,
@@ -166,7 +166,7 @@ def memory_report(params: Params) -> MemoryReport | None:
     if arch is None:
         return None
     rt = params.runtime
-    ts = trainer_settings(params) if rt.trainer == "grpo" else None
+    ts = trainer_settings(params) if rt.trainer.kind == "grpo" else None
     gs = generation_settings(params, arch)
     problems, notes = [], []
     if ts is not None:
@@ -298,7 +298,7 @@ def report_dict(r: MemoryReport) -> dict:
 def checked(params: Params) -> bool:
     """Whether the memory check has something to check: a GRPO trainer or a vLLM engine (runtime.memory.check on)."""
     uses_vllm = "vllm" in (params.runtime.engine.kind, params.profile.engine.kind)
-    return params.runtime.memory.check and (params.runtime.trainer == "grpo" or uses_vllm)
+    return params.runtime.memory.check and (params.runtime.trainer.kind == "grpo" or uses_vllm)
 
 
 def enforce(params: Params) -> MemoryReport | None:
@@ -321,7 +321,7 @@ def min_trainer_devices(params: Params) -> tuple[int, str] | None:
     """The smallest Training Unit world size whose rank fits on one device with the other ``runtime.grpo`` settings
     (None on a CPU trainer, without a resolvable architecture, or when none up to MAX_WORLD_SIZE fits), and why."""
     rt = params.runtime
-    if rt.trainer != "grpo" or not rt.grpo.device.startswith("cuda"):
+    if rt.trainer.kind != "grpo" or not rt.grpo.device.startswith("cuda"):
         return None
     arch, source = resolve_architecture(params)
     if arch is None:

@@ -54,8 +54,8 @@ def make_trainer_factory(
     """The picklable trainer factory for `run_async(..., trainer_factory=...)`; checks inputs in the caller.
 
     Args:
-        kind: ``"simulated"`` (fixed step time, `config.trainer_step_s` / `refresh_delay_s`) or ``"grpo"``.
-        config: the `RuntimeConfig` (temperature, seed, checkpoint_interval, iterations are used).
+        kind: ``"simulated"`` (fixed step time, `config.trainer.step_s` / `refresh_delay_s`) or ``"grpo"``.
+        config: the `RuntimeConfig` (sampling.temperature / top_p, seed, checkpoint_interval, iterations are used).
         policy_path: local checkpoint directory of the policy (grpo).
         prompts: prompt id -> chat-templated text, the same mapping given to `run_async` (grpo).
         answers: prompt id -> reference answer (grpo).
@@ -71,9 +71,9 @@ def make_trainer_factory(
     """
 
     if kind == "simulated":
-        return functools.partial(SimulatedTrainer, config.trainer_step_s, config.refresh_delay_s)
+        return functools.partial(SimulatedTrainer, config.trainer.step_s, config.trainer.refresh_delay_s)
     if kind != "grpo":
-        raise UserError(f"runtime.trainer = {kind!r} is unknown; choose one of {', '.join(TRAINER_KINDS)}.")
+        raise UserError(f"runtime.trainer.kind = {kind!r} is unknown; choose one of {', '.join(TRAINER_KINDS)}.")
     from asp.trainers.grpo import GRPOSpec
 
     grpo_params = grpo if grpo is not None else config.grpo
@@ -99,11 +99,11 @@ def make_trainer_factory(
             f"runtime.grpo.lr_schedule = {grpo_params.lr_schedule!r} needs runtime.grpo.total_steps or "
             "runtime.iterations."
         )
-    if config.top_p < 1.0:
+    if config.sampling.top_p < 1.0:
         log.warning(
             "top_p = %g < 1: behaviour log-probs come from the truncated distribution; GRPO ratios use the full "
             "softmax and are biased",
-            config.top_p,
+            config.sampling.top_p,
         )
     return GRPOSpec(
         policy_path=str(policy_path),
@@ -111,7 +111,7 @@ def make_trainer_factory(
         answers={k: str(answers[k]) for k in prompts},
         config=grpo_params,
         reward=name,
-        temperature=config.temperature,
+        temperature=config.sampling.temperature,
         seed=config.seed,
         checkpoint_interval=config.checkpoint_interval,
         total_steps=steps,

@@ -110,7 +110,7 @@ def heldout_rewards(
         weights: a trainer checkpoint's ``model.safetensors`` to load over it, or None for the checkpoint's own.
         records: demo task records (`heldout_problems`).
         samples: responses per problem (pure sampling at `temperature`, as `asp.demo.policy.sample_responses`).
-        max_new_tokens: response cap (``runtime.max_new_tokens``).
+        max_new_tokens: response cap (``runtime.sampling.max_new_tokens``).
         seed: sampling seed (the same for every policy compared).
         temperature: sampling temperature (> 0).
         device: torch device of the model.

@@ -20,9 +20,9 @@ class SimulatedTrainer:
     """Fixed-duration stand-in trainer.
 
     Args:
-        step_time_s: seconds each step sleeps (``runtime.trainer_step_s``; no defaults here, they are the params').
+        step_time_s: seconds each step sleeps (``runtime.trainer.step_s``; no defaults here: the params').
         refresh_delay_s: reload delay announced with every snapshot (paid by each actor, deferred;
-            ``runtime.refresh_delay_s``).
+            ``runtime.trainer.refresh_delay_s``).
         ledger_path: if set, one JSON line per step is appended there (step, prompt_ids, task_ids, versions,
             lengths, token and log-prob counts): the record of exactly what reached the trainer.
     """
