@@ -369,7 +369,7 @@ def test_every_home_names_a_section_and_the_config_constants_resolve() -> None:
     assert {s for home in HOMES.values() for s in home} <= sections
     # the shared constants the config's defaults are written as (asp.sim.memory's, the config's own)
     assert CONSTANTS["runtime.memory.device_gib"] == "asp.sim.memory.DEVICE_GIB"
-    assert CONSTANTS["runtime.max_new_tokens"] == "asp.config.MAX_NEW_TOKENS"
+    assert CONSTANTS["runtime.sampling.max_new_tokens"] == "asp.config.MAX_NEW_TOKENS"
     for key, constant in CONSTANTS.items():
         module, name = constant.rsplit(".", 1)
         tree = _module_tree(module)
