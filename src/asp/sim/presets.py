@@ -242,14 +242,7 @@ def _paper_preset() -> TimeModelPreset:
         name=PAPER_PRESET,
         description="ASP paper's setup: Ascend 910B3, Qwen3-30B-A3B, vLLM actors of 2 NPUs, a 32-NPU Training Unit",
         gen=_gen(0.0, PAPER_PER_STEP_S, PAPER_PER_SEQ_S, 0.0, 0.0),
-        train=TrainingTimeModel(
-            step_base_s=step,
-            step_per_token_s=0.0,
-            save_s=0.0,
-            convert_s=0.0,
-            load_s=PAPER_T_LOAD_S,
-            step_per_sample_s=0.0,
-        ),
+        train=TrainingTimeModel.simulated(step, PAPER_T_LOAD_S),  # a fixed step and reload, no export
         devices_per_actor=2,
         tu_devices=tu,
         sources=sources,
