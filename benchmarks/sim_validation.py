@@ -3,8 +3,9 @@
 * **Table 4(b)** (`benchmarks/launch_conditions.py`: simulated 0.5 s training steps, 30 iterations of 16 prompts,
   1 GU x 3 actors of the demo policy on this machine's cores), per schedule condition (default C0 and C4);
 * **sync vs async** (`benchmarks/sync_vs_async.py`, the README's "ASP against the synchronous baseline": GRPO
-  trainer, 1 GU x 2 actors, global batch 32, q_max 64, 30 updates): ``runtime.mode: sync`` + C0, async + C0 and
-  async + C4. The simulator runs the same Control Unit core as the runtime (`asp.control`), sync rounds included.
+  trainer, 1 GU x 2 actors, global batch 32, q_max 64, 30 updates): ``runtime.mode: sync`` + C0, async + C0,
+  async + C4, and async + C4 with partial rollouts. The simulator runs the same Control Unit core as the runtime
+  (`asp.control`), sync rounds included.
 
 Every table has the rows mean iteration time, generation time per minibatch, training time per step,
 generation utilisation, policy lag, queue depth at arrival and padding, each measured / simulated / error.
@@ -13,29 +14,34 @@ The simulation sees only what the pipeline had measured before these runs: the g
 metrics/profile_timings.csv, the length model fitted on the held-out profiled prompts, the schedule,
 `simulate.cores` (CPU cores the actors share) and, for the GRPO trainer, the launch-fitted terms of `--fit-from`
 (default ``outputs/launch``, the pipeline's own launch: global batch 16, 200 steps, async C4, so none of the runs
-validated here): the training-time model (`asp.sim.timemodel.fit_training_model`: base + per token, the batch
-size acting through its tokens) and the CPU-sharing factor of its generation calls (`fit_sharing_factor`). The
-simulated trainer computes nothing (it sleeps), so the Table 4(b) runs keep sharing factor 1 (`simulate.cores`
-alone). ``--no-fit`` simulates with params.yaml's ``simulate.training`` and sharing factor instead (the old
-behaviour); either way the row "mean iteration time, params' terms" shows the old model beside the new.
+validated here), fitted by `asp.sim.sharing.fit_cpu_sharing` (what `asp simulate fit-training` prints): how the
+engines and the trainer share the cores (the trainer's thread demand and a generation factor, from the launch's
+own calls and steps) and the trainer's full-speed step time (base + per token). The Table 4(b) runs take the
+generation factor (the same engines on the same machine); their simulated trainer computes nothing (it sleeps), so
+it is not a sharer of the cores. ``--no-fit`` simulates with params.yaml's ``simulate`` terms instead; either way
+the row "mean iteration time, params' terms" shows params.yaml's terms beside the fitted ones.
 Targets: error within 15 % on iteration, generation and training time; depth within 25 % (Table 4(b)). Needs the
 pipeline outputs up to `schedule` (`make run` or `dvc repro schedule`) and, for the fit, a GRPO launch; writes
 nothing under outputs/ and logs nothing. The measured side is wall-clock time (every measured column is a real
-launch under Ray): run it on an otherwise idle machine, or report the load average it prints.
+launch under Ray): run it on an otherwise idle machine, or report the load average it prints. ``--keep DIR``
+keeps each real GRPO run's tables and metrics; ``--measured-from DIR`` simulates against them again without
+running them (a changed time model checked on the same measured runs).
 
     .venv/bin/python benchmarks/sim_validation.py                    # both tables: C0, C4; sync C0, async C0, C4
     .venv/bin/python benchmarks/sim_validation.py C0 C1 C2 C3 C4     # Table 4(b) for these conditions (and sync)
     .venv/bin/python benchmarks/sim_validation.py --table sync       # the sync-vs-async table only
     .venv/bin/python benchmarks/sim_validation.py --iterations 5 --simulate-only     # a quick smoke, no launch
     .venv/bin/python benchmarks/sim_validation.py --table sync --preset demo-vllm   # on vLLM actors (CPU build)
+    .venv/bin/python benchmarks/sim_validation.py --table sync --keep runs/   # then --measured-from runs/
 
-Times on the idle 2-core machine: Table 4(b) C0 + C4 about 3 minutes, sync vs async about 4.5 minutes
-(three GRPO launches of about 1.3 minutes each plus the simulations, a few seconds each).
+Times on the idle 2-core machine: Table 4(b) C0 + C4 about 3 minutes, sync vs async about 7 minutes
+(four GRPO launches of about 1.5 minutes each plus the simulations, a few seconds each).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -45,8 +51,8 @@ from pathlib import Path
 import pandas as pd
 from launch_conditions import measure as measure_4b
 from launch_conditions import table_4b_params
+from sync_vs_async import PARTIAL_RUN, SETTING, bench_params, run_name
 from sync_vs_async import RUNS as SYNC_RUNS
-from sync_vs_async import SETTING, bench_params, run_name
 from sync_vs_async import measure as measure_sync
 
 from asp.cli.plan import load_params_with
@@ -78,51 +84,66 @@ ROWS_SYNC = {
     "tokens_per_s": "generated tokens/s",
     "wall_s": "run wall time (s)",
 }
-OLD_ROW = "mean iteration time (s), params' terms (simulate.training, sharing factor of params)"
+OLD_ROW = "mean iteration time (s), params.yaml's simulate terms (training, sharing factor, trainer threads)"
 
 
 @dataclass(frozen=True)
 class Terms:
-    """Launch-fitted terms for GRPO runs: `simulate.training` values and the CPU-sharing factor (None: params')."""
+    """Launch-fitted terms for GRPO runs: `simulate.training` values (full speed), the generation sharing factor
+    and the trainer's thread demand on the shared cores (None: params')."""
 
     training: dict[str, float] | None
     sharing_factor: float | None
+    trainer_threads: float | None
     note: str
 
 
 def fitted_terms(params: Params, fit_from: Path) -> Terms:
-    """The training-time model and sharing factor fitted on the launch in `fit_from` (iterations.parquet and
-    minibatches.parquet, made with `params`' n_samples) against the profile's generation-time fit."""
-    from asp.sim.timemodel import fit_generation_model, fit_sharing_factor, fit_training_model
+    """The training-time model, sharing factor and trainer threads fitted on the launch in `fit_from`
+    (iterations.parquet and minibatches.parquet, made with `params`' n_samples) against the profile's generation
+    fit: `asp.sim.sharing.fit_cpu_sharing`, what `asp simulate fit-training` prints."""
+    from asp.sim.sharing import fit_cpu_sharing
+    from asp.sim.timemodel import fit_generation_model
 
     iterations, minibatches = fit_from / "iterations.parquet", fit_from / "minibatches.parquet"
     for f in (iterations, minibatches):
         if not f.is_file():
             sys.exit(f"{f}: missing; run the launch stage (GRPO) first, or pass --no-fit")
-    it = pd.read_parquet(iterations)
-    train, treport = fit_training_model(it, n_samples=params.runtime.sampling.n_samples)
+    it, mb = pd.read_parquet(iterations), pd.read_parquet(minibatches)
     paths = stage.Paths()
     timings = pd.read_csv(paths.timings)
     gen, _ = fit_generation_model(timings, stage.generation_form(params), folds=params.simulate.folds, seed=0)
     prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
-    factor, freport = fit_sharing_factor(pd.read_parquet(minibatches), gen, prompt_tokens)
+    resources = stage.resources(params)
+    sharing, train, report = fit_cpu_sharing(
+        [mb],
+        [it],
+        gen,
+        prompt_tokens,
+        cores=params.simulate.cores or 1.0,
+        threads_per_actor=resources.threads_per_actor,
+        n_samples=[params.runtime.sampling.n_samples],
+    )
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1
     note = (
         f"launch-fitted terms from {fit_from} ({len(it)} steps, global batch {batch} prompts; not a run below): "
-        f"training {train.step_base_s:.4g} s + {train.step_per_token_s:.4g} s/token (R² of the trailing means "
-        f"{treport['r2_in_sample']:.2f}), sharing factor {factor:.3f} (per-call ratio IQR "
-        f"{freport['ratio_q25']:.2f}-{freport['ratio_q75']:.2f}, {int(freport['minibatches'])} calls)"
+        f"training at full speed {train.step_base_s:.4g} s + {train.step_per_token_s:.4g} s/token, trainer threads "
+        f"{sharing.trainer_threads:g}, generation factor {sharing.generation_factor:.3f} (MdAPE of the launch's "
+        f"calls {100 * report['mdape_generation']:.0f} %, steps {100 * report['mdape_training']:.0f} %, "
+        f"{int(report['calls'])} calls)"
     )
-    training = {k: v for k, v in train.to_dict().items()}
-    return Terms(training, factor, note)
+    return Terms(train.to_dict(), sharing.generation_factor, sharing.trainer_threads, note)
 
 
 def with_terms(p: Params, terms: Terms) -> Params:
-    """`p` with the launch-fitted terms for a GRPO run (the simulated trainer computes nothing: unchanged)."""
-    if p.runtime.trainer.kind != "grpo" or terms.training is None:
+    """`p` with the launch-fitted terms: the generation factor for every run (the engines are this machine's), the
+    training times and the trainer's demand for a GRPO run (the simulated trainer computes nothing)."""
+    if terms.training is None:
         return p
-    training = p.simulate.training.model_copy(update=terms.training)
-    update = {"training": training, "sharing_factor": terms.sharing_factor}
+    update: dict[str, object] = {"sharing_factor": terms.sharing_factor}
+    if p.runtime.trainer.kind == "grpo":
+        training = p.simulate.training.model_copy(update=terms.training)
+        update.update(training=training, trainer_threads=terms.trainer_threads)
     return p.model_copy(update={"simulate": p.simulate.model_copy(update=update)})
 
 
@@ -153,8 +174,11 @@ def cell(measured: dict[str, float] | None, sim: dict[str, float], key: str) -> 
     return f"{m:.4g} | {s:.4g} | {error(m, s)}"
 
 
-def table_4b(params: Params, conditions: list[str], iterations: int | None, measure: bool) -> None:
-    print("Table 4(b) setting (simulated trainer: sharing factor 1; simulate.lengths: empirical, unless the row says)")
+def table_4b(params: Params, conditions: list[str], iterations: int | None, measure: bool, terms: Terms) -> None:
+    print(
+        "Table 4(b) setting (simulated trainer: not a sharer of the cores; simulate.lengths: empirical, unless said)"
+    )
+    print(terms.note)
     print(f"| metric | {' | '.join(f'{c} measured | {c} simulated | error' for c in conditions)} | target |")
     print("|---|" + "---|---|---|" * len(conditions) + "---|")
     cells: dict[str, list[str]] = {k: [] for k in ROWS_4B}
@@ -162,8 +186,8 @@ def table_4b(params: Params, conditions: list[str], iterations: int | None, meas
     for cond in conditions:
         p = table_4b_params(params, cond, iterations)
         real = measure_4b(params, cond, iterations) if measure else None
-        sim, wall = simulated(p, cond)
-        other, _ = simulated(p, cond, "lognormal")
+        sim, wall = simulated(with_terms(p, terms), cond)
+        other, _ = simulated(with_terms(p, terms), cond, "lognormal")
         alt.append(cell(real, other, "mean_iteration_time_s"))
         print(
             f"{cond}: measured and simulated (simulation {wall:.2f} s, load {os.getloadavg()[0]:.1f})", file=sys.stderr
@@ -177,17 +201,41 @@ def table_4b(params: Params, conditions: list[str], iterations: int | None, meas
     print(f"| mean iteration time (s), lognormal lengths | {' | '.join(alt)} | |")
 
 
-def table_sync(params: Params, iterations: int | None, measure: bool, terms: Terms) -> None:
-    names = [run_name(*run) for run in SYNC_RUNS]
+def measured_sync(p: Params, name: str, keep: Path | None, measured_from: Path | None) -> dict[str, float]:
+    """The real launch's metrics: run now (its tables and metrics kept under `keep`/<name> when given) or read
+    back from `measured_from`/<name>/metrics.json (a run kept earlier, to simulate against it again)."""
+    folder = name.replace(" ", "_")
+    if measured_from is not None:
+        f = measured_from / folder / "metrics.json"
+        if not f.is_file():
+            sys.exit(f"{f}: missing; keep the runs first (--keep {measured_from})")
+        return {k: v for k, v in json.loads(f.read_text()).items() if isinstance(v, (int, float))}
+    real = measure_sync(p, keep / folder if keep else None)
+    if keep is not None:
+        numbers = {k: v for k, v in real.items() if isinstance(v, (int, float))}
+        (keep / folder / "metrics.json").write_text(json.dumps(numbers, indent=1, sort_keys=True))
+    return real
+
+
+def table_sync(
+    params: Params,
+    iterations: int | None,
+    measure: bool,
+    terms: Terms,
+    keep: Path | None = None,
+    measured_from: Path | None = None,
+) -> None:
+    runs = (*SYNC_RUNS, PARTIAL_RUN)
+    names = [run_name(*run) for run in runs]
     print("sync-vs-async setting (benchmarks/sync_vs_async.py; simulate.lengths: empirical)")
     print(terms.note)
     print(f"| metric | {' | '.join(f'{n} measured | {n} simulated | error' for n in names)} |")
     print("|---|" + "---|---|---|" * len(names))
     cells: dict[str, list[str]] = {k: [] for k in ROWS_SYNC}
     old: list[str] = []
-    for (mode, cond, partial), name in zip(SYNC_RUNS, names, strict=True):
+    for (mode, cond, partial), name in zip(runs, names, strict=True):
         p = bench_params(params, mode, cond, iterations or SETTING["iterations"], partial)
-        real = measure_sync(p) if measure else None
+        real = measured_sync(p, name, keep, measured_from) if measure else None
         sim, wall = simulated(with_terms(p, terms), cond)
         before, _ = simulated(p, cond)
         old.append(cell(real, before, "mean_iteration_time_s"))
@@ -210,18 +258,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", help="a preset of configs/ over the params (e.g. demo-vllm: vLLM actors)")
     parser.add_argument("--fit-from", default="outputs/launch", help="the launch the GRPO terms are fitted on")
     parser.add_argument("--no-fit", action="store_true", help="params' simulate.training and sharing factor")
+    parser.add_argument("--keep", type=Path, help="sync table: keep each real run's tables and metrics here")
+    parser.add_argument("--measured-from", type=Path, help="sync table: simulate against runs kept by --keep")
     args = parser.parse_args(argv)
     set_offline_defaults()
     params = load_params_with(Path(args.params), args.preset, [])
     print(f"load average at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}", file=sys.stderr)
+    no_fit = Terms(None, None, None, "params' simulate.training, sharing factor and trainer threads (--no-fit)")
+    terms = no_fit if args.no_fit else fitted_terms(params, Path(args.fit_from))
     if args.table in ("4b", "both"):
-        table_4b(params, args.conditions, args.iterations, not args.simulate_only)
+        table_4b(params, args.conditions, args.iterations, not args.simulate_only, terms)
     if args.table in ("sync", "both"):
         if args.table == "both":
             print()
-        no_fit = Terms(None, None, "params' simulate.training and sharing factor (--no-fit)")
-        terms = no_fit if args.no_fit else fitted_terms(params, Path(args.fit_from))
-        table_sync(params, args.iterations, not args.simulate_only, terms)
+        table_sync(params, args.iterations, not args.simulate_only, terms, args.keep, args.measured_from)
 
 
 if __name__ == "__main__":

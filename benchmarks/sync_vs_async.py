@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -86,12 +87,17 @@ def run_name(mode: str, condition: str, partial: bool) -> str:
     return f"{mode} {condition}" + (" partial" if partial else "")
 
 
-def measure(params: Params) -> dict[str, float]:
+def measure(params: Params, keep: Path | None = None) -> dict[str, float]:
     """One real launch in a temporary directory; its metrics plus ``bench/total_s`` (wall time incl. start-up) and
-    the machine's 1-min load average before and after (``bench/load_start|end``: other jobs slow every timing)."""
+    the machine's 1-min load average before and after (``bench/load_start|end``: other jobs slow every timing).
+    `keep`: a folder to copy the launch's record tables into (iterations.parquet, minibatches.parquet)."""
     load_start, start = os.getloadavg()[0], time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         metrics = launch.run(params, scratch_launch_paths(Path(tmp)), NullTracker())
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for name in ("iterations.parquet", "minibatches.parquet"):
+                shutil.copyfile(Path(tmp) / "launch" / name, keep / name)
     total = time.perf_counter() - start
     return {**metrics, "bench/total_s": total, "bench/load_start": load_start, "bench/load_end": os.getloadavg()[0]}
 

@@ -772,18 +772,19 @@ STAGE_TIMEOUTS_S: dict[str, float] = {
 class SimTrainingParams(_Params):
     """The Training Unit's times for the simulator when ``runtime.trainer.kind: grpo`` (the simulated trainer's are
     ``runtime.trainer.step_s`` / ``refresh_delay_s``). `asp simulate fit-training` fits them from a launch's
-    ``outputs/launch/iterations.parquet``; the defaults are its fit of the demo's GRPO launch."""
+    ``outputs/launch/iterations.parquet`` (at full speed where the trainer shares CPU cores with the actors:
+    ``simulate.trainer_threads``); the defaults are its fit of the demo's GRPO launch on the idle 2-core machine."""
 
-    step_base_s: Float = Field(0.604, ge=0, description="Seconds per trainer step, fixed part.")
-    step_per_token_s: Float = Field(8.4e-06, ge=0, description="Seconds per generated token in the global batch.")
-    save_s: Float = Field(0.0044, ge=0, description="T_save: snapshot export per step.")
+    step_base_s: Float = Field(0.0, ge=0, description="Seconds per trainer step, fixed part.")
+    step_per_token_s: Float = Field(6.548e-05, ge=0, description="Seconds per generated token in the global batch.")
+    save_s: Float = Field(0.0056, ge=0, description="T_save: snapshot export per step.")
     convert_s: Float = Field(0.0, ge=0, description="T_convert: snapshot conversion per step.")
-    load_s: Float = Field(0.003, ge=0, description="T_load: reload per actor, before its next minibatch.")
+    load_s: Float = Field(0.0038, ge=0, description="T_load: reload per actor, before its next minibatch.")
     step_per_sample_s: Float = Field(
-        0.0,
+        0.004015,
         ge=0,
-        description="Seconds per sequence (prompt x sample) in the global batch; fitted only from launches of "
-        "different batch sizes (0: the batch size acts through its tokens).",
+        description="Seconds per sequence (prompt x sample) in the global batch; fitted freely from launches of "
+        "different batch sizes, else the per-token cost x the profile's mean prompt tokens.",
     )
     measured_on: Literal["cpu", "cuda"] = Field(
         "cpu",
@@ -841,11 +842,18 @@ class SimulateParams(_Params):
     )
     folds: Int = Field(5, ge=2, description="Cross-validation folds of the time-model fit (held-out R², MdAPE).")
     sharing_factor: Float = Field(
-        1.0,
+        1.189,
         gt=0,
-        description="Generation time in a launch = the profile-fitted time (one engine alone) x this factor (engines "
-        "and trainer sharing the cores); `asp simulate fit-training` fits it from a launch's minibatches. Not used "
-        "with a preset time model.",
+        description="Generation time at full speed = the profile-fitted time (one engine alone) x this factor (what "
+        "processor sharing on simulate.cores leaves out); `asp simulate fit-training` fits it from a launch's calls "
+        "and steps (the default: the demo's launch on the idle 2-core machine). Not used with a preset time model.",
+    )
+    trainer_threads: Float = Field(
+        0.875,
+        ge=0,
+        description="The GRPO trainer's demand on simulate.cores while it trains: it shares the cores with the "
+        "decoding actors by processor sharing (asp.sim.sharing); 0: its own device. `asp simulate fit-training` "
+        "fits it (with sharing_factor and simulate.training at full speed) from a launch's calls and steps.",
     )
     iterations: Int | None = Field(None, ge=1, description="Trainer steps simulated; null: runtime.iterations.")
     time_model: str = Field(

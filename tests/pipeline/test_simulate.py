@@ -355,7 +355,8 @@ def test_cli_says_when_there_is_no_launch_to_check_against(project: Path) -> Non
 
 def test_fit_training_cli_fits_batch_size_and_sharing_from_two_launches(project: Path) -> None:
     """Two launches of 16 and 32 prompts x 4 samples (per step 0.3 s + 1e-3 s per sequence + 1e-4 s per token) and
-    generation calls that ran at twice the profile's law: the overlay holds all three trainer costs and a factor ~2."""
+    generation calls that ran at twice the profile's law, never during a trainer step: the overlay holds all three
+    trainer costs, a generation factor ~2 and no trainer demand (nothing tells it apart from 0)."""
     import yaml
 
     from tests.sim.test_timemodel import _launch
@@ -364,7 +365,9 @@ def test_fit_training_cli_fits_batch_size_and_sharing_from_two_launches(project:
     for name, prompts in (("a", 16), ("b", 32)):
         d = project / "launches" / name
         d.mkdir(parents=True, exist_ok=True)
-        _launch(prompts, N_SAMPLES, seed=prompts).to_parquet(d / "iterations.parquet")
+        steps = _launch(prompts, N_SAMPLES, seed=prompts)  # 40 steps, each ending 10 s after the last
+        steps["runtime/iteration_time_s"], steps["runtime/train_step_s"] = 10.0, 1.5
+        steps.to_parquet(d / "iterations.parquet")
         mx = rng.integers(20, CAP, 30)
         pd.DataFrame(
             {
@@ -374,7 +377,7 @@ def test_fit_training_cli_fits_batch_size_and_sharing_from_two_launches(project:
                 "tokens": mx * 16 * N_SAMPLES // 2,
                 "max_length": mx,
                 "split_responses": 0,
-                "gen_start_s": np.arange(30) * 10.0,
+                "gen_start_s": np.arange(30) * 10.0 + 1.0,  # between the steps (each 1.5 s before a 10 s mark)
             }
         ).to_parquet(d / "minibatches.parquet")
     files = [str(project / "launches" / n / "iterations.parquet") for n in ("a", "b")]
@@ -383,8 +386,8 @@ def test_fit_training_cli_fits_batch_size_and_sharing_from_two_launches(project:
     sim = yaml.safe_load(res.stdout)["simulate"]
     assert sim["training"]["step_per_sample_s"] == pytest.approx(1e-3, rel=0.02)
     assert sim["training"]["step_base_s"] == pytest.approx(0.3, abs=0.01)
-    assert sim["sharing_factor"] == pytest.approx(2.0, rel=0.05)
-    assert "samples_varied=1" in res.stdout and "minibatches_alone=60" in res.stdout
+    assert sim["sharing_factor"] == pytest.approx(2.0, rel=0.05) and sim["trainer_threads"] == 0.0
+    assert "calls=60" in res.stdout and "steps=80" in res.stdout
 
 
 def test_a_preset_is_never_checked_against_this_machine_s_launch(project: Path) -> None:

@@ -245,6 +245,25 @@ def test_two_actors_share_one_core():
         assert column(full, "gen_s") == [10.0] * 4 and column(full, "arrival_s") == [10.0, 10.0, 20.0, 20.0]
 
 
+def test_the_trainer_shares_the_core_with_the_actor():
+    # One actor and the trainer (1 thread each, Resources.trainer_threads) on 1 core; G = 10 s, T = 4 s of
+    # full-speed work; global batch = one minibatch. While both run, each goes at half speed.
+    #   mb0 0-10 alone. At 10 step 1 and mb1 start together: the step's 4 s take 8 (10-18); by 18 mb1 has done
+    #   4 s of its 10 and finishes the other 6 alone at 24.                          iterations: 18
+    #   At 24 step 2 and mb2 start together: step 24-32, mb2 24-38.                              32 - 18 = 14
+    #   At 38 step 3 and mb3: step 38-46, mb3 38-52. At 52 step 4 runs alone: 52-56.        14, then 56 - 46 = 10
+    plan = make_plan(4, 2, k=1)
+    r = simulate(plan, make_workload(plan), FixedGen(10.0), FixedTrain(4.0), one_actor(), Resources(1, 1, 0, 1.0))
+    assert [it["runtime/iteration_time_s"] for it in r.iterations] == [18.0, 14.0, 14.0, 10.0]
+    assert [it["runtime/train_step_s"] for it in r.iterations] == [8.0, 8.0, 8.0, 4.0]
+    assert column(r, "gen_start_s") == [0.0, 10.0, 24.0, 38.0]
+    assert column(r, "gen_s") == [10.0, 14.0, 14.0, 14.0]
+    # on 2 cores the demand (2 threads) fits: nothing slows down, as with the trainer on its own device
+    for res in (Resources(cores=2, trainer_threads=1.0), Resources(cores=1)):
+        alone = simulate(plan, make_workload(plan), FixedGen(10.0), FixedTrain(4.0), one_actor(), res)
+        assert [it["runtime/iteration_time_s"] for it in alone.iterations] == [14.0, 10.0, 10.0, 10.0]
+
+
 def test_unequal_jobs_share_one_core():
     # Two minibatches on one core: mb0 needs 10 s of work (40 tokens x 0.25 s), mb1 20 s (80 tokens).
     #   both at half speed until mb0 is done at 20 (mb1 has done 10 of its 20 s); then mb1 alone at full
@@ -435,5 +454,8 @@ def test_bad_workload_and_resources_raise():
     for cores in (0, -1.0):
         with pytest.raises(ValueError, match="cores must be > 0"):
             Resources(cores=cores)
+    for threads in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="trainer_threads must be finite and >= 0"):
+            Resources(cores=2, trainer_threads=threads)
     with pytest.raises(ValueError, match="threads_per_actor"):
         Resources(threads_per_actor=0)

@@ -19,10 +19,7 @@ from asp.sim.timemodel import (
     GenerationTimeModel,
     TrainingTimeModel,
     fit_generation_model,
-    fit_sharing_factor,
     fit_training_model,
-    overlap_fractions,
-    shared,
 )
 
 REAL_TIMINGS = Path(__file__).resolve().parents[2] / "metrics" / "profile_timings.csv"
@@ -247,6 +244,18 @@ def _launch(prompts: int, n: int, seed: int, steps: int = 40) -> pd.DataFrame:
     )
 
 
+def test_one_batch_size_prices_a_prompt_token_as_a_response_token():
+    # one launch (16 prompts x 8): 0.3 + 0.128 + 1e-4 x tokens per step; tied, tokens' cost also covers 10 prompt
+    # tokens per sequence, so per-sequence = per-token x 10 and the fit is exact at the launch's own batch size
+    fitted, report = fit_training_model([_launch(16, 8, 0)], n_samples=8, prompt_tokens_per_sample=10.0)
+    assert report["samples_varied"] == 0
+    assert fitted.step_per_sample_s == pytest.approx(10 * fitted.step_per_token_s)
+    for tokens in (16 * 8 * 20, 16 * 8 * 60):
+        assert fitted.step_seconds(tokens, 128) == pytest.approx(0.428 + 1e-4 * tokens, rel=0.02)
+    untied, _ = fit_training_model([_launch(16, 8, 0)], n_samples=8)
+    assert untied.step_per_sample_s == 0.0
+
+
 def test_fit_training_on_two_batch_sizes_recovers_the_per_sample_term():
     fitted, report = fit_training_model([_launch(16, 8, 0), _launch(32, 8, 1)], n_samples=8)
     assert report["samples_varied"] == 1 and report["launches"] == 2 and report["steps"] == 80
@@ -263,33 +272,3 @@ def test_fit_training_on_one_batch_size_leaves_the_per_sample_term_at_zero():
     assert fitted.step_base_s == pytest.approx(0.3 + 1e-3 * 128, abs=1e-3)  # the per-sample cost sits in the base
     with pytest.raises(ValueError, match="one n_samples per table"):
         fit_training_model([_launch(16, 8, 0)], n_samples=[8, 8])
-
-
-def test_sharing_factor_hand_worked():
-    gen = GenerationTimeModel("static", (0.1, 0.01, 0.0, 0.0, 0.0), FEATURES["static"])
-    # predicted: 0.1 + 0.01 * max_length = 0.6 s (50 steps) and 1.1 s (100 steps); measured 2x and 1.5x that
-    frame = pd.DataFrame(
-        {
-            "gen_s": [1.2, 1.65, 1.2, 9.9],
-            "prompts": [16, 16, 16, 16],
-            "responses": [128, 128, 128, 128],
-            "tokens": [3000, 6000, 3000, 6000],
-            "max_length": [50, 100, 50, 100],
-            "split_responses": [0, 0, 0, 4],  # a continuation call: left out
-        }
-    )
-    factor, report = fit_sharing_factor(frame, gen, 30.0)
-    # least squares through 0: (1.2*0.6 + 1.65*1.1 + 1.2*0.6) / (0.36 + 1.21 + 0.36) = 3.255 / 1.93
-    assert factor == pytest.approx(3.255 / 1.93)
-    assert report["minibatches"] == 3 and report["ratio_median"] == pytest.approx(2.0)
-    assert shared(gen, 2.0).seconds(16, 8, 50, 3000, 480) == pytest.approx(1.2)
-    with pytest.raises(ValueError, match="at least 3"):
-        fit_sharing_factor(frame.head(2), gen, 30.0)
-    with pytest.raises(ValueError, match="lacks columns \\['max_length'\\]"):
-        fit_sharing_factor(frame.drop(columns="max_length"), gen, 30.0)
-
-
-def test_overlap_fractions_hand_worked():
-    # call 0: [0, 2); call 1: [1, 3) overlaps it for 1 s; call 2: [5, 6) alone
-    got = overlap_fractions(np.array([0.0, 1.0, 5.0]), np.array([2.0, 2.0, 1.0]))
-    assert got.tolist() == [0.5, 0.5, 0.0]

@@ -25,6 +25,7 @@ from asp.errors import UserError
 
 if TYPE_CHECKING:
     from asp.config import Params
+    from asp.sim.timemodel import TrainingTimeModel
 
 app = typer.Typer(
     help="Simulate the launch run, async or sync (runtime.mode), with asp.sim from the pipeline's outputs.",
@@ -178,12 +179,14 @@ def fit_training(
         typer.Option(help="samples per prompt of each launch, comma-separated (default runtime.sampling.n_samples)"),
     ] = None,
 ) -> None:
-    """Fit the Training Unit's times (and the CPU-sharing factor of the generation calls) from launches and print
-    them as a `simulate` params overlay.
+    """Fit the Training Unit's times and the CPU sharing of the launches (generation sharing factor, the
+    trainer's thread demand) and print them as a `simulate` params overlay.
 
-    Several launches of different global batch sizes fit the trainer's per-sequence cost too; one launch fits the
-    base and per-token costs. The sharing factor compares each launch's minibatches.parquet (beside its
-    iterations.parquet) with the generation-time model fitted on metrics/profile_timings.csv."""
+    With each launch's minibatches.parquet (beside its iterations.parquet) and the profile's timings, the sharing
+    is fitted from the launches' own calls and steps (`asp.sim.sharing.fit_cpu_sharing`) and the training times
+    are the trainer's at full speed; otherwise the training times are fitted as measured. Several launches of
+    different global batch sizes fit the trainer's per-sequence cost too; one launch fits the base and per-token
+    costs."""
     import pandas as pd
     import yaml
 
@@ -200,42 +203,54 @@ def fit_training(
             counts = [int(v) for v in n_samples.split(",")]
         except ValueError:
             raise UserError(f"--n-samples {n_samples!r}: expected comma-separated integers, e.g. 8,8.") from None
+    frames = [pd.read_parquet(f) for f in files]
+    overlay: dict[str, Any] = {}
+    fitted = _cpu_sharing(p, files, frames, counts)
     try:
-        model, report = fit_training_model([pd.read_parquet(f) for f in files], n_samples=counts)
+        model, report = fitted if fitted is not None else fit_training_model(frames, n_samples=counts)
     except ValueError as exc:
         raise UserError(f"{', '.join(map(str, files))}: {exc}") from None
+    if fitted is not None:
+        overlay["sharing_factor"] = round(report["generation_factor"], 4)
+        overlay["trainer_threads"] = report["trainer_threads"]
     device = p.runtime.grpo.device
-    training = {**model.to_dict(), "measured_on": "cuda" if device.startswith("cuda") else "cpu"}
+    overlay["training"] = {**model.to_dict(), "measured_on": "cuda" if device.startswith("cuda") else "cpu"}
     typer.echo(f"# from {', '.join(map(str, files))}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
-    overlay: dict[str, Any] = {"training": training}
-    factor = _sharing_factor(p, [f.with_name("minibatches.parquet") for f in files])
-    if factor is not None:
-        overlay["sharing_factor"] = round(factor, 4)
     typer.echo(yaml.safe_dump({"simulate": overlay}, sort_keys=False).rstrip())
 
 
-def _sharing_factor(p: Params, minibatch_files: list[Path]) -> float | None:
-    """The CPU-sharing factor of the launches' generation calls against the profile fit (printed with its spread),
-    or None (saying why) when there are no minibatch tables or no profile timings."""
+def _cpu_sharing(
+    p: Params, files: list[Path], frames: list[Any], counts: list[int]
+) -> tuple[TrainingTimeModel, dict[str, float]] | None:
+    """(full-speed training model, report) of `asp.sim.sharing.fit_cpu_sharing` on the launches, or None (saying
+    why) without shared cores, minibatch tables or timed profile."""
     import pandas as pd
 
     from asp.pipeline import simulate as stage
-    from asp.sim.timemodel import fit_generation_model, fit_sharing_factor
+    from asp.sim.sharing import fit_cpu_sharing
+    from asp.sim.timemodel import fit_generation_model
 
     paths = stage.Paths()
-    present = [f for f in minibatch_files if f.is_file()]
-    if not present or not paths.timings.is_file() or stage.untimed(paths):
-        typer.echo(f"# no sharing factor: needs {paths.timings} (timed) and the launches' minibatches.parquet")
+    tables = [f.with_name("minibatches.parquet") for f in files]
+    if p.simulate.cores is None:
+        typer.echo("# no CPU sharing fitted: simulate.cores is null (a device per actor)")
+        return None
+    if not all(t.is_file() for t in tables) or not paths.timings.is_file() or stage.untimed(paths):
+        typer.echo(f"# no CPU sharing fitted: needs {paths.timings} (timed) and each launch's minibatches.parquet")
         return None
     timings = pd.read_csv(paths.timings)
     try:
         gen, _ = fit_generation_model(timings, stage.generation_form(p), folds=p.simulate.folds, seed=p.common.seed)
         prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
-        factor, report = fit_sharing_factor([pd.read_parquet(f) for f in present], gen, prompt_tokens)
+        _, model, report = fit_cpu_sharing(
+            [pd.read_parquet(t) for t in tables],
+            frames,
+            gen,
+            prompt_tokens,
+            cores=p.simulate.cores,
+            threads_per_actor=stage.resources(p).threads_per_actor,
+            n_samples=counts,
+        )
     except ValueError as exc:
-        raise UserError(f"{', '.join(map(str, present))}: {exc}") from None
-    typer.echo(
-        f"# sharing factor from {', '.join(map(str, present))}: "
-        + ", ".join(f"{k}={v:.4g}" for k, v in report.items())
-    )
-    return factor
+        raise UserError(f"{', '.join(map(str, tables))}: {exc}") from None
+    return model, report

@@ -12,8 +12,10 @@ core (`asp.control`):
   with the nearest calibrated length, rescaled;
 * training time: ``runtime.trainer.step_s`` / ``refresh_delay_s`` for the simulated trainer, the
   ``simulate.training`` params for GRPO (`asp simulate fit-training` fits them from a launch);
-* CPU sharing: the generation times are the profile fit (one engine alone) x ``simulate.sharing_factor``
-  (`asp simulate fit-training` fits it from a launch's own generation calls; 1 by default).
+* CPU sharing: the actors share ``simulate.cores`` by processor sharing, and so does the GRPO trainer's step
+  where ``simulate.trainer_threads`` > 0 (`asp.sim.sharing`); the generation times are the profile fit (one
+  engine alone) x ``simulate.sharing_factor``. `asp simulate fit-training` fits all three terms from a launch's
+  own calls and steps (defaults: 1 and 0, no trainer among the sharers).
 C4 is the schedule stage's own schedule (checked against the predictions); C0-C3 are rebuilt as `launch` does.
 
 Writes metrics/simulate.json (``simulate/<condition>/...`` and the fits), outputs/simulate/ (models.json,
@@ -232,9 +234,13 @@ def time_model_preset(params: Params) -> TimeModelPreset | None:
 
 
 def resources(params: Params) -> Resources:
-    """Shared CPU cores as `simulate.cores` says; a device per actor (no sharing) under a GPU/NPU preset."""
+    """Shared CPU cores as `simulate.cores` says, the GRPO trainer among the sharers per
+    `simulate.trainer_threads` (the simulated trainer computes nothing: never); a device per actor (no sharing)
+    under a GPU/NPU preset."""
     cores = None if time_model_preset(params) is not None else params.simulate.cores
-    return Resources(cores=cores, threads_per_actor=params.runtime.engine.num_threads or 1)
+    grpo = params.runtime.trainer.kind == "grpo"
+    trainer = params.simulate.trainer_threads if grpo and cores is not None else None
+    return Resources(cores=cores, threads_per_actor=params.runtime.engine.num_threads or 1, trainer_threads=trainer)
 
 
 def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibration: Any) -> dict[str, Any]:

@@ -12,7 +12,10 @@ simulator adds is what Ray and the engines do in a real run:
   actors share CPU cores (`Resources.cores`, the CPU demo) they progress by processor sharing: with A actors
   decoding on C cores each runs at min(1, C / (A * threads)) of full speed;
 * a trainer step takes `TrainingTimeModel.step_seconds(tokens, sequences) + publish_seconds()`; its snapshot is
-  announced to every GU when it ends (in sync mode the next round starts then, and every actor reloads first);
+  announced to every GU when it ends (in sync mode the next round starts then, and every actor reloads first).
+  Where the trainer shares the actors' cores (``Resources.trainer_threads`` > 0, `asp.sim.sharing`) a step is one
+  more sharer: demand = threads of the decoding actors + the trainer's while it trains, everyone at
+  min(1, C / demand) of full speed;
 * the Control Unit's loop runs after every event and at least every ``poll_timeout_s`` (as `ray.wait` does).
 With partial rollouts (``settings.partial``) a minibatch decodes at most the token budget per response (the call's
 time from the capped lengths) and a continuation item decodes its rows' next segments as R prompts of one sample
@@ -111,6 +114,7 @@ class _Sim:
         self.events = 0
         self.inflight: tuple[float, float] | None = None  # (duration, start) of the step being trained
         self.decoding: dict[int, _Job] = {}  # processor sharing: actor -> job
+        self.train_left: float | None = None  # processor sharing: full-speed seconds left of the step in flight
         self.ps_epoch = 0
         self.ps_last = 0.0
         self.train_busy = 0.0
@@ -222,26 +226,40 @@ class _Sim:
 
     # ---- processor sharing on shared cores -------------------------------------------------------------
     def ps_rate(self) -> float:
-        demand, cores = len(self.decoding) * self.res.threads_per_actor, self.res.cores
+        demand = float(len(self.decoding) * self.res.threads_per_actor)
+        if self.train_left is not None:
+            demand += self.res.trainer_threads or 0.0
+        cores = self.res.cores
         return min(1.0, cores / demand) if demand and cores is not None else 1.0
 
     def ps_advance(self) -> None:
         rate, dt = self.ps_rate(), self.now - self.ps_last
         for job in self.decoding.values():
             job.remaining -= dt * rate
+        if self.train_left is not None:
+            self.train_left -= dt * rate
         self.ps_last = self.now
 
     def ps_schedule(self) -> None:
+        """Plan the next completion among the sharers (decoding actors, and the trainer's step when it shares)."""
         self.ps_epoch += 1
-        if self.decoding:
-            job = min(self.decoding.values(), key=lambda j: (j.remaining, j.actor.index))
-            self.push(self.now + max(job.remaining, 0.0) / self.ps_rate(), "ps_done", (self.ps_epoch, job))
+        rate = self.ps_rate()
+        job = min(self.decoding.values(), key=lambda j: (j.remaining, j.actor.index), default=None)
+        if self.train_left is not None and (job is None or self.train_left < job.remaining):
+            self.push(self.now + max(self.train_left, 0.0) / rate, "ps_done", (self.ps_epoch, None))
+        elif job is not None:
+            self.push(self.now + max(job.remaining, 0.0) / rate, "ps_done", (self.ps_epoch, job))
 
-    def on_ps_done(self, payload: tuple[int, _Job]) -> None:
+    def on_ps_done(self, payload: tuple[int, _Job | None]) -> None:
         epoch, job = payload
         if epoch != self.ps_epoch:
-            return  # the set of decoding actors changed since this completion was planned
+            return  # the set of sharers changed since this completion was planned
         self.ps_advance()
+        if job is None:  # the trainer's step
+            self.train_left = None
+            self.ps_schedule()
+            self.on_step(None)
+            return
         del self.decoding[job.actor.index]
         self.ps_schedule()
         self.on_done(job)
@@ -269,11 +287,19 @@ class _Sim:
         tokens, samples = int(batch.lengths.sum()), int(batch.lengths.size)  # lengths: one per sample
         duration = self.train.step_seconds(tokens, samples) + self.train.publish_seconds()
         self.inflight = (duration, self.now)
+        if self.res.trainer_shares:
+            self.ps_advance()
+            self.train_left = duration
+            self.ps_schedule()
+            return
         self.push(self.now + duration, "step", None)
 
     def on_step(self, _: None) -> None:
         assert self.inflight is not None  # a "step" event is pushed only with a step in flight
-        duration, _start = self.inflight
+        full_speed, start = self.inflight
+        duration = (
+            self.now - start if self.res.trainer_shares else full_speed
+        )  # longer where the step shared the cores
         self.inflight = None
         self.train_busy += duration
         step = self.core.step + 1

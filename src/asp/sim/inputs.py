@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,17 +54,29 @@ class Resources:
         cores: CPU cores the generation actors share (processor sharing); None = one device each (GPUs).
         threads_per_actor: threads each actor decodes with (its demand on the shared cores).
         report_latency_s: seconds from an actor finishing to the Control Unit ingesting the minibatch.
+        trainer_threads: the trainer's demand on the same `cores` while a step runs (`asp.sim.sharing`); None or
+            0: the trainer has its own device and its steps take their modelled time whatever the actors do.
     """
 
     cores: float | None = None
     threads_per_actor: int = 1
     report_latency_s: float = 0.0
+    trainer_threads: float | None = None
+
+    @property
+    def trainer_shares(self) -> bool:
+        """Whether a trainer step is one of the sharers of `cores` (shared cores and a positive demand)."""
+        return self.cores is not None and bool(self.trainer_threads)
 
     def __post_init__(self) -> None:
         if self.cores is not None and not self.cores > 0:
             raise ValueError(f"resources.cores must be > 0 or None, got {self.cores}")
         if self.threads_per_actor < 1 or not self.report_latency_s >= 0:
             raise ValueError("resources.threads_per_actor must be >= 1 and report_latency_s >= 0")
+        if self.trainer_threads is not None and not (
+            self.trainer_threads >= 0 and math.isfinite(self.trainer_threads)
+        ):
+            raise ValueError(f"resources.trainer_threads must be finite and >= 0, got {self.trainer_threads}")
 
 
 @dataclass(slots=True)

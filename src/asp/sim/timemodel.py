@@ -32,9 +32,8 @@ T_convert once per exported snapshot on the trainer, T_load per actor before its
 `fit_training_model` fits it on one or more GRPO launches' ``outputs/launch/iterations.parquet``; the per-sample
 term is fitted only when the launches differ in batch size (one batch size cannot tell it from the base).
 
-`fit_sharing_factor` measures how much slower a launch's generation calls ran than the profile-fitted model
-predicts for the same minibatches (``outputs/launch/minibatches.parquet``): the profile times one engine alone,
-the launch shares the cores among its engines and the trainer.
+How a launch's engines and trainer share CPU cores, and the full-speed training times under it, are fitted by
+`asp.sim.sharing.fit_cpu_sharing` (`shared` applies its generation factor to a model fitted here).
 
 Run the tests with ``.venv/bin/python -m pytest tests/sim/test_timemodel.py -q``.
 """
@@ -322,9 +321,12 @@ def _recent_median(values: pd.Series) -> float:
     return float(np.median(v)) if v.size else 0.0
 
 
-def _training_columns(frame: pd.DataFrame, n_samples: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+def _training_columns(
+    frame: pd.DataFrame, n_samples: int, window: int, rate: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(y, x) of one launch: the reported trailing mean of the step time and the same trailing means of
-    [1, sequences, response tokens]; ValueError naming a bad column or row."""
+    [1, sequences, response tokens]; with `rate` (each step's mean CPU-sharing rate, `asp.sim.sharing`) y is the
+    full-speed time, the reported mean x the same trailing mean of the rate. ValueError naming a bad column or row."""
     needed = [TRAIN_TIME_COL, TRAIN_TOKENS_COL, TRAIN_PROMPTS_COL, *REFRESH_COLS.values()]
     missing = [c for c in needed if c not in frame.columns]
     if missing:
@@ -337,6 +339,10 @@ def _training_columns(frame: pd.DataFrame, n_samples: int, window: int) -> tuple
         if bad.size:
             raise ValueError(f"column {name!r} must hold finite values >= 0; row {int(bad[0])} is {float(v[bad[0]])}")
     trail = [pd.Series(v).rolling(window, min_periods=1).mean().to_numpy() for v in (samples, tokens)]
+    if rate is not None:
+        if len(rate) != len(y):
+            raise ValueError(f"need one sharing rate per step: {len(y)} steps, {len(rate)} rates")
+        y = y * pd.Series(np.asarray(rate, np.float64)).rolling(window, min_periods=1).mean().to_numpy()
     return y, np.column_stack([np.ones_like(y), *trail])
 
 
@@ -345,6 +351,8 @@ def fit_training_model(
     *,
     n_samples: int | Sequence[int],
     window: int = T_TRAIN_WINDOW,
+    rates: Sequence[np.ndarray] | None = None,
+    prompt_tokens_per_sample: float | None = None,
 ) -> tuple[TrainingTimeModel, dict[str, float]]:
     """Fit a `TrainingTimeModel` on GRPO launches' per-iteration tables (``outputs/launch/iterations.parquet``).
 
@@ -353,16 +361,23 @@ def fit_training_model(
     the mean of its last `window` steps, so it is regressed on the same trailing means of the features; a linear
     model commutes with that mean, so the coefficients are those of a single step. Features: 1, the step's
     sequences (``train/prompts`` x the launch's `n_samples`) and ``train/response_tokens`` (the response tokens
-    the step's loss covered, i.e. the generated tokens of the trained global batch). Sequences are fitted only
-    when they vary (several launches with different batch sizes); otherwise ``step_per_sample_s`` is 0 and the
-    batch size enters through its tokens alone (``samples_varied`` 0 in the report). A resumed run restarts the
-    trainer's window, which this ignores. Refresh costs: medians over steps of the positive ``train/t_save_s``,
-    ``train/t_convert_s``, ``train/t_load_s`` (themselves recent means; 0 before the first event).
+    the step's loss covered, i.e. the generated tokens of the trained global batch). Sequences are fitted freely
+    only when they vary (several launches with different batch sizes); otherwise ``step_per_sample_s`` is the
+    per-token cost x `prompt_tokens_per_sample` (or 0 without it), ``samples_varied`` 0 in the report. A resumed
+    run restarts the trainer's window, which this ignores. Refresh costs: medians over steps of the positive
+    ``train/t_save_s``, ``train/t_convert_s``, ``train/t_load_s`` (themselves recent means; 0 before the first
+    event).
 
     Args:
         iterations: one table per launch, one row per trainer step (sorted by ``step`` when present).
         n_samples: samples per prompt of each launch (one value for all, or one per table).
         window: steps in the trainer's trailing mean of ``train/t_train_s``.
+        rates: per table, each step's mean CPU-sharing rate in step order (`asp.sim.sharing.mean_rates`): the
+            model is then the full-speed one (the step times x their rates); None: the times as measured.
+        prompt_tokens_per_sample: the prompt tokens of one sequence (the profile's mean). Where the batch size
+            does not vary, the per-sequence cost is then the per-token cost x this (the trainer's forward and
+            backward cover prompt and response tokens alike), fitted on response + prompt tokens, so a launch of
+            one batch size extrapolates to another; None: the per-sequence cost is 0 there.
 
     Returns:
         (model, report) with ``r2_in_sample`` (of the trailing means; there is no held-out score here),
@@ -377,18 +392,27 @@ def fit_training_model(
         raise ValueError(f"need one or more tables and one n_samples per table, got {len(frames)} and {len(counts)}")
     if window < 1 or min(counts) < 1:
         raise ValueError(f"window and n_samples must be >= 1, got window {window}, n_samples {counts}")
+    if rates is not None and len(rates) != len(frames):
+        raise ValueError(f"need one array of sharing rates per table, got {len(rates)} for {len(frames)} tables")
     ys, xs, sorted_frames = [], [], []
     for i, frame in enumerate(frames):
         frame = frame.sort_values("step") if "step" in frame.columns else frame
         if len(frame) < 3:
             raise ValueError(f"need at least 3 trainer steps per launch, table {i} has {len(frame)}")
-        y, x = _training_columns(frame, counts[i], window)
+        y, x = _training_columns(frame, counts[i], window, None if rates is None else rates[i])
         ys.append(y)
         xs.append(x)
         sorted_frames.append(frame)
     y, x = np.concatenate(ys), np.vstack(xs)
     varied = bool(np.ptp(x[:, 1]) > 0)
-    coef = nnls_fit(x, y) if varied else np.insert(nnls_fit(x[:, [0, 2]], y), 1, 0.0)
+    if varied:
+        coef = nnls_fit(x, y)
+    elif prompt_tokens_per_sample is not None:  # a prompt token costs what a response token costs
+        ptps = _check_nonneg("prompt_tokens_per_sample", prompt_tokens_per_sample)
+        base, per_token = nnls_fit(np.column_stack([x[:, 0], x[:, 2] + ptps * x[:, 1]]), y)
+        coef = np.array([base, per_token * ptps, per_token])
+    else:
+        coef = np.insert(nnls_fit(x[:, [0, 2]], y), 1, 0.0)
     both = pd.concat(sorted_frames)
     refresh = {name: _recent_median(both[col]) for name, col in REFRESH_COLS.items()}
     model = TrainingTimeModel(
@@ -403,84 +427,6 @@ def fit_training_model(
     }
     report.update({k: float(v) for k, v in model.to_dict().items()})
     return model, report
-
-
-SHARING_COLUMNS = ("gen_s", "prompts", "responses", "tokens", "max_length")
-
-
-def fit_sharing_factor(
-    minibatches: pd.DataFrame | Sequence[pd.DataFrame], gen: GenerationTimeModel, prompt_tokens_per_prompt: float
-) -> tuple[float, dict[str, float]]:
-    """How much slower a launch's generation calls ran than `gen` (fitted on the profile, one engine alone)
-    predicts for the same minibatches: the least-squares factor f of ``gen_s ~ f * predicted`` (through 0).
-
-    Args:
-        minibatches: one or more launches' ``outputs/launch/minibatches.parquet`` (``gen_s``, ``prompts``,
-            ``responses``, ``tokens``, ``max_length``; calls that continued split responses, ``split_responses``
-            > 0, are left out: their prompt is longer than the profile's; with ``gen_start_s``, calls are also
-            split by how much another call of the same launch overlapped them).
-        gen: the profile-fitted generation-time model; prompt_tokens_per_prompt: the profile's mean.
-
-    Returns:
-        (factor, report) with ``factor``, ``ratio_median``, ``ratio_q25``, ``ratio_q75`` (of gen_s / predicted
-        per call), ``mdape_after`` (median |f * predicted - gen_s| / gen_s) and ``minibatches``.
-
-    Raises:
-        ValueError: a missing column, fewer than 3 usable calls, or non-positive / non-finite times.
-    """
-    tables = [minibatches] if isinstance(minibatches, pd.DataFrame) else list(minibatches)
-    parts = []
-    for i, table in enumerate(tables):
-        missing = [c for c in SHARING_COLUMNS if c not in table.columns]
-        if missing:
-            raise ValueError(f"minibatches table lacks columns {missing} (a launch's minibatches.parquet has them)")
-        if "gen_start_s" in table.columns:  # overlap within the launch, before any call is left out
-            start, secs = table["gen_start_s"].to_numpy(np.float64), table["gen_s"].to_numpy(np.float64)
-            table = table.assign(_overlap=overlap_fractions(start, secs))
-        parts.append(table.assign(_launch=i))
-    frame = pd.concat(parts, ignore_index=True)
-    if "split_responses" in frame.columns:
-        frame = frame[frame["split_responses"].fillna(0) == 0]
-    frame = frame[frame["prompts"] > 0]
-    if len(frame) < 3:
-        raise ValueError(f"need at least 3 generation calls without split responses, got {len(frame)}")
-    y = frame["gen_s"].to_numpy(np.float64)
-    if not np.all(np.isfinite(y) & (y > 0)):
-        row = int(np.flatnonzero(~(np.isfinite(y) & (y > 0)))[0])
-        raise ValueError(f"column 'gen_s' must hold finite times > 0; row {row} is {y[row]}")
-    prompts = frame["prompts"].to_numpy(np.float64)
-    pred = gen.seconds_many(
-        prompts,
-        frame["responses"].to_numpy(np.float64) / prompts,
-        frame["max_length"].to_numpy(np.float64),
-        frame["tokens"].to_numpy(np.float64),
-        prompts * _check_nonneg("prompt_tokens_per_prompt", prompt_tokens_per_prompt),
-    )
-    factor = float(np.sum(y * pred) / np.sum(pred**2))
-    ratio = y / pred
-    report = {
-        "factor": factor,
-        "ratio_median": float(np.median(ratio)),
-        "ratio_q25": float(np.quantile(ratio, 0.25)),
-        "ratio_q75": float(np.quantile(ratio, 0.75)),
-        "mdape_after": float(np.median(np.abs(factor * pred - y) / y)),
-        "minibatches": float(len(y)),
-    }
-    if "_overlap" in frame.columns and frame["_overlap"].notna().all():
-        overlap = frame["_overlap"].to_numpy(np.float64)
-        for name, mask in (("alone", overlap <= 0.25), ("overlapped", overlap >= 0.75)):
-            report[f"ratio_median_{name}"] = float(np.median(ratio[mask])) if mask.any() else float("nan")
-            report[f"minibatches_{name}"] = float(mask.sum())
-    return factor, report
-
-
-def overlap_fractions(start: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """Per call, the time other calls ran during it (summed over them) / its own duration: 0 alone, 1 when one
-    other engine decoded throughout (calls of one actor never overlap each other)."""
-    end = start + seconds
-    inter = np.clip(np.minimum(end[:, None], end[None, :]) - np.maximum(start[:, None], start[None, :]), 0, None)
-    np.fill_diagonal(inter, 0.0)
-    return inter.sum(axis=1) / np.maximum(seconds, FLOOR_S)
 
 
 def shared(gen: GenerationTimeModel, factor: float) -> GenerationTimeModel:

@@ -1,0 +1,268 @@
+"""CPU sharing among generation engines and the trainer, measured from a launch's own records (pure, no I/O).
+
+On a CPU machine (the demo: 2 cores) the generation actors and the GRPO trainer run on the same cores. The
+simulator models that as processor sharing by thread demand: at any moment the demand is ``threads_per_actor``
+per decoding actor plus ``trainer_threads`` while a trainer step runs, and every one of them progresses at
+``min(1, cores / demand)`` of its full speed. Full speed is what the pipeline measured alone: the profile's
+generation-time fit (one engine timed alone) and the training-time model. One residual factor, ``generation_factor``,
+scales generation beyond that (what processor sharing leaves out: memory bandwidth, Ray's own processes).
+
+`fit_cpu_sharing` finds ``trainer_threads`` and ``generation_factor`` from one or more launches: every generation
+call's interval (``minibatches.parquet``: ``gen_start_s``, ``gen_s``) and every trainer step's interval
+(``iterations.parquet``: a step ends at the running sum of ``runtime/iteration_time_s`` and lasts
+``runtime/train_step_s``) give, for a candidate ``trainer_threads``, the mean sharing rate each call and step
+ran at. A call's full-speed work is then ``gen_s x rate``: the factor is the least-squares ratio of that work to
+the profile fit's prediction, and the trainer's full-speed step times (``train/t_train_s x rate``) are what
+`asp.sim.timemodel.fit_training_model` fits. The ``trainer_threads`` kept is the one whose model, run back through
+the measured contention, predicts the calls' and steps' times best (median absolute percentage error, summed).
+
+    from asp.sim.sharing import fit_cpu_sharing
+    sharing, report = fit_cpu_sharing([minibatches], [iterations], gen, prompt_tokens, cores=2.0, ...)
+
+Tests: tests/sim/test_sharing.py (hand-worked intervals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from asp.sim.timemodel import FLOOR_S, GenerationTimeModel, TrainingTimeModel
+
+CALL_COLUMNS = ("gen_start_s", "gen_s", "prompts", "responses", "tokens", "max_length")
+STEP_COLUMNS = ("runtime/iteration_time_s", "runtime/train_step_s")
+TRAINER_THREADS_GRID = tuple(np.round(np.arange(0.0, 3.01, 0.125), 3))  # candidates of fit_cpu_sharing
+
+
+@dataclass(frozen=True)
+class CpuSharing:
+    """How the launch's processes share the cores (see the module docstring).
+
+    Attributes:
+        trainer_threads: the trainer's demand on the shared cores while a step runs (0: it has its own device).
+        generation_factor: generation time at full speed = the profile fit x this.
+    """
+
+    trainer_threads: float
+    generation_factor: float
+
+
+def sharing_rate(demand: np.ndarray, cores: float) -> np.ndarray:
+    """Processor-sharing rate of every runnable process at total thread `demand` on `cores`: min(1, cores/demand)
+    (1 where nothing runs)."""
+    d = np.asarray(demand, np.float64)
+    return np.where(d > cores, cores / np.maximum(d, FLOOR_S), 1.0)
+
+
+def mean_rates(
+    calls: np.ndarray,
+    steps: np.ndarray,
+    *,
+    cores: float,
+    threads_per_actor: float,
+    trainer_threads: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean processor-sharing rate over each generation call's and each trainer step's own interval.
+
+    Args:
+        calls: [m, 2] (start, end) of every generation call; steps: [k, 2] (start, end) of every trainer step.
+        cores, threads_per_actor, trainer_threads: the sharing model (demand per decoding call / running step).
+
+    Returns:
+        (rates of the calls [m], rates of the steps [k]), each in (0, 1]; an interval of zero length gets the
+        rate at its start.
+    """
+    calls, steps = np.asarray(calls, np.float64).reshape(-1, 2), np.asarray(steps, np.float64).reshape(-1, 2)
+    cuts = np.unique(np.concatenate([calls.ravel(), steps.ravel()]))
+    if cuts.size < 2:
+        return np.ones(len(calls)), np.ones(len(steps))
+    lo, hi = cuts[:-1], cuts[1:]
+    mid = (lo + hi) / 2
+    decoding = ((calls[:, :1] <= mid) & (mid < calls[:, 1:])).sum(axis=0)
+    training = ((steps[:, :1] <= mid) & (mid < steps[:, 1:])).sum(axis=0)
+    rate = sharing_rate(threads_per_actor * decoding + trainer_threads * training, cores)
+
+    def over(intervals: np.ndarray) -> np.ndarray:
+        if not len(intervals):
+            return np.zeros(0)
+        cover = np.clip(np.minimum(intervals[:, 1:], hi) - np.maximum(intervals[:, :1], lo), 0.0, None)
+        length = cover.sum(axis=1)
+        at_start = rate[np.clip(np.searchsorted(lo, intervals[:, 0], side="right") - 1, 0, len(rate) - 1)]
+        return np.where(length > 0, (cover * rate).sum(axis=1) / np.maximum(length, FLOOR_S), at_start)
+
+    return over(calls), over(steps)
+
+
+def launch_intervals(minibatches: pd.DataFrame, iterations: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(calls [m, 2], steps [k, 2]): the (start, end) seconds of a launch's generation calls and trainer steps on
+    the run's clock (one session: a resumed run's later sessions restart it, so only session 0 is used).
+
+    Raises:
+        ValueError: a missing column, or non-finite / negative times.
+    """
+    for name, frame, cols in (("minibatches", minibatches, CALL_COLUMNS), ("iterations", iterations, STEP_COLUMNS)):
+        missing = [c for c in cols if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{name} table lacks columns {missing} (a launch's {name}.parquet has them)")
+    if "session" in minibatches.columns:
+        minibatches = minibatches[minibatches["session"] == minibatches["session"].min()]
+    start = minibatches["gen_start_s"].to_numpy(np.float64)
+    calls = np.column_stack([start, start + minibatches["gen_s"].to_numpy(np.float64)])
+    it = iterations.sort_values("step") if "step" in iterations.columns else iterations
+    end = np.cumsum(it["runtime/iteration_time_s"].to_numpy(np.float64))
+    steps = np.column_stack([end - it["runtime/train_step_s"].to_numpy(np.float64), end])
+    for name, v in (("minibatches", calls), ("iterations", steps)):
+        if not np.all(np.isfinite(v)) or np.any(v[:, 1] < v[:, 0]):
+            raise ValueError(f"{name} table holds non-finite or negative times")
+    return calls, steps
+
+
+def call_predictions(
+    minibatches: pd.DataFrame, gen: GenerationTimeModel, prompt_tokens_per_prompt: float
+) -> np.ndarray:
+    """The profile fit's seconds (one engine alone) of each call in `minibatches`."""
+    prompts = minibatches["prompts"].to_numpy(np.float64)
+    return gen.seconds_many(
+        prompts,
+        minibatches["responses"].to_numpy(np.float64) / np.maximum(prompts, 1.0),
+        minibatches["max_length"].to_numpy(np.float64),
+        minibatches["tokens"].to_numpy(np.float64),
+        prompts * prompt_tokens_per_prompt,
+    )
+
+
+def usable_calls(minibatches: pd.DataFrame) -> np.ndarray:
+    """Mask of calls the generation fit can predict: first attempts of whole minibatches (no continued responses,
+    whose prompts are longer than the profile's) with prompts and a positive time."""
+    ok = (minibatches["prompts"].to_numpy() > 0) & (minibatches["gen_s"].to_numpy(np.float64) > 0)
+    if "split_responses" in minibatches.columns:
+        ok &= minibatches["split_responses"].fillna(0).to_numpy() == 0
+    return np.asarray(ok, bool)
+
+
+def fit_generation_factor(work: np.ndarray, predicted: np.ndarray) -> float:
+    """Least-squares factor f of ``work ~ f x predicted`` through 0 (work: full-speed seconds of each call)."""
+    denom = float(np.sum(predicted**2))
+    if denom <= 0:
+        raise ValueError("no generation call with a positive predicted time")
+    return float(np.sum(work * predicted) / denom)
+
+
+def mdape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Median absolute percentage error (a fraction) of `predicted` against `measured` (> 0)."""
+    return float(np.median(np.abs(predicted - measured) / np.maximum(measured, FLOOR_S)))
+
+
+def score_trainer_threads(
+    calls: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    cores: float,
+    threads_per_actor: float,
+    trainer_threads: float,
+) -> tuple[float, float, list[np.ndarray]]:
+    """One candidate of `fit_cpu_sharing`: (generation factor, its error, the steps' mean rates per launch).
+
+    Args:
+        calls: per launch (call intervals [m, 2], usable mask [m], predicted seconds [m], step intervals [k, 2]).
+    """
+    work, pred, measured, rates_each, step_rates = [], [], [], [], []
+    for intervals, usable, predicted, steps in calls:
+        call_rate, step_rate = mean_rates(
+            intervals, steps, cores=cores, threads_per_actor=threads_per_actor, trainer_threads=trainer_threads
+        )
+        seconds = intervals[:, 1] - intervals[:, 0]
+        work.append((seconds * call_rate)[usable])
+        pred.append(predicted[usable])
+        measured.append(seconds[usable])
+        rates_each.append(call_rate[usable])
+        step_rates.append(step_rate)
+    w, p, m, r = (np.concatenate(a) for a in (work, pred, measured, rates_each))
+    factor = fit_generation_factor(w, p)
+    return factor, mdape(factor * p / r, m), step_rates
+
+
+def fit_cpu_sharing(
+    minibatches: Sequence[pd.DataFrame],
+    iterations: Sequence[pd.DataFrame],
+    gen: GenerationTimeModel,
+    prompt_tokens_per_prompt: float,
+    *,
+    cores: float,
+    threads_per_actor: float,
+    n_samples: Sequence[int],
+    grid: Sequence[float] = TRAINER_THREADS_GRID,
+) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float]]:
+    """Fit the CPU sharing of one or more launches (their minibatches and iterations tables, paired) and the
+    full-speed training-time model under it (see the module docstring).
+
+    Args:
+        minibatches, iterations: one table each per launch (``outputs/launch/*.parquet``), in the same order.
+        gen: the profile's generation-time fit (one engine alone); prompt_tokens_per_prompt: the profile's mean.
+        cores, threads_per_actor: as the simulator's `Resources`; n_samples: samples per prompt of each launch.
+        grid: candidate ``trainer_threads``.
+
+    Returns:
+        (sharing, training model, report): the report has ``trainer_threads``, ``generation_factor``,
+        ``mdape_generation`` and ``mdape_training`` (of the measured call and step times, predicted back through
+        the measured contention), ``calls``, ``steps`` and the training fit's values.
+
+    Raises:
+        ValueError: unpaired tables, a missing column, fewer than 3 usable calls, bad values.
+    """
+    from asp.sim.timemodel import T_TRAIN_WINDOW, fit_training_model
+
+    if not minibatches or len(minibatches) != len(iterations) or len(n_samples) != len(iterations):
+        raise ValueError("need one minibatches table, one iterations table and one n_samples per launch")
+    if not cores > 0 or not threads_per_actor > 0 or not grid:
+        raise ValueError(f"cores and threads_per_actor must be > 0 and a grid given, got {cores}, {threads_per_actor}")
+    launches = []
+    for mb, it in zip(minibatches, iterations, strict=True):
+        it = it.sort_values("step") if "step" in it.columns else it
+        calls, steps = launch_intervals(mb, it)
+        table = mb[mb["session"] == mb["session"].min()] if "session" in mb.columns else mb
+        usable = usable_calls(table)
+        launches.append((calls, usable, call_predictions(table, gen, prompt_tokens_per_prompt), steps, it))
+    if sum(int(u.sum()) for _, u, _, _, _ in launches) < 3:
+        raise ValueError("need at least 3 generation calls without continued responses")
+    best: tuple[float, ...] | None = None
+    for threads in grid:
+        factor, gen_err, step_rates = score_trainer_threads(
+            [(c, u, p, s) for c, u, p, s, _ in launches],
+            cores=cores,
+            threads_per_actor=threads_per_actor,
+            trainer_threads=float(threads),
+        )
+        frames = [it for *_, it in launches]
+        train, _ = fit_training_model(
+            frames, n_samples=list(n_samples), rates=step_rates, prompt_tokens_per_sample=prompt_tokens_per_prompt
+        )
+        measured, predicted = [], []
+        for frame, rate, count in zip(frames, step_rates, n_samples, strict=True):
+            full = np.asarray(
+                [
+                    train.step_seconds(tok, prompts * count)
+                    for tok, prompts in zip(frame["train/response_tokens"], frame["train/prompts"], strict=True)
+                ]
+            )
+            trail = pd.Series(full / rate).rolling(T_TRAIN_WINDOW, min_periods=1).mean().to_numpy()
+            predicted.append(trail)
+            measured.append(frame["train/t_train_s"].to_numpy(np.float64))
+        train_err = mdape(np.concatenate(predicted), np.concatenate(measured))
+        if best is None or gen_err + train_err < best[0] + best[1] - 1e-12:
+            best = (gen_err, train_err, float(threads), factor)
+            best_train = train
+    assert best is not None
+    gen_err, train_err, threads, factor = best
+    report = {
+        "trainer_threads": threads,
+        "generation_factor": factor,
+        "mdape_generation": gen_err,
+        "mdape_training": train_err,
+        "calls": float(sum(int(u.sum()) for _, u, _, _, _ in launches)),
+        "steps": float(sum(len(s) for _, _, _, s, _ in launches)),
+    }
+    report.update({f"training_{k}": float(v) for k, v in best_train.to_dict().items()})
+    return CpuSharing(threads, factor), best_train, report

@@ -1,0 +1,124 @@
+"""CPU sharing measured from a launch's records (asp.sim.sharing): hand-worked intervals, and a fit that must
+recover the sharing a simulated run was made with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from asp.sim.sharing import fit_cpu_sharing, launch_intervals, mean_rates, sharing_rate
+from asp.sim.timemodel import GenerationTimeModel, fit_training_model, shared
+
+
+def test_sharing_rate_is_full_speed_until_the_demand_exceeds_the_cores():
+    assert sharing_rate(np.array([0.0, 1.0, 2.0, 3.0, 4.0]), 2.0).tolist() == [1.0, 1.0, 1.0, 2 / 3, 0.5]
+
+
+def test_mean_rates_hand_worked():
+    # 2 cores, one thread per call, the trainer 1 thread. Call A 0-4, call B 0-2, a step 1-3:
+    #   [0,1) A+B: demand 2 -> 1;  [1,2) A+B+step: 3 -> 2/3;  [2,3) A+step: 2 -> 1;  [3,4) A: 1 -> 1.
+    calls, steps = np.array([[0.0, 4.0], [0.0, 2.0]]), np.array([[1.0, 3.0]])
+    rc, rs = mean_rates(calls, steps, cores=2.0, threads_per_actor=1.0, trainer_threads=1.0)
+    assert rc == pytest.approx([(1 + 2 / 3 + 1 + 1) / 4, (1 + 2 / 3) / 2])
+    assert rs == pytest.approx([(2 / 3 + 1) / 2])
+    # a trainer with 3 threads: [1,2) demand 5 -> 2/5, [2,3) demand 4 -> 1/2
+    rc, rs = mean_rates(calls, steps, cores=2.0, threads_per_actor=1.0, trainer_threads=3.0)
+    assert rc == pytest.approx([(1 + 0.4 + 0.5 + 1) / 4, (1 + 0.4) / 2]) and rs == pytest.approx([0.45])
+    # the trainer off the cores: nothing ever exceeds 2 threads
+    rc, rs = mean_rates(calls, steps, cores=2.0, threads_per_actor=1.0, trainer_threads=0.0)
+    assert rc.tolist() == [1.0, 1.0] and rs.tolist() == [1.0]
+
+
+def test_launch_intervals_from_the_tables():
+    mb = pd.DataFrame(
+        {
+            "gen_start_s": [0.0, 0.5, 9.0],
+            "gen_s": [2.0, 3.0, 1.0],
+            "prompts": [4, 4, 4],
+            "responses": [8, 8, 8],
+            "tokens": [40, 40, 40],
+            "max_length": [6, 6, 6],
+            "session": [0, 0, 1],  # a resumed session restarts the clock: left out
+        }
+    )
+    it = pd.DataFrame({"step": [2, 1], "runtime/iteration_time_s": [1.5, 3.0], "runtime/train_step_s": [1.0, 0.5]})
+    calls, steps = launch_intervals(mb, it)
+    assert calls.tolist() == [[0.0, 2.0], [0.5, 3.5]]
+    assert steps.tolist() == [[2.5, 3.0], [3.5, 4.5]]  # step 1 ends at 3.0, step 2 at 4.5
+    with pytest.raises(ValueError, match=r"lacks columns \['runtime/train_step_s'\]"):
+        launch_intervals(mb, it.drop(columns="runtime/train_step_s"))
+
+
+def _launch(rng: np.random.Generator, threads: float, factor: float, base: float, per_token: float):
+    """A synthetic launch on 2 cores made under a known sharing: 2 actors decode back to back while the trainer
+    steps whenever a call ends; each time is its full-speed work / the mean sharing rate it ran at (solved by
+    fixed-point iteration on the measured intervals)."""
+    gen = GenerationTimeModel(
+        "static", (0.2, 0.01, 0.0, 0.0, 0.0), ("intercept", "decode_steps", "row_steps", "prefill_tokens", "kv_reads")
+    )
+    n = 60
+    max_length = rng.integers(20, 160, size=n)
+    work = factor * gen.seconds_many(8, 8, max_length, max_length * 40, 80)
+    tokens = rng.integers(2000, 9000, size=n // 2)
+    train_work = base + per_token * tokens
+    seconds, steps_s = work.copy(), train_work.copy()
+    for _ in range(60):  # the contention changes the times, which change the contention
+        start = np.zeros(n)
+        for a in (0, 1):
+            idx = np.arange(a, n, 2)
+            start[idx] = np.concatenate([[0.0], np.cumsum(seconds[idx])[:-1]])
+        end = start + seconds
+        step_end = np.sort(end)[1::2] + steps_s
+        step_start = step_end - steps_s
+        calls, steps = np.column_stack([start, end]), np.column_stack([step_start, step_end])
+        rc, rs = mean_rates(calls, steps, cores=2.0, threads_per_actor=1.0, trainer_threads=threads)
+        seconds, steps_s = work / rc, train_work / rs
+    iteration = np.diff(np.concatenate([[0.0], step_end]))
+    mb = pd.DataFrame(
+        {
+            "gen_start_s": start,
+            "gen_s": seconds,
+            "prompts": 8,
+            "responses": 64,
+            "tokens": max_length * 40,
+            "max_length": max_length,
+        }
+    )
+    it = pd.DataFrame(
+        {
+            "step": np.arange(1, n // 2 + 1),
+            "runtime/iteration_time_s": iteration,
+            "runtime/train_step_s": steps_s,
+            "train/t_train_s": pd.Series(steps_s).rolling(10, min_periods=1).mean(),
+            "train/response_tokens": tokens,
+            "train/prompts": 16,
+            "train/t_save_s": 0.0,
+            "train/t_convert_s": 0.0,
+            "train/t_load_s": 0.0,
+        }
+    )
+    return mb, it, gen
+
+
+def test_fit_recovers_the_sharing_a_launch_was_made_with():
+    mb, it, gen = _launch(np.random.default_rng(0), threads=1.0, factor=1.25, base=0.4, per_token=2e-4)
+    sharing, train, report = fit_cpu_sharing([mb], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8])
+    assert sharing.trainer_threads == pytest.approx(1.0, abs=0.25)
+    assert sharing.generation_factor == pytest.approx(1.25, rel=0.1)
+    # at the launch's own batch size (16 prompts x 8): what one batch size identifies
+    assert train.step_seconds(5000, 128) == pytest.approx(0.4 + 5000 * 2e-4, rel=0.1)
+    assert report["mdape_generation"] < 0.1 and report["mdape_training"] < 0.1
+    # measured as they are (no sharing), the trainer's steps look slower than its full speed
+    naive, _ = fit_training_model([it], n_samples=8)
+    assert naive.step_seconds(5000) > 1.1 * train.step_seconds(5000)
+    # the simulator applies the generation factor to the profile fit
+    assert shared(gen, 1.25).seconds(8, 8, 100, 4000, 80) == pytest.approx(1.25 * gen.seconds(8, 8, 100, 4000, 80))
+
+
+def test_fit_refuses_unpaired_or_empty_tables():
+    mb, it, gen = _launch(np.random.default_rng(1), threads=1.0, factor=1.0, base=0.4, per_token=2e-4)
+    with pytest.raises(ValueError, match="one minibatches table, one iterations table"):
+        fit_cpu_sharing([mb, mb], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8])
+    with pytest.raises(ValueError, match="at least 3 generation calls"):
+        fit_cpu_sharing([mb.iloc[:2]], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8])
