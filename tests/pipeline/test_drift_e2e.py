@@ -33,10 +33,11 @@ import yaml
 from asp.demo.task import generate_problems, intended_length
 from asp.io import read_json
 from asp.pipeline import evaluate, launch, predict
-from asp.schedule import build_schedule, schedule_to_frame
+from asp.schedule import schedule_to_frame
 from asp.steps.loaders import load_policy_tokenizer
 from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, end_run, predictor_versions
+from tests.schedules import tiny_schedule
 
 from .conftest import TINY_PREDICTOR, Built, chat_template, make_params, write_prompts
 
@@ -108,16 +109,7 @@ def project(
     predict.run(params, rebase(predict.Paths(), root), tracker)
     end_run(tracker)
     preds = pd.read_parquet(root / "outputs/predictions.parquet")
-    sched = build_schedule(
-        preds["prompt_id"].to_numpy(),
-        preds["calibrated_length"].to_numpy(),
-        b=2,
-        kappa=0,
-        k=2,
-        iterations=2_000_000,
-        seed=0,
-        method="asp",
-    )
+    sched = tiny_schedule(preds["prompt_id"].to_numpy(), preds["calibrated_length"].to_numpy())
     (root / "outputs/schedule").mkdir()
     schedule_to_frame(sched).to_parquet(root / "outputs/schedule/schedule.parquet", index=False)
     (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))

@@ -44,11 +44,12 @@ from asp.config import Params, deep_merge
 from asp.demo.task import generate_problems, intended_length
 from asp.pipeline import launch, profile
 from asp.runtime.testhooks import KILL_ENV, LEDGER_ENV
-from asp.schedule import build_schedule, schedule_to_frame
+from asp.schedule import schedule_to_frame
 from asp.stage import run_stage
 from asp.steps.launch_state import RUN_FILE
 from asp.steps.loaders import load_policy_tokenizer
 from asp.tracking import PARENT_ENV
+from tests.schedules import tiny_schedule
 
 from .conftest import Built, chat_template, make_params, write_prompts
 
@@ -96,16 +97,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory, demo_policy: Built) -> Path
     roles = {"train": list(range(N_TRAIN)), "profile": [0, 1, 2, 3], "heldout": [4, 5]}
     frames = write_prompts(root / "outputs/prompts", records, roles, template)
     ids = frames["train"]["prompt_id"].to_numpy()
-    sched = build_schedule(
-        ids,
-        [float(intended_length(r)) for r in records],
-        b=2,
-        kappa=0,
-        k=2,
-        iterations=2_000_000,
-        seed=0,
-        method="asp",
-    )
+    sched = tiny_schedule(ids, [float(intended_length(r)) for r in records])
     (root / "outputs/schedule").mkdir()
     schedule_to_frame(sched).to_parquet(root / "outputs/schedule/schedule.parquet", index=False)
     return root

@@ -32,11 +32,12 @@ from asp.errors import UserError
 from asp.io import read_json
 from asp.pipeline import evaluate, launch
 from asp.runtime import RuntimeConfig, WorkPlan, make_checkpointer
-from asp.schedule import build_schedule, schedule_to_frame
+from asp.schedule import schedule_to_frame
 from asp.steps.launch_state import fingerprint_extra
 from asp.steps.loaders import load_policy_tokenizer, policy_model_path
 from asp.steps.paths import rebase
 from asp.tracking import MlflowTracker, NullTracker, end_run, predictor_versions
+from tests.schedules import tiny_schedule
 
 from .conftest import TINY_PREDICTOR, Built, chat_template, make_params, write_prompts
 
@@ -70,16 +71,7 @@ def pipeline(
     records = generate_problems(N_TRAIN, seed=11)
     roles = {"train": list(range(N_TRAIN))}
     prompts = write_prompts(paths.prompts.parent, records, roles, chat_template(tok))["train"]
-    sched = build_schedule(
-        prompts["prompt_id"].to_numpy(),
-        [intended_length(r) for r in records],
-        b=2,
-        kappa=0,
-        k=2,
-        iterations=2_000_000,
-        seed=0,
-        method="asp",
-    )
+    sched = tiny_schedule(prompts["prompt_id"].to_numpy(), [intended_length(r) for r in records])
     paths.schedule.parent.mkdir(parents=True)
     schedule_to_frame(sched).to_parquet(paths.schedule, index=False)
 

@@ -8,8 +8,9 @@ from pydantic import ValidationError
 
 from asp.errors import UserError
 from asp.runtime import EngineSpec, RuntimeConfig, WorkPlan, as_plan, check_prompts, run_async
-from asp.schedule import build_schedule, schedule_to_frame
+from asp.schedule import schedule_to_frame
 from asp.trainers import make_trainer_factory
+from tests.schedules import tiny_schedule
 
 from .helpers import fast_config, make_plan
 
@@ -79,16 +80,7 @@ def test_missing_model_directory_is_refused_before_ray(tmp_path):
 
 def test_plan_from_schedule_and_its_parquet_frame_agree():
     ids = [f"p{i}" for i in range(12)]
-    sched = build_schedule(
-        ids,
-        [10, 90, 20, 80, 30, 70, 40, 60, 50, 55, 45, 65],
-        b=2,
-        kappa=0,
-        k=2,
-        iterations=2_000_000,
-        seed=0,
-        method="asp",
-    )
+    sched = tiny_schedule(ids, [10, 90, 20, 80, 30, 70, 40, 60, 50, 55, 45, 65])
     from_sched = as_plan(sched)
     # minibatch blocks in reverse order (rows inside a minibatch keep theirs): dispatch_rank decides
     frame = schedule_to_frame(sched).sort_values("dispatch_rank", ascending=False, kind="stable")
