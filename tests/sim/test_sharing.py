@@ -109,6 +109,7 @@ def test_fit_recovers_the_sharing_a_launch_was_made_with():
     # at the launch's own batch size (16 prompts x 8): what one batch size identifies
     assert train.step_seconds(5000, 128) == pytest.approx(0.4 + 5000 * 2e-4, rel=0.1)
     assert report["mdape_generation"] < 0.1 and report["mdape_training"] < 0.1
+    assert report["trainer_threads_near_min"] <= 1.0 <= report["trainer_threads_near_max"]
     # measured as they are (no sharing), the trainer's steps look slower than its full speed
     naive, _ = fit_training_model([it], n_samples=8)
     assert naive.step_seconds(5000) > 1.1 * train.step_seconds(5000)

@@ -35,6 +35,7 @@ from asp.sim.timemodel import FLOOR_S, GenerationTimeModel, TrainingTimeModel
 CALL_COLUMNS = ("gen_start_s", "gen_s", "prompts", "responses", "tokens", "max_length")
 STEP_COLUMNS = ("runtime/iteration_time_s", "runtime/train_step_s")
 TRAINER_THREADS_GRID = tuple(np.round(np.arange(0.0, 3.01, 0.125), 3))  # candidates of fit_cpu_sharing
+NEAR_BEST = 0.01  # candidates within this summed MdAPE of the best are reported as equally supported
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,10 @@ def fit_cpu_sharing(
     Returns:
         (sharing, training model, report): the report has ``trainer_threads``, ``generation_factor``,
         ``mdape_generation`` and ``mdape_training`` (of the measured call and step times, predicted back through
-        the measured contention), ``calls``, ``steps`` and the training fit's values.
+        the measured contention), ``trainer_threads_near_min`` / ``_near_max`` (the candidates within one point
+        of the best summed error: a wide range means the launch cannot tell the trainer's demand from the
+        generation factor, as when every call overlapped a trainer step), ``calls``, ``steps`` and the training
+        fit's values.
 
     Raises:
         ValueError: unpaired tables, a missing column, fewer than 3 usable calls, bad values.
@@ -228,6 +232,7 @@ def fit_cpu_sharing(
     if sum(int(u.sum()) for _, u, _, _, _ in launches) < 3:
         raise ValueError("need at least 3 generation calls without continued responses")
     best: tuple[float, ...] | None = None
+    scores: list[tuple[float, float]] = []  # (trainer threads, summed error)
     for threads in grid:
         factor, gen_err, step_rates = score_trainer_threads(
             [(c, u, p, s) for c, u, p, s, _ in launches],
@@ -251,13 +256,17 @@ def fit_cpu_sharing(
             predicted.append(trail)
             measured.append(frame["train/t_train_s"].to_numpy(np.float64))
         train_err = mdape(np.concatenate(predicted), np.concatenate(measured))
+        scores.append((float(threads), gen_err + train_err))
         if best is None or gen_err + train_err < best[0] + best[1] - 1e-12:
             best = (gen_err, train_err, float(threads), factor)
             best_train = train
     assert best is not None
     gen_err, train_err, threads, factor = best
+    near = [t for t, err in scores if err <= gen_err + train_err + NEAR_BEST]
     report = {
         "trainer_threads": threads,
+        "trainer_threads_near_min": min(near),
+        "trainer_threads_near_max": max(near),
         "generation_factor": factor,
         "mdape_generation": gen_err,
         "mdape_training": train_err,
