@@ -101,28 +101,14 @@ class Terms:
 def fitted_terms(params: Params, fit_from: Path) -> Terms:
     """The training-time model, sharing factor and trainer threads fitted on the launch in `fit_from`
     (iterations.parquet and minibatches.parquet, made with `params`' n_samples) against the profile's generation
-    fit: `asp.sim.sharing.fit_cpu_sharing`, what `asp simulate fit-training` prints."""
-    from asp.sim.sharing import fit_cpu_sharing
-    from asp.sim.timemodel import fit_generation_model
-
+    fit: `asp.pipeline.simulate.fit_launch_sharing`, what `asp simulate fit-training` prints."""
     iterations, minibatches = fit_from / "iterations.parquet", fit_from / "minibatches.parquet"
     for f in (iterations, minibatches):
         if not f.is_file():
             sys.exit(f"{f}: missing; run the launch stage (GRPO) first, or pass --no-fit")
     it, mb = pd.read_parquet(iterations), pd.read_parquet(minibatches)
-    paths = stage.Paths()
-    timings = pd.read_csv(paths.timings)
-    gen, _ = fit_generation_model(timings, stage.generation_form(params), folds=params.simulate.folds, seed=0)
-    prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
-    resources = stage.resources(params)
-    sharing, train, report = fit_cpu_sharing(
-        [mb],
-        [it],
-        gen,
-        prompt_tokens,
-        cores=params.simulate.cores or 1.0,
-        threads_per_actor=resources.threads_per_actor,
-        n_samples=[params.runtime.sampling.n_samples],
+    sharing, train, report = stage.fit_launch_sharing(
+        params, stage.Paths(), [mb], [it], [params.runtime.sampling.n_samples]
     )
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1
     note = (

@@ -227,8 +227,6 @@ def _cpu_sharing(
     import pandas as pd
 
     from asp.pipeline import simulate as stage
-    from asp.sim.sharing import fit_cpu_sharing
-    from asp.sim.timemodel import fit_generation_model
 
     paths = stage.Paths()
     tables = [f.with_name("minibatches.parquet") for f in files]
@@ -238,19 +236,8 @@ def _cpu_sharing(
     if not all(t.is_file() for t in tables) or not paths.timings.is_file() or stage.untimed(paths):
         typer.echo(f"# no CPU sharing fitted: needs {paths.timings} (timed) and each launch's minibatches.parquet")
         return None
-    timings = pd.read_csv(paths.timings)
     try:
-        gen, _ = fit_generation_model(timings, stage.generation_form(p), folds=p.simulate.folds, seed=p.common.seed)
-        prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
-        _, model, report = fit_cpu_sharing(
-            [pd.read_parquet(t) for t in tables],
-            frames,
-            gen,
-            prompt_tokens,
-            cores=p.simulate.cores,
-            threads_per_actor=stage.resources(p).threads_per_actor,
-            n_samples=counts,
-        )
+        _, model, report = stage.fit_launch_sharing(p, paths, [pd.read_parquet(t) for t in tables], frames, counts)
     except ValueError as exc:
         raise UserError(f"{', '.join(map(str, tables))}: {exc}") from None
     return model, report

@@ -50,6 +50,7 @@ from asp.runtime.config import RuntimeConfig
 from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
+from asp.sim.sharing import CpuSharing, fit_cpu_sharing
 from asp.sim.timemodel import TrainingTimeModel, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
@@ -222,9 +223,34 @@ def fit_models(params: Params, paths: Paths) -> Models:
         lengths, length_report = fit_empirical_length_model(calibrated, sample_lengths, index, cap)
     else:
         lengths, length_report = fit_length_model(predicted, calibrated, sample_lengths, index, cap)
-    prompt_tokens = float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
     train = preset.train if preset is not None else training_model(params)
-    return Models(gen, gen_report, lengths, length_report, train, prompt_tokens)
+    return Models(gen, gen_report, lengths, length_report, train, mean_prompt_tokens(timings))
+
+
+def mean_prompt_tokens(timings: pd.DataFrame) -> float:
+    """The profile's mean prompt tokens per prompt (metrics/profile_timings.csv)."""
+    return float(timings["prompt_tokens"].sum() / max(int(timings["num_prompts"].sum()), 1))
+
+
+def fit_launch_sharing(
+    params: Params, paths: Paths, minibatches: list[pd.DataFrame], iterations: list[pd.DataFrame], n_samples: list[int]
+) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float]]:
+    """`asp.sim.sharing.fit_cpu_sharing` of launches' tables against the profile's generation fit (one engine
+    alone, no sharing factor), on `simulate.cores` shared by actors of `runtime.engine.num_threads`: what
+    `asp simulate fit-training` prints. Raises ValueError from the fits (bad tables, too few calls or timings)."""
+    timings = pd.read_csv(paths.timings)
+    gen, _ = fit_generation_model(
+        timings, generation_form(params), folds=params.simulate.folds, seed=params.common.seed
+    )
+    return fit_cpu_sharing(
+        minibatches,
+        iterations,
+        gen,
+        mean_prompt_tokens(timings),
+        cores=params.simulate.cores or 1.0,
+        threads_per_actor=resources(params).threads_per_actor,
+        n_samples=n_samples,
+    )
 
 
 def time_model_preset(params: Params) -> TimeModelPreset | None:

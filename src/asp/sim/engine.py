@@ -297,9 +297,8 @@ class _Sim:
     def on_step(self, _: None) -> None:
         assert self.inflight is not None  # a "step" event is pushed only with a step in flight
         full_speed, start = self.inflight
-        duration = (
-            self.now - start if self.res.trainer_shares else full_speed
-        )  # longer where the step shared the cores
+        # the modelled time: longer than full speed where the step shared the cores
+        duration = self.now - start if self.res.trainer_shares else full_speed
         self.inflight = None
         self.train_busy += duration
         step = self.core.step + 1

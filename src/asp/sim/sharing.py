@@ -108,8 +108,7 @@ def launch_intervals(minibatches: pd.DataFrame, iterations: pd.DataFrame) -> tup
         missing = [c for c in cols if c not in frame.columns]
         if missing:
             raise ValueError(f"{name} table lacks columns {missing} (a launch's {name}.parquet has them)")
-    if "session" in minibatches.columns:
-        minibatches = minibatches[minibatches["session"] == minibatches["session"].min()]
+    minibatches = first_session(minibatches)
     start = minibatches["gen_start_s"].to_numpy(np.float64)
     calls = np.column_stack([start, start + minibatches["gen_s"].to_numpy(np.float64)])
     it = iterations.sort_values("step") if "step" in iterations.columns else iterations
@@ -119,6 +118,13 @@ def launch_intervals(minibatches: pd.DataFrame, iterations: pd.DataFrame) -> tup
         if not np.all(np.isfinite(v)) or np.any(v[:, 1] < v[:, 0]):
             raise ValueError(f"{name} table holds non-finite or negative times")
     return calls, steps
+
+
+def first_session(minibatches: pd.DataFrame) -> pd.DataFrame:
+    """The calls of a launch's first session (a resumed run's later sessions restart the clock)."""
+    if "session" not in minibatches.columns:
+        return minibatches
+    return minibatches[minibatches["session"] == minibatches["session"].min()]
 
 
 def call_predictions(
@@ -225,12 +231,13 @@ def fit_cpu_sharing(
     launches = []
     for mb, it in zip(minibatches, iterations, strict=True):
         it = it.sort_values("step") if "step" in it.columns else it
-        calls, steps = launch_intervals(mb, it)
-        table = mb[mb["session"] == mb["session"].min()] if "session" in mb.columns else mb
+        table = first_session(mb)
+        calls, steps = launch_intervals(table, it)
         usable = usable_calls(table)
         launches.append((calls, usable, call_predictions(table, gen, prompt_tokens_per_prompt), steps, it))
     if sum(int(u.sum()) for _, u, _, _, _ in launches) < 3:
         raise ValueError("need at least 3 generation calls without continued responses")
+    frames = [it for *_, it in launches]
     best: tuple[float, ...] | None = None
     scores: list[tuple[float, float]] = []  # (trainer threads, summed error)
     for threads in grid:
@@ -240,7 +247,6 @@ def fit_cpu_sharing(
             threads_per_actor=threads_per_actor,
             trainer_threads=float(threads),
         )
-        frames = [it for *_, it in launches]
         train, _ = fit_training_model(
             frames, n_samples=list(n_samples), rates=step_rates, prompt_tokens_per_sample=prompt_tokens_per_prompt
         )
