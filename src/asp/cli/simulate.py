@@ -239,5 +239,5 @@ def _cpu_sharing(
     try:
         _, model, report = stage.fit_launch_sharing(p, paths, [pd.read_parquet(t) for t in tables], frames, counts)
     except ValueError as exc:
-        raise UserError(f"{', '.join(map(str, tables))}: {exc}") from None
+        raise UserError(f"{', '.join(map(str, [*files, *tables]))}: {exc}") from None
     return model, report
