@@ -126,7 +126,10 @@ class DemoPolicyParams(_Params):
     intermediate_size: Int = Field(384, ge=8)
     max_position_embeddings: Int = Field(512, ge=16)
     warm_start_steps: Int = Field(
-        1000, ge=1, description="Half-learned term lookup: short problems mostly right, long ones not (GRPO signal)."
+        1200,
+        ge=1,
+        description="At most (target_reward may end it earlier): the term lookup half learned, short problems mostly "
+        "right, long ones not (GRPO signal).",
     )
     batch_size: Int = Field(32, ge=1)
     lr: Float = Field(2e-3, gt=0)
@@ -140,6 +143,16 @@ class DemoPolicyParams(_Params):
         "of the steps (asp.demo.task.shortcut_response); > 0 gives GRPO a length drift to find (configs/drift-demo).",
     )
     skip_min_steps: Int = Field(6, ge=2, description="Fewest terms of a problem the warm start may shortcut.")
+    target_reward: Float | None = Field(
+        0.4,
+        ge=0,
+        le=1,
+        description="End the warm start at the first check whose validation reward reaches this (the same starting "
+        "quality on every machine and seed); null: all warm_start_steps.",
+    )
+    check_every: Int = Field(50, ge=1, description="Warm-start steps between validation-reward checks.")
+    check_from: Int = Field(300, ge=1, description="First warm-start step that is checked.")
+    check_problems: Int = Field(128, ge=2, description="Validation problems per check (x policy.eval.samples).")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> DemoPolicyParams:

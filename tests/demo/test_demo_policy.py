@@ -106,3 +106,25 @@ def test_warm_start_lowers_loss_and_tracks_length() -> None:
     # (what a policy deaf to the stop letter and the bar would do) would follow the prompt's length, which ranks the
     # intended lengths at tau 0.15 (tests/demo/test_demo_task.py)
     assert m["spearman"] > 0.25
+
+
+def test_warm_start_stop_is_checked_every_n_steps_from_the_first_and_at_the_last() -> None:
+    tk = build_tokenizer()
+    records = generate_problems(64, seed=0)
+    calls: list[tuple[int, bool, bool]] = []
+
+    def never(step: int) -> bool:  # the model is checked in eval mode, without gradients
+        calls.append((step, model.training, torch.is_grad_enabled()))
+        return False
+
+    model = build_model(tk, seed=0, **TINY)
+    hist = warm_start(
+        model, tk, records, steps=11, batch_size=4, lr=1e-3, seed=0, stop=never, stop_every=3, stop_from=4
+    )
+    assert [c[0] for c in calls] == [6, 9, 11] and not any(c[1] or c[2] for c in calls)
+    assert hist["steps"] == len(hist["loss"]) == 11 and not model.training
+    model = build_model(tk, seed=0, **TINY)
+    hist = warm_start(model, tk, records, steps=11, batch_size=4, lr=1e-3, seed=0, stop=lambda s: s >= 6, stop_every=3)
+    assert hist["steps"] == len(hist["loss"]) == 6
+    with pytest.raises(ValueError, match="stop_every"):
+        warm_start(model, tk, records, steps=2, batch_size=4, lr=1e-3, seed=0, stop=never)

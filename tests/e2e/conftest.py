@@ -26,6 +26,7 @@ TINY: dict[str, Any] = {
             "warm_start_steps": 20,
             "batch_size": 16,
             "warm_start_problems": 200,
+            "target_reward": None,
         },
         "eval": {"prompts": 8, "samples": 1, "max_new_tokens": 48},
     },

@@ -41,6 +41,7 @@ LEARNING_POLICY = {
             "warm_start_steps": 800,
             "warm_start_problems": 8000,
             "lr": 0.003,
+            "target_reward": None,
         }
     },
     # the stop letter is one token among ~40: MiniLM needs ~1,000 prompt visits before it reads it (the demo's 340

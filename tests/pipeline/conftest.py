@@ -38,6 +38,7 @@ TINY_POLICY = {
         "warm_start_steps": 8,
         "batch_size": 8,
         "warm_start_problems": 64,
+        "target_reward": None,  # tests/pipeline/test_policy.py checks the target on its own
     },
     "eval": {"prompts": 4, "samples": 2, "max_new_tokens": 16, "batch_size": 8},
 }

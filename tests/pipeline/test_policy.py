@@ -21,6 +21,7 @@ from .conftest import TINY_POLICY, Built, make_params, read_metrics
 
 METRIC_KEYS = {
     "policy/warm_start_s",
+    "policy/warm_start_steps",
     "policy/final_loss",
     "policy/spearman",
     "policy/mean_reward",
@@ -103,3 +104,25 @@ def test_path_source_rejects_a_non_checkpoint_and_writes_nothing(tmp_path: Path,
     assert not paths.out_dir.exists() and not paths.metrics.exists()
     parent = paths.out_dir.parent  # no temporary directory left behind (and no directory made for it)
     assert not parent.exists() or [p.name for p in parent.iterdir()] == []
+
+
+@pytest.mark.parametrize(("target", "stopped_at"), [(0.0, 4), (1.0, 8)])
+def test_target_reward_ends_the_warm_start_at_the_first_check_that_reaches_it(
+    tmp_path: Path, new_tracker, capsys: pytest.CaptureFixture[str], target: float, stopped_at: int
+) -> None:
+    """Checks at steps 4 and 8 (the last): target 0 stops at the first check, an unreachable 1.0 runs every step,
+    says so on stderr and records the miss; the validation curve is an MLflow series."""
+    demo = {**TINY_POLICY["demo"], "target_reward": target, "check_every": 4, "check_from": 3, "check_problems": 3}
+    params = make_params({"policy": {"demo": demo, "eval": TINY_POLICY["eval"]}})
+    paths = rebase(policy.Paths(), tmp_path)
+    tracker = new_tracker("policy-target")
+    m = policy.run(params, paths, tracker)
+    assert m["policy/warm_start_steps"] == stopped_at
+    assert m["policy/warm_start_checks"] == stopped_at // 4
+    assert m["policy/target_reached"] == float(target == 0.0)
+    assert 0 <= m["policy/validation_reward"] <= 1
+    assert ("below policy.demo.target_reward 1.0" in capsys.readouterr().err) == (target == 1.0)
+    history = tracker.client.get_metric_history(tracker.run_id, "policy/warm_start_validation_reward")
+    assert [p.step for p in sorted(history, key=lambda p: p.step)] == list(range(4, stopped_at + 1, 4))
+    assert history[-1].value == pytest.approx(m["policy/validation_reward"])
+    assert len(tracker.client.get_metric_history(tracker.run_id, "policy/warm_start_loss")) == stopped_at

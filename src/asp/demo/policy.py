@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 from asp.demo.task import intended_length, reference_response, reward
 
 ProgressFn = Callable[[int, int, float], None]
+StopFn = Callable[[int], bool]  # step -> end the warm start here (called with the model in eval mode, no grad)
 
 
 @contextlib.contextmanager
@@ -157,6 +158,9 @@ def warm_start(
     progress: ProgressFn | None = None,
     num_threads: int | None = None,
     responses: Sequence[str] | None = None,
+    stop: StopFn | None = None,
+    stop_every: int = 0,
+    stop_from: int = 0,
 ) -> dict:
     """Supervised warm start on reference responses (AdamW, linear warmup then cosine decay, grad clip 1).
 
@@ -172,12 +176,21 @@ def warm_start(
         num_threads: torch threads while training (see `torch_threads`; 1 recommended on a shared CPU).
         responses: target response per record (e.g. `asp.demo.task.warm_start_responses` with shortcuts);
             None: `reference_response` of each record.
+        stop: optional ``stop(step)`` called after every `stop_every`-th step from `stop_from` on and after the
+            last (the model in eval mode under ``torch.no_grad``, e.g. a validation reward); True ends the warm
+            start at that step.
+            The learning-rate schedule stays the one of `steps` (stopping early leaves a higher rate behind).
+        stop_every: steps between calls of `stop` (needs `stop`; 0: never).
+        stop_from: first step at which `stop` may be called.
 
     Returns:
-        ``{"loss": [per-step mean response-token loss], "seconds": wall time, "tokens": tokens seen}``.
+        ``{"loss": [per-step mean response-token loss], "seconds": wall time, "tokens": tokens seen,
+        "steps": optimizer steps taken}``.
     """
     if steps < 1 or batch_size < 1 or not records:
         raise ValueError(f"need steps >= 1, batch_size >= 1 and records, got {steps}, {batch_size}, {len(records)}")
+    if stop_every < 0 or (stop is not None and stop_every < 1):
+        raise ValueError(f"stop needs stop_every >= 1, got {stop_every}")
     t0 = time.perf_counter()
     examples = _examples(tokenizer, records, responses)
     rng = np.random.default_rng(seed)
@@ -202,8 +215,15 @@ def warm_start(
             tokens += int(batch["attention_mask"].sum())
             if progress is not None:
                 progress(step, steps, losses[-1])
+            if stop is not None and step >= stop_from and (step % stop_every == 0 or step == steps):
+                model.eval()
+                with torch.no_grad():
+                    done = stop(step)
+                model.train()
+                if done:
+                    break
     model.eval()
-    return {"loss": losses, "seconds": time.perf_counter() - t0, "tokens": tokens}
+    return {"loss": losses, "seconds": time.perf_counter() - t0, "tokens": tokens, "steps": len(losses)}
 
 
 def sample_responses(

@@ -14,6 +14,7 @@ Run: `asp stage policy` (what `dvc repro policy` calls).
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,50 @@ def content_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def warm_started_policy(demo: DemoPolicyParams, seed: int) -> tuple[Any, Any, list[float], float]:
-    """Build the tiny demo policy and warm-start it; return model, tokenizer, loss curve and seconds taken."""
+@dataclass
+class WarmStart:
+    """A warm-started demo policy and how it got there (`warm_started_policy`).
+
+    Attributes:
+        model, tokenizer: the policy.
+        losses: per-step training loss.
+        seconds: wall time of the warm start, validation checks included.
+        checks: ``(step, validation reward)`` of every check (empty without ``target_reward``).
+        steps: optimizer steps taken (``warm_start_steps`` unless the target ended it earlier).
+    """
+
+    model: Any
+    tokenizer: Any
+    losses: list[float]
+    seconds: float
+    checks: list[tuple[int, float]]
+    steps: int
+
+
+def validation_reward(
+    model: Any, tokenizer: Any, records: list[dict], evaluation: PolicyEvalParams, seed: int, num_threads: int | None
+) -> float:
+    """Mean demo reward of `model` on `records` sampled as the policy check samples (`check_policy`)."""
+    from asp.demo.policy import evaluate_policy
+
+    return float(
+        evaluate_policy(
+            model,
+            tokenizer,
+            records,
+            n_samples=evaluation.samples,
+            temperature=evaluation.temperature,
+            max_new_tokens=evaluation.max_new_tokens,
+            seed=seed,
+            batch_size=evaluation.batch_size,
+            num_threads=num_threads,
+        )["mean_reward"]
+    )
+
+
+def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, seed: int) -> WarmStart:
+    """Build the tiny demo policy and warm-start it, up to `demo.warm_start_steps` or, with `demo.target_reward`,
+    until a check's validation reward (new problems, seed + 400) reaches the target."""
     from asp.demo.policy import build_model, warm_start
     from asp.demo.tokenizer import build_tokenizer
 
@@ -73,12 +116,22 @@ def warm_started_policy(demo: DemoPolicyParams, seed: int) -> tuple[Any, Any, li
         responses = warm_start_responses(
             records, skip_fraction=demo.skip_fraction, skip_min_steps=demo.skip_min_steps, seed=seed + 300
         )
+    checks: list[tuple[int, float]] = []
+    stop = None
+    if demo.target_reward is not None:
+        target, validation = demo.target_reward, generate_problems(demo.check_problems, seed=seed + 400)
+
+        def stop(step: int) -> bool:
+            checks.append((step, validation_reward(model, tokenizer, validation, evaluation, seed, demo.num_threads)))
+            return checks[-1][1] >= target
+
     t0 = time.perf_counter()
     with progress_bar(total=demo.warm_start_steps, desc="warm start", unit="step") as bar:
 
         def on_step(step: int, total: int, loss: float) -> None:
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}")
+            shown = {"loss": f"{loss:.3f}"} | ({"validation_reward": f"{checks[-1][1]:.3f}"} if checks else {})
+            bar.set_postfix(shown)
 
         history = warm_start(
             model,
@@ -91,8 +144,18 @@ def warm_started_policy(demo: DemoPolicyParams, seed: int) -> tuple[Any, Any, li
             progress=on_step,
             num_threads=demo.num_threads,
             responses=responses,
+            stop=stop,
+            stop_every=demo.check_every,
+            stop_from=min(demo.check_from, demo.warm_start_steps),
         )
-    return model, tokenizer, history.get("loss", []), time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if checks and checks[-1][1] < demo.target_reward:  # type: ignore[operator]
+        print(
+            f"[policy] warm start: validation reward {checks[-1][1]:.3f} after all {history['steps']} steps is below "
+            f"policy.demo.target_reward {demo.target_reward}; raise policy.demo.warm_start_steps to reach it",
+            file=sys.stderr,
+        )
+    return WarmStart(model, tokenizer, history.get("loss", []), seconds, checks, history["steps"])
 
 
 def check_policy(
@@ -114,17 +177,26 @@ def check_policy(
     )
 
 
-def build_demo_policy(policy: PolicyParams, seed: int, model_dir: Path) -> tuple[dict[str, float], list[float]]:
-    """Build, warm-start, save and check the demo policy; return its metrics and warm-start loss curve."""
-    model, tokenizer, losses, warm_s = warm_started_policy(policy.demo, seed)
-    model.save_pretrained(model_dir, safe_serialization=True)
-    tokenizer.save_pretrained(model_dir)
-    check = check_policy(model, tokenizer, policy.eval, seed, policy.demo.num_threads)
+def build_demo_policy(policy: PolicyParams, seed: int, model_dir: Path) -> tuple[dict[str, float], WarmStart]:
+    """Build, warm-start, save and check the demo policy; return its metrics and the warm start's record."""
+    warm = warm_started_policy(policy.demo, policy.eval, seed)
+    warm.model.save_pretrained(model_dir, safe_serialization=True)
+    warm.tokenizer.save_pretrained(model_dir)
+    check = check_policy(warm.model, warm.tokenizer, policy.eval, seed, policy.demo.num_threads)
+    target = {}
+    if warm.checks:
+        target = {
+            "policy/warm_start_checks": float(len(warm.checks)),
+            "policy/validation_reward": warm.checks[-1][1],
+            "policy/target_reached": float(warm.checks[-1][1] >= policy.demo.target_reward),  # type: ignore[operator]
+        }
     return {
-        "policy/warm_start_s": warm_s,
-        "policy/final_loss": float(losses[-1]) if losses else float("nan"),
+        "policy/warm_start_s": warm.seconds,
+        "policy/warm_start_steps": float(warm.steps),
+        "policy/final_loss": float(warm.losses[-1]) if warm.losses else float("nan"),
+        **target,
         **{f"policy/{k}": float(v) for k, v in check.items() if isinstance(v, int | float)},
-    }, losses
+    }, warm
 
 
 @dataclass(frozen=True)
@@ -146,28 +218,31 @@ def checkpoint_mb(path: Path) -> float:
 
 def make_policy(
     policy: PolicyParams, seed: int, out: Path, final_out: Path
-) -> tuple[CheckpointRecord, dict[str, float], list[float]]:
+) -> tuple[CheckpointRecord, dict[str, float], WarmStart | None]:
     """Build the demo policy under `out` (recorded as `final_out`) or check the user's path; hash it.
 
-    Returns the record, the metrics (with `policy/checkpoint_mb`) and the warm-start loss curve (empty for a path).
+    Returns the record, the metrics (with `policy/checkpoint_mb`) and the warm start (None for a path).
     """
+    warm: WarmStart | None = None
     if policy.source == "build":
-        metrics, losses = build_demo_policy(policy, seed, out / "model")
+        metrics, warm = build_demo_policy(policy, seed, out / "model")
         files, recorded = out / "model", final_out / "model"  # relative: the repo may be cloned elsewhere
     else:
         if not policy.path:  # PolicyParams refuses this already (source 'path' without a path)
             raise UserError("policy.source is 'path' but no policy.path is set; give the local checkpoint directory")
-        metrics, losses = {}, []
+        metrics = {}
         files = recorded = check_checkpoint(policy.path)
     record = CheckpointRecord(recorded, policy.source, content_hash(files))
     metrics["policy/checkpoint_mb"] = checkpoint_mb(files)
-    return record, metrics, losses
+    return record, metrics, warm
 
 
-def log_policy(tracker: Tracker, metrics: dict[str, Any], losses: list[float], record: CheckpointRecord) -> None:
-    """The warm-start loss curve, the metrics and the checkpoint's hash and path as tags."""
-    for step, loss in enumerate(losses):
+def log_policy(tracker: Tracker, metrics: dict[str, Any], warm: WarmStart | None, record: CheckpointRecord) -> None:
+    """The warm-start loss and validation-reward curves, the metrics and the checkpoint's hash and path as tags."""
+    for step, loss in enumerate(warm.losses if warm else []):
         tracker.log_metrics({"policy/warm_start_loss": loss}, step=step)
+    for step, value in warm.checks if warm else []:
+        tracker.log_metrics({"policy/warm_start_validation_reward": value}, step=step)
     tracker.log_metrics(metrics)
     tracker.set_tags({"policy.sha256": record.sha256, "policy.path": str(record.model_path)})
 
@@ -178,8 +253,8 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     tracker.log_params({"policy": policy.model_dump(), "common.seed": seed})
     with atomic_path(paths.out_dir) as out:
         out.mkdir(parents=True)
-        record, metrics, losses = make_policy(policy, seed, out, paths.out_dir)
+        record, metrics, warm = make_policy(policy, seed, out, paths.out_dir)
         write_json(record.to_dict(), out / "policy.json")
     write_json(metrics, paths.metrics)
-    log_policy(tracker, metrics, losses, record)
+    log_policy(tracker, metrics, warm, record)
     return metrics
