@@ -117,18 +117,21 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
             records, skip_fraction=demo.skip_fraction, skip_min_steps=demo.skip_min_steps, seed=seed + 300
         )
     checks: list[tuple[int, float]] = []
+    history_loss: list[float] = []
     stop = None
     if demo.target_reward is not None:
         target, validation = demo.target_reward, generate_problems(demo.check_problems, seed=seed + 400)
 
         def stop(step: int) -> bool:
             checks.append((step, validation_reward(model, tokenizer, validation, evaluation, seed, demo.num_threads)))
+            bar.set_postfix({"loss": f"{history_loss[-1]:.3f}", "validation_reward": f"{checks[-1][1]:.3f}"})
             return checks[-1][1] >= target
 
     t0 = time.perf_counter()
     with progress_bar(total=demo.warm_start_steps, desc="warm start", unit="step") as bar:
 
         def on_step(step: int, total: int, loss: float) -> None:
+            history_loss.append(loss)
             bar.update(1)
             shown = {"loss": f"{loss:.3f}"} | ({"validation_reward": f"{checks[-1][1]:.3f}"} if checks else {})
             bar.set_postfix(shown)
