@@ -73,27 +73,6 @@ class WarmStart:
     steps: int
 
 
-def validation_reward(
-    model: Any, tokenizer: Any, records: list[dict], evaluation: PolicyEvalParams, seed: int, num_threads: int | None
-) -> float:
-    """Mean demo reward of `model` on `records` sampled as the policy check samples (`check_policy`)."""
-    from asp.demo.policy import evaluate_policy
-
-    return float(
-        evaluate_policy(
-            model,
-            tokenizer,
-            records,
-            n_samples=evaluation.samples,
-            temperature=evaluation.temperature,
-            max_new_tokens=evaluation.max_new_tokens,
-            seed=seed,
-            batch_size=evaluation.batch_size,
-            num_threads=num_threads,
-        )["mean_reward"]
-    )
-
-
 def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, seed: int) -> WarmStart:
     """Build the tiny demo policy and warm-start it, up to `demo.warm_start_steps` or, with `demo.target_reward`,
     until a check's validation reward (new problems, seed + 400) reaches the target."""
@@ -123,7 +102,8 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
         target, validation = demo.target_reward, generate_problems(demo.check_problems, seed=seed + 400)
 
         def stop(step: int) -> bool:
-            checks.append((step, validation_reward(model, tokenizer, validation, evaluation, seed, demo.num_threads)))
+            reward = check_policy(model, tokenizer, evaluation, seed, demo.num_threads, validation)["mean_reward"]
+            checks.append((step, float(reward)))
             bar.set_postfix({"loss": f"{history_loss[-1]:.3f}", "validation_reward": f"{checks[-1][1]:.3f}"})
             return checks[-1][1] >= target
 
@@ -152,7 +132,7 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
             stop_from=min(demo.check_from, demo.warm_start_steps),
         )
     seconds = time.perf_counter() - t0
-    if checks and checks[-1][1] < demo.target_reward:  # type: ignore[operator]
+    if checks and demo.target_reward is not None and checks[-1][1] < demo.target_reward:
         print(
             f"[policy] warm start: validation reward {checks[-1][1]:.3f} after all {history['steps']} steps is below "
             f"policy.demo.target_reward {demo.target_reward}; raise policy.demo.warm_start_steps to reach it",
@@ -162,15 +142,21 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
 
 
 def check_policy(
-    model: Any, tokenizer: Any, evaluation: PolicyEvalParams, seed: int, num_threads: int | None
+    model: Any,
+    tokenizer: Any,
+    evaluation: PolicyEvalParams,
+    seed: int,
+    num_threads: int | None,
+    records: list[dict] | None = None,
 ) -> dict[str, Any]:
-    """Sample the policy on fresh demo problems: length Spearman, mean reward, ... (`asp.demo.policy`)."""
+    """Sample the policy on `records` (None: `evaluation.prompts` fresh demo problems): length Spearman, mean
+    reward, ... (`asp.demo.policy.evaluate_policy`)."""
     from asp.demo.policy import evaluate_policy
 
     return evaluate_policy(
         model,
         tokenizer,
-        generate_problems(evaluation.prompts, seed=seed + 200),
+        records if records is not None else generate_problems(evaluation.prompts, seed=seed + 200),
         n_samples=evaluation.samples,
         temperature=evaluation.temperature,
         max_new_tokens=evaluation.max_new_tokens,
@@ -191,7 +177,7 @@ def build_demo_policy(policy: PolicyParams, seed: int, model_dir: Path) -> tuple
         target = {
             "policy/warm_start_checks": float(len(warm.checks)),
             "policy/validation_reward": warm.checks[-1][1],
-            "policy/target_reached": float(warm.checks[-1][1] >= policy.demo.target_reward),  # type: ignore[operator]
+            "policy/target_reached": float(warm.checks[-1][1] >= (policy.demo.target_reward or 0.0)),
         }
     return {
         "policy/warm_start_s": warm.seconds,
