@@ -63,6 +63,7 @@ class WarmStart:
         seconds: wall time of the warm start, validation checks included.
         checks: ``(step, validation reward)`` of every check (empty without ``target_reward``).
         steps: optimizer steps taken (``warm_start_steps`` unless the target ended it earlier).
+        target: ``policy.demo.target_reward`` (None: no checks).
     """
 
     model: Any
@@ -71,6 +72,14 @@ class WarmStart:
     seconds: float
     checks: list[tuple[int, float]]
     steps: int
+    target: float | None
+
+    @property
+    def reached(self) -> bool | None:
+        """Whether the last check reached the target (None without checks)."""
+        if not self.checks or self.target is None:
+            return None
+        return self.checks[-1][1] >= self.target
 
 
 def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, seed: int) -> WarmStart:
@@ -96,7 +105,7 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
             records, skip_fraction=demo.skip_fraction, skip_min_steps=demo.skip_min_steps, seed=seed + 300
         )
     checks: list[tuple[int, float]] = []
-    history_loss: list[float] = []
+    shown: dict[str, str] = {}  # the bar's postfix: the last step's loss and the last check's reward
     stop = None
     if demo.target_reward is not None:
         target, validation = demo.target_reward, generate_problems(demo.check_problems, seed=seed + 400)
@@ -104,16 +113,16 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
         def stop(step: int) -> bool:
             reward = check_policy(model, tokenizer, evaluation, seed, demo.num_threads, validation)["mean_reward"]
             checks.append((step, float(reward)))
-            bar.set_postfix({"loss": f"{history_loss[-1]:.3f}", "validation_reward": f"{checks[-1][1]:.3f}"})
+            shown["validation_reward"] = f"{reward:.3f}"
+            bar.set_postfix(shown)
             return checks[-1][1] >= target
 
     t0 = time.perf_counter()
     with progress_bar(total=demo.warm_start_steps, desc="warm start", unit="step") as bar:
 
         def on_step(step: int, total: int, loss: float) -> None:
-            history_loss.append(loss)
             bar.update(1)
-            shown = {"loss": f"{loss:.3f}"} | ({"validation_reward": f"{checks[-1][1]:.3f}"} if checks else {})
+            shown["loss"] = f"{loss:.3f}"
             bar.set_postfix(shown)
 
         history = warm_start(
@@ -132,13 +141,14 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
             stop_from=min(demo.check_from, demo.warm_start_steps),
         )
     seconds = time.perf_counter() - t0
-    if checks and demo.target_reward is not None and checks[-1][1] < demo.target_reward:
+    warm = WarmStart(model, tokenizer, history["loss"], seconds, checks, history["steps"], demo.target_reward)
+    if warm.reached is False:
         print(
-            f"[policy] warm start: validation reward {checks[-1][1]:.3f} after all {history['steps']} steps is below "
+            f"[policy] warm start: validation reward {checks[-1][1]:.3f} after all {warm.steps} steps is below "
             f"policy.demo.target_reward {demo.target_reward}; raise policy.demo.warm_start_steps to reach it",
             file=sys.stderr,
         )
-    return WarmStart(model, tokenizer, history.get("loss", []), seconds, checks, history["steps"])
+    return warm
 
 
 def check_policy(
@@ -173,11 +183,11 @@ def build_demo_policy(policy: PolicyParams, seed: int, model_dir: Path) -> tuple
     warm.tokenizer.save_pretrained(model_dir)
     check = check_policy(warm.model, warm.tokenizer, policy.eval, seed, policy.demo.num_threads)
     target = {}
-    if warm.checks:
+    if warm.reached is not None:
         target = {
             "policy/warm_start_checks": float(len(warm.checks)),
             "policy/validation_reward": warm.checks[-1][1],
-            "policy/target_reached": float(warm.checks[-1][1] >= (policy.demo.target_reward or 0.0)),
+            "policy/target_reached": float(warm.reached),
         }
     return {
         "policy/warm_start_s": warm.seconds,
