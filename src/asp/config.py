@@ -126,7 +126,7 @@ class DemoPolicyParams(_Params):
     intermediate_size: Int = Field(384, ge=8)
     max_position_embeddings: Int = Field(512, ge=16)
     warm_start_steps: Int = Field(
-        1200,
+        2000,
         ge=1,
         description="At most (target_reward may end it earlier): the term lookup half learned, short problems mostly "
         "right, long ones not (GRPO signal).",
@@ -144,11 +144,18 @@ class DemoPolicyParams(_Params):
     )
     skip_min_steps: Int = Field(6, ge=2, description="Fewest terms of a problem the warm start may shortcut.")
     target_reward: Float | None = Field(
-        0.4,
+        0.35,
         ge=0,
         le=1,
         description="End the warm start at the first check whose validation reward reaches this (the same starting "
         "quality on every machine and seed); null: all warm_start_steps.",
+    )
+    target_spearman: Float | None = Field(
+        0.85,
+        ge=-1,
+        le=1,
+        description="With target_reward: the check must also find the sampled lengths following the prompts "
+        "(Spearman of intended vs sampled length >= this), which the length predictor and C4 need; null: reward only.",
     )
     check_every: Int = Field(50, ge=1, description="Warm-start steps between validation-reward checks.")
     check_from: Int = Field(300, ge=1, description="First warm-start step that is checked.")

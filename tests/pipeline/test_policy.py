@@ -106,23 +106,56 @@ def test_path_source_rejects_a_non_checkpoint_and_writes_nothing(tmp_path: Path,
     assert not parent.exists() or [p.name for p in parent.iterdir()] == []
 
 
-@pytest.mark.parametrize(("target", "stopped_at"), [(0.0, 4), (1.0, 8)])
+@pytest.mark.parametrize(("target", "spearman", "stopped_at"), [(0.0, None, 4), (1.0, None, 8), (0.0, 1.0, 8)])
 def test_target_reward_ends_the_warm_start_at_the_first_check_that_reaches_it(
-    tmp_path: Path, new_tracker, capsys: pytest.CaptureFixture[str], target: float, stopped_at: int
+    tmp_path: Path,
+    new_tracker,
+    capsys: pytest.CaptureFixture[str],
+    target: float,
+    spearman: float | None,
+    stopped_at: int,
 ) -> None:
     """Checks at steps 4 and 8 (the last): target 0 stops at the first check, an unreachable 1.0 runs every step,
-    says so on stderr and records the miss; the validation curve is an MLflow series."""
-    demo = {**TINY_POLICY["demo"], "target_reward": target, "check_every": 4, "check_from": 3, "check_problems": 3}
+    says so on stderr and records the miss; so does target 0 with a length Spearman of 1.0 that an 8-step policy
+    does not reach. The validation reward and Spearman curves are MLflow series."""
+    demo = {
+        **TINY_POLICY["demo"],
+        "target_reward": target,
+        "target_spearman": spearman,
+        "check_every": 4,
+        "check_from": 3,
+        "check_problems": 3,
+    }
     params = make_params({"policy": {"demo": demo, "eval": TINY_POLICY["eval"]}})
     paths = rebase(policy.Paths(), tmp_path)
     tracker = new_tracker("policy-target")
     m = policy.run(params, paths, tracker)
     assert m["policy/warm_start_steps"] == stopped_at
     assert m["policy/warm_start_checks"] == stopped_at // 4
-    assert m["policy/target_reached"] == float(target == 0.0)
+    reached = stopped_at == 4
+    assert m["policy/target_reached"] == float(reached)
     assert 0 <= m["policy/validation_reward"] <= 1
-    assert ("below policy.demo.target_reward 1.0" in capsys.readouterr().err) == (target == 1.0)
+    assert not m["policy/validation_spearman"] >= 1.0  # below 1, or NaN (constant lengths)
+    assert ("below policy.demo.target_reward" in capsys.readouterr().err) == (not reached)
     history = tracker.client.get_metric_history(tracker.run_id, "policy/warm_start_validation_reward")
     assert [p.step for p in sorted(history, key=lambda p: p.step)] == list(range(4, stopped_at + 1, 4))
     assert history[-1].value == pytest.approx(m["policy/validation_reward"])
+    rho = tracker.client.get_metric_history(tracker.run_id, "policy/warm_start_validation_spearman")
+    assert sorted(p.step for p in rho) == [p.step for p in sorted(history, key=lambda p: p.step)]
     assert len(tracker.client.get_metric_history(tracker.run_id, "policy/warm_start_loss")) == stopped_at
+
+
+@pytest.mark.parametrize(
+    ("check", "target_spearman", "expected"),
+    [
+        ((50, 0.40, 0.95), 0.9, True),
+        ((50, 0.39, 0.95), 0.9, False),  # reward short
+        ((50, 0.45, 0.60), 0.9, False),  # lengths do not follow the prompts yet
+        ((50, 0.45, 0.60), None, True),  # reward alone
+        ((50, 0.45, math.nan), 0.9, False),  # constant lengths: no Spearman, never reached
+    ],
+)
+def test_a_check_meets_the_target_only_with_both_reward_and_length_tracking(
+    check: tuple[int, float, float], target_spearman: float | None, expected: bool
+) -> None:
+    assert policy.meets(check, 0.4, target_spearman) is expected

@@ -61,30 +61,33 @@ class WarmStart:
         model, tokenizer: the policy.
         losses: per-step training loss.
         seconds: wall time of the warm start, validation checks included.
-        checks: ``(step, validation reward)`` of every check (empty without ``target_reward``).
+        checks: ``(step, validation reward, length Spearman)`` of every check (empty without ``target_reward``).
         steps: optimizer steps taken (``warm_start_steps`` unless the target ended it earlier).
         target: ``policy.demo.target_reward`` (None: no checks).
+        target_spearman: ``policy.demo.target_spearman`` (None: the reward alone decides).
     """
 
     model: Any
     tokenizer: Any
     losses: list[float]
     seconds: float
-    checks: list[tuple[int, float]]
+    checks: list[tuple[int, float, float]]
     steps: int
     target: float | None
+    target_spearman: float | None = None
 
     @property
     def reached(self) -> bool | None:
         """Whether the last check reached the target (None without checks)."""
         if not self.checks or self.target is None:
             return None
-        return self.checks[-1][1] >= self.target
+        return meets(self.checks[-1], self.target, self.target_spearman)
 
 
 def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, seed: int) -> WarmStart:
     """Build the tiny demo policy and warm-start it, up to `demo.warm_start_steps` or, with `demo.target_reward`,
-    until a check's validation reward (new problems, seed + 400) reaches the target."""
+    until a check on new problems (seed + 400) reaches the target reward and, with `demo.target_spearman`, the
+    target length tracking."""
     from asp.demo.policy import build_model, warm_start
     from asp.demo.tokenizer import build_tokenizer
 
@@ -104,18 +107,19 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
         responses = warm_start_responses(
             records, skip_fraction=demo.skip_fraction, skip_min_steps=demo.skip_min_steps, seed=seed + 300
         )
-    checks: list[tuple[int, float]] = []
+    checks: list[tuple[int, float, float]] = []
     shown: dict[str, str] = {}  # the bar's postfix: the last step's loss and the last check's reward
     stop = None
     if demo.target_reward is not None:
         target, validation = demo.target_reward, generate_problems(demo.check_problems, seed=seed + 400)
 
         def stop(step: int) -> bool:
-            reward = check_policy(model, tokenizer, evaluation, seed, demo.num_threads, validation)["mean_reward"]
-            checks.append((step, float(reward)))
-            shown["validation_reward"] = f"{reward:.3f}"
+            check = check_policy(model, tokenizer, evaluation, seed, demo.num_threads, validation)
+            checks.append((step, float(check["mean_reward"]), float(check["spearman"])))
+            shown["validation_reward"] = f"{checks[-1][1]:.3f}"
+            shown["spearman"] = f"{checks[-1][2]:.2f}"
             bar.set_postfix(shown)
-            return checks[-1][1] >= target
+            return meets(checks[-1], target, demo.target_spearman)
 
     t0 = time.perf_counter()
     with progress_bar(total=demo.warm_start_steps, desc="warm start", unit="step") as bar:
@@ -141,14 +145,24 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
             stop_from=min(demo.check_from, demo.warm_start_steps),
         )
     seconds = time.perf_counter() - t0
-    warm = WarmStart(model, tokenizer, history["loss"], seconds, checks, history["steps"], demo.target_reward)
+    warm = WarmStart(
+        model, tokenizer, history["loss"], seconds, checks, history["steps"], demo.target_reward, demo.target_spearman
+    )
     if warm.reached is False:
         print(
-            f"[policy] warm start: validation reward {checks[-1][1]:.3f} after all {warm.steps} steps is below "
-            f"policy.demo.target_reward {demo.target_reward}; raise policy.demo.warm_start_steps to reach it",
+            f"[policy] warm start: validation reward {checks[-1][1]:.3f} (length Spearman {checks[-1][2]:.2f}) after "
+            f"all {warm.steps} steps is below policy.demo.target_reward {demo.target_reward} (target_spearman "
+            f"{demo.target_spearman}); raise policy.demo.warm_start_steps to reach it",
             file=sys.stderr,
         )
     return warm
+
+
+def meets(check: tuple[int, float, float], target: float, target_spearman: float | None) -> bool:
+    """Whether a warm-start check ``(step, reward, spearman)`` reaches the target reward and length tracking (a NaN
+    Spearman, from constant lengths, never does)."""
+    _, reward, rho = check
+    return reward >= target and (target_spearman is None or rho >= target_spearman)
 
 
 def check_policy(
@@ -187,6 +201,7 @@ def build_demo_policy(policy: PolicyParams, seed: int, model_dir: Path) -> tuple
         target = {
             "policy/warm_start_checks": float(len(warm.checks)),
             "policy/validation_reward": warm.checks[-1][1],
+            "policy/validation_spearman": warm.checks[-1][2],
             "policy/target_reached": float(warm.reached),
         }
     return {
@@ -240,8 +255,10 @@ def log_policy(tracker: Tracker, metrics: dict[str, Any], warm: WarmStart | None
     """The warm-start loss and validation-reward curves, the metrics and the checkpoint's hash and path as tags."""
     for step, loss in enumerate(warm.losses if warm else []):
         tracker.log_metrics({"policy/warm_start_loss": loss}, step=step)
-    for step, value in warm.checks if warm else []:
-        tracker.log_metrics({"policy/warm_start_validation_reward": value}, step=step)
+    for step, reward, rho in warm.checks if warm else []:
+        tracker.log_metrics(
+            {"policy/warm_start_validation_reward": reward, "policy/warm_start_validation_spearman": rho}, step=step
+        )
     tracker.log_metrics(metrics)
     tracker.set_tags({"policy.sha256": record.sha256, "policy.path": str(record.model_path)})
 
