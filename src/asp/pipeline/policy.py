@@ -108,7 +108,7 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
             records, skip_fraction=demo.skip_fraction, skip_min_steps=demo.skip_min_steps, seed=seed + 300
         )
     checks: list[tuple[int, float, float]] = []
-    shown: dict[str, str] = {}  # the bar's postfix: the last step's loss and the last check's reward
+    shown: dict[str, str] = {}  # the bar's postfix: the last step's loss, the last check's reward and Spearman
     stop = None
     if demo.target_reward is not None:
         target, validation = demo.target_reward, generate_problems(demo.check_problems, seed=seed + 400)
@@ -149,10 +149,11 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
         model, tokenizer, history["loss"], seconds, checks, history["steps"], demo.target_reward, demo.target_spearman
     )
     if warm.reached is False:
+        rho = "" if demo.target_spearman is None else f" or target_spearman {demo.target_spearman}"
         print(
             f"[policy] warm start: validation reward {checks[-1][1]:.3f} (length Spearman {checks[-1][2]:.2f}) after "
-            f"all {warm.steps} steps is below policy.demo.target_reward {demo.target_reward} (target_spearman "
-            f"{demo.target_spearman}); raise policy.demo.warm_start_steps to reach it",
+            f"all {warm.steps} steps is below policy.demo.target_reward {demo.target_reward}{rho}; raise "
+            "policy.demo.warm_start_steps to reach it",
             file=sys.stderr,
         )
     return warm
