@@ -74,7 +74,7 @@ class WarmStart:
     checks: list[tuple[int, float, float]]
     steps: int
     target: float | None
-    target_spearman: float | None = None
+    target_spearman: float | None
 
     @property
     def reached(self) -> bool | None:
