@@ -36,6 +36,11 @@ What had to be assumed (each printed in the output too):
 
 Every run is C0 and C4 (or the scaled layouts) on the same workload and seeds, side by side; 3 seeds of the
 workload and predictions, mean and min-max printed.
+
+A second table says what run 1's generation-throughput gain (126 / 106 = 1.19x) would need from padding
+(`asp.sim.padding`): the most C0 can be padded at the paper's mean length and cap, the simulated paddings (also
+with no spread between a prompt's samples), the most any schedule gains under the preset's decode cost, and the C4
+padding the gain needs under that cost and under a per-step cost alone.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from asp.control.plan import WorkPlan
 from asp.runtime.config import RuntimeConfig
 from asp.schedule import condition_schedule, perturb_predictions
 from asp.sim.engine import Workload, simulate
+from asp.sim.padding import padding_for_ratio, padding_rate, throughput_ratio
 from asp.sim.presets import PAPER_PER_SEQ_S, PAPER_PER_STEP_S, PAPER_PRESET, PAPER_VLLM_TPS_PER_NPU, get_preset
 from asp.sim.timemodel import FEATURES, GenerationTimeModel, TrainingTimeModel
 
@@ -56,16 +62,17 @@ CAP, N, BATCH, B_PROMPTS, K = 8192, 8, 16, 4, 6
 MEAN_LENGTH = 58 * 64 * 212 / 128  # tokens per response implied by the paper's e2e throughput (F.6.1)
 TAU_30B, TAU_8B = 0.64, 0.58
 PROMPTS = 16 * 220  # enough prompts for 200 iterations of 16 plus what is in flight
+PROMPT_SIGMA, SAMPLE_SIGMA = 0.75, 0.4  # log-normal spread between prompts and between a prompt's samples
 WEIGHT_GB_PER_NPU = {"qwen3-30b-a3b (TP 2)": 61.06 / 2, "qwen3-8b (TP 1)": 16.38}
 
 
-def lengths_with_mean(n_prompts: int, mean: float, seed: int) -> np.ndarray:
+def lengths_with_mean(n_prompts: int, mean: float, seed: int, sample_sigma: float = SAMPLE_SIGMA) -> np.ndarray:
     """[n_prompts, N] synthetic lengths (two-level log-normal, capped) whose mean is `mean` (bisected median)."""
     rng = np.random.default_rng([seed, 0xA5])
     z_prompt, z_sample = rng.standard_normal(n_prompts), rng.standard_normal((n_prompts, N))
 
     def make(median: float) -> np.ndarray:
-        raw = np.exp(np.log(median) + 0.75 * z_prompt[:, None] + 0.4 * z_sample)
+        raw = np.exp(np.log(median) + PROMPT_SIGMA * z_prompt[:, None] + sample_sigma * z_sample)
         return np.clip(np.round(raw), 16, CAP).astype(np.int32)
 
     lo, hi = 100.0, 50_000.0
@@ -75,8 +82,8 @@ def lengths_with_mean(n_prompts: int, mean: float, seed: int) -> np.ndarray:
     return make((lo * hi) ** 0.5)
 
 
-def workload(seed: int, n_prompts: int = PROMPTS) -> tuple[np.ndarray, Workload]:
-    lengths = lengths_with_mean(n_prompts, MEAN_LENGTH, seed)
+def workload(seed: int, n_prompts: int = PROMPTS, sample_sigma: float = SAMPLE_SIGMA) -> tuple[np.ndarray, Workload]:
+    lengths = lengths_with_mean(n_prompts, MEAN_LENGTH, seed, sample_sigma)
     ids = np.arange(n_prompts)
     prompt_tokens = np.full(n_prompts, 150, np.int32)
     return ids, Workload.from_arrays(ids, lengths, prompt_tokens, max_new_tokens=CAP)
@@ -211,6 +218,54 @@ def main() -> None:
     print(f"| result | paper | simulated, mean of {len(seeds)} seeds (min-max) | error | within ±25 % | note |")
     print("|---|---:|---:|---:|---|---|")
     print("\n".join(rows))
+    print()
+    print(gain_needs(data, p30, gen, seeds))
+
+
+def plan_padding(plan: WorkPlan, work: Workload) -> float:
+    return padding_rate(work.lengths[[work.index[p] for p in mb]] for mb in plan.minibatches)
+
+
+def gain_needs(data, p30, gen: GenerationTimeModel, seeds: list[int]) -> str:
+    """What run 1's 106 -> 126 tokens/s/NPU would need from padding (asp.sim.padding's mean-field arithmetic)."""
+    seqs = B_PROMPTS * N
+    per_step, per_seq = gen.coef[1], gen.coef[2]
+    paper = PAPER_VLLM_TPS_PER_NPU["scheduled"] / PAPER_VLLM_TPS_PER_NPU["unscheduled"]
+    pad = {c: float(np.mean([plan_padding(p30[s][c], data[s][1]) for s in seeds])) for c in ("C0", "C4")}
+    flat = {s: workload(s, sample_sigma=0.0) for s in seeds}
+    pad_flat = float(np.mean([plan_padding(plans(*flat[s], TAU_30B, s)["C4"], flat[s][1]) for s in seeds]))
+    bound = 1 - MEAN_LENGTH / CAP
+    need_preset = padding_for_ratio(per_step, per_seq, seqs, pad["C0"], paper)
+    need_step = padding_for_ratio(1.0, 0.0, seqs, pad["C0"], paper)
+    lines = [
+        "| what run 1's scheduling gain needs | value | how |",
+        "|---|---:|---|",
+        f"| paper: vLLM tokens/s/NPU, C4 / C0 | {paper:.3f}x | 126 / 106 (F.6.1) |",
+        f"| C0 padding, at most | {bound:.3f} | 1 - mean {MEAN_LENGTH:,.0f} / cap {CAP:,}: every minibatch's longest "
+        "response at the cap |",
+        f"| C0 padding, simulated | {pad['C0']:.3f} | minibatches of {B_PROMPTS} prompts x {N} |",
+        f"| C4 padding, simulated (tau {TAU_30B} on prompts) | {pad['C4']:.3f} | a prompt's samples spread "
+        f"{SAMPLE_SIGMA} (log) |",
+        f"| C4 padding, no spread within a prompt | {pad_flat:.3f} | the same, sample spread 0 |",
+        f"| C4 / C0 throughput, simulated (preset's decode cost) | {paper_ratio(gen, p30, data, seeds):.3f}x | "
+        "the table above |",
+        f"| C4 / C0 throughput, preset's cost, C4 padding 0 | "
+        f"{throughput_ratio(per_step, per_seq, seqs, pad['C0'], 0.0):.3f}x | the most any schedule gives |",
+        f"| C4 padding needed for {paper:.3f}x, preset's cost | {fmt_need(need_preset)} | per step {per_step:.4g} s"
+        f" + {per_seq:.4g} s per sequence |",
+        f"| C4 padding needed for {paper:.3f}x, per-step cost only | {fmt_need(need_step)} | the engine most "
+        "sensitive to padding |",
+    ]
+    return "\n".join(lines)
+
+
+def paper_ratio(gen: GenerationTimeModel, p30, data, seeds: list[int]) -> float:
+    tps = {c: np.mean([minibatch_tps(p30[s][c], data[s][1], gen, 2) for s in seeds]) for c in ("C0", "C4")}
+    return float(tps["C4"] / tps["C0"])
+
+
+def fmt_need(padding: float | None) -> str:
+    return "none (not even 0)" if padding is None else f"{padding:.3f}"
 
 
 if __name__ == "__main__":
