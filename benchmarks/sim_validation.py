@@ -25,7 +25,9 @@ pipeline outputs up to `schedule` (`make run` or `dvc repro schedule`) and, for 
 nothing under outputs/ and logs nothing. The measured side is wall-clock time (every measured column is a real
 launch under Ray): run it on an otherwise idle machine, or report the load average it prints. ``--keep DIR``
 keeps each real GRPO run's tables and metrics; ``--measured-from DIR`` simulates against them again without
-running them (a changed time model checked on the same measured runs).
+running them (a changed time model checked on the same measured runs). ``--trainer-threads X`` fixes the trainer's
+demand on the cores instead of fitting it (the generation factor and training times are fitted under it): how much
+of the fit's choice a launch actually pins down.
 
     .venv/bin/python benchmarks/sim_validation.py                    # both tables: C0, C4; sync C0, async C0, C4
     .venv/bin/python benchmarks/sim_validation.py C0 C1 C2 C3 C4     # Table 4(b) for these conditions (and sync)
@@ -98,7 +100,7 @@ class Terms:
     note: str
 
 
-def fitted_terms(params: Params, fit_from: Path) -> Terms:
+def fitted_terms(params: Params, fit_from: Path, fixed_trainer_threads: float | None) -> Terms:
     """The training-time model, sharing factor and trainer threads fitted on the launch in `fit_from`
     (iterations.parquet and minibatches.parquet, made with `params`' n_samples) against the profile's generation
     fit: `asp.pipeline.simulate.fit_launch_sharing`, what `asp simulate fit-training` prints."""
@@ -108,14 +110,15 @@ def fitted_terms(params: Params, fit_from: Path) -> Terms:
             sys.exit(f"{f}: missing; run the launch stage (GRPO) first, or pass --no-fit")
     it, mb = pd.read_parquet(iterations), pd.read_parquet(minibatches)
     sharing, train, report = stage.fit_launch_sharing(
-        params, stage.Paths(), [mb], [it], [params.runtime.sampling.n_samples]
+        params, stage.Paths(), [mb], [it], [params.runtime.sampling.n_samples], fixed_trainer_threads
     )
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1
+    fixed = " (fixed)" if fixed_trainer_threads is not None else ""
     note = (
         f"launch-fitted terms from {fit_from} ({len(it)} steps, global batch {batch} prompts; not a run below): "
         f"training at full speed {train.step_base_s:.4g} s + {train.step_per_token_s:.4g} s/token, trainer threads "
-        f"{sharing.trainer_threads:g}, generation factor {sharing.generation_factor:.3f} (MdAPE of the launch's "
-        f"calls {100 * report['mdape_generation']:.0f} %, steps {100 * report['mdape_training']:.0f} %, "
+        f"{sharing.trainer_threads:g}{fixed}, generation factor {sharing.generation_factor:.3f} (MdAPE of the "
+        f"launch's calls {100 * report['mdape_generation']:.0f} %, steps {100 * report['mdape_training']:.0f} %, "
         f"{int(report['calls'])} calls)"
     )
     return Terms(train.to_dict(), sharing.generation_factor, sharing.trainer_threads, note)
@@ -244,6 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", help="a preset of configs/ over the params (e.g. demo-vllm: vLLM actors)")
     parser.add_argument("--fit-from", default="outputs/launch", help="the launch the GRPO terms are fitted on")
     parser.add_argument("--no-fit", action="store_true", help="params' simulate.training and sharing factor")
+    parser.add_argument(
+        "--trainer-threads", type=float, help="fix the trainer's demand on the cores instead of fitting it"
+    )
     parser.add_argument("--keep", type=Path, help="sync table: keep each real run's tables and metrics here")
     parser.add_argument("--measured-from", type=Path, help="sync table: simulate against runs kept by --keep")
     args = parser.parse_args(argv)
@@ -251,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     params = load_params_with(Path(args.params), args.preset, [])
     print(f"load average at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}", file=sys.stderr)
     no_fit = Terms(None, None, None, "params' simulate.training, sharing factor and trainer threads (--no-fit)")
-    terms = no_fit if args.no_fit else fitted_terms(params, Path(args.fit_from))
+    terms = no_fit if args.no_fit else fitted_terms(params, Path(args.fit_from), args.trainer_threads)
     if args.table in ("4b", "both"):
         table_4b(params, args.conditions, args.iterations, not args.simulate_only, terms)
     if args.table in ("sync", "both"):

@@ -123,3 +123,17 @@ def test_fit_refuses_unpaired_or_empty_tables():
         fit_cpu_sharing([mb, mb], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8])
     with pytest.raises(ValueError, match="at least 3 generation calls"):
         fit_cpu_sharing([mb.iloc[:2]], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8])
+
+
+def test_a_fixed_trainer_demand_moves_the_slowdown_into_the_generation_factor():
+    # made with a 1-thread trainer; told it is 2 threads, the fit blames the trainer for more of the calls'
+    # slowdown (a smaller generation factor) and predicts the calls worse than the free fit
+    mb, it, gen = _launch(np.random.default_rng(2), threads=1.0, factor=1.25, base=0.4, per_token=2e-4)
+    free, _, free_report = fit_cpu_sharing([mb], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8])
+    fixed, _, report = fit_cpu_sharing(
+        [mb], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8], grid=(2.0,)
+    )
+    assert fixed.trainer_threads == 2.0
+    assert report["trainer_threads_near_min"] == report["trainer_threads_near_max"] == 2.0
+    assert fixed.generation_factor < free.generation_factor
+    assert report["mdape_generation"] > free_report["mdape_generation"]

@@ -50,7 +50,7 @@ from asp.runtime.config import RuntimeConfig
 from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
-from asp.sim.sharing import CpuSharing, fit_cpu_sharing
+from asp.sim.sharing import TRAINER_THREADS_GRID, CpuSharing, fit_cpu_sharing
 from asp.sim.timemodel import TrainingTimeModel, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
@@ -233,11 +233,18 @@ def mean_prompt_tokens(timings: pd.DataFrame) -> float:
 
 
 def fit_launch_sharing(
-    params: Params, paths: Paths, minibatches: list[pd.DataFrame], iterations: list[pd.DataFrame], n_samples: list[int]
+    params: Params,
+    paths: Paths,
+    minibatches: list[pd.DataFrame],
+    iterations: list[pd.DataFrame],
+    n_samples: list[int],
+    fixed_trainer_threads: float | None = None,
 ) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float]]:
     """`asp.sim.sharing.fit_cpu_sharing` of launches' tables against the profile's generation fit (one engine
     alone, no sharing factor), on `simulate.cores` shared by actors of `runtime.engine.num_threads`: what
-    `asp simulate fit-training` prints. Raises ValueError from the fits (bad tables, too few calls or timings)."""
+    `asp simulate fit-training` prints. `fixed_trainer_threads` fixes the trainer's demand instead of fitting it (the
+    generation factor and training times are still fitted under it). Raises ValueError from the fits (bad tables,
+    too few calls or timings)."""
     timings = pd.read_csv(paths.timings)
     gen, _ = fit_generation_model(
         timings, generation_form(params), folds=params.simulate.folds, seed=params.common.seed
@@ -250,6 +257,7 @@ def fit_launch_sharing(
         cores=params.simulate.cores or 1.0,
         threads_per_actor=resources(params).threads_per_actor,
         n_samples=n_samples,
+        grid=TRAINER_THREADS_GRID if fixed_trainer_threads is None else (fixed_trainer_threads,),
     )
 
 
