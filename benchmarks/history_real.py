@@ -47,13 +47,17 @@ noise, no in-flight window). Simulator
 (`asp.sim.engine.simulate`, one pass each): the layouts of params.yaml (demo: 1 GU x 2 actors, batch 16) and of
 configs/gpu-cluster.yaml (3 GUs x 4 actors, batch 512, q_max 2,048, lag bound 2), both with bench_sim's ASSUMED
 vLLM-like continuous-batching time model and trainer (no GPU measured them) and the cap 8,192 tokens; balancing
-with ``--anneal`` proposals.
+with ``--anneal`` proposals. ``--time-model NAME`` simulates with a published-source preset of `asp.sim.presets`
+instead (e.g. h100-qwen3-8b, the GPU preset's policy on H100s) and adds, per row, the range of C4's iteration time
+over C0's across the preset's sensitivity grid (`SENSITIVITY_GRID`: decode, trainer and reload costs x0.5-4, 13
+points; both simulated at the same point).
 
     .venv/bin/python benchmarks/history_real.py                      # 3 chains x 2 layouts x 3 passes, ~3-6 min
     .venv/bin/python benchmarks/history_real.py --chains phi --layouts demo --passes 2      # a quick look
     .venv/bin/python benchmarks/history_real.py --json benchmarks/results/history_real.json
     .venv/bin/python benchmarks/history_real.py --drift gradual --json benchmarks/results/history_real_gradual.json
     .venv/bin/python benchmarks/history_real.py --plot docs/img/history_real_abrupt.png   # tau and C4/C0 per pass
+    .venv/bin/python benchmarks/history_real.py --layouts gpu --time-model h100-qwen3-8b   # sourced, with ranges
 """
 
 from __future__ import annotations
@@ -68,11 +72,14 @@ from typing import Any
 
 import numpy as np
 
+from asp.sim.presets import PRESETS
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_sim's assumed time models
 
 DATA = ROOT / "data" / "alpaca_eval_lengths.json"
 OOF = ROOT / "benchmarks" / "results" / "predictor_real_oof.json"
+ASSUMED = "assumed"  # --time-model: benchmarks/bench_sim.py's assumed vLLM-like model and trainer
 CHAINS = {
     "phi": ("phi-2-sft", "phi-2-dpo"),
     "qwen": ("Qwen1.5-7B-Chat", "Qwen1.5-14B-Chat"),
@@ -237,9 +244,18 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
     from asp.schedule import schedule_metrics
     from asp.schedule.history import HistoryEstimator, LengthHistory
     from asp.sim.engine import Workload, simulate
+    from asp.sim.presets import SENSITIVITY_GRID, get_preset, scaled_models
     from asp.sim.timemodel import FEATURES, GenerationTimeModel
 
-    gen = GenerationTimeModel("continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"])
+    if args.time_model == ASSUMED:
+        gen = GenerationTimeModel(
+            "continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"]
+        )
+        train, grid = TRAIN, []
+    else:
+        preset = get_preset(args.time_model)
+        gen, train = preset.gen, preset.train
+        grid = [scaled_models(gen, train, scale) for scale in SENSITIVITY_GRID]
     pred, raw, models = chain_inputs(chain, lay.copies, args.copy_sigma, args.seed, args.copy_mode, args.copy_bin)
     n, batch = lay.settings.n_samples, lay.settings.global_batch_prompts
     sigma = sample_sigma(models[0], args.sample_tau, args.seed)
@@ -291,7 +307,11 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
         for name, plan in plans.items():
             m = schedule_metrics(realized, [np.asarray(mb) for mb in plan.minibatches], k=lay.k)
             start = time.perf_counter()
-            sim = simulate(plan, work, gen, TRAIN, lay.settings).metrics
+            sim = simulate(plan, work, gen, train, lay.settings).metrics
+            row[f"grid {name}"] = [
+                simulate(plan, work, g, t, lay.settings).metrics["runtime/summary/mean_iteration_time_s"]
+                for g, t in grid
+            ]
             print(
                 f"[history_real] {chain} {lay.name} pass {p + 1} {name}: {time.perf_counter() - start:.1f} s",
                 file=sys.stderr,
@@ -331,10 +351,16 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['chain']} | {r['layout']} | {r['pass']} | {r['known']:.2f} | {r['tau pred']:.3f} | "
             f"{r['tau hist']:.3f} | {r['tau blend']:.3f} | {_fmt(r['tau ceiling'])} | {_trio(r, 'P', '{:.3f}')} | "
             f"{_trio(r, 'CV', '{:.4f}')} | "
-            f"{_trio(r, 'iter', '{:.2f}')} | {r['iter C4 hist'] / r['iter C0']:.3f} | "
-            f"{r['iter C4 pred'] / r['iter C0']:.3f} |"
+            f"{_trio(r, 'iter', '{:.2f}')} | {r['iter C4 hist'] / r['iter C0']:.3f}{_range(r, 'C4 hist')} | "
+            f"{r['iter C4 pred'] / r['iter C0']:.3f}{_range(r, 'C4 pred')} |"
         )
     return "\n".join(lines)
+
+
+def _range(row: dict[str, Any], name: str) -> str:
+    """`` [min-max]`` of `name`'s iteration time over C0's across the sensitivity grid ("" without a preset)."""
+    ratios = [a / b for a, b in zip(row.get(f"grid {name}", []), row.get("grid C0", []), strict=True)]
+    return f" [{min(ratios):.3f}-{max(ratios):.3f}]" if ratios else ""
 
 
 COLORS = {"phi": "#cc6677", "qwen": "#332288", "tulu": "#117733"}
@@ -411,6 +437,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drift-per-version", type=float, default=0.01, help="delta (runtime.history)")
     ap.add_argument("--anneal", type=int, default=20_000, help="balancing proposals of C4")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--time-model",
+        default=ASSUMED,
+        choices=[ASSUMED, *PRESETS],
+        help=f"{ASSUMED} (bench_sim's) or a preset of asp.sim.presets, e.g. h100-qwen3-8b (adds sensitivity ranges)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: tau and iteration ratio per pass (GPU layout)")
     args = ap.parse_args(argv)

@@ -55,3 +55,28 @@ def test_gpu_copies_are_distinct_prompts_and_gradual_drift_interpolates(monkeypa
     assert bench.pass_means([a, b], 1, 3, "abrupt") is b
     np.testing.assert_allclose(bench.pass_means([a, b], 1, 3, "gradual"), np.sqrt(a * b))
     np.testing.assert_allclose(bench.pass_means([a, b], 2, 3, "gradual"), b)
+
+
+def test_a_preset_time_model_adds_the_sensitivity_range(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+) -> None:
+    """Under a published-source preset every row carries each schedule's iteration time at the 13 grid points, and
+    the table prints C4 / C0 with its min-max over them (the preset's own value inside the range)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "history_real", raising=False)
+    import history_real as bench
+
+    from asp.sim.presets import SENSITIVITY_GRID
+
+    out = tmp_path / "rows.json"
+    argv = ["--chains", "phi", "--layouts", "demo", "--passes", "1", "--anneal", "500", "--json", str(out)]
+    bench.main([*argv, "--time-model", "h100-qwen3-8b"])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert len(row["grid C0"]) == len(row["grid C4 hist"]) == len(SENSITIVITY_GRID)
+    assert row["grid C0"][0] == pytest.approx(row["iter C0"])  # the grid's first point is the preset itself
+    ratios = [a / b for a, b in zip(row["grid C4 hist"], row["grid C0"], strict=True)]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| phi | demo | 1 |"))
+    assert f"[{min(ratios):.3f}-{max(ratios):.3f}]" in line
+    with pytest.raises(SystemExit) as exit_info:  # an unknown name: a usage error listing the valid ones
+        bench.main([*argv, "--time-model", "h100-nonexistent"])
+    assert exit_info.value.code == 2 and "h100-qwen3-8b" in capsys.readouterr().err
