@@ -308,10 +308,11 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
             m = schedule_metrics(realized, [np.asarray(mb) for mb in plan.minibatches], k=lay.k)
             start = time.perf_counter()
             sim = simulate(plan, work, gen, train, lay.settings).metrics
-            row[f"grid {name}"] = [
-                simulate(plan, work, g, t, lay.settings).metrics["runtime/summary/mean_iteration_time_s"]
-                for g, t in grid
-            ]
+            if grid:  # a preset: the same plan at every sensitivity point
+                row[f"grid {name}"] = [
+                    simulate(plan, work, g, t, lay.settings).metrics["runtime/summary/mean_iteration_time_s"]
+                    for g, t in grid
+                ]
             print(
                 f"[history_real] {chain} {lay.name} pass {p + 1} {name}: {time.perf_counter() - start:.1f} s",
                 file=sys.stderr,

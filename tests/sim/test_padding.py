@@ -1,22 +1,10 @@
-"""asp.sim.padding: padding rates and the throughput they buy under a continuous-batching decode cost, by hand."""
+"""asp.sim.padding: the throughput padding rates buy under a continuous-batching decode cost, by hand."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from asp.sim.padding import padding_for_ratio, padding_rate, throughput_ratio
-
-
-def test_padding_rate_is_the_mean_of_one_minus_mean_over_max():
-    # [2, 4]: 1 - 3/4 = 0.25; [[5, 5], [5, 5]]: 0; mean 0.125
-    assert padding_rate([np.array([2, 4]), np.array([[5, 5], [5, 5]])]) == pytest.approx(0.125)
-
-
-@pytest.mark.parametrize("bad", [[], [np.array([])], [np.array([0, 0])]])
-def test_padding_rate_refuses_empty_input(bad):
-    with pytest.raises(ValueError):
-        padding_rate(bad)
+from asp.sim.padding import padding_for_ratio, throughput_ratio
 
 
 def test_pure_per_step_cost_scales_throughput_with_one_minus_padding():

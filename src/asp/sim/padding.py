@@ -3,8 +3,8 @@
 A vLLM-style engine decodes a minibatch of ``sequences`` responses in S steps, S = its longest response, at a cost
 of ``per_step`` seconds per step plus ``per_seq`` seconds per active sequence per step (the simulator's
 ``continuous`` time model without its intercept, prefill and KV terms). With the paper's padding rate
-p = 1 - mean / max of the minibatch's response lengths, its T = sequences * mean tokens take
-``per_step * S + per_seq * T`` seconds, so the seconds per generated token are
+p = 1 - mean / max of the minibatch's response lengths (`asp.schedule.schedule_metrics`' P), its
+T = sequences * mean tokens take ``per_step * S + per_seq * T`` seconds, so the seconds per generated token are
 ``per_step / (sequences * (1 - p)) + per_seq``: padding costs only through the per-step share. The ratio of two
 schedules' throughputs follows from their padding rates, and so does the padding a schedule needs to reach a
 given throughput gain over another, or that no padding can (when even p = 0 falls short).
@@ -17,23 +17,6 @@ Run the tests with ``.venv/bin/python -m pytest tests/sim/test_padding.py -q``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-
-import numpy as np
-
-
-def padding_rate(minibatches: Iterable[np.ndarray]) -> float:
-    """Mean over minibatches of 1 - mean / max of their response lengths (the paper's Table 4(a) metric)."""
-    rates = []
-    for lengths in minibatches:
-        x = np.asarray(lengths, dtype=float).ravel()
-        if x.size == 0 or x.max() <= 0:
-            raise ValueError("every minibatch needs at least one response with a positive length")
-        rates.append(1.0 - x.mean() / x.max())
-    if not rates:
-        raise ValueError("no minibatches")
-    return float(np.mean(rates))
 
 
 def _seconds_per_token(per_step: float, per_seq: float, sequences: int, padding: float) -> float:
