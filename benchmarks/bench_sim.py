@@ -64,6 +64,13 @@ TRAIN = TrainingTimeModel(
 )
 
 
+def assumed_generation_model() -> GenerationTimeModel:
+    """The continuous (vLLM-like) generation-time model of `GEN_COEF` (an assumption, see the module docstring)."""
+    return GenerationTimeModel(
+        "continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"]
+    )
+
+
 def synthetic_workload(n_prompts: int, seed: int = 0) -> tuple[np.ndarray, Workload]:
     """(prompt ids, workload) of `n_prompts` prompts with N_SAMPLES synthetic lengths each (module docstring)."""
     rng = np.random.default_rng([seed, 0xB5])
@@ -173,7 +180,7 @@ def main() -> None:
     parser.add_argument("--skip-long", action="store_true", help="only part (a)")
     args = parser.parse_args()
     n_prompts, long_minibatches = (3_072, 5_000) if args.quick else (120 * BATCH, 100_000)
-    gen = GenerationTimeModel("continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"])
+    gen = assumed_generation_model()
     print(f"Generation model (assumed): {GEN_COEF}; training model (assumed): {TRAIN.to_dict()}")
     plans, work = part_a(n_prompts, gen)
     if not args.skip_long:

@@ -237,7 +237,7 @@ def catch_up(
 
 def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One chain at one layout: per pass the loads at its boundary, the schedules, their metrics and simulations."""
-    from bench_sim import GEN_COEF, TRAIN
+    from bench_sim import TRAIN, assumed_generation_model
 
     from asp.control.plan import WorkPlan
     from asp.predictor.metrics import kendall_tau
@@ -245,13 +245,9 @@ def run_chain(chain: str, lay: Layout, args: argparse.Namespace) -> list[dict[st
     from asp.schedule.history import HistoryEstimator, LengthHistory
     from asp.sim.engine import Workload, simulate
     from asp.sim.presets import SENSITIVITY_GRID, get_preset, scaled_models
-    from asp.sim.timemodel import FEATURES, GenerationTimeModel
 
     if args.time_model == ASSUMED:
-        gen = GenerationTimeModel(
-            "continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"]
-        )
-        train, grid = TRAIN, []
+        gen, train, grid = assumed_generation_model(), TRAIN, []
     else:
         preset = get_preset(args.time_model)
         gen, train = preset.gen, preset.train

@@ -167,14 +167,13 @@ def gpu_settings(iterations: int, partial: dict[str, Any], budget: int, lag: str
 
 
 def sim(iterations: int, budget: int, n_prompts: int, variants: list[str], lag: str) -> dict[str, dict[str, float]]:
-    from bench_sim import GEN_COEF, TAU, TRAIN, synthetic_workload
+    from bench_sim import TAU, TRAIN, assumed_generation_model, synthetic_workload
 
     from asp.control.plan import WorkPlan
     from asp.schedule import condition_schedule, kendall_tau, perturb_predictions
     from asp.sim.engine import simulate
-    from asp.sim.timemodel import FEATURES, GenerationTimeModel
 
-    gen = GenerationTimeModel("continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]), FEATURES["continuous"])
+    gen = assumed_generation_model()
     ids, work = synthetic_workload(n_prompts)
     true_mean = work.lengths.mean(axis=1)
     predicted, _ = perturb_predictions(true_mean, TAU, seed=0)

@@ -167,11 +167,13 @@ def time_model(args: argparse.Namespace) -> tuple[Any, str, float | None]:
     from asp.sim.timemodel import FEATURES, GenerationTimeModel, fit_generation_model
 
     if args.model == "bench_sim" and not args.timings:
-        from bench_sim import GEN_COEF
+        from bench_sim import GEN_COEF, assumed_generation_model
 
-        model = GenerationTimeModel("continuous", tuple(GEN_COEF[f] for f in FEATURES["continuous"]),
-                                    FEATURES["continuous"])  # fmt: skip
-        return model, f"benchmarks/bench_sim.py's ASSUMED continuous (vLLM-like) model {GEN_COEF}", None
+        return (
+            assumed_generation_model(),
+            f"benchmarks/bench_sim.py's ASSUMED continuous (vLLM-like) model {GEN_COEF}",
+            None,
+        )
     if args.timings:
         frame = pd.read_csv(args.timings)
         model, report = fit_generation_model(frame, args.form, folds=5, seed=0)
