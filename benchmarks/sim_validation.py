@@ -114,10 +114,15 @@ def fitted_terms(params: Params, fit_from: Path, fixed_trainer_threads: float | 
     )
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1
     fixed = " (fixed)" if fixed_trainer_threads is not None else ""
+    how = (
+        f"the sharing probe's measured slowdowns ({stage.Paths().sharing_probe})"
+        if report["contention"]
+        else f"trainer threads {sharing.trainer_threads:g}{fixed}"
+    )
     note = (
         f"launch-fitted terms from {fit_from} ({len(it)} steps, global batch {batch} prompts; not a run below): "
-        f"training at full speed {train.step_base_s:.4g} s + {train.step_per_token_s:.4g} s/token, trainer threads "
-        f"{sharing.trainer_threads:g}{fixed}, generation factor {sharing.generation_factor:.3f} (MdAPE of the "
+        f"training at full speed {train.step_base_s:.4g} s + {train.step_per_token_s:.4g} s/token, {how}, "
+        f"generation factor {sharing.generation_factor:.3f} (MdAPE of the "
         f"launch's calls {100 * report['mdape_generation']:.0f} %, steps {100 * report['mdape_training']:.0f} %, "
         f"{int(report['calls'])} calls)"
     )

@@ -796,12 +796,12 @@ class SimTrainingParams(_Params):
     ``simulate.trainer_threads``); the defaults are its fit of the demo's GRPO launch on the idle 2-core machine."""
 
     step_base_s: Float = Field(0.0, ge=0, description="Seconds per trainer step, fixed part.")
-    step_per_token_s: Float = Field(6.548e-05, ge=0, description="Seconds per generated token in the global batch.")
-    save_s: Float = Field(0.0056, ge=0, description="T_save: snapshot export per step.")
+    step_per_token_s: Float = Field(5.735e-05, ge=0, description="Seconds per generated token in the global batch.")
+    save_s: Float = Field(0.0057, ge=0, description="T_save: snapshot export per step.")
     convert_s: Float = Field(0.0, ge=0, description="T_convert: snapshot conversion per step.")
-    load_s: Float = Field(0.0038, ge=0, description="T_load: reload per actor, before its next minibatch.")
+    load_s: Float = Field(0.0035, ge=0, description="T_load: reload per actor, before its next minibatch.")
     step_per_sample_s: Float = Field(
-        0.004015,
+        0.003516,
         ge=0,
         description="Seconds per sequence (prompt x sample) in the global batch; fitted freely from launches of "
         "different batch sizes, else the per-token cost x the profile's mean prompt tokens.",
@@ -862,11 +862,11 @@ class SimulateParams(_Params):
     )
     folds: Int = Field(5, ge=2, description="Cross-validation folds of the time-model fit (held-out R², MdAPE).")
     sharing_factor: Float = Field(
-        1.189,
+        0.9265,
         gt=0,
         description="Generation time at full speed = the profile-fitted time (one engine alone) x this factor (what "
-        "processor sharing on simulate.cores leaves out); `asp simulate fit-training` fits it from a launch's calls "
-        "and steps (the default: the demo's launch on the idle 2-core machine). Not used with a preset time model.",
+        "the sharing model on simulate.cores leaves out); `asp simulate fit-training` fits it from a launch's calls "
+        "and steps under simulate.sharing. Not used with a preset time model.",
     )
     trainer_threads: Float = Field(
         0.875,
@@ -874,6 +874,12 @@ class SimulateParams(_Params):
         description="The GRPO trainer's demand on simulate.cores while it trains: it shares the cores with the "
         "decoding actors by processor sharing (asp.sim.sharing); 0: its own device. `asp simulate fit-training` "
         "fits it (with sharing_factor and simulate.training at full speed) from a launch's calls and steps.",
+    )
+    sharing: Literal["processor", "measured"] = Field(
+        "measured",
+        description="How engines and the GRPO trainer slow each other on simulate.cores: processor (processor "
+        "sharing by thread demand, simulate.trainer_threads) | measured (metrics/sharing_probe.json, the slowdowns "
+        "`asp simulate probe-sharing` measured on this machine; simulate.trainer_threads unused).",
     )
     iterations: Int | None = Field(None, ge=1, description="Trainer steps simulated; null: runtime.iterations.")
     time_model: str = Field(

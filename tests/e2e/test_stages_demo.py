@@ -6,6 +6,7 @@ resumes from its saved chunks; and (`make test-all`) an interrupted GRPO launch 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from asp.steps.loaders import policy_model_path
 from asp.steps.paths import rebase
 from asp.tracking import open_tracker
 
-from .conftest import TINY, tiny_params
+from .conftest import ROOT, TINY, tiny_params
 
 # TINY's 1-layer policy emits lengths unrelated to its prompts (held-out τ about 0: nothing to rank); this one
 # learns to stop at the prompt's stop letter in about 70 s (its Spearman of intended vs sampled length 0.88), and the
@@ -82,6 +83,8 @@ def run_stages(params: Any, root: Path, experiment: str) -> tuple[dict[str, obje
     """Every stage's `run`, in order, with its paths under `root`, each in its own MLflow run of `experiment`:
     (paths by stage, MLflow run id by stage)."""
     paths = _paths(root)
+    (root / "metrics").mkdir(parents=True, exist_ok=True)  # simulate.sharing: measured reads this machine's probe
+    shutil.copy(ROOT / "metrics/sharing_probe.json", root / "metrics/sharing_probe.json")
     run_ids = {}
     for name, module in STAGES.items():
         with open_tracker(name, experiment=experiment) as tracker:

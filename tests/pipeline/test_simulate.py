@@ -34,7 +34,7 @@ OVERLAY = {
         "ray": {"actors_per_unit": 3},
         "trainer": {"kind": "simulated", "step_s": 0.4},
     },
-    "simulate": {"conditions": ["C0", "C4"]},
+    "simulate": {"conditions": ["C0", "C4"], "sharing": "processor"},  # measured: its own test below
 }
 
 
@@ -394,3 +394,29 @@ def test_a_preset_is_never_checked_against_this_machine_s_launch(project: Path) 
     res = _asp(["simulate", "-c", "C4", "--set", "simulate.time_model=h100-qwen3-8b"], project)
     assert res.returncode == 0, res.stderr
     assert res.stdout.rstrip().splitlines()[-1].startswith("no launch to check against: the time model is the preset")
+
+
+def test_measured_sharing_reads_the_probe_and_names_a_bad_one(
+    inputs: tuple[Params, simulate.Paths], tmp_path: Path
+) -> None:
+    params, paths = inputs
+    measured = _params({"simulate": {"sharing": "measured"}})
+    probe = tmp_path / "sharing_probe.json"
+    with pytest.raises(UserError, match=r"sharing_probe.json: not found.*asp simulate probe-sharing"):
+        simulate.run(measured, replace(paths, sharing_probe=probe), NullTracker())
+    probe.write_text(json.dumps({"generation_slowdown": [[1, 1]]}))
+    with pytest.raises(UserError, match=r"sharing_probe.json: not a sharing probe.*Re-run `asp simulate probe-"):
+        simulate.run(measured, replace(paths, sharing_probe=probe), NullTracker())
+    # 3 actors on 2 cores: processor sharing runs each at 2/3; a probe that measured them at 1/2 is slower
+    probe.write_text(json.dumps({"generation_slowdown": [[1, 1], [1, 1], [2, 2]], "training_slowdown": [1, 1, 1]}))
+    slow = simulate.run(measured, replace(paths, sharing_probe=probe, out_dir=tmp_path / "o"), NullTracker())
+    shared = simulate.run(params, replace(paths, out_dir=tmp_path / "p"), NullTracker())
+    for cond in ("C0", "C4"):
+        key = f"simulate/{cond}/mean_iteration_time_s"
+        assert slow[key] > shared[key]
+
+
+def test_probe_sharing_cli_refuses_bad_counts(project: Path) -> None:
+    res = _asp(["simulate", "probe-sharing", "--repeats", "0"], project)
+    assert res.returncode == 2
+    assert "--engines, --repeats and --call-prompts must be >= 1" in res.stderr and "Traceback" not in res.stderr

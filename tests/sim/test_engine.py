@@ -24,6 +24,7 @@ from asp.control.queue import Backpressure, TrainingQueue
 from asp.control.settings import ControlSettings
 from asp.runtime import RuntimeConfig, WorkPlan
 from asp.sim.engine import Resources, Workload, simulate
+from asp.sim.sharing import ContentionTable
 
 # ---- stand-in time models and small inputs -------------------------------------------------------------------
 
@@ -262,6 +263,40 @@ def test_the_trainer_shares_the_core_with_the_actor():
     for res in (Resources(cores=2, trainer_threads=1.0), Resources(cores=1)):
         alone = simulate(plan, make_workload(plan), FixedGen(10.0), FixedTrain(4.0), one_actor(), res)
         assert [it["runtime/iteration_time_s"] for it in alone.iterations] == [14.0, 10.0, 10.0, 10.0]
+
+
+def test_a_measured_contention_table_slows_the_actor_and_the_trainer_apart():
+    # One actor and the trainer under a measured table (asp.sim.sharing.ContentionTable): beside a step a call runs
+    # at 1/2 of its speed, the step beside a call at 1/1.25. G = 10 s, T = 4 s; global batch = one minibatch.
+    #   mb0 0-10 alone. At 10 step 1 (4 s at 0.8: 10-15) and mb1 (2.5 s of work by 15, the other 7.5 alone: 22.5).
+    #   At 22.5 step 2 (22.5-27.5) and mb2 (-> 35); at 35 step 3 (35-40) and mb3 (-> 47.5); step 4 alone 47.5-51.5.
+    table = ContentionTable(generation=((1.0, 2.0),), training=(1.25,))
+    plan = make_plan(4, 2, k=1)
+    res = Resources(cores=2, trainer_threads=0.0, contention=table)
+    r = simulate(plan, make_workload(plan), FixedGen(10.0), FixedTrain(4.0), one_actor(), res)
+    assert [it["runtime/iteration_time_s"] for it in r.iterations] == pytest.approx([15.0, 12.5, 12.5, 11.5])
+    assert [it["runtime/train_step_s"] for it in r.iterations] == pytest.approx([5.0, 5.0, 5.0, 4.0])
+    assert column(r, "gen_s") == pytest.approx([10.0, 12.5, 12.5, 12.5])
+    # the simulated trainer (trainer_threads None) computes nothing: it is no sharer, whatever the table says
+    alone = simulate(
+        plan, make_workload(plan), FixedGen(10.0), FixedTrain(4.0), one_actor(), Resources(cores=2, contention=table)
+    )
+    assert [it["runtime/iteration_time_s"] for it in alone.iterations] == [14.0, 10.0, 10.0, 10.0]
+
+
+def test_a_table_of_processor_sharing_simulates_as_processor_sharing():
+    # 2 one-thread actors and a one-thread trainer on 2 cores, written as a table: the same run
+    plan, cfg = make_plan(8, 2, k=1), one_actor(ray={"actors_per_unit": 2})
+    table = ContentionTable(generation=((1.0, 1.0), (1.0, 1.5)), training=(1.0, 1.5))
+    runs = [
+        simulate(plan, make_workload(plan), FixedGen(10.0), FixedTrain(4.0), cfg, res)
+        for res in (Resources(cores=2, trainer_threads=1.0), Resources(cores=2, trainer_threads=0.0, contention=table))
+    ]
+    for key in ("gen_s", "arrival_s"):
+        assert column(runs[0], key) == pytest.approx(column(runs[1], key))
+    assert [it["runtime/iteration_time_s"] for it in runs[0].iterations] == pytest.approx(
+        [it["runtime/iteration_time_s"] for it in runs[1].iterations]
+    )
 
 
 def test_unequal_jobs_share_one_core():

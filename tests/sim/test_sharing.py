@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from asp.sim.sharing import fit_cpu_sharing, launch_intervals, mean_rates, sharing_rate
+from asp.sim.sharing import ContentionTable, fit_cpu_sharing, launch_intervals, mean_rates, sharing_rate
 from asp.sim.timemodel import GenerationTimeModel, fit_training_model, shared
 
 
@@ -50,7 +50,14 @@ def test_launch_intervals_from_the_tables():
         launch_intervals(mb, it.drop(columns="runtime/train_step_s"))
 
 
-def _launch(rng: np.random.Generator, threads: float, factor: float, base: float, per_token: float):
+def _launch(
+    rng: np.random.Generator,
+    threads: float,
+    factor: float,
+    base: float,
+    per_token: float,
+    contention: ContentionTable | None = None,
+):
     """A synthetic launch on 2 cores made under a known sharing: 2 actors decode back to back while the trainer
     steps whenever a call ends; each time is its full-speed work / the mean sharing rate it ran at (solved by
     fixed-point iteration on the measured intervals)."""
@@ -72,7 +79,9 @@ def _launch(rng: np.random.Generator, threads: float, factor: float, base: float
         step_end = np.sort(end)[1::2] + steps_s
         step_start = step_end - steps_s
         calls, steps = np.column_stack([start, end]), np.column_stack([step_start, step_end])
-        rc, rs = mean_rates(calls, steps, cores=2.0, threads_per_actor=1.0, trainer_threads=threads)
+        rc, rs = mean_rates(
+            calls, steps, cores=2.0, threads_per_actor=1.0, trainer_threads=threads, contention=contention
+        )
         seconds, steps_s = work / rc, train_work / rs
     iteration = np.diff(np.concatenate([[0.0], step_end]))
     mb = pd.DataFrame(
@@ -137,3 +146,50 @@ def test_a_fixed_trainer_demand_moves_the_slowdown_into_the_generation_factor():
     assert report["trainer_threads_near_min"] == report["trainer_threads_near_max"] == 2.0
     assert fixed.generation_factor < free.generation_factor
     assert report["mdape_generation"] > free_report["mdape_generation"]
+
+
+# a measured table: 2 engines alone 1.1x, beside a step 1.6x (the step 1.8x); 1 engine beside a step 1.05x (1.0x)
+TABLE = ContentionTable(generation=((1.0, 1.05), (1.1, 1.6)), training=(1.0, 1.8))
+
+
+def test_contention_table_slowdowns_hand_worked():
+    call, step = TABLE.slowdowns(np.array([0, 1, 1, 2, 2, 3, 4]), np.array([1, 0, 1, 0, 1, 1, 0], bool))
+    # no engine decoding: nothing to slow; beyond the 2 measured engines the last row scales as k / 2
+    assert call.tolist() == pytest.approx([1.0, 1.0, 1.05, 1.1, 1.6, 1.6 * 1.5, 1.1 * 2])
+    assert step.tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.8, 1.8 * 1.5, 1.0])
+
+
+def test_contention_table_from_the_probe_file_and_its_refusals():
+    table = ContentionTable.from_dict({"generation_slowdown": [[1, 1.05], [1.1, 1.6]], "training_slowdown": [1, 1.8]})
+    assert table == TABLE
+    with pytest.raises(ValueError, match="not a sharing probe"):
+        ContentionTable.from_dict({"generation_slowdown": [[1, 1.05]]})
+    with pytest.raises(ValueError, match="one generation row and one training entry"):
+        ContentionTable(generation=((1.0, 1.0),), training=(1.0, 1.2))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        ContentionTable(generation=((1.0, 0.0),), training=(1.0,))
+
+
+def test_mean_rates_under_a_contention_table_hand_worked():
+    # call A 0-4, call B 0-2, a step 1-3 (as above), the table's rates:
+    #   [0,1) 2 engines: call 1/1.1;  [1,2) 2 engines + step: call 1/1.6, step 1/1.8;
+    #   [2,3) 1 engine + step: call 1/1.05, step 1/1.0;  [3,4) A alone: 1.
+    calls, steps = np.array([[0.0, 4.0], [0.0, 2.0]]), np.array([[1.0, 3.0]])
+    rc, rs = mean_rates(calls, steps, cores=2.0, threads_per_actor=1.0, trainer_threads=0.0, contention=TABLE)
+    assert rc == pytest.approx([(1 / 1.1 + 1 / 1.6 + 1 / 1.05 + 1) / 4, (1 / 1.1 + 1 / 1.6) / 2])
+    assert rs == pytest.approx([(1 / 1.8 + 1.0) / 2])
+
+
+def test_fit_under_a_contention_table_recovers_the_generation_factor():
+    rng = np.random.default_rng(3)
+    mb, it, gen = _launch(rng, threads=0.0, factor=1.2, base=0.4, per_token=2e-4, contention=TABLE)
+    sharing, train, report = fit_cpu_sharing(
+        [mb], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8], contention=TABLE
+    )
+    assert report["contention"] == 1.0 and sharing.trainer_threads == 0.0  # no demand fitted
+    assert sharing.generation_factor == pytest.approx(1.2, rel=0.02)
+    assert train.step_seconds(5000, 128) == pytest.approx(0.4 + 5000 * 2e-4, rel=0.05)
+    assert report["mdape_generation"] < 0.02
+    # processor sharing on the same launch explains it worse
+    _, _, ps_report = fit_cpu_sharing([mb], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8])
+    assert ps_report["mdape_generation"] > report["mdape_generation"]

@@ -5,6 +5,7 @@
     asp simulate -c C0 --set runtime.mode=sync      # the synchronous baseline (rounds of one global batch, lag 0)
     asp simulate fit-training outputs/launch/iterations.parquet    # simulate.training + sharing_factor, a launch
     asp simulate fit-training run16/iterations.parquet run32/iterations.parquet   # + the per-sequence cost
+    asp simulate probe-sharing                      # metrics/sharing_probe.json: engines + trainer on these cores
 
 It needs the pipeline's outputs up to `schedule` (and metrics/profile_timings.csv); it fits the same models as
 the `simulate` stage (`asp.pipeline.simulate`) and prints the Table 4(b) columns, lag, duty cycle and
@@ -16,6 +17,7 @@ does that). Bad params or inputs exit 2 with one message.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -212,11 +214,90 @@ def fit_training(
         raise UserError(f"{', '.join(map(str, files))}: {exc}") from None
     if fitted is not None:
         overlay["sharing_factor"] = round(report["generation_factor"], 4)
-        overlay["trainer_threads"] = report["trainer_threads"]
+        if not report["contention"]:  # measured sharing: the probe's slowdowns, no demand fitted
+            overlay["trainer_threads"] = report["trainer_threads"]
     device = p.runtime.grpo.device
     overlay["training"] = {**model.to_dict(), "measured_on": "cuda" if device.startswith("cuda") else "cpu"}
     typer.echo(f"# from {', '.join(map(str, files))}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
     typer.echo(yaml.safe_dump({"simulate": overlay}, sort_keys=False).rstrip())
+
+
+@app.command("probe-sharing")
+def probe_sharing_command(
+    params: Annotated[Path, typer.Option("--params", "-p", help="params file (runtime.engine, runtime.ray)")] = Path(
+        "params.yaml"
+    ),
+    engines: Annotated[
+        int | None, typer.Option(help="most engines decoding at once (default: the launch's actors + 1)")
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="timed calls per engine and setting")] = 6,
+    call_prompts: Annotated[int, typer.Option(help="prompts per timed call (the profile's first ones)")] = 8,
+    out: Annotated[Path, typer.Option(help="where to write the probe")] = Path("metrics/sharing_probe.json"),
+) -> None:
+    """Measure how k = 1..ENGINES generation engines and a training step slow each other on this machine's cores
+    (`asp.runtime.contention`) and write the slowdowns `simulate.sharing: measured` uses."""
+    import datetime
+    import platform
+
+    import pandas as pd
+
+    from asp.io import write_json
+    from asp.pipeline.profile import load_profile_prompts
+    from asp.pipeline.simulate import Paths as SimPaths
+    from asp.pipeline.simulate import mean_prompt_tokens
+    from asp.rollout.base import SamplingParams
+    from asp.runtime.config import RuntimeConfig
+    from asp.runtime.contention import TrainingLoadSpec, probe_sharing
+    from asp.steps.engine import engine_spec
+    from asp.steps.loaders import policy_model_path
+    from asp.steps.paths import LaunchPaths
+
+    p = load_with_overrides(params, [], [])
+    if repeats < 1 or call_prompts < 1 or (engines is not None and engines < 1):
+        raise UserError(
+            f"--engines, --repeats and --call-prompts must be >= 1, got {engines}, {repeats}, {call_prompts}."
+        )
+    runtime = RuntimeConfig.from_params(p)
+    k = engines or runtime.total_actors + 1
+    launch, sim = LaunchPaths(), SimPaths()
+    texts = load_profile_prompts(Path("outputs/prompts"))["prompt"].head(call_prompts).tolist()
+    if not sim.timings.is_file():
+        raise UserError(f"{sim.timings}: not found. Run the profile stage first (`dvc repro profile`).")
+    timings = pd.read_csv(sim.timings)
+    response = float(timings["total_tokens"].sum() / max(int((timings["num_prompts"] * timings["n"]).sum()), 1))
+    s = p.runtime.sampling
+    sampling = SamplingParams(s.n_samples, s.max_new_tokens, s.temperature, s.top_p, seed=0)
+    model = policy_model_path(launch.policy)
+    load = TrainingLoadSpec(
+        model_path=str(model),
+        sequences=p.runtime.global_batch_prompts * s.n_samples,
+        seq_tokens=max(1, round(mean_prompt_tokens(timings) + response)),
+        micro_batch_tokens=p.runtime.grpo.micro_batch_tokens,
+        num_threads=p.runtime.grpo.num_threads or 1,
+    )
+    typer.echo(f"probing 1..{k} {p.runtime.engine.kind} engines (+ a training load), {repeats} calls each ...")
+    result = probe_sharing(
+        runtime,
+        engine_spec(p.runtime, model),
+        sampling,
+        texts,
+        load,
+        max_engines=k,
+        repeats=repeats,
+        seed=p.common.seed,
+    )
+    result.update(
+        engine=p.runtime.engine.kind,
+        machine=f"{platform.machine()}, {os.cpu_count()} CPUs",
+        date=datetime.date.today().isoformat(),
+        command=f"asp simulate probe-sharing --engines {k} --repeats {repeats} --call-prompts {call_prompts}",
+    )
+    write_json(result, out)
+    lines = ["| engines decoding | call, alone | call, beside training | training step |", "|---|---|---|---|"]
+    for i, (row, step) in enumerate(zip(result["generation_slowdown"], result["training_slowdown"], strict=True)):
+        lines.append(f"| {i + 1} | {row[0]:.2f}x | {row[1]:.2f}x | {step:.2f}x |")
+    typer.echo("\n".join(lines))
+    typer.echo(f"wrote {out}")
 
 
 def _cpu_sharing(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from asp.runtime.config import RuntimeConfig
 from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
-from asp.sim.sharing import TRAINER_THREADS_GRID, CpuSharing, fit_cpu_sharing
+from asp.sim.sharing import TRAINER_THREADS_GRID, ContentionTable, CpuSharing, fit_cpu_sharing
 from asp.sim.timemodel import TrainingTimeModel, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
@@ -255,9 +256,10 @@ def fit_launch_sharing(
         gen,
         mean_prompt_tokens(timings),
         cores=params.simulate.cores or 1.0,
-        threads_per_actor=resources(params).threads_per_actor,
+        threads_per_actor=params.runtime.engine.num_threads or 1,
         n_samples=n_samples,
         grid=TRAINER_THREADS_GRID if fixed_trainer_threads is None else (fixed_trainer_threads,),
+        contention=contention_table(params, paths),
     )
 
 
@@ -267,14 +269,41 @@ def time_model_preset(params: Params) -> TimeModelPreset | None:
     return None if name == FIT else get_preset(name)
 
 
-def resources(params: Params) -> Resources:
+def contention_table(params: Params, paths: Paths) -> ContentionTable | None:
+    """The measured slowdowns of `paths.sharing_probe` under ``simulate.sharing: measured`` on shared cores (no
+    preset), else None.
+
+    Raises:
+        UserError: the probe file is missing or not a sharing probe.
+    """
+    if params.simulate.sharing != "measured" or params.simulate.cores is None or time_model_preset(params):
+        return None
+    path = paths.sharing_probe
+    if not path.is_file():
+        raise UserError(
+            f"{path}: not found. simulate.sharing: measured needs the sharing probe: run `asp simulate "
+            "probe-sharing` on the machine the launch runs on, or set simulate.sharing: processor."
+        )
+    try:
+        return ContentionTable.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path}: {exc}. Re-run `asp simulate probe-sharing`.") from None
+
+
+def resources(params: Params, paths: Paths) -> Resources:
     """Shared CPU cores as `simulate.cores` says, the GRPO trainer among the sharers per
-    `simulate.trainer_threads` (the simulated trainer computes nothing: never); a device per actor (no sharing)
-    under a GPU/NPU preset."""
+    `simulate.trainer_threads` (the simulated trainer computes nothing: never), at the slowdowns of the sharing
+    probe under ``simulate.sharing: measured`` (`contention_table`); a device per actor (no sharing) under a
+    GPU/NPU preset."""
     cores = None if time_model_preset(params) is not None else params.simulate.cores
     grpo = params.runtime.trainer.kind == "grpo"
     trainer = params.simulate.trainer_threads if grpo and cores is not None else None
-    return Resources(cores=cores, threads_per_actor=params.runtime.engine.num_threads or 1, trainer_threads=trainer)
+    return Resources(
+        cores=cores,
+        threads_per_actor=params.runtime.engine.num_threads or 1,
+        trainer_threads=trainer,
+        contention=contention_table(params, paths),
+    )
 
 
 def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibration: Any) -> dict[str, Any]:
@@ -324,7 +353,7 @@ def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[st
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
     load = workload(params, models, preds, calibration)
-    res = resources(params)
+    res = resources(params, paths)
     results = {}
     for cond, plan in plans.items():
         results[cond] = simulate(plan, load, models.gen, models.train, control_settings(params, cond), res)
@@ -339,7 +368,7 @@ def sensitivity_ranges(params: Params, paths: Paths, models: Models) -> dict[str
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
     load = workload(params, models, preds, calibration)
-    res = resources(params)
+    res = resources(params, paths)
     values: dict[str, dict[str, list[float]]] = {c: {k: [] for k in REPORTED} for c in plans}
     for scale in SENSITIVITY_GRID:
         gen, train = scaled_models(models.gen, models.train, scale)

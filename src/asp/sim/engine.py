@@ -15,7 +15,8 @@ simulator adds is what Ray and the engines do in a real run:
   announced to every GU when it ends (in sync mode the next round starts then, and every actor reloads first).
   Where the trainer shares the actors' cores (``Resources.trainer_threads`` > 0, `asp.sim.sharing`) a step is one
   more sharer: demand = threads of the decoding actors + the trainer's while it trains, everyone at
-  min(1, C / demand) of full speed;
+  min(1, C / demand) of full speed; with a measured `asp.sim.sharing.ContentionTable` (``Resources.contention``)
+  the actors' and the step's rates are the table's instead;
 * the Control Unit's loop runs after every event and at least every ``poll_timeout_s`` (as `ray.wait` does).
 With partial rollouts (``settings.partial``) a minibatch decodes at most the token budget per response (the call's
 time from the capped lengths) and a continuation item decodes its rows' next segments as R prompts of one sample
@@ -225,30 +226,28 @@ class _Sim:
         self.ps_schedule()
 
     # ---- processor sharing on shared cores -------------------------------------------------------------
-    def ps_rate(self) -> float:
-        demand = float(len(self.decoding) * self.res.threads_per_actor)
-        if self.train_left is not None:
-            demand += self.res.trainer_threads or 0.0
-        cores = self.res.cores
-        return min(1.0, cores / demand) if demand and cores is not None else 1.0
+    def ps_rates(self) -> tuple[float, float]:
+        """(decoding actors' rate, the trainer step's rate) of full speed now (`Resources.rates`)."""
+        return self.res.rates(len(self.decoding), self.train_left is not None)
 
     def ps_advance(self) -> None:
-        rate, dt = self.ps_rate(), self.now - self.ps_last
+        (gen_rate, train_rate), dt = self.ps_rates(), self.now - self.ps_last
         for job in self.decoding.values():
-            job.remaining -= dt * rate
+            job.remaining -= dt * gen_rate
         if self.train_left is not None:
-            self.train_left -= dt * rate
+            self.train_left -= dt * train_rate
         self.ps_last = self.now
 
     def ps_schedule(self) -> None:
         """Plan the next completion among the sharers (decoding actors, and the trainer's step when it shares)."""
         self.ps_epoch += 1
-        rate = self.ps_rate()
+        gen_rate, train_rate = self.ps_rates()
         job = min(self.decoding.values(), key=lambda j: (j.remaining, j.actor.index), default=None)
-        if self.train_left is not None and (job is None or self.train_left < job.remaining):
-            self.push(self.now + max(self.train_left, 0.0) / rate, "ps_done", (self.ps_epoch, None))
-        elif job is not None:
-            self.push(self.now + max(job.remaining, 0.0) / rate, "ps_done", (self.ps_epoch, job))
+        job_at = None if job is None else max(job.remaining, 0.0) / gen_rate
+        if self.train_left is not None and (job_at is None or max(self.train_left, 0.0) / train_rate < job_at):
+            self.push(self.now + max(self.train_left, 0.0) / train_rate, "ps_done", (self.ps_epoch, None))
+        elif job is not None and job_at is not None:
+            self.push(self.now + job_at, "ps_done", (self.ps_epoch, job))
 
     def on_ps_done(self, payload: tuple[int, _Job | None]) -> None:
         epoch, job = payload

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from asp.sim.sharing import ContentionTable
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -56,17 +58,38 @@ class Resources:
         report_latency_s: seconds from an actor finishing to the Control Unit ingesting the minibatch.
         trainer_threads: the trainer's demand on the same `cores` while a step runs (`asp.sim.sharing`); None or
             0: the trainer has its own device and its steps take their modelled time whatever the actors do.
+        contention: measured slowdowns on the shared `cores` instead of processor sharing by thread demand
+            (`asp.sim.sharing.ContentionTable`); then the trainer shares the cores whenever `trainer_threads` is
+            not None (its value unused) and the threads are unused.
     """
 
     cores: float | None = None
     threads_per_actor: int = 1
     report_latency_s: float = 0.0
     trainer_threads: float | None = None
+    contention: ContentionTable | None = None
 
     @property
     def trainer_shares(self) -> bool:
-        """Whether a trainer step is one of the sharers of `cores` (shared cores and a positive demand)."""
-        return self.cores is not None and bool(self.trainer_threads)
+        """Whether a trainer step is one of the sharers of `cores` (shared cores and a positive demand, or a
+        trainer beside a contention table)."""
+        if self.cores is None:
+            return False
+        if self.contention is not None:
+            return self.trainer_threads is not None
+        return bool(self.trainer_threads)
+
+    def rates(self, decoding: int, training: bool) -> tuple[float, float]:
+        """(a decoding actor's rate, the trainer step's rate) of full speed with `decoding` actors decoding and a
+        step in flight or not (`training`), on the shared cores."""
+        if self.cores is None:
+            return 1.0, 1.0
+        if self.contention is not None:
+            call, step = self.contention.slowdowns(np.asarray(decoding), np.asarray(training))
+            return 1.0 / float(call), 1.0 / float(step)
+        demand = decoding * self.threads_per_actor + ((self.trainer_threads or 0.0) if training else 0.0)
+        rate = min(1.0, self.cores / demand) if demand else 1.0
+        return rate, rate
 
     def __post_init__(self) -> None:
         if self.cores is not None and not self.cores > 0:

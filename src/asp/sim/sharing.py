@@ -7,6 +7,13 @@ per decoding actor plus ``trainer_threads`` while a trainer step runs, and every
 generation-time fit (one engine timed alone) and the training-time model. One residual factor, ``generation_factor``,
 scales generation beyond that (what processor sharing leaves out: memory bandwidth, Ray's own processes).
 
+Measured contention instead of processor sharing (`ContentionTable`, ``simulate.contention``): the slowdown of a
+generation call with k engines decoding at once, with and without a training step beside them, and of a training
+step beside k decoding engines, as `asp simulate probe-sharing` measured them on the machine itself
+(`asp.runtime.contention`). Then the rates come from the table (what processor sharing by thread demand leaves out
+is in it: 3 one-thread engines on 2 cores each ran at 1/1.87 of their speed alone, where processor sharing gives
+1/1.5), no trainer demand is fitted, and only ``generation_factor`` (and the training model) is fitted from the launch.
+
 `fit_cpu_sharing` finds ``trainer_threads`` and ``generation_factor`` from one or more launches: every generation
 call's interval (``minibatches.parquet``: ``gen_start_s``, ``gen_s``) and every trainer step's interval
 (``iterations.parquet``: a step ends at the running sum of ``runtime/iteration_time_s`` and lasts
@@ -24,6 +31,7 @@ Tests: tests/sim/test_sharing.py (hand-worked intervals).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +59,62 @@ class CpuSharing:
     generation_factor: float
 
 
+@dataclass(frozen=True)
+class ContentionTable:
+    """Measured slowdowns on shared cores (``metrics/sharing_probe.json``, `asp.runtime.contention`).
+
+    Attributes:
+        generation: row k - 1 for k = 1..K engines decoding at once: (a call's time / one engine's time alone
+            with no training step running, the same with a training step running).
+        training: entry k - 1: a training step's time beside k decoding engines / its time alone.
+
+    Beyond the K measured engines the last row is scaled as processor sharing would: s(k) = s(K) x k / K.
+    """
+
+    generation: tuple[tuple[float, float], ...]
+    training: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.generation or len(self.generation) != len(self.training):
+            raise ValueError(
+                f"a contention table needs one generation row and one training entry per engine count, got "
+                f"{len(self.generation)} and {len(self.training)}"
+            )
+        for value in [v for row in self.generation for v in row] + list(self.training):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"contention slowdowns must be finite and > 0, got {value}")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ContentionTable:
+        """From the probe file's ``generation_slowdown`` ([[alone, with training], ...]) and ``training_slowdown``.
+
+        Raises:
+            ValueError: a missing key or a bad value.
+        """
+        try:
+            gen = tuple((float(a), float(b)) for a, b in data["generation_slowdown"])
+            train = tuple(float(v) for v in data["training_slowdown"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"not a sharing probe (generation_slowdown: [[alone, with training], ...], training_slowdown: "
+                f"[...]): {exc}"
+            ) from None
+        return cls(gen, train)
+
+    def slowdowns(self, decoding: np.ndarray, training: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(a call's slowdown, a step's slowdown) with `decoding` engines decoding and `training` (bool) a step
+        running; 1 where the process is alone (no engine decoding beside a step, or no call)."""
+        k = np.asarray(decoding, np.int64)
+        train_on = np.asarray(training, bool)
+        top = len(self.generation)
+        idx = np.clip(k, 1, top) - 1
+        scale = np.where(k > top, k / top, 1.0)
+        gen = np.asarray(self.generation, np.float64)
+        call = np.where(k >= 1, gen[idx, train_on.astype(np.int64)] * scale, 1.0)
+        step = np.where(train_on & (k >= 1), np.asarray(self.training, np.float64)[idx] * scale, 1.0)
+        return call, step
+
+
 def sharing_rate(demand: np.ndarray, cores: float) -> np.ndarray:
     """Processor-sharing rate of every runnable process at total thread `demand` on `cores`: min(1, cores/demand)
     (1 where nothing runs)."""
@@ -65,12 +129,14 @@ def mean_rates(
     cores: float,
     threads_per_actor: float,
     trainer_threads: float,
+    contention: ContentionTable | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean processor-sharing rate over each generation call's and each trainer step's own interval.
+    """Mean sharing rate over each generation call's and each trainer step's own interval.
 
     Args:
         calls: [m, 2] (start, end) of every generation call; steps: [k, 2] (start, end) of every trainer step.
         cores, threads_per_actor, trainer_threads: the sharing model (demand per decoding call / running step).
+        contention: measured slowdowns instead of processor sharing (then `cores` and the demands are unused).
 
     Returns:
         (rates of the calls [m], rates of the steps [k]), each in (0, 1]; an interval of zero length gets the
@@ -84,9 +150,13 @@ def mean_rates(
     mid = (lo + hi) / 2
     decoding = ((calls[:, :1] <= mid) & (mid < calls[:, 1:])).sum(axis=0)
     training = ((steps[:, :1] <= mid) & (mid < steps[:, 1:])).sum(axis=0)
-    rate = sharing_rate(threads_per_actor * decoding + trainer_threads * training, cores)
+    if contention is None:
+        call_rate = step_rate = sharing_rate(threads_per_actor * decoding + trainer_threads * training, cores)
+    else:
+        call_slow, step_slow = contention.slowdowns(decoding, training > 0)
+        call_rate, step_rate = 1.0 / call_slow, 1.0 / step_slow
 
-    def over(intervals: np.ndarray) -> np.ndarray:
+    def over(intervals: np.ndarray, rate: np.ndarray) -> np.ndarray:
         if not len(intervals):
             return np.zeros(0)
         cover = np.clip(np.minimum(intervals[:, 1:], hi) - np.maximum(intervals[:, :1], lo), 0.0, None)
@@ -94,7 +164,7 @@ def mean_rates(
         at_start = rate[np.clip(np.searchsorted(lo, intervals[:, 0], side="right") - 1, 0, len(rate) - 1)]
         return np.where(length > 0, (cover * rate).sum(axis=1) / np.maximum(length, FLOOR_S), at_start)
 
-    return over(calls), over(steps)
+    return over(calls, call_rate), over(steps, step_rate)
 
 
 def launch_intervals(minibatches: pd.DataFrame, iterations: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -169,16 +239,23 @@ def score_trainer_threads(
     cores: float,
     threads_per_actor: float,
     trainer_threads: float,
+    contention: ContentionTable | None = None,
 ) -> tuple[float, float, list[np.ndarray]]:
     """One candidate of `fit_cpu_sharing`: (generation factor, its error, the steps' mean rates per launch).
 
     Args:
         calls: per launch (call intervals [m, 2], usable mask [m], predicted seconds [m], step intervals [k, 2]).
+        contention: measured slowdowns instead of processor sharing (`mean_rates`).
     """
     work, pred, measured, rates_each, step_rates = [], [], [], [], []
     for intervals, usable, predicted, steps in calls:
         call_rate, step_rate = mean_rates(
-            intervals, steps, cores=cores, threads_per_actor=threads_per_actor, trainer_threads=trainer_threads
+            intervals,
+            steps,
+            cores=cores,
+            threads_per_actor=threads_per_actor,
+            trainer_threads=trainer_threads,
+            contention=contention,
         )
         seconds = intervals[:, 1] - intervals[:, 0]
         work.append((seconds * call_rate)[usable])
@@ -201,6 +278,7 @@ def fit_cpu_sharing(
     threads_per_actor: float,
     n_samples: Sequence[int],
     grid: Sequence[float] = TRAINER_THREADS_GRID,
+    contention: ContentionTable | None = None,
 ) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float]]:
     """Fit the CPU sharing of one or more launches (their minibatches and iterations tables, paired) and the
     full-speed training-time model under it (see the module docstring).
@@ -210,6 +288,8 @@ def fit_cpu_sharing(
         gen: the profile's generation-time fit (one engine alone); prompt_tokens_per_prompt: the profile's mean.
         cores, threads_per_actor: as the simulator's `Resources`; n_samples: samples per prompt of each launch.
         grid: candidate ``trainer_threads``.
+        contention: measured slowdowns (`ContentionTable`): then no trainer demand is fitted (the report's
+            ``trainer_threads`` is 0 and ``contention`` 1) and only the generation factor and training model are.
 
     Returns:
         (sharing, training model, report): the report has ``trainer_threads``, ``generation_factor``,
@@ -238,6 +318,8 @@ def fit_cpu_sharing(
     if sum(int(u.sum()) for _, u, _, _, _ in launches) < 3:
         raise ValueError("need at least 3 generation calls without continued responses")
     frames = [it for *_, it in launches]
+    if contention is not None:
+        grid = (0.0,)
     best: tuple[float, ...] | None = None
     scores: list[tuple[float, float]] = []  # (trainer threads, summed error)
     for threads in grid:
@@ -246,6 +328,7 @@ def fit_cpu_sharing(
             cores=cores,
             threads_per_actor=threads_per_actor,
             trainer_threads=float(threads),
+            contention=contention,
         )
         train, _ = fit_training_model(
             frames, n_samples=list(n_samples), rates=step_rates, prompt_tokens_per_sample=prompt_tokens_per_prompt
@@ -278,6 +361,7 @@ def fit_cpu_sharing(
         "mdape_training": train_err,
         "calls": float(sum(int(u.sum()) for _, u, _, _, _ in launches)),
         "steps": float(sum(len(s) for _, _, _, s, _ in launches)),
+        "contention": float(contention is not None),
     }
     report.update({f"training_{k}": float(v) for k, v in best_train.to_dict().items()})
     return CpuSharing(threads, factor), best_train, report

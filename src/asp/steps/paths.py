@@ -111,6 +111,7 @@ class SimulatePaths:
     heldout: Path = dep("outputs/prompts/heldout.parquet")
     timings: Path = dep("metrics/profile_timings.csv")
     schedule: Path = dep("outputs/schedule/schedule.parquet")
+    sharing_probe: Path = dep("metrics/sharing_probe.json")  # simulate.sharing: measured (asp simulate probe-sharing)
     out_dir: Path = output("outputs/simulate")
     metrics: Path = output("metrics/simulate.json")
     plot: Path = output("plots/simulate_timeline.png")
