@@ -24,7 +24,9 @@ coefficients); ``--model throughput`` instead assumes ``--tokens-per-s`` generat
 (default 20,000, the issue's figure) and ``--step-ms`` per decode step of the longest response (default 0);
 ``--lengths outputs/profile/samples.parquet`` uses the demo's measured lengths rescaled from its cap to the preset's
 (per prompt, seeded); ``--timings CSV`` fits the model on measured minibatch timings (metrics/profile_timings.csv of a
-profile run on the target GPUs) instead of assuming it.
+profile run on the target GPUs) instead of assuming it; ``--time-model PRESET`` takes a published-source GPU preset's
+generation model (`asp.sim.presets`, docs/simulator.md) and prints each wall time and speed-up with its min-max over
+the preset's sensitivity grid (decode costs x0.5-2, 13 points).
 
     .venv/bin/python benchmarks/profile_actors.py measure                      # 1 vs 2 actors, all demo prompts
     .venv/bin/python benchmarks/profile_actors.py measure --actors 1 2 --prompts 200
@@ -32,6 +34,7 @@ profile run on the target GPUs) instead of assuming it.
     .venv/bin/python benchmarks/profile_actors.py simulate                     # GPU preset: 1 vs 12 engines
     .venv/bin/python benchmarks/profile_actors.py simulate --engines 1 4 12 16
     .venv/bin/python benchmarks/profile_actors.py simulate --model throughput --step-ms 15
+    .venv/bin/python benchmarks/profile_actors.py simulate --time-model h100-qwen3-8b   # sourced, with ranges
     .venv/bin/python benchmarks/profile_actors.py simulate --timings metrics/profile_timings.csv --form continuous
 """
 
@@ -51,6 +54,7 @@ import pandas as pd
 from asp.config import Params, deep_merge, load_params, read_yaml, validate_params
 from asp.env import set_offline_defaults
 from asp.runtime.profile_actors import dispatch_makespan, pool_size
+from asp.sim.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,6 +170,11 @@ def time_model(args: argparse.Namespace) -> tuple[Any, str, float | None]:
     """The generation-time model, how it was obtained, and the mean prompt tokens to feed it (None: the workload's)."""
     from asp.sim.timemodel import FEATURES, GenerationTimeModel, fit_generation_model
 
+    if args.time_model:
+        from asp.sim.presets import get_preset
+
+        preset = get_preset(args.time_model)
+        return preset.gen, f"the published-source preset {preset.name} (docs/simulator.md)", None
     if args.model == "bench_sim" and not args.timings:
         from bench_sim import GEN_COEF, assumed_generation_model
 
@@ -222,26 +231,50 @@ def simulate(args: argparse.Namespace) -> None:
     if fitted_prompt_tokens is not None:
         prompt_tokens = np.full(prompts, fitted_prompt_tokens)
     starts = list(range(0, prompts, mb))
-    seconds = np.array(
-        [
-            model.seconds(len(b), n, int(b.max()), int(b.sum()), int(round(prompt_tokens[s : s + mb].sum())))
-            for s, b in ((s, lengths[s : s + mb]) for s in starts)
+    seconds = minibatch_seconds(model, lengths, prompt_tokens, mb, n)
+    grid = []  # under a preset: the same minibatches at every point of its sensitivity grid
+    if args.time_model:
+        from asp.sim.presets import SENSITIVITY_GRID, get_preset, scaled_models
+
+        train = get_preset(args.time_model).train
+        grid = [
+            minibatch_seconds(scaled_models(model, train, sc)[0], lengths, prompt_tokens, mb, n)
+            for sc in SENSITIVITY_GRID
         ]
-    )
     print(
         f"\nprofile at {args.preset}'s layout: {prompts} prompts x {n} samples, cap {cap}, {len(starts)} minibatches "
         f"of {mb} prompts; lengths: {what} (mean {lengths.mean():.0f} tokens, {np.mean(lengths >= cap):.1%} at the "
         f"cap); time: {how}\n"
     )
-    print("| engines | predicted wall | speed-up | engine busy (mean of engines) | minibatch s (min / median / max) |")
+    ranged = " [min-max over the preset's sensitivity grid]" if grid else ""
+    print(
+        f"| engines | predicted wall{ranged} | speed-up{ranged} | engine busy (mean of engines) | "
+        "minibatch s (min / median / max) |"
+    )
     print("|---:|---:|---:|---:|---|")
     one = float(seconds.sum())
     for e in engines:
         wall, busy = dispatch_makespan(seconds, e)
+        wall_cell, speed_cell = f"{wall:,.0f} s ({wall / 3600:.2f} h)", f"{one / wall:.2f}x"
+        if grid:
+            walls = [dispatch_makespan(g, e)[0] for g in grid]
+            speeds = [float(g.sum()) / w for g, w in zip(grid, walls, strict=True)]
+            wall_cell += f" [{min(walls):,.0f}-{max(walls):,.0f} s]"
+            speed_cell += f" [{min(speeds):.2f}-{max(speeds):.2f}x]"
         print(
-            f"| {e} | {wall:,.0f} s ({wall / 3600:.2f} h) | {one / wall:.2f}x | {np.mean(busy) / wall:.0%} | "
+            f"| {e} | {wall_cell} | {speed_cell} | {np.mean(busy) / wall:.0%} | "
             f"{seconds.min():.0f} / {np.median(seconds):.0f} / {seconds.max():.0f} |"
         )
+
+
+def minibatch_seconds(model: Any, lengths: np.ndarray, prompt_tokens: np.ndarray, mb: int, n: int) -> np.ndarray:
+    """Seconds of each minibatch of `mb` prompts (in order) under the generation-time `model`."""
+    return np.array(
+        [
+            model.seconds(len(b), n, int(b.max()), int(b.sum()), int(round(prompt_tokens[s : s + mb].sum())))
+            for s, b in ((s, lengths[s : s + mb]) for s in range(0, len(lengths), mb))
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -259,6 +292,12 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--model", choices=["bench_sim", "throughput"], default="bench_sim",
                    help="bench_sim: benchmarks/bench_sim.py's assumed vLLM-like model; throughput: --tokens-per-s "
                    "and --step-ms")  # fmt: skip
+    s.add_argument(
+        "--time-model",
+        choices=list(PRESETS),
+        default=None,
+        help="a published-source GPU preset (asp.sim.presets) instead of --model, with its sensitivity range",
+    )
     s.add_argument("--tokens-per-s", type=float, default=20_000.0, help="assumed generated tokens/s per engine")
     s.add_argument("--step-ms", type=float, default=0.0, help="assumed ms per decode step of the longest response")
     s.add_argument("--prompt-tokens", type=float, default=0.0, help="mean prompt tokens (assumed model: unused)")

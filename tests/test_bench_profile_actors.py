@@ -23,3 +23,20 @@ def test_simulate_prints_the_gpu_layouts_profile_time(monkeypatch: pytest.Monkey
     assert "4500 prompts x 8 samples, cap 8192, 36 minibatches of 128 prompts" in out
     rows = dict(re.findall(r"^\| (\d+) \| [\d,]+ s \([\d.]+ h\) \| ([\d.]+)x \|", out, re.M))
     assert rows["1"] == "1.00" and 10 < float(rows["12"]) < 12, out
+
+
+def test_simulate_under_a_preset_prints_its_sensitivity_range(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "profile_actors", raising=False)
+    import profile_actors as bench
+
+    bench.main(["simulate", "--engines", "1", "12", "--time-model", "h100-qwen3-8b"])
+    out = capsys.readouterr().out
+    assert "the published-source preset h100-qwen3-8b" in out
+    cell = r"([\d,]+) s \([\d.]+ h\) \[([\d,]+)-([\d,]+) s\] \| ([\d.]+)x \[([\d.]+)-([\d.]+)x\]"
+    rows = re.findall(r"^\| (\d+) \| " + cell + r" \|", out, re.M)
+    got = {r[0]: [float(v.replace(",", "")) for v in r[1:]] for r in rows}
+    wall, low, high, speed, s_low, s_high = got["12"]
+    assert low <= wall <= high and low < high  # the decode costs x0.5-2 move the wall time
+    assert s_low <= speed <= s_high and s_low > 10 and s_high < 12  # 3 rounds of 12 engines at every point
+    assert got["1"][3:] == [1.0, 1.0, 1.0]
