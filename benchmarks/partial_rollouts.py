@@ -28,6 +28,12 @@ max_new_tokens by the prompt's longest response so far: q1 / q2 / q3 / q4) and (
     .venv/bin/python benchmarks/partial_rollouts.py --skip-demo          # the simulated table only (~1 min)
     .venv/bin/python benchmarks/partial_rollouts.py --demo-iterations 3 --skip-sim    # a quick look
     .venv/bin/python benchmarks/partial_rollouts.py --json benchmarks/results/partial_rollouts.json
+    .venv/bin/python benchmarks/partial_rollouts.py --skip-demo --skip-sim-demo --sim-lag none \
+        --time-model h100-qwen3-8b --variants C4 "C4 + partial (fifo)"    # a sourced preset, with its range
+
+``--time-model PRESET`` simulates the GPU layout with a published-source preset of `asp.sim.presets` instead of
+bench_sim's assumed model and prints each variant's mean iteration time over C4's at the preset and its min-max over
+the preset's 13-point sensitivity grid (`SENSITIVITY_GRID`; C4 among the variants).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from asp.sim.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_sim's synthetic workload and assumed models
@@ -161,19 +169,26 @@ def gpu_settings(iterations: int, partial: dict[str, Any], budget: int, lag: str
     raw = deep_merge(read_yaml(ROOT / "params.yaml"), read_yaml(ROOT / "configs/gpu-cluster.yaml"))
     runtime = dict(raw["runtime"])
     runtime.update(iterations=iterations, partial={**partial, "token_budget": budget})
+    # the stall watchdog guards a real run; a sourced model's slow corner has minibatches of over 600 s
+    runtime["control"] = {**runtime.get("control", {}), "stall_timeout_s": 1e6}
     if lag != "preset":
         runtime["queue"] = {**runtime["queue"], "max_policy_lag": None if lag == "none" else int(lag)}
     return RuntimeConfig(**runtime, seed=0).control_settings(), raw["schedule"]
 
 
-def sim(iterations: int, budget: int, n_prompts: int, variants: list[str], lag: str) -> dict[str, dict[str, float]]:
+def sim(
+    iterations: int, budget: int, n_prompts: int, variants: list[str], lag: str, time_model: str | None = None
+) -> dict[str, dict[str, float]]:
     from bench_sim import TAU, TRAIN, assumed_generation_model, synthetic_workload
 
     from asp.control.plan import WorkPlan
     from asp.schedule import condition_schedule, kendall_tau, perturb_predictions
     from asp.sim.engine import simulate
+    from asp.sim.presets import get_preset
 
-    gen = assumed_generation_model()
+    preset = get_preset(time_model) if time_model else None
+    gen, train = (preset.gen, preset.train) if preset else (assumed_generation_model(), TRAIN)
+    model = f"the published-source preset {preset.name}" if preset else "continuous-batching model (assumed)"
     ids, work = synthetic_workload(n_prompts)
     true_mean = work.lengths.mean(axis=1)
     predicted, _ = perturb_predictions(true_mean, TAU, seed=0)
@@ -182,7 +197,7 @@ def sim(iterations: int, budget: int, n_prompts: int, variants: list[str], lag: 
         f"\n## (sim) GPU preset layout: {cfg0.generation_units} GUs x {cfg0.actors_per_unit} actors, batch "
         f"{cfg0.global_batch_prompts} x n={cfg0.n_samples}, cap {cfg0.max_new_tokens}, q_max {cfg0.q_max}, "
         f"max_policy_lag {cfg0.max_policy_lag} ({cfg0.stale_samples}), {iterations} updates, budget {budget} tokens; "
-        f"continuous-batching model (assumed); {n_prompts:,} synthetic prompts, Kendall tau "
+        f"{model}; {n_prompts:,} synthetic prompts, Kendall tau "
         f"{kendall_tau(true_mean, predicted):.2f}\n"
     )
     plans = {}
@@ -197,12 +212,53 @@ def sim(iterations: int, budget: int, n_prompts: int, variants: list[str], lag: 
         condition, partial = VARIANTS[name]
         cfg, _ = gpu_settings(iterations, partial, budget, lag)
         start = time.perf_counter()
-        rows[name] = simulate(plans[condition], work, gen, TRAIN, cfg).metrics
+        rows[name] = simulate(plans[condition], work, gen, train, cfg).metrics
         print(f"{name}: simulated in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     table(
         rows, {"dropped q1/q2/q3/q4": by_bucket, "sim gen. util.": lambda m: f"{m['sim/generation_utilization']:.3f}"}
     )
+    if preset is not None and "C4" in variants:
+        sensitivity(rows, plans, work, preset, iterations, budget, variants, lag)
     return rows
+
+
+def sensitivity(
+    rows: dict[str, dict[str, float]],
+    plans: dict[str, Any],
+    work: Any,
+    preset: Any,
+    iterations: int,
+    budget: int,
+    variants: list[str],
+    lag: str,
+) -> None:
+    """Each variant's mean iteration time over C4's, at the preset and its min-max over the sensitivity grid
+    (`asp.sim.presets.SENSITIVITY_GRID`); each grid point's variants share its scaled models. Adds
+    ``vs_c4_min`` / ``vs_c4_max`` to `rows`."""
+    from asp.sim.engine import simulate
+    from asp.sim.presets import SENSITIVITY_GRID, scaled_models
+
+    key = "runtime/summary/mean_iteration_time_s"
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+    for scale in SENSITIVITY_GRID:
+        gen, train = scaled_models(preset.gen, preset.train, scale)
+        times = {}
+        for name in variants:
+            condition, partial = VARIANTS[name]
+            cfg, _ = gpu_settings(iterations, partial, budget, lag)
+            times[name] = simulate(plans[condition], work, gen, train, cfg).metrics[key]
+        for name in variants:
+            ratios[name].append(times[name] / times["C4"])
+    print(
+        f"\n{preset.name}: mean iteration over C4's, at the preset and across its {len(SENSITIVITY_GRID)}-point grid\n"
+    )
+    print("| variant | at the preset | min | max | faster than C4 at every point |")
+    print("|---|---|---|---|---|")
+    for name in variants:
+        r = ratios[name]
+        rows[name].update(vs_c4_min=min(r), vs_c4_max=max(r))
+        at = rows[name][key] / rows["C4"][key]
+        print(f"| {name} | {at:.3f}x | {min(r):.3f}x | {max(r):.3f}x | {'yes' if max(r) < 1 else 'no'} |")
 
 
 def sim_demo(iterations: int, budget: int, variants: list[str]) -> dict[str, dict[str, float]]:
@@ -249,11 +305,19 @@ def main() -> None:
     parser.add_argument(
         "--demo-variants", nargs="*", default=DEMO_DEFAULT, choices=list(VARIANTS), help="(demo; each ~2-3 min here)"
     )
+    parser.add_argument(
+        "--time-model",
+        choices=list(PRESETS),
+        default=None,
+        help="(sim) a published-source GPU preset instead of bench_sim's assumed model, with its sensitivity range",
+    )
     parser.add_argument("--json", type=Path, help="also write every run's summary metrics here")
     args = parser.parse_args()
     out: dict[str, Any] = {"args": {k: _portable(v) for k, v in vars(args).items()}}
     if not args.skip_sim:
-        out["sim"] = sim(args.sim_iterations, args.sim_budget, args.sim_prompts, args.variants, args.sim_lag)
+        out["sim"] = sim(
+            args.sim_iterations, args.sim_budget, args.sim_prompts, args.variants, args.sim_lag, args.time_model
+        )
     if not args.skip_sim_demo:
         out["sim_demo"] = sim_demo(args.sim_iterations, args.demo_budget, args.variants)
     if not args.skip_demo:

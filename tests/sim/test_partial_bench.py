@@ -35,3 +35,18 @@ def test_the_simulated_part_runs_at_the_gpu_layout(capsys):
     assert rows["C0"]["runtime/summary/continuations"] == 0
     assert rows["C0 + partial (fifo)"]["runtime/summary/continuations"] > 0
     assert rows["C0"]["runtime/summary/iterations"] == rows["C0 + partial (fifo)"]["runtime/summary/iterations"] == 2
+
+
+@pytest.mark.slow  # ~30 s: 13 grid points x 2 variants of two updates
+def test_a_sourced_preset_prints_its_sensitivity_range(capsys):
+    bench = _bench()
+    rows = bench.sim(2, 2048, 512, ["C4", "C4 + partial (fifo)"], "none", "h100-qwen3-8b")
+    out = capsys.readouterr().out
+    assert "the published-source preset h100-qwen3-8b" in out and "(assumed)" not in out
+    assert "h100-qwen3-8b: mean iteration over C4's, at the preset and across its 13-point grid" in out
+    assert rows["C4"]["vs_c4_min"] == rows["C4"]["vs_c4_max"] == 1.0  # C4 against itself at every point
+    at = (
+        rows["C4 + partial (fifo)"]["runtime/summary/mean_iteration_time_s"]
+        / rows["C4"]["runtime/summary/mean_iteration_time_s"]
+    )
+    assert rows["C4 + partial (fifo)"]["vs_c4_min"] <= at <= rows["C4 + partial (fifo)"]["vs_c4_max"]
