@@ -43,8 +43,7 @@ from asp.control.messages import Failure, WorkItem
 from asp.errors import UserError
 from asp.rollout.base import SamplingParams
 from asp.runtime.config import RuntimeConfig
-from asp.runtime.generation import GenerationActor
-from asp.runtime.profile_actors import actor_pool, pool_config
+from asp.runtime.profile_actors import generation_pool
 from asp.runtime.trainer import work_in
 
 log = logging.getLogger(__name__)
@@ -180,16 +179,9 @@ def probe_sharing(
 
     if max_engines < 1 or repeats < 1 or not prompts:
         raise ValueError(f"need max_engines >= 1, repeats >= 1 and prompts, got {max_engines}, {repeats}")
-    getattr(engine_factory, "check", lambda: None)()
-    config = pool_config(runtime, max_engines)
     cwd = os.getcwd()
-    with actor_pool(
-        config,
-        GenerationActor,
-        lambda g, a: (g, a, engine_factory, sampling, cwd),
-        what="sharing probe",
-        knob="--engines",
-    ) as handles:
+    pool = generation_pool(runtime, max_engines, engine_factory, sampling, what="sharing probe", knob="--engines")
+    with pool as (handles, _):
         trainer = ray.remote(TrainingLoad).options(num_cpus=0, max_concurrency=2).remote(load, cwd)
         try:
             ray.get(trainer.ready.remote())

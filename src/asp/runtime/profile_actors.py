@@ -311,17 +311,24 @@ def profile_runner(
 ) -> Iterator[ProfileRunner]:
     """A `ProfileRunner` over `actors` generation actors (``profile.actors``) that build their engines with
     `engine_factory` (an `EngineSpec`, checked here first); stopped on exit."""
+    with generation_pool(runtime, actors, engine_factory, sampling, what="profile", knob="profile.actors") as pool:
+        yield ProfileRunner(*pool, sampling)
+
+
+@contextlib.contextmanager
+def generation_pool(
+    runtime: RuntimeConfig, actors: int | str, engine_factory: Any, sampling: SamplingParams, *, what: str, knob: str
+) -> Iterator[tuple[dict[int, Any], RuntimeConfig]]:
+    """(actor index -> handle, the pool's config) of `actors` launch `GenerationActor`s building their engines with
+    `engine_factory` (an `EngineSpec`, checked here first) in this directory, as `actor_pool` starts and stops them
+    (`what` / `knob`: the work's and the setting's names in its messages)."""
     getattr(engine_factory, "check", lambda: None)()
     config = pool_config(runtime, actors)
     cwd = os.getcwd()
     with actor_pool(
-        config,
-        GenerationActor,
-        lambda g, a: (g, a, engine_factory, sampling, cwd),
-        what="profile",
-        knob="profile.actors",
+        config, GenerationActor, lambda g, a: (g, a, engine_factory, sampling, cwd), what=what, knob=knob
     ) as handles:
-        yield ProfileRunner(handles, config, sampling)
+        yield handles, config
 
 
 class PredictorActor:
