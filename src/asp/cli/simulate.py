@@ -276,16 +276,19 @@ def probe_sharing_command(
         num_threads=p.runtime.grpo.num_threads or 1,
     )
     typer.echo(f"probing 1..{k} {p.runtime.engine.kind} engines (+ a training load), {repeats} calls each ...")
-    result = probe_sharing(
-        runtime,
-        engine_spec(p.runtime, model),
-        sampling,
-        texts,
-        load,
-        max_engines=k,
-        repeats=repeats,
-        seed=p.common.seed,
-    )
+    try:
+        result = probe_sharing(
+            runtime,
+            engine_spec(p.runtime, model),
+            sampling,
+            texts,
+            load,
+            max_engines=k,
+            repeats=repeats,
+            seed=p.common.seed,
+        )
+    except ValueError as exc:  # e.g. no training step fitted in a setting's window
+        raise UserError(f"the sharing probe could not measure: {exc}") from None
     result.update(
         engine=p.runtime.engine.kind,
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs",
