@@ -43,6 +43,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -238,17 +239,24 @@ def sensitivity(
     from asp.sim.engine import simulate
     from asp.sim.presets import SENSITIVITY_GRID, scaled_models
 
-    key = "runtime/summary/mean_iteration_time_s"
+    key, drops = "runtime/summary/mean_iteration_time_s", "runtime/summary/stale_dropped_prompts"
+    others = [n for n in variants if n != "C4"]
     ratios: dict[str, list[float]] = {name: [] for name in variants}
+    print(f"\n{preset.name}, per point of its sensitivity grid (prompts dropped by the lag bound in brackets)\n")
+    print(f"| grid point | C4 mean iter (s) | {' | '.join(f'{n} / C4' for n in others)} |")
+    print("|---|---|" + "---|" * len(others))
     for scale in SENSITIVITY_GRID:
         gen, train = scaled_models(preset.gen, preset.train, scale)
-        times = {}
+        runs = {}
         for name in variants:
             condition, partial = VARIANTS[name]
             cfg, _ = gpu_settings(iterations, partial, budget, lag)
-            times[name] = simulate(plans[condition], work, gen, train, cfg).metrics[key]
+            runs[name] = simulate(plans[condition], work, gen, train, cfg).metrics
         for name in variants:
-            ratios[name].append(times[name] / times["C4"])
+            ratios[name].append(runs[name][key] / runs["C4"][key])
+        cells = [f"{runs[n][key] / runs['C4'][key]:.3f}x ({runs[n].get(drops, 0):,.0f})" for n in others]
+        point = ", ".join(f"{k} x{v:g}" for k, v in asdict(scale).items() if v != 1.0) or "preset"
+        print(f"| {point} | {runs['C4'][key]:.1f} ({runs['C4'].get(drops, 0):,.0f}) | {' | '.join(cells)} |")
     print(
         f"\n{preset.name}: mean iteration over C4's, at the preset and across its {len(SENSITIVITY_GRID)}-point grid\n"
     )
