@@ -250,7 +250,7 @@ def probe_sharing_command(
     from asp.runtime.contention import TrainingLoadSpec, probe_sharing
     from asp.steps.engine import engine_spec
     from asp.steps.loaders import policy_model_path
-    from asp.steps.paths import LaunchPaths
+    from asp.steps.paths import LaunchPaths, ProfilePaths
 
     p = load_with_overrides(params, [], [])
     if repeats < 1 or call_prompts < 1 or (engines is not None and engines < 1):
@@ -260,7 +260,7 @@ def probe_sharing_command(
     runtime = RuntimeConfig.from_params(p)
     k = engines or runtime.total_actors + 1
     launch, sim = LaunchPaths(), SimPaths()
-    texts = load_profile_prompts(Path("outputs/prompts"))["prompt"].head(call_prompts).tolist()
+    texts = load_profile_prompts(ProfilePaths().prompts)["prompt"].head(call_prompts).tolist()
     if not sim.timings.is_file():
         raise UserError(f"{sim.timings}: not found. Run the profile stage first (`dvc repro profile`).")
     timings = pd.read_csv(sim.timings)

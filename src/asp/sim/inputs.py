@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from asp.sim.sharing import ContentionTable
+from asp.sim.sharing import ContentionTable, sharing_rate
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Resources:
             call, step = self.contention.slowdowns(np.asarray(decoding), np.asarray(training))
             return 1.0 / float(call), 1.0 / float(step)
         demand = decoding * self.threads_per_actor + ((self.trainer_threads or 0.0) if training else 0.0)
-        rate = min(1.0, self.cores / demand) if demand else 1.0
+        rate = float(sharing_rate(np.asarray(demand), self.cores))
         return rate, rate
 
     def __post_init__(self) -> None:

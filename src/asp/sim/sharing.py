@@ -7,12 +7,13 @@ per decoding actor plus ``trainer_threads`` while a trainer step runs, and every
 generation-time fit (one engine timed alone) and the training-time model. One residual factor, ``generation_factor``,
 scales generation beyond that (what processor sharing leaves out: memory bandwidth, Ray's own processes).
 
-Measured contention instead of processor sharing (`ContentionTable`, ``simulate.contention``): the slowdown of a
-generation call with k engines decoding at once, with and without a training step beside them, and of a training
-step beside k decoding engines, as `asp simulate probe-sharing` measured them on the machine itself
-(`asp.runtime.contention`). Then the rates come from the table (what processor sharing by thread demand leaves out
-is in it: 3 one-thread engines on 2 cores each ran at 1/1.87 of their speed alone, where processor sharing gives
-1/1.5), no trainer demand is fitted, and only ``generation_factor`` (and the training model) is fitted from the launch.
+Measured contention instead of processor sharing (`ContentionTable`, ``simulate.sharing: measured``): the slowdown of a
+generation call with k engines decoding at once, with and without a training step beside them, and of a training step
+beside k decoding engines, as `asp simulate probe-sharing` measured them on the machine itself
+(`asp.runtime.contention`). Then the rates come from the table (what processor sharing by thread demand leaves out is
+in it: 3 one-thread engines on 2 cores each ran at 1/1.76 of their speed alone in the committed probe, where processor
+sharing gives 1/1.5), no trainer demand is fitted, and only ``generation_factor`` (and the training model) is fitted
+from the launch.
 
 `fit_cpu_sharing` finds ``trainer_threads`` and ``generation_factor`` from one or more launches: every generation
 call's interval (``minibatches.parquet``: ``gen_start_s``, ``gen_s``) and every trainer step's interval
