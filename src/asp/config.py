@@ -143,8 +143,16 @@ class DemoPolicyParams(_Params):
         "of the steps (asp.demo.task.shortcut_response); > 0 gives GRPO a length drift to find (configs/drift-demo).",
     )
     skip_min_steps: Int = Field(6, ge=2, description="Fewest terms of a problem the warm start may shortcut.")
+    answer_slip_rate: Float = Field(
+        0.3,
+        ge=0,
+        lt=1,
+        description="Chance that a warm-start reference writes every step right and then states a wrong final answer "
+        "(asp.demo.task.slipped_response): an imperfect demonstrator, whose slips the policy imitates at temperature "
+        "1 and GRPO's reward removes, so GRPO's gain does not hinge on how far the warm start got; 0: none.",
+    )
     target_reward: Float | None = Field(
-        0.35,
+        0.25,
         ge=0,
         le=1,
         description="End the warm start at the first check whose validation reward reaches this (the same starting "

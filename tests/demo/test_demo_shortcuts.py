@@ -58,24 +58,25 @@ def test_shortcut_is_a_prefix_of_the_reference_plus_the_answer() -> None:
 def test_skip_fraction_zero_is_exactly_todays_references() -> None:
     recs = generate_problems(500, seed=100)
     refs = [reference_response(r) for r in recs]
-    assert warm_start_responses(recs, skip_fraction=0.0, skip_min_steps=6, seed=0) == refs
-    assert warm_start_responses(recs, skip_fraction=0.0, skip_min_steps=2, seed=123) == refs
+    assert warm_start_responses(recs, skip_fraction=0.0, skip_min_steps=6, seed=0, answer_slip_rate=0.0) == refs
+    assert warm_start_responses(recs, skip_fraction=0.0, skip_min_steps=2, seed=123, answer_slip_rate=0.0) == refs
     # the default params leave the shortcut off
     assert DemoPolicyParams().skip_fraction == 0.0
 
 
 def test_skip_draws_hit_only_long_problems_in_the_asked_share() -> None:
     recs = generate_problems(4000, seed=100)
-    out = warm_start_responses(recs, skip_fraction=0.5, skip_min_steps=6, seed=300)
-    assert out == warm_start_responses(recs, skip_fraction=0.5, skip_min_steps=6, seed=300)  # deterministic
-    assert out != warm_start_responses(recs, skip_fraction=0.5, skip_min_steps=6, seed=301)
+    out = warm_start_responses(recs, skip_fraction=0.5, skip_min_steps=6, seed=300, answer_slip_rate=0.0)
+    again = warm_start_responses(recs, skip_fraction=0.5, skip_min_steps=6, seed=300, answer_slip_rate=0.0)
+    assert out == again  # deterministic
+    assert out != warm_start_responses(recs, skip_fraction=0.5, skip_min_steps=6, seed=301, answer_slip_rate=0.0)
     eligible = [len(parse_terms(r["problem"])) >= 6 for r in recs]
     skipped = [o != reference_response(r) for r, o in zip(recs, out, strict=True)]
     assert not any(s and not e for s, e in zip(skipped, eligible, strict=True))  # short problems never skip
     share = sum(skipped) / sum(eligible)
     n = sum(eligible)  # ~1,370 eligible: the binomial share is within 4 standard errors of 0.5
     assert abs(share - 0.5) < 4 * np.sqrt(0.25 / n)
-    everything = warm_start_responses(recs, skip_fraction=1.0, skip_min_steps=6, seed=0)
+    everything = warm_start_responses(recs, skip_fraction=1.0, skip_min_steps=6, seed=0, answer_slip_rate=0.0)
     expected = [shortcut_response(r) if e else reference_response(r) for r, e in zip(recs, eligible, strict=True)]
     assert everything == expected
 
@@ -94,7 +95,13 @@ def test_partial_credit_pays_a_shortcut_less() -> None:
 @pytest.mark.parametrize(("fraction", "min_steps"), [(-0.1, 6), (1.5, 6), (0.5, 1)])
 def test_bad_skip_settings_raise(fraction: float, min_steps: int) -> None:
     with pytest.raises(ValueError, match="skip"):
-        warm_start_responses(generate_problems(4, seed=0), skip_fraction=fraction, skip_min_steps=min_steps, seed=0)
+        warm_start_responses(
+            generate_problems(4, seed=0),
+            skip_fraction=fraction,
+            skip_min_steps=min_steps,
+            seed=0,
+            answer_slip_rate=0.0,
+        )
     with pytest.raises(ValueError, match="skip"):
         DemoPolicyParams(skip_fraction=fraction, skip_min_steps=min_steps)
 

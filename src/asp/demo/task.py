@@ -28,6 +28,14 @@ predictor reads the stop letter (one word at a fixed place). Sampled at temperat
 follow the prompt's instruction closely while its reward is well inside (0, 1) -- what the profiler, the length
 predictor and GRPO need.
 
+Answer slips (``policy.demo.answer_slip_rate``, on in the demo): `warm_start_responses` can make the warm start's
+demonstrator imperfect. A reference writes every step right and then, with that chance, states a wrong final answer
+(`slipped_response`; the length is unchanged). The warm-started policy imitates the slips when it samples at
+temperature 1, and GRPO's reward pays for copying the last sum instead: a habit one token long, which GRPO learns in
+a few dozen updates on every problem whose steps the policy gets right. That makes GRPO's headroom a property of the
+task rather than of how far a given machine's warm start got (docs/benchmarks.md, "The demo's GRPO gain across
+seeds").
+
 Shortcuts (the drift demo, ``configs/drift-demo.yaml``): `warm_start_responses` can replace the reference of a
 share of the longer problems by `shortcut_response`, which writes only the first half of the steps and then the
 answer. The warm-started policy copies the habit but cannot add the skipped terms in its head, so the partial
@@ -205,32 +213,58 @@ def shortcut_response(record: dict) -> str:
     return full[: TOKENS_PER_STEP * keep] + f"{ANSWER_MARK} {record['answer']}"
 
 
-def warm_start_responses(records: list[dict], *, skip_fraction: float, skip_min_steps: int, seed: int) -> list[str]:
-    """The warm start's target response per record: `reference_response`, or on some long problems a shortcut.
+def slipped_response(record: dict, offset: int) -> str:
+    """The reference's steps, then a final answer `offset` (1..9) away from the last sum written: a transcription
+    slip of the demonstrator (0: `reference_response`).
+
+    Example: ``"Add mod 10 up to B: A3 B4 | C2"`` with offset 2 -> ``"A3=3 B4=7 answer: 9"`` (the true answer is 7).
+    """
+    if not 0 <= offset <= 9:
+        raise ValueError(f"need an offset in 0..9, got {offset}")
+    terms = parse_terms(record["problem"])
+    steps = reference_response(record)[: TOKENS_PER_STEP * len(terms)]
+    return f"{steps}{ANSWER_MARK} {(sum(terms) + offset) % 10}"
+
+
+def warm_start_responses(
+    records: list[dict], *, skip_fraction: float, skip_min_steps: int, seed: int, answer_slip_rate: float
+) -> list[str]:
+    """The warm start's target response per record: `reference_response`, on some long problems a shortcut, and
+    with `answer_slip_rate` a demonstrator that sometimes states a wrong final answer.
 
     Args:
         records: task records (``problem``, ``answer``).
         skip_fraction: probability that a problem with >= `skip_min_steps` terms gets `shortcut_response`
-            (0: every record gets its reference, and no random number is drawn).
+            (0: no record is shortcut, and no skip is drawn).
         skip_min_steps: fewest terms of a problem that may be shortcut (>= 2: a shortcut must skip a step).
-        seed: seed of the skip draws (one uniform per record, independent of the records' own generator).
+        seed: seed of the draws (independent of the records' own generator): one uniform per record for the skip,
+            then, with `answer_slip_rate`, one uniform and one offset per record.
+        answer_slip_rate: probability that a (not shortcut) reference writes every step right and then states a
+            wrong answer (`slipped_response`): an imperfect demonstrator, whose slips the warm-started policy imitates
+            when it samples at temperature 1; GRPO's reward then pays for copying the last sum. 0: none (no slip
+            is drawn).
 
     Returns:
         One response string per record, in order.
     """
-    if not 0.0 <= skip_fraction <= 1.0 or skip_min_steps < 2:
+    if not 0.0 <= skip_fraction <= 1.0 or skip_min_steps < 2 or not 0.0 <= answer_slip_rate < 1.0:
         raise ValueError(
-            f"need 0 <= skip_fraction <= 1 and skip_min_steps >= 2, got {skip_fraction}, {skip_min_steps}"
+            "need 0 <= skip_fraction <= 1, skip_min_steps >= 2 and 0 <= answer_slip_rate < 1, got "
+            f"{skip_fraction}, {skip_min_steps}, {answer_slip_rate}"
         )
-    if skip_fraction == 0.0:
+    if skip_fraction == 0.0 and answer_slip_rate == 0.0:
         return [reference_response(r) for r in records]
-    draws = np.random.default_rng(seed).random(len(records))
-    return [
-        shortcut_response(r)
-        if u < skip_fraction and len(parse_terms(r["problem"])) >= skip_min_steps
-        else reference_response(r)
-        for r, u in zip(records, draws.tolist(), strict=True)
-    ]
+    rng = np.random.default_rng(seed)
+    skips = rng.random(len(records)) if skip_fraction > 0.0 else np.ones(len(records))
+    slips = rng.random(len(records)) < answer_slip_rate
+    offsets = rng.integers(1, 10, size=len(records))
+    out = []
+    for r, u, slip, offset in zip(records, skips.tolist(), slips.tolist(), offsets.tolist(), strict=True):
+        if u < skip_fraction and len(parse_terms(r["problem"])) >= skip_min_steps:
+            out.append(shortcut_response(r))
+        else:
+            out.append(slipped_response(r, offset) if slip else reference_response(r))
+    return out
 
 
 def _normalize(text: str) -> str:

@@ -102,11 +102,7 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
         seed=seed,
     )
     records = generate_problems(demo.warm_start_problems, seed=seed + 100)
-    responses = None
-    if demo.skip_fraction > 0:  # shortcuts on long problems (configs/drift-demo.yaml): GRPO lengthens them
-        responses = warm_start_responses(
-            records, skip_fraction=demo.skip_fraction, skip_min_steps=demo.skip_min_steps, seed=seed + 300
-        )
+    responses = warm_start_targets(demo, records, seed)
     checks: list[tuple[int, float, float]] = []
     shown: dict[str, str] = {}  # the bar's postfix: the last step's loss, the last check's reward and Spearman
     stop = None
@@ -157,6 +153,20 @@ def warm_started_policy(demo: DemoPolicyParams, evaluation: PolicyEvalParams, se
             file=sys.stderr,
         )
     return warm
+
+
+def warm_start_targets(demo: DemoPolicyParams, records: list[dict], seed: int) -> list[str] | None:
+    """The warm start's target responses: None (every record's reference) unless `demo` asks for shortcuts (the drift
+    demo: GRPO lengthens them) or answer slips (an imperfect demonstrator: GRPO's headroom), drawn from seed + 300."""
+    if demo.skip_fraction == 0 and demo.answer_slip_rate == 0:
+        return None
+    return warm_start_responses(
+        records,
+        skip_fraction=demo.skip_fraction,
+        skip_min_steps=demo.skip_min_steps,
+        seed=seed + 300,
+        answer_slip_rate=demo.answer_slip_rate,
+    )
 
 
 def meets(check: tuple[int, float, float], target: float, target_spearman: float | None) -> bool:
