@@ -27,6 +27,9 @@ TINY: dict[str, Any] = {
             "batch_size": 16,
             "warm_start_problems": 200,
             "target_reward": None,
+            # a faithful demonstrator: with the demo's answer slips this 20-step policy's lengths ranked at τ 0.24 on
+            # 48 held-out prompts in one CI run (the test asks 0.5); the slips are the demo's, not the plumbing's
+            "answer_slip_rate": 0.0,
         },
         "eval": {"prompts": 8, "samples": 1, "max_new_tokens": 48},
     },
