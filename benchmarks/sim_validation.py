@@ -119,6 +119,8 @@ def fitted_terms(params: Params, fit_from: Path, fixed_trainer_threads: float | 
         if report["contention"]
         else f"trainer threads {sharing.trainer_threads:g}{fixed}"
     )
+    if report.get("anchored"):
+        how += ": full speed is the probe's step and calls alone (the launch gives the refresh costs only)"
     note = (
         f"launch-fitted terms from {fit_from} ({len(it)} steps, global batch {batch} prompts; not a run below): "
         f"training at full speed {train.step_base_s:.4g} s + {train.step_per_token_s:.4g} s/token, {how}, "

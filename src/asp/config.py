@@ -800,16 +800,17 @@ STAGE_TIMEOUTS_S: dict[str, float] = {
 class SimTrainingParams(_Params):
     """The Training Unit's times for the simulator when ``runtime.trainer.kind: grpo`` (the simulated trainer's are
     ``runtime.trainer.step_s`` / ``refresh_delay_s``). `asp simulate fit-training` fits them from a launch's
-    ``outputs/launch/iterations.parquet`` (at full speed where the trainer shares CPU cores with the actors:
-    ``simulate.trainer_threads``); the defaults are its fit of the demo's GRPO launch on the idle 2-core machine."""
+    ``outputs/launch/iterations.parquet`` (at full speed where the trainer shares CPU cores with the actors; under
+    ``simulate.sharing: measured`` the per-token cost is the sharing probe's step alone and the launch gives the
+    refresh costs); the defaults are those of the demo on the 2-core machine."""
 
     step_base_s: Float = Field(0.0, ge=0, description="Seconds per trainer step, fixed part.")
-    step_per_token_s: Float = Field(5.735e-05, ge=0, description="Seconds per generated token in the global batch.")
-    save_s: Float = Field(0.0057, ge=0, description="T_save: snapshot export per step.")
+    step_per_token_s: Float = Field(7.242e-05, ge=0, description="Seconds per generated token in the global batch.")
+    save_s: Float = Field(0.0061, ge=0, description="T_save: snapshot export per step.")
     convert_s: Float = Field(0.0, ge=0, description="T_convert: snapshot conversion per step.")
     load_s: Float = Field(0.0035, ge=0, description="T_load: reload per actor, before its next minibatch.")
     step_per_sample_s: Float = Field(
-        0.003516,
+        0.004441,
         ge=0,
         description="Seconds per sequence (prompt x sample) in the global batch; fitted freely from launches of "
         "different batch sizes, else the per-token cost x the profile's mean prompt tokens.",
@@ -870,11 +871,11 @@ class SimulateParams(_Params):
     )
     folds: Int = Field(5, ge=2, description="Cross-validation folds of the time-model fit (held-out R², MdAPE).")
     sharing_factor: Float = Field(
-        0.9265,
+        1.4721,
         gt=0,
-        description="Generation time at full speed = the profile-fitted time (one engine alone) x this factor (what "
-        "the sharing model on simulate.cores leaves out); `asp simulate fit-training` fits it from a launch's calls "
-        "and steps under simulate.sharing. Not used with a preset time model.",
+        description="Generation time at full speed = the profile-fitted time (one engine alone) x this factor; "
+        "`asp simulate fit-training` sets it: under sharing: measured from the sharing probe's calls of one engine "
+        "alone on this machine now, else fitted on a launch's calls and steps. Not used with a preset time model.",
     )
     trainer_threads: Float = Field(
         0.875,

@@ -390,6 +390,42 @@ def test_fit_training_cli_fits_batch_size_and_sharing_from_two_launches(project:
     assert "calls=60" in res.stdout and "steps=80" in res.stdout
 
 
+def test_fit_training_cli_under_an_anchored_probe_takes_full_speed_from_it(project: Path) -> None:
+    """Measured sharing and a probe that timed the processes alone: the training cost is the probe's step (1.0 s on
+    1,000 response tokens and 64 sequences of the profile's 30 prompt tokens, less the launch's export) and the
+    generation factor is its calls' 1.5x the profile's law; the launch (made first by the test above) only checks."""
+    import yaml
+
+    files = [str(project / "launches" / "a" / "iterations.parquet")]
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["simulate"]["sharing"] = "measured"
+    (project / "measured.yaml").write_text(yaml.safe_dump(raw))
+    calls = [{"seconds": 1.5 * (0.05 + 0.004 * m), "prompts": 16, "responses": 16 * N_SAMPLES, "tokens": m * 32,
+              "max_length": m, "prompt_tokens": 16 * 30} for m in (40, 90, 150)]  # fmt: skip
+    probe = {
+        "generation_slowdown": [[1.0, 1.2]] * 3,
+        "training_slowdown": [1.3] * 3,
+        "alone_step_s": 1.0,
+        "training_load": {"response_tokens": 1000, "sequences": 64},
+        "alone_calls": calls,
+    }
+    probe_path = project / "metrics" / "sharing_probe.json"
+    probe_path.parent.mkdir(parents=True, exist_ok=True)
+    probe_path.write_text(json.dumps(probe))
+    try:
+        res = _asp(["simulate", "fit-training", *files, "-p", "measured.yaml"], project)
+    finally:
+        probe_path.unlink()
+    assert res.returncode == 0, res.stderr
+    sim = yaml.safe_load(res.stdout)["simulate"]
+    train = sim["training"]
+    per_token = (1.0 - train["save_s"] - train["convert_s"]) / (1000 + 30 * 64)
+    assert train["step_per_token_s"] == pytest.approx(per_token, rel=1e-3) and train["step_base_s"] == 0.0
+    assert train["step_per_sample_s"] == pytest.approx(30 * per_token, rel=1e-3)
+    assert sim["sharing_factor"] == pytest.approx(1.5, rel=0.05)
+    assert "anchored=1" in res.stdout and "generation_anchored=1" in res.stdout
+
+
 def test_a_preset_is_never_checked_against_this_machine_s_launch(project: Path) -> None:
     res = _asp(["simulate", "-c", "C4", "--set", "simulate.time_model=h100-qwen3-8b"], project)
     assert res.returncode == 0, res.stderr

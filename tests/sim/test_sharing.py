@@ -7,8 +7,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from asp.sim.sharing import ContentionTable, fit_cpu_sharing, launch_intervals, mean_rates, sharing_rate
-from asp.sim.timemodel import GenerationTimeModel, fit_training_model, shared
+from asp.sim.sharing import (
+    ContentionTable,
+    ProbeAnchor,
+    anchored_generation_factor,
+    anchored_training,
+    fit_cpu_sharing,
+    launch_intervals,
+    mean_rates,
+    sharing_rate,
+)
+from asp.sim.timemodel import GenerationTimeModel, TrainingTimeModel, fit_training_model, shared
 
 
 def test_sharing_rate_is_full_speed_until_the_demand_exceeds_the_cores():
@@ -193,3 +202,71 @@ def test_fit_under_a_contention_table_recovers_the_generation_factor():
     # processor sharing on the same launch explains it worse
     _, _, ps_report = fit_cpu_sharing([mb], [it], gen, 10.0, cores=2.0, threads_per_actor=1.0, n_samples=[8])
     assert ps_report["mdape_generation"] > report["mdape_generation"]
+
+
+def test_probe_anchor_from_the_probe_file():
+    probe = {
+        "alone_step_s": 0.8,
+        "training_load": {"response_tokens": 4000, "sequences": 128},
+        "alone_calls": [{"seconds": 0.5, "prompts": 8, "responses": 64, "tokens": 2000, "max_length": 60,
+                         "prompt_tokens": 400}],
+    }  # fmt: skip
+    anchor = ProbeAnchor.from_probe(probe)
+    assert anchor is not None and (anchor.step_seconds, anchor.step_tokens, anchor.step_sequences) == (0.8, 4000, 128)
+    assert anchor.calls[0]["max_length"] == 60
+    assert ProbeAnchor.from_probe({"alone_step_s": 0.8, "training_load": {"sequences": 128}}) is None  # stand-in's
+    assert ProbeAnchor.from_probe({**probe, "alone_calls": None}).calls == ()
+
+
+def test_anchored_training_hand_worked():
+    # a step alone of 1.0 s with 0.1 s of export on 800 response tokens and 16 sequences of 12.5 prompt tokens:
+    # 0.9 s / (800 + 12.5 x 16) tokens = 0.9 ms per token, 11.25 ms per sequence, refresh costs kept
+    refresh = TrainingTimeModel(2.0, 5e-3, save_s=0.08, convert_s=0.02, load_s=0.3, step_per_sample_s=1.0)
+    train = anchored_training(refresh, ProbeAnchor(1.0, 800.0, 16.0), 12.5)
+    assert train.step_base_s == 0.0 and train.step_per_token_s == pytest.approx(9e-4)
+    assert train.step_per_sample_s == pytest.approx(0.01125)
+    assert (train.save_s, train.convert_s, train.load_s) == (0.08, 0.02, 0.3)
+    assert train.step_seconds(800, 16) + train.publish_seconds() == pytest.approx(1.0)  # the anchor itself
+    assert train.step_seconds(1600, 32) == pytest.approx(1.8)  # twice the batch: twice the work
+    with pytest.raises(ValueError, match="must outlast the export"):
+        anchored_training(refresh, ProbeAnchor(0.1, 800.0, 16.0), 12.5)
+
+
+def test_anchored_generation_factor_hand_worked():
+    gen = GenerationTimeModel(
+        "static", (0.2, 0.01, 0.0, 0.0, 0.0), ("intercept", "decode_steps", "row_steps", "prefill_tokens", "kv_reads")
+    )
+    # the fit says 0.2 + 0.01 x 60 = 0.8 s and 0.2 + 0.01 x 100 = 1.2 s; the calls took 1.25x that
+    calls = [
+        {"seconds": 1.0, "prompts": 8, "responses": 64, "tokens": 2000, "max_length": 60, "prompt_tokens": 400},
+        {"seconds": 1.5, "prompts": 8, "responses": 64, "tokens": 3000, "max_length": 100, "prompt_tokens": 400},
+    ]
+    assert anchored_generation_factor(gen, calls) == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="no call"):
+        anchored_generation_factor(gen, [])
+    with pytest.raises(ValueError, match="lacks 'max_length'"):
+        anchored_generation_factor(gen, [{k: v for k, v in calls[0].items() if k != "max_length"}])
+
+
+def test_an_anchored_fit_takes_full_speed_from_the_probe_not_the_launch():
+    rng = np.random.default_rng(3)
+    # a step costs 2e-4 s per response and prompt token: 128 sequences of 10 prompt tokens are a fixed 0.256 s here
+    mb, it, gen = _launch(rng, threads=0.0, factor=1.2, base=0.256, per_token=2e-4, contention=TABLE)
+    # the probe timed the step alone at 2e-4 s per token (1000 + 10 x 16 tokens) and calls alone at 1.2x the fit
+    calls = [{"seconds": 1.2 * gen.seconds(8, 8, m, 40 * m, 80), "prompts": 8, "responses": 64, "tokens": 40 * m,
+              "max_length": m, "prompt_tokens": 80} for m in (30, 90, 150)]  # fmt: skip
+    anchor = ProbeAnchor(2e-4 * 1160, 1000.0, 16.0, tuple(calls))
+    kwargs = {"cores": 2.0, "threads_per_actor": 1.0, "n_samples": [8], "contention": TABLE, "anchor": anchor}
+    sharing, train, report = fit_cpu_sharing([mb], [it], gen, 10.0, **kwargs)
+    assert report["anchored"] == 1.0 and report["generation_anchored"] == 1.0
+    assert sharing.generation_factor == pytest.approx(1.2)
+    assert train.step_per_token_s == pytest.approx(2e-4) and train.step_per_sample_s == pytest.approx(2e-3)
+    assert report["mdape_generation"] < 0.02 and report["mdape_training"] < 0.02  # the launch agrees: a check
+    # a launch twice as slow changes the errors, not the terms
+    slow = it.assign(**{"train/t_train_s": 2 * it["train/t_train_s"]})
+    _, train2, report2 = fit_cpu_sharing([mb], [slow], gen, 10.0, **kwargs)
+    assert train2.step_per_token_s == pytest.approx(2e-4)
+    assert report2["mdape_training"] > report["mdape_training"] + 0.1
+    # a probe without calls alone: the generation factor comes from the launch
+    _, _, report3 = fit_cpu_sharing([mb], [it], gen, 10.0, **{**kwargs, "anchor": ProbeAnchor(0.232, 1000.0, 16.0)})
+    assert report3["generation_anchored"] == 0.0 and report3["generation_factor"] == pytest.approx(1.2, rel=0.02)

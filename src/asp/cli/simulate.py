@@ -230,7 +230,7 @@ def probe_sharing_command(
     engines: Annotated[
         int | None, typer.Option(help="most engines decoding at once (default: the launch's actors + 1)")
     ] = None,
-    repeats: Annotated[int, typer.Option(help="timed calls per engine and setting")] = 6,
+    repeats: Annotated[int, typer.Option(help="rounds: each times the baselines, then every setting")] = 10,
     call_prompts: Annotated[int, typer.Option(help="prompts per timed call (the profile's first ones)")] = 8,
     out: Annotated[Path, typer.Option(help="where to write the probe")] = Path("metrics/sharing_probe.json"),
 ) -> None:
@@ -242,15 +242,14 @@ def probe_sharing_command(
     import pandas as pd
 
     from asp.io import write_json
-    from asp.pipeline.profile import load_profile_prompts
     from asp.pipeline.simulate import Paths as SimPaths
-    from asp.pipeline.simulate import mean_prompt_tokens
     from asp.rollout.base import SamplingParams
     from asp.runtime.config import RuntimeConfig
-    from asp.runtime.contention import TrainingLoadSpec, probe_sharing
+    from asp.runtime.contention import probe_sharing
     from asp.steps.engine import engine_spec
     from asp.steps.loaders import policy_model_path
     from asp.steps.paths import LaunchPaths, ProfilePaths
+    from asp.trainers import make_trainer_factory
 
     p = load_with_overrides(params, [], [])
     if repeats < 1 or call_prompts < 1 or (engines is not None and engines < 1):
@@ -260,29 +259,43 @@ def probe_sharing_command(
     runtime = RuntimeConfig.from_params(p)
     k = engines or runtime.total_actors + 1
     launch, sim = LaunchPaths(), SimPaths()
-    texts = load_profile_prompts(ProfilePaths().prompts)["prompt"].head(call_prompts).tolist()
     if not sim.timings.is_file():
         raise UserError(f"{sim.timings}: not found. Run the profile stage first (`dvc repro profile`).")
-    timings = pd.read_csv(sim.timings)
-    response = float(timings["total_tokens"].sum() / max(int((timings["num_prompts"] * timings["n"]).sum()), 1))
+    source = ProfilePaths().prompts / "profile.parquet"
+    if not source.is_file():
+        raise UserError(f"{source}: missing. Run the prepare stage first (`dvc repro prepare`).")
+    frame = pd.read_parquet(source).head(call_prompts)
+    texts = frame["prompt"].tolist()
+    answers = frame["answer"].astype(str).tolist() if "answer" in frame.columns else [""] * len(texts)
     s = p.runtime.sampling
     sampling = SamplingParams(s.n_samples, s.max_new_tokens, s.temperature, s.top_p, seed=0)
     model = policy_model_path(launch.policy)
-    load = TrainingLoadSpec(
-        model_path=str(model),
-        sequences=p.runtime.global_batch_prompts * s.n_samples,
-        seq_tokens=max(1, round(mean_prompt_tokens(timings) + response)),
-        micro_batch_tokens=p.runtime.grpo.micro_batch_tokens,
-        num_threads=p.runtime.grpo.num_threads or 1,
+    grpo = p.runtime.grpo
+    if grpo.world_size > 1 or grpo.mixed_precision != "none" or grpo.cpu_offload:
+        raise UserError(
+            "the sharing probe runs one Training Unit rank on this machine's cores; runtime.grpo.world_size "
+            f"{grpo.world_size}, mixed_precision {grpo.mixed_precision!r} and cpu_offload {grpo.cpu_offload} need "
+            "a process group: probe with world_size 1 and neither (CPU sharing is for the one-machine demo)."
+        )
+    # learning rate 0: every step trains the same weights on the same batch (model_copy: lr > 0 is validated)
+    trainer = make_trainer_factory(
+        "grpo",
+        runtime,
+        policy_path=model,
+        prompts=dict(enumerate(texts)),
+        answers=dict(enumerate(answers)),
+        grpo=grpo.model_copy(update={"lr": 0.0, "lr_schedule": "constant"}),
+        dataset=p.prepare.dataset,
+        state_dir=None,
     )
-    typer.echo(f"probing 1..{k} {p.runtime.engine.kind} engines (+ a training load), {repeats} calls each ...")
+    typer.echo(f"probing 1..{k} {p.runtime.engine.kind} engines beside the GRPO Training Unit, {repeats} rounds ...")
     try:
         result = probe_sharing(
             runtime,
             engine_spec(p.runtime, model),
             sampling,
             texts,
-            load,
+            trainer,
             max_engines=k,
             repeats=repeats,
             seed=p.common.seed,
@@ -300,6 +313,18 @@ def probe_sharing_command(
     for i, (row, step) in enumerate(zip(result["generation_slowdown"], result["training_slowdown"], strict=True)):
         lines.append(f"| {i + 1} | {row[0]:.2f}x | {row[1]:.2f}x | {step:.2f}x |")
     typer.echo("\n".join(lines))
+    steps = result["alone_steps_s"]
+    spread = max(steps) / min(steps) - 1.0
+    typer.echo(
+        f"the training step alone: {result['alone_step_s']:.3f} s (median of {len(steps)} rounds, "
+        f"{min(steps):.3f}-{max(steps):.3f} s)"
+    )
+    if spread > 0.15:
+        typer.echo(
+            f"warning: the step alone varied by {100 * spread:.0f} % between rounds: this machine's speed drifted "
+            "during the probe (other jobs, or a shared host). The slowdowns are ratios within a round, but the "
+            "full-speed times are these medians: probe on an idle machine, close in time to the runs it predicts."
+        )
     typer.echo(f"wrote {out}")
 
 

@@ -256,8 +256,10 @@ def warm_start_responses(
         return [reference_response(r) for r in records]
     rng = np.random.default_rng(seed)
     skips = rng.random(len(records)) if skip_fraction > 0.0 else np.ones(len(records))
-    slips = rng.random(len(records)) < answer_slip_rate
-    offsets = rng.integers(1, 10, size=len(records))
+    slips, offsets = np.zeros(len(records), bool), np.ones(len(records), np.int64)
+    if answer_slip_rate > 0.0:  # drawn after the skips: the same records are shortcut whatever the rate
+        slips = rng.random(len(records)) < answer_slip_rate
+        offsets = rng.integers(1, 10, size=len(records))
     out = []
     for r, u, slip, offset in zip(records, skips.tolist(), slips.tolist(), offsets.tolist(), strict=True):
         if u < skip_fraction and len(parse_terms(r["problem"])) >= skip_min_steps:

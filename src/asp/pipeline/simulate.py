@@ -51,7 +51,7 @@ from asp.runtime.config import RuntimeConfig
 from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
-from asp.sim.sharing import TRAINER_THREADS_GRID, ContentionTable, CpuSharing, fit_cpu_sharing
+from asp.sim.sharing import TRAINER_THREADS_GRID, ContentionTable, CpuSharing, ProbeAnchor, fit_cpu_sharing
 from asp.sim.timemodel import TrainingTimeModel, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
@@ -244,12 +244,15 @@ def fit_launch_sharing(
     """`asp.sim.sharing.fit_cpu_sharing` of launches' tables against the profile's generation fit (one engine
     alone, no sharing factor), on `simulate.cores` shared by actors of `runtime.engine.num_threads`: what
     `asp simulate fit-training` prints. `fixed_trainer_threads` fixes the trainer's demand instead of fitting it (the
-    generation factor and training times are still fitted under it). Raises ValueError from the fits (bad tables,
-    too few calls or timings)."""
+    generation factor and training times are still fitted under it). Under ``simulate.sharing: measured`` with a
+    probe that timed the trainer's step and one engine's calls alone, full speed is those measurements and the
+    launch gives only the refresh costs (and its own errors under the result). Raises ValueError from the fits (bad
+    tables, too few calls or timings)."""
     timings = pd.read_csv(paths.timings)
     gen, _ = fit_generation_model(
         timings, generation_form(params), folds=params.simulate.folds, seed=params.common.seed
     )
+    probe = sharing_probe(params, paths)
     return fit_cpu_sharing(
         minibatches,
         iterations,
@@ -260,6 +263,7 @@ def fit_launch_sharing(
         n_samples=n_samples,
         grid=TRAINER_THREADS_GRID if fixed_trainer_threads is None else (fixed_trainer_threads,),
         contention=contention_table(params, paths),
+        anchor=ProbeAnchor.from_probe(probe) if probe is not None else None,
     )
 
 
@@ -269,12 +273,12 @@ def time_model_preset(params: Params) -> TimeModelPreset | None:
     return None if name == FIT else get_preset(name)
 
 
-def contention_table(params: Params, paths: Paths) -> ContentionTable | None:
-    """The measured slowdowns of `paths.sharing_probe` under ``simulate.sharing: measured`` on shared cores (no
+def sharing_probe(params: Params, paths: Paths) -> dict[str, Any] | None:
+    """The sharing probe's record (`paths.sharing_probe`) under ``simulate.sharing: measured`` on shared cores (no
     preset), else None.
 
     Raises:
-        UserError: the probe file is missing or not a sharing probe.
+        UserError: the probe file is missing or not JSON.
     """
     if params.simulate.sharing != "measured" or params.simulate.cores is None or time_model_preset(params):
         return None
@@ -285,9 +289,27 @@ def contention_table(params: Params, paths: Paths) -> ContentionTable | None:
             "probe-sharing` on the machine the launch runs on, or set simulate.sharing: processor."
         )
     try:
-        return ContentionTable.from_dict(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise UserError(f"{path}: not JSON ({exc}). Re-run `asp simulate probe-sharing`.") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not a sharing probe. Re-run `asp simulate probe-sharing`.")
+    return data
+
+
+def contention_table(params: Params, paths: Paths) -> ContentionTable | None:
+    """The measured slowdowns of the sharing probe (`sharing_probe`), else None.
+
+    Raises:
+        UserError: the probe file is missing or not a sharing probe.
+    """
+    data = sharing_probe(params, paths)
+    if data is None:
+        return None
+    try:
+        return ContentionTable.from_dict(data)
     except (ValueError, TypeError, AttributeError) as exc:
-        raise UserError(f"{path}: {exc}. Re-run `asp simulate probe-sharing`.") from None
+        raise UserError(f"{paths.sharing_probe}: {exc}. Re-run `asp simulate probe-sharing`.") from None
 
 
 def resources(params: Params, paths: Paths) -> Resources:

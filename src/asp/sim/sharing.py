@@ -42,6 +42,7 @@ import pandas as pd
 from asp.sim.timemodel import FLOOR_S, GenerationTimeModel, TrainingTimeModel
 
 CALL_COLUMNS = ("gen_start_s", "gen_s", "prompts", "responses", "tokens", "max_length")
+ANCHOR_CALL_KEYS = ("seconds", "prompts", "responses", "tokens", "max_length", "prompt_tokens")
 STEP_COLUMNS = ("runtime/iteration_time_s", "runtime/train_step_s")
 TRAINER_THREADS_GRID = tuple(np.round(np.arange(0.0, 3.01, 0.125), 3))  # candidates of fit_cpu_sharing
 NEAR_BEST = 0.01  # candidates within this summed MdAPE of the best are reported as equally supported
@@ -114,6 +115,79 @@ class ContentionTable:
         call = np.where(k >= 1, gen[idx, train_on.astype(np.int64)] * scale, 1.0)
         step = np.where(train_on & (k >= 1), np.asarray(self.training, np.float64)[idx] * scale, 1.0)
         return call, step
+
+
+@dataclass(frozen=True)
+class ProbeAnchor:
+    """What the sharing probe timed alone on the machine's cores: the trainer's step (seconds with the snapshot
+    export, response tokens, sequences) and the calls of one engine alone (`ANCHOR_CALL_KEYS` each; empty in a
+    probe that did not record them)."""
+
+    step_seconds: float
+    step_tokens: float
+    step_sequences: float
+    calls: tuple[dict[str, float], ...] = ()
+
+    @classmethod
+    def from_probe(cls, data: dict) -> ProbeAnchor | None:
+        """From a sharing probe's ``alone_step_s``, ``training_load`` (``response_tokens``, ``sequences``) and
+        ``alone_calls``; None for a probe without the step's (one made with the trainer stand-in)."""
+        load = data.get("training_load") or {}
+        if "response_tokens" not in load or "alone_step_s" not in data:
+            return None
+        calls = tuple(dict(c) for c in data.get("alone_calls") or ())
+        return cls(float(data["alone_step_s"]), float(load["response_tokens"]), float(load["sequences"]), calls)
+
+
+def anchored_generation_factor(gen: GenerationTimeModel, calls: Sequence[dict[str, float]]) -> float:
+    """The generation factor that makes the profile fit predict calls of one engine alone on this machine (the
+    sharing probe's ``alone_calls``: seconds, prompts, responses, tokens, max_length, prompt_tokens): the
+    least-squares ratio of their seconds to the fit's (pure).
+
+    Raises:
+        ValueError: no call, or a call without its keys.
+    """
+    if not calls:
+        raise ValueError("no call of one engine alone")
+    try:
+        cols = {k: np.asarray([float(c[k]) for c in calls]) for k in ANCHOR_CALL_KEYS}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"a call of one engine alone lacks {exc}") from None
+    prompts = np.maximum(cols["prompts"], 1.0)
+    predicted = gen.seconds_many(
+        prompts, cols["responses"] / prompts, cols["max_length"], cols["tokens"], cols["prompt_tokens"]
+    )
+    return fit_generation_factor(cols["seconds"], predicted)
+
+
+def anchored_training(
+    model: TrainingTimeModel, anchor: ProbeAnchor, prompt_tokens_per_prompt: float
+) -> TrainingTimeModel:
+    """`model` (its refresh costs kept) with the step's full-speed cost set so the anchor's step takes the anchor's
+    seconds: per token (response and prompt tokens alike, as `fit_training_model` takes one launch's) =
+    (seconds - export) / (tokens + prompt tokens x sequences), per sequence = that x the prompt tokens, no fixed
+    part (pure).
+
+    Raises:
+        ValueError: the anchor's step is not longer than the export, or holds no token.
+    """
+    work = anchor.step_seconds - model.publish_seconds()
+    denom = anchor.step_tokens + prompt_tokens_per_prompt * anchor.step_sequences
+    if not work > 0 or not denom > 0:
+        raise ValueError(
+            f"the probe's step alone ({anchor.step_seconds:.4g} s, {anchor.step_tokens:g} tokens, "
+            f"{anchor.step_sequences:g} sequences) must outlast the export ({model.publish_seconds():.4g} s) and "
+            "hold tokens"
+        )
+    per_token = work / denom
+    return TrainingTimeModel(
+        step_base_s=0.0,
+        step_per_token_s=per_token,
+        save_s=model.save_s,
+        convert_s=model.convert_s,
+        load_s=model.load_s,
+        step_per_sample_s=per_token * prompt_tokens_per_prompt,
+    )
 
 
 def sharing_rate(demand: np.ndarray, cores: float) -> np.ndarray:
@@ -269,6 +343,29 @@ def score_trainer_threads(
     return factor, mdape(factor * p / r, m), step_rates
 
 
+def training_mdape(
+    frames: Sequence[pd.DataFrame],
+    step_rates: Sequence[np.ndarray],
+    train: TrainingTimeModel,
+    n_samples: Sequence[int],
+) -> float:
+    """MdAPE of the launches' ``train/t_train_s`` (trailing means) against `train`'s full-speed step times divided
+    by each step's mean sharing rate, as trailing means of the same window."""
+    from asp.sim.timemodel import T_TRAIN_WINDOW
+
+    measured, predicted = [], []
+    for frame, rate, count in zip(frames, step_rates, n_samples, strict=True):
+        full = np.asarray(
+            [
+                train.step_seconds(tok, prompts * count)
+                for tok, prompts in zip(frame["train/response_tokens"], frame["train/prompts"], strict=True)
+            ]
+        )
+        predicted.append(pd.Series(full / rate).rolling(T_TRAIN_WINDOW, min_periods=1).mean().to_numpy())
+        measured.append(frame["train/t_train_s"].to_numpy(np.float64))
+    return mdape(np.concatenate(predicted), np.concatenate(measured))
+
+
 def fit_cpu_sharing(
     minibatches: Sequence[pd.DataFrame],
     iterations: Sequence[pd.DataFrame],
@@ -280,6 +377,7 @@ def fit_cpu_sharing(
     n_samples: Sequence[int],
     grid: Sequence[float] = TRAINER_THREADS_GRID,
     contention: ContentionTable | None = None,
+    anchor: ProbeAnchor | None = None,
 ) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float]]:
     """Fit the CPU sharing of one or more launches (their minibatches and iterations tables, paired) and the
     full-speed training-time model under it (see the module docstring).
@@ -291,19 +389,23 @@ def fit_cpu_sharing(
         grid: candidate ``trainer_threads``.
         contention: measured slowdowns (`ContentionTable`): then no trainer demand is fitted (the report's
             ``trainer_threads`` is 0 and ``contention`` 1) and only the generation factor and training model are.
+        anchor: with `contention`, what the probe timed alone: full speed is that, not a fit. The training model
+            is anchored at the probe's step (`anchored_training`; the launch gives only its refresh costs) and the
+            generation factor at its calls of one engine alone (`anchored_generation_factor`; from the launch when
+            the probe has none). The report's errors are then the launch's under these terms (a check, not a fit).
 
     Returns:
         (sharing, training model, report): the report has ``trainer_threads``, ``generation_factor``,
         ``mdape_generation`` and ``mdape_training`` (of the measured call and step times, predicted back through
         the measured contention), ``trainer_threads_near_min`` / ``_near_max`` (the candidates within one point
         of the best summed error: a wide range means the launch cannot tell the trainer's demand from the
-        generation factor, as when every call overlapped a trainer step), ``calls``, ``steps`` and the training
-        fit's values.
+        generation factor, as when every call overlapped a trainer step), ``calls``, ``steps``, the training
+        fit's values, and with an anchor ``anchored`` 1 and ``generation_anchored``.
 
     Raises:
         ValueError: unpaired tables, a missing column, fewer than 3 usable calls, bad values.
     """
-    from asp.sim.timemodel import T_TRAIN_WINDOW, fit_training_model
+    from asp.sim.timemodel import fit_training_model
 
     if not minibatches or len(minibatches) != len(iterations) or len(n_samples) != len(iterations):
         raise ValueError("need one minibatches table, one iterations table and one n_samples per launch")
@@ -319,6 +421,12 @@ def fit_cpu_sharing(
     if sum(int(u.sum()) for _, u, _, _, _ in launches) < 3:
         raise ValueError("need at least 3 generation calls without continued responses")
     frames = [it for *_, it in launches]
+    counts = {
+        "calls": float(sum(int(u.sum()) for _, u, _, _, _ in launches)),
+        "steps": float(sum(len(s) for _, _, _, s, _ in launches)),
+    }
+    if contention is not None and anchor is not None:
+        return _fit_anchored(launches, frames, gen, prompt_tokens_per_prompt, n_samples, contention, anchor, counts)
     if contention is not None:
         grid = (0.0,)
     best: tuple[float, ...] | None = None
@@ -334,18 +442,7 @@ def fit_cpu_sharing(
         train, _ = fit_training_model(
             frames, n_samples=list(n_samples), rates=step_rates, prompt_tokens_per_sample=prompt_tokens_per_prompt
         )
-        measured, predicted = [], []
-        for frame, rate, count in zip(frames, step_rates, n_samples, strict=True):
-            full = np.asarray(
-                [
-                    train.step_seconds(tok, prompts * count)
-                    for tok, prompts in zip(frame["train/response_tokens"], frame["train/prompts"], strict=True)
-                ]
-            )
-            trail = pd.Series(full / rate).rolling(T_TRAIN_WINDOW, min_periods=1).mean().to_numpy()
-            predicted.append(trail)
-            measured.append(frame["train/t_train_s"].to_numpy(np.float64))
-        train_err = mdape(np.concatenate(predicted), np.concatenate(measured))
+        train_err = training_mdape(frames, step_rates, train, n_samples)
         scores.append((float(threads), gen_err + train_err))
         if best is None or gen_err + train_err < best[0] + best[1] - 1e-12:
             best = (gen_err, train_err, float(threads), factor)
@@ -360,9 +457,52 @@ def fit_cpu_sharing(
         "generation_factor": factor,
         "mdape_generation": gen_err,
         "mdape_training": train_err,
-        "calls": float(sum(int(u.sum()) for _, u, _, _, _ in launches)),
-        "steps": float(sum(len(s) for _, _, _, s, _ in launches)),
+        **counts,
         "contention": float(contention is not None),
     }
     report.update({f"training_{k}": float(v) for k, v in best_train.to_dict().items()})
     return CpuSharing(threads, factor), best_train, report
+
+
+def _fit_anchored(
+    launches: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, pd.DataFrame]],
+    frames: list[pd.DataFrame],
+    gen: GenerationTimeModel,
+    prompt_tokens_per_prompt: float,
+    n_samples: Sequence[int],
+    contention: ContentionTable,
+    anchor: ProbeAnchor,
+    counts: dict[str, float],
+) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float]]:
+    """`fit_cpu_sharing` with a measured table and the probe's processes timed alone (see there)."""
+    from asp.sim.timemodel import fit_training_model
+
+    pieces = [(c, u, p, s) for c, u, p, s, _ in launches]
+    factor, _, step_rates = score_trainer_threads(
+        pieces, cores=1.0, threads_per_actor=1.0, trainer_threads=0.0, contention=contention
+    )
+    if anchor.calls:
+        factor = anchored_generation_factor(gen, anchor.calls)
+    refresh, _ = fit_training_model(
+        frames, n_samples=list(n_samples), rates=step_rates, prompt_tokens_per_sample=prompt_tokens_per_prompt
+    )
+    train = anchored_training(refresh, anchor, prompt_tokens_per_prompt)
+    work, measured = [], []
+    for c, u, p, s in pieces:
+        rate = mean_rates(c, s, cores=1.0, threads_per_actor=1.0, trainer_threads=0.0, contention=contention)[0]
+        work.append((factor * p / rate)[u])
+        measured.append((c[:, 1] - c[:, 0])[u])
+    report = {
+        "trainer_threads": 0.0,
+        "trainer_threads_near_min": 0.0,
+        "trainer_threads_near_max": 0.0,
+        "generation_factor": factor,
+        "mdape_generation": mdape(np.concatenate(work), np.concatenate(measured)),
+        "mdape_training": training_mdape(frames, step_rates, train, n_samples),
+        **counts,
+        "contention": 1.0,
+        "anchored": 1.0,
+        "generation_anchored": float(bool(anchor.calls)),
+    }
+    report.update({f"training_{k}": float(v) for k, v in train.to_dict().items()})
+    return CpuSharing(0.0, factor), train, report
