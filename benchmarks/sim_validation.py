@@ -100,7 +100,9 @@ class Terms:
     note: str
 
 
-def fitted_terms(params: Params, fit_from: Path, fixed_trainer_threads: float | None) -> Terms:
+def fitted_terms(
+    params: Params, fit_from: Path, fixed_trainer_threads: float | None, among: Path | None = None
+) -> Terms:
     """The training-time model, sharing factor and trainer threads fitted on the launch in `fit_from`
     (iterations.parquet and minibatches.parquet, made with `params`' n_samples) against the profile's generation
     fit: `asp.pipeline.simulate.fit_launch_sharing`, what `asp simulate fit-training` prints."""
@@ -121,8 +123,10 @@ def fitted_terms(params: Params, fit_from: Path, fixed_trainer_threads: float | 
     )
     if report.get("anchored"):
         how += ": full speed is the probe's step and calls alone (the launch gives the refresh costs only)"
+    inside = among is not None and fit_from.resolve().is_relative_to(among.resolve())
+    which = "one of the runs below" if inside else "not a run below"
     note = (
-        f"launch-fitted terms from {fit_from} ({len(it)} steps, global batch {batch} prompts; not a run below): "
+        f"launch-fitted terms from {fit_from} ({len(it)} steps, global batch {batch} prompts; {which}): "
         f"training at full speed {train.step_base_s:.4g} s + {train.step_per_token_s:.4g} s/token, {how}, "
         f"generation factor {sharing.generation_factor:.3f} (MdAPE of the "
         f"launch's calls {100 * report['mdape_generation']:.0f} %, steps {100 * report['mdape_training']:.0f} %, "
@@ -264,7 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     params = load_params_with(Path(args.params), args.preset, [])
     print(f"load average at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}", file=sys.stderr)
     no_fit = Terms(None, None, None, "params' simulate.training, sharing factor and trainer threads (--no-fit)")
-    terms = no_fit if args.no_fit else fitted_terms(params, Path(args.fit_from), args.trainer_threads)
+    runs = args.measured_from or args.keep
+    among = Path(runs) if runs else None
+    terms = no_fit if args.no_fit else fitted_terms(params, Path(args.fit_from), args.trainer_threads, among)
     if args.table in ("4b", "both"):
         table_4b(params, args.conditions, args.iterations, not args.simulate_only, terms)
     if args.table in ("sync", "both"):
