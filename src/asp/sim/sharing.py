@@ -11,9 +11,12 @@ Measured contention instead of processor sharing (`ContentionTable`, ``simulate.
 generation call with k engines decoding at once, with and without a training step beside them, and of a training step
 beside k decoding engines, as `asp simulate probe-sharing` measured them on the machine itself
 (`asp.runtime.contention`). Then the rates come from the table (what processor sharing by thread demand leaves out is
-in it: 3 one-thread engines on 2 cores each ran at 1/1.76 of their speed alone in the committed probe, where processor
-sharing gives 1/1.5), no trainer demand is fitted, and only ``generation_factor`` (and the training model) is fitted
-from the launch.
+in it: 3 one-thread engines on 2 cores each ran at 1/1.49 of their speed alone in the committed probe, beside a
+training step at 1/2.20), and no trainer demand is fitted. A probe that also timed each process alone (`ProbeAnchor`:
+the GRPO step alone, calls of one engine alone) gives full speed itself: `anchored_training` and
+`anchored_generation_factor` turn those into the training model and ``generation_factor``, and the launch then only
+gives the refresh costs and a check. Without that, ``generation_factor`` and the training model are fitted from the
+launch.
 
 `fit_cpu_sharing` finds ``trainer_threads`` and ``generation_factor`` from one or more launches: every generation
 call's interval (``minibatches.parquet``: ``gen_start_s``, ``gen_s``) and every trainer step's interval
@@ -25,7 +28,8 @@ the profile fit's prediction, and the trainer's full-speed step times (``train/t
 the measured contention, predicts the calls' and steps' times best (median absolute percentage error, summed).
 
     from asp.sim.sharing import fit_cpu_sharing
-    sharing, report = fit_cpu_sharing([minibatches], [iterations], gen, prompt_tokens, cores=2.0, ...)
+    sharing, train, report = fit_cpu_sharing([minibatches], [iterations], gen, prompt_tokens, cores=2.0, ...)
+    fit_cpu_sharing(..., contention=ContentionTable.from_dict(probe), anchor=ProbeAnchor.from_probe(probe))
 
 Tests: tests/sim/test_sharing.py (hand-worked intervals).
 """
