@@ -50,20 +50,21 @@ def test_probe_batch_takes_prompts_in_order_and_cycles():
         probe_batch(outs, 0)
 
 
-def test_slowdown_rows_are_medians_over_the_baselines():
-    measured = {
+def test_slowdown_rows_are_medians_of_the_ratios_to_the_baselines():
+    measured = {  # seconds; the baselines: a call alone 1.1 s, a step alone 0.5 s
         (1, False): ([1.0, 1.2, 1.1], []),
         (1, True): ([1.1, 1.3, 1.2], [0.5, 0.6, 0.7]),
         (2, False): ([1.3, 1.1, 1.2], []),
         (2, True): ([2.4, 2.2, 2.0], [0.9, 1.0, 1.1]),
     }
-    gen, train = slowdown_rows(1.1, 0.5, measured)
+    ratios = {key: ([c / 1.1 for c in calls], [s / 0.5 for s in steps]) for key, (calls, steps) in measured.items()}
+    gen, train = slowdown_rows(ratios)
     assert [v for row in gen for v in row] == pytest.approx([1.0, 1.2 / 1.1, 1.2 / 1.1, 2.2 / 1.1])
     assert train == pytest.approx([1.2, 2.0])
     with pytest.raises(ValueError, match="every engine count from 1"):
-        slowdown_rows(1.1, 0.5, {(2, False): ([1.0], []), (2, True): ([1.0], [1.0])})
+        slowdown_rows({(2, False): ([1.0], []), (2, True): ([1.0], [1.0])})
     with pytest.raises(ValueError, match="no training step ran while 1 engines"):
-        slowdown_rows(1.1, 0.5, {(1, False): ([1.0], []), (1, True): ([1.0], [])})
+        slowdown_rows({(1, False): ([1.0], []), (1, True): ([1.0], [])})
 
 
 def test_a_calls_time_per_decode_step_and_its_shape():

@@ -271,12 +271,6 @@ def probe_sharing_command(
     sampling = SamplingParams(s.n_samples, s.max_new_tokens, s.temperature, s.top_p, seed=0)
     model = policy_model_path(launch.policy)
     grpo = p.runtime.grpo
-    if grpo.world_size > 1 or grpo.mixed_precision != "none" or grpo.cpu_offload:
-        raise UserError(
-            "the sharing probe runs one Training Unit rank on this machine's cores; runtime.grpo.world_size "
-            f"{grpo.world_size}, mixed_precision {grpo.mixed_precision!r} and cpu_offload {grpo.cpu_offload} need "
-            "a process group: probe with world_size 1 and neither (CPU sharing is for the one-machine demo)."
-        )
     # learning rate 0: every step trains the same weights on the same batch (model_copy: lr > 0 is validated)
     trainer = make_trainer_factory(
         "grpo",
@@ -288,6 +282,12 @@ def probe_sharing_command(
         dataset=p.prepare.dataset,
         state_dir=None,
     )
+    if getattr(trainer, "needs_process_group", False):  # as the Training Unit asks it (asp.runtime.trainer)
+        raise UserError(
+            "the sharing probe runs one Training Unit rank on this machine's cores; runtime.grpo.world_size "
+            f"{grpo.world_size}, mixed_precision {grpo.mixed_precision!r} and cpu_offload {grpo.cpu_offload} need "
+            "a process group: probe with world_size 1 and neither (CPU sharing is for the one-machine demo)."
+        )
     typer.echo(f"probing 1..{k} {p.runtime.engine.kind} engines beside the GRPO Training Unit, {repeats} rounds ...")
     try:
         result = probe_sharing(

@@ -67,9 +67,7 @@ class TrainingQueue:
             )
         before = self.depth
         out.depth_at_arrival = before / self.batch
-        offsets = np.zeros(out.lengths.shape[0] + 1, np.int64)
-        np.cumsum(out.lengths, out=offsets[1:])
-        self.entries.append(_Entry(out, 0, offsets))
+        self.entries.append(_Entry(out, 0, sample_offsets(out.lengths)))
         self.depth += out.num_prompts
         self.arrivals.append((now, before, out.num_prompts))
         self.trace.append((now, self.depth))
@@ -118,6 +116,13 @@ class TrainingQueue:
         return evicted
 
 
+def sample_offsets(lengths: np.ndarray) -> np.ndarray:
+    """(S + 1,) int64 token offset of each of S samples of `lengths` tokens in their concatenated token ids."""
+    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
 def assemble_batch(step: int, n: int, pieces: list[tuple[MinibatchOutput, int, int, np.ndarray]]) -> GlobalBatch:
     """Concatenate prompt ranges [lo, hi) of outputs (with their token offsets) into one `GlobalBatch`."""
     prompt_ids: list[Any] = []
@@ -145,8 +150,7 @@ def assemble_batch(step: int, n: int, pieces: list[tuple[MinibatchOutput, int, i
         return np.concatenate(cols[key]).astype(dtype, copy=False) if cols[key] else np.zeros(0, dtype)
 
     lengths = cat("len", np.int32)
-    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = sample_offsets(lengths)
     return GlobalBatch(
         step=step,
         prompt_ids=prompt_ids,

@@ -262,7 +262,7 @@ def fit_launch_sharing(
         threads_per_actor=params.runtime.engine.num_threads or 1,
         n_samples=n_samples,
         grid=TRAINER_THREADS_GRID if fixed_trainer_threads is None else (fixed_trainer_threads,),
-        contention=contention_table(params, paths),
+        contention=probe_table(probe, paths) if probe is not None else None,
         anchor=ProbeAnchor.from_probe(probe) if probe is not None else None,
     )
 
@@ -304,8 +304,15 @@ def contention_table(params: Params, paths: Paths) -> ContentionTable | None:
         UserError: the probe file is missing or not a sharing probe.
     """
     data = sharing_probe(params, paths)
-    if data is None:
-        return None
+    return probe_table(data, paths) if data is not None else None
+
+
+def probe_table(data: dict[str, Any], paths: Paths) -> ContentionTable:
+    """The `ContentionTable` of a sharing probe's record read from `paths.sharing_probe`.
+
+    Raises:
+        UserError: the record is not a sharing probe.
+    """
     try:
         return ContentionTable.from_dict(data)
     except (ValueError, TypeError, AttributeError) as exc:

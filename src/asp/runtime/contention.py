@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from asp.control.messages import Failure, GlobalBatch, MinibatchOutput, WorkItem
-from asp.control.queue import assemble_batch
+from asp.control.queue import assemble_batch, sample_offsets
 from asp.errors import UserError
 from asp.rollout.base import SamplingParams
 from asp.runtime.config import RuntimeConfig
@@ -67,9 +67,7 @@ def probe_batch(outputs: Sequence[MinibatchOutput], prompts: int) -> GlobalBatch
     while left > 0:
         out = outs[i % len(outs)]
         take = min(left, out.num_prompts)
-        offsets = np.zeros(out.lengths.shape[0] + 1, np.int64)
-        np.cumsum(out.lengths, out=offsets[1:])
-        pieces.append((out, 0, take, offsets))
+        pieces.append((out, 0, take, sample_offsets(out.lengths)))
         left, i = left - take, i + 1
     return assemble_batch(1, outs[0].n, pieces)
 
@@ -165,31 +163,24 @@ def calls_for_steps(call_s: float, step_s: float, steps: int) -> int:
 
 
 def slowdown_rows(
-    alone_call_s: float, alone_step_s: float, measured: dict[tuple[int, bool], tuple[list[float], list[float]]]
+    ratios: dict[tuple[int, bool], tuple[list[float], list[float]]],
 ) -> tuple[list[list[float]], list[float]]:
-    """(generation rows [[alone, with training], ...] for k = 1..K, training entries for k = 1..K) from the
-    medians of each setting's call times and step times over the baselines (pure; the row of one engine alone is
-    1 when `alone_call_s` is that setting's median).
+    """(generation rows [[alone, with training], ...] for k = 1..K, training entries for k = 1..K): the medians of
+    each setting's ratios to its rounds' baselines (pure).
 
     Args:
-        measured: (k, training) -> (call seconds, step seconds) of that setting.
+        ratios: (k, training) -> (call ratios, step ratios) of that setting.
     """
-    if not alone_call_s > 0 or not alone_step_s > 0:
-        raise ValueError("the baselines must be > 0 s")
-    engines = sorted({k for k, _ in measured})
+    engines = sorted({k for k, _ in ratios})
     if engines != list(range(1, len(engines) + 1)):
         raise ValueError(f"need every engine count from 1, got {engines}")
     gen, train = [], []
     for k in engines:
-        row = []
-        for training in (False, True):
-            calls, _ = measured[(k, training)]
-            row.append(float(np.median(calls)) / alone_call_s)
-        gen.append(row)
-        steps = measured[(k, True)][1]
+        gen.append([float(np.median(ratios[(k, training)][0])) for training in (False, True)])
+        steps = ratios[(k, True)][1]
         if not steps:
             raise ValueError(f"no training step ran while {k} engines decoded: raise the repeats")
-        train.append(float(np.median(steps)) / alone_step_s)
+        train.append(float(np.median(steps)))
     return gen, train
 
 
@@ -205,8 +196,9 @@ def probe_sharing(
     seed: int,
 ) -> dict[str, Any]:
     """Run the probe (see the module docstring) and return its record: ``generation_slowdown``,
-    ``training_slowdown``, ``alone_call_s``, ``alone_step_s``, the raw medians, the calls of one engine alone
-    (``alone_calls``: `call_shape`) and the setting.
+    ``training_slowdown``, ``alone_call_s``, ``alone_step_s`` (and per round ``alone_steps_s``), every setting's
+    per-round ratios (``rounds_ratios``), the calls of one engine alone (``alone_calls``: `call_shape`) and the
+    setting.
 
     Args:
         prompts: the texts of one call (prompt ids 0..P-1); `trainer_factory` must know those ids (prompts and
@@ -273,7 +265,7 @@ def probe_sharing(
         finally:
             for rank in rank_handles(leader):
                 ray.kill(rank)
-    gen, train = slowdown_rows(1.0, 1.0, ratios)
+    gen, train = slowdown_rows(ratios)
     return {
         "generation_slowdown": [[round(v, 4) for v in row] for row in gen],
         "training_slowdown": [round(v, 4) for v in train],

@@ -319,12 +319,14 @@ def score_trainer_threads(
     threads_per_actor: float,
     trainer_threads: float,
     contention: ContentionTable | None = None,
+    factor: float | None = None,
 ) -> tuple[float, float, list[np.ndarray]]:
     """One candidate of `fit_cpu_sharing`: (generation factor, its error, the steps' mean rates per launch).
 
     Args:
         calls: per launch (call intervals [m, 2], usable mask [m], predicted seconds [m], step intervals [k, 2]).
         contention: measured slowdowns instead of processor sharing (`mean_rates`).
+        factor: the generation factor to score (None: the least-squares one of these calls).
     """
     work, pred, measured, rates_each, step_rates = [], [], [], [], []
     for intervals, usable, predicted, steps in calls:
@@ -343,7 +345,8 @@ def score_trainer_threads(
         rates_each.append(call_rate[usable])
         step_rates.append(step_rate)
     w, p, m, r = (np.concatenate(a) for a in (work, pred, measured, rates_each))
-    factor = fit_generation_factor(w, p)
+    if factor is None:
+        factor = fit_generation_factor(w, p)
     return factor, mdape(factor * p / r, m), step_rates
 
 
@@ -481,27 +484,25 @@ def _fit_anchored(
     """`fit_cpu_sharing` with a measured table and the probe's processes timed alone (see there)."""
     from asp.sim.timemodel import fit_training_model
 
-    pieces = [(c, u, p, s) for c, u, p, s, _ in launches]
-    factor, _, step_rates = score_trainer_threads(
-        pieces, cores=1.0, threads_per_actor=1.0, trainer_threads=0.0, contention=contention
+    anchored = anchored_generation_factor(gen, anchor.calls) if anchor.calls else None  # else the launch's
+    factor, gen_err, step_rates = score_trainer_threads(
+        [(c, u, p, s) for c, u, p, s, _ in launches],
+        cores=1.0,
+        threads_per_actor=1.0,
+        trainer_threads=0.0,
+        contention=contention,
+        factor=anchored,
     )
-    if anchor.calls:
-        factor = anchored_generation_factor(gen, anchor.calls)
     refresh, _ = fit_training_model(
         frames, n_samples=list(n_samples), rates=step_rates, prompt_tokens_per_sample=prompt_tokens_per_prompt
     )
     train = anchored_training(refresh, anchor, prompt_tokens_per_prompt)
-    work, measured = [], []
-    for c, u, p, s in pieces:
-        rate = mean_rates(c, s, cores=1.0, threads_per_actor=1.0, trainer_threads=0.0, contention=contention)[0]
-        work.append((factor * p / rate)[u])
-        measured.append((c[:, 1] - c[:, 0])[u])
     report = {
         "trainer_threads": 0.0,
         "trainer_threads_near_min": 0.0,
         "trainer_threads_near_max": 0.0,
         "generation_factor": factor,
-        "mdape_generation": mdape(np.concatenate(work), np.concatenate(measured)),
+        "mdape_generation": gen_err,
         "mdape_training": training_mdape(frames, step_rates, train, n_samples),
         **counts,
         "contention": 1.0,
