@@ -27,7 +27,11 @@ launch under Ray): run it on an otherwise idle machine, or report the load avera
 keeps each real GRPO run's tables and metrics; ``--measured-from DIR`` simulates against them again without
 running them (a changed time model checked on the same measured runs). ``--trainer-threads X`` fixes the trainer's
 demand on the cores instead of fitting it (the generation factor and training times are fitted under it): how much
-of the fit's choice a launch actually pins down.
+of the fit's choice a launch actually pins down. ``--fit-from`` takes several launches (pooled), and ``--full-speed
+launch`` fits full speed on them under the probe's slowdowns instead of taking the probe's processes alone.
+``--leave-one-out`` (with ``--measured-from``) simulates each kept sync-table run with full speed fitted on the other
+kept runs: fitted on other runs made minutes apart, where the probe may be further away in time than the machine's
+drift allows.
 
     .venv/bin/python benchmarks/sim_validation.py                    # both tables: C0, C4; sync C0, async C0, C4
     .venv/bin/python benchmarks/sim_validation.py C0 C1 C2 C3 C4     # Table 4(b) for these conditions (and sync)
@@ -35,6 +39,8 @@ of the fit's choice a launch actually pins down.
     .venv/bin/python benchmarks/sim_validation.py --iterations 5 --simulate-only     # a quick smoke, no launch
     .venv/bin/python benchmarks/sim_validation.py --table sync --preset demo-vllm   # on vLLM actors (CPU build)
     .venv/bin/python benchmarks/sim_validation.py --table sync --keep runs/   # then --measured-from runs/
+    .venv/bin/python benchmarks/sim_validation.py --table sync --measured-from runs/ --leave-one-out
+    .venv/bin/python benchmarks/sim_validation.py --table 4b --fit-from runs/* --full-speed launch
 
 Times on the idle 2-core machine: Table 4(b) C0 + C4 about 3 minutes, sync vs async about 7 minutes
 (four GRPO launches of about 1.5 minutes each plus the simulations, a few seconds each).
@@ -100,20 +106,37 @@ class Terms:
     note: str
 
 
-def fitted_terms(
-    params: Params, fit_from: Path, fixed_trainer_threads: float | None, among: Path | None = None
-) -> Terms:
-    """The training-time model, sharing factor and trainer threads fitted on the launch in `fit_from`
-    (iterations.parquet and minibatches.parquet, made with `params`' n_samples) against the profile's generation
-    fit: `asp.pipeline.simulate.fit_launch_sharing`, what `asp simulate fit-training` prints."""
+def launch_tables(fit_from: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A kept launch's (minibatches, iterations) tables; exits with a message when one is missing."""
     iterations, minibatches = fit_from / "iterations.parquet", fit_from / "minibatches.parquet"
     for f in (iterations, minibatches):
         if not f.is_file():
             sys.exit(f"{f}: missing; run the launch stage (GRPO) first, or pass --no-fit")
-    it, mb = pd.read_parquet(iterations), pd.read_parquet(minibatches)
+    return pd.read_parquet(minibatches), pd.read_parquet(iterations)
+
+
+def fitted_terms(
+    params: Params,
+    fit_from: list[Path],
+    fixed_trainer_threads: float | None,
+    among: Path | None = None,
+    full_speed: str = "probe",
+) -> Terms:
+    """The training-time model, sharing factor and trainer threads fitted on the launches in `fit_from` (each's
+    iterations.parquet and minibatches.parquet, made with `params`' n_samples) against the profile's generation
+    fit: `asp.pipeline.simulate.fit_launch_sharing`, what `asp simulate fit-training` prints. `full_speed`
+    "launch" fits full speed on the launches even when the probe timed it (``anchored=False``)."""
+    tables = [launch_tables(d) for d in fit_from]
     sharing, train, report = stage.fit_launch_sharing(
-        params, stage.Paths(), [mb], [it], [params.runtime.sampling.n_samples], fixed_trainer_threads
+        params,
+        stage.Paths(),
+        [mb for mb, _ in tables],
+        [it for _, it in tables],
+        [params.runtime.sampling.n_samples] * len(tables),
+        fixed_trainer_threads,
+        anchored=full_speed == "probe",
     )
+    it = pd.concat([it for _, it in tables])
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1
     fixed = " (fixed)" if fixed_trainer_threads is not None else ""
     how = (
@@ -123,14 +146,37 @@ def fitted_terms(
     )
     if report.get("anchored"):
         how += ": full speed is the probe's step and calls alone (the launch gives the refresh costs only)"
-    inside = among is not None and fit_from.resolve().is_relative_to(among.resolve())
-    which = "one of the runs below" if inside else "not a run below"
+    inside = among is not None and any(d.resolve().is_relative_to(among.resolve()) for d in fit_from)
+    which = "among the runs below" if inside else "not a run below"
     note = (
-        f"launch-fitted terms from {fit_from} ({len(it)} steps, global batch {batch} prompts; {which}): "
+        f"launch-fitted terms from {', '.join(map(str, fit_from))} ({len(it)} steps, global batch {batch} prompts; "
+        f"{which}): "
         f"training at full speed {train.step_base_s:.4g} s + {train.step_per_token_s:.4g} s/token, {how}, "
         f"generation factor {sharing.generation_factor:.3f} (MdAPE of the "
         f"launch's calls {100 * report['mdape_generation']:.0f} %, steps {100 * report['mdape_training']:.0f} %, "
         f"{int(report['calls'])} calls)"
+    )
+    return Terms(train.to_dict(), sharing.generation_factor, sharing.trainer_threads, note)
+
+
+def left_out_terms(params: Params, others: list[Path], fixed_trainer_threads: float | None) -> Terms:
+    """Full speed (the training model and generation factor) fitted on the `others` runs' calls and steps under the
+    sharing probe's slowdowns, not on the probe's processes alone: the runs are minutes apart, the probe may not be
+    (`fit_launch_sharing` with ``anchored=False``); the refresh costs come from the same runs."""
+    tables = [launch_tables(d) for d in others]
+    sharing, train, report = stage.fit_launch_sharing(
+        params,
+        stage.Paths(),
+        [mb for mb, _ in tables],
+        [it for _, it in tables],
+        [params.runtime.sampling.n_samples] * len(tables),
+        fixed_trainer_threads,
+        anchored=False,
+    )
+    note = (
+        f"fitted on {', '.join(d.name for d in others)}: training at full speed {train.step_base_s:.4g} s + "
+        f"{train.step_per_token_s:.4g} s/token, generation factor {sharing.generation_factor:.3f} (MdAPE of their "
+        f"calls {100 * report['mdape_generation']:.0f} %, steps {100 * report['mdape_training']:.0f} %)"
     )
     return Terms(train.to_dict(), sharing.generation_factor, sharing.trainer_threads, note)
 
@@ -224,11 +270,23 @@ def table_sync(
     terms: Terms,
     keep: Path | None = None,
     measured_from: Path | None = None,
+    leave_one_out: float | None | bool = False,
 ) -> None:
+    """The sync-vs-async table. `leave_one_out` (False, or the trainer threads to fix, None to fit them): each run
+    simulated with full speed fitted on the other runs under `measured_from` instead of `terms`."""
     runs = (*SYNC_RUNS, PARTIAL_RUN)
     names = [run_name(*run) for run in runs]
     print("sync-vs-async setting (benchmarks/sync_vs_async.py; simulate.lengths: empirical)")
-    print(terms.note)
+    if leave_one_out is False:
+        print(terms.note)
+    else:
+        assert measured_from is not None
+        folders = [measured_from / n.replace(" ", "_") for n in names]
+        fixed = None if leave_one_out is True else float(leave_one_out)
+        loo = {n: left_out_terms(params, [f for f in folders if f.name != n.replace(" ", "_")], fixed) for n in names}
+        print("leave-one-out: each run simulated with full speed fitted on the other runs (the probe's slowdowns)")
+        for n in names:
+            print(f"  {n}: {loo[n].note}")
     print(f"| metric | {' | '.join(f'{n} measured | {n} simulated | error' for n in names)} |")
     print("|---|" + "---|---|---|" * len(names))
     cells: dict[str, list[str]] = {k: [] for k in ROWS_SYNC}
@@ -236,7 +294,7 @@ def table_sync(
     for (mode, cond, partial), name in zip(runs, names, strict=True):
         p = bench_params(params, mode, cond, iterations or SETTING["iterations"], partial)
         real = measured_sync(p, name, keep, measured_from) if measure else None
-        sim, wall = simulated(with_terms(p, terms), cond)
+        sim, wall = simulated(with_terms(p, terms if leave_one_out is False else loo[name]), cond)
         before, _ = simulated(p, cond)
         old.append(cell(real, before, "mean_iteration_time_s"))
         load = f"load {real['bench/load_start']:.1f}-{real['bench/load_end']:.1f}" if real else "not measured"
@@ -256,13 +314,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--simulate-only", action="store_true", help="skip the real launches (a quick smoke)")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--preset", help="a preset of configs/ over the params (e.g. demo-vllm: vLLM actors)")
-    parser.add_argument("--fit-from", default="outputs/launch", help="the launch the GRPO terms are fitted on")
+    parser.add_argument(
+        "--fit-from", nargs="+", type=Path, default=[Path("outputs/launch")], help="launches to fit the terms on"
+    )
+    parser.add_argument(
+        "--full-speed",
+        choices=["probe", "launch"],
+        default="probe",
+        help="full speed from the sharing probe's processes alone (default) or fitted on the --fit-from launches",
+    )
     parser.add_argument("--no-fit", action="store_true", help="params' simulate.training and sharing factor")
     parser.add_argument(
         "--trainer-threads", type=float, help="fix the trainer's demand on the cores instead of fitting it"
     )
     parser.add_argument("--keep", type=Path, help="sync table: keep each real run's tables and metrics here")
     parser.add_argument("--measured-from", type=Path, help="sync table: simulate against runs kept by --keep")
+    parser.add_argument(
+        "--leave-one-out",
+        action="store_true",
+        help="sync table, with --measured-from: full speed fitted on the other kept runs, not the probe's",
+    )
     args = parser.parse_args(argv)
     set_offline_defaults()
     params = load_params_with(Path(args.params), args.preset, [])
@@ -270,13 +341,18 @@ def main(argv: list[str] | None = None) -> None:
     no_fit = Terms(None, None, None, "params' simulate.training, sharing factor and trainer threads (--no-fit)")
     runs = args.measured_from or args.keep
     among = Path(runs) if runs else None
-    terms = no_fit if args.no_fit else fitted_terms(params, Path(args.fit_from), args.trainer_threads, among)
+    if args.leave_one_out and (args.measured_from is None or args.table != "sync"):
+        sys.exit("--leave-one-out needs --table sync and --measured-from DIR (runs kept by --keep)")
+    terms = (
+        no_fit if args.no_fit else fitted_terms(params, args.fit_from, args.trainer_threads, among, args.full_speed)
+    )
     if args.table in ("4b", "both"):
         table_4b(params, args.conditions, args.iterations, not args.simulate_only, terms)
     if args.table in ("sync", "both"):
         if args.table == "both":
             print()
-        table_sync(params, args.iterations, not args.simulate_only, terms, args.keep, args.measured_from)
+        loo = (args.trainer_threads if args.trainer_threads is not None else True) if args.leave_one_out else False
+        table_sync(params, args.iterations, not args.simulate_only, terms, args.keep, args.measured_from, loo)
 
 
 if __name__ == "__main__":

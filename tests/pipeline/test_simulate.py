@@ -20,6 +20,7 @@ from asp.config import Params, deep_merge, validate_params
 from asp.errors import UserError
 from asp.pipeline import simulate
 from asp.schedule import build_schedule, schedule_to_frame
+from asp.steps.paths import rebase
 from asp.tracking import NullTracker
 
 N_TRAIN, N_HELDOUT, N_SAMPLES, CAP = 480, 120, 4, 96
@@ -414,8 +415,18 @@ def test_fit_training_cli_under_an_anchored_probe_takes_full_speed_from_it(proje
     probe_path.write_text(json.dumps(probe))
     try:
         res = _asp(["simulate", "fit-training", *files, "-p", "measured.yaml"], project)
+        # anchored=False (benchmarks/sim_validation.py --full-speed launch): full speed from the launch's own calls
+        # (twice the law, none beside a step or another call) and steps, the probe giving only the slowdowns
+        launch = project / "launches" / "a"
+        tables = [pd.read_parquet(launch / "minibatches.parquet")], [pd.read_parquet(launch / "iterations.parquet")]
+        free = simulate.fit_launch_sharing(
+            validate_params(raw), rebase(simulate.Paths(), project), *tables, [N_SAMPLES], anchored=False
+        )
     finally:
         probe_path.unlink()
+    sharing, free_train, report = free
+    assert sharing.generation_factor == pytest.approx(2.0, rel=0.05) and "anchored" not in report
+    assert report["contention"] == 1.0 and free_train.step_base_s > 0.1  # the launch's 1.5 s steps, not the probe's
     assert res.returncode == 0, res.stderr
     sim = yaml.safe_load(res.stdout)["simulate"]
     train = sim["training"]
@@ -456,3 +467,7 @@ def test_probe_sharing_cli_refuses_bad_counts(project: Path) -> None:
     res = _asp(["simulate", "probe-sharing", "--repeats", "0"], project)
     assert res.returncode == 2
     assert "--engines, --repeats and --call-prompts must be >= 1" in res.stderr and "Traceback" not in res.stderr
+    # calls default to the schedule's minibatch size (the launch's calls), named in the refusal
+    b = yaml.safe_load((project / "params.yaml").read_text())["schedule"]["b"]
+    res = _asp(["simulate", "probe-sharing", "--engines", "0"], project)
+    assert res.returncode == 2 and f"got 0, 10, {b}." in res.stderr

@@ -231,7 +231,10 @@ def probe_sharing_command(
         int | None, typer.Option(help="most engines decoding at once (default: the launch's actors + 1)")
     ] = None,
     repeats: Annotated[int, typer.Option(help="rounds: each times the baselines, then every setting")] = 10,
-    call_prompts: Annotated[int, typer.Option(help="prompts per timed call (the profile's first ones)")] = 8,
+    call_prompts: Annotated[
+        int | None,
+        typer.Option(help="prompts per timed call, the profile's first ones (default: schedule.b, the minibatch)"),
+    ] = None,
     out: Annotated[Path, typer.Option(help="where to write the probe")] = Path("metrics/sharing_probe.json"),
 ) -> None:
     """Measure how k = 1..ENGINES generation engines and a training step slow each other on this machine's cores
@@ -252,6 +255,7 @@ def probe_sharing_command(
     from asp.trainers import make_trainer_factory
 
     p = load_with_overrides(params, [], [])
+    call_prompts = p.schedule.b if call_prompts is None else call_prompts  # the launch's calls are minibatches
     if repeats < 1 or call_prompts < 1 or (engines is not None and engines < 1):
         raise UserError(
             f"--engines, --repeats and --call-prompts must be >= 1, got {engines}, {repeats}, {call_prompts}."
@@ -288,7 +292,10 @@ def probe_sharing_command(
             f"{grpo.world_size}, mixed_precision {grpo.mixed_precision!r} and cpu_offload {grpo.cpu_offload} need "
             "a process group: probe with world_size 1 and neither (CPU sharing is for the one-machine demo)."
         )
-    typer.echo(f"probing 1..{k} {p.runtime.engine.kind} engines beside the GRPO Training Unit, {repeats} rounds ...")
+    typer.echo(
+        f"probing 1..{k} {p.runtime.engine.kind} engines beside the GRPO Training Unit, {repeats} rounds, calls of "
+        f"{len(texts)} prompts x {s.n_samples} samples ..."
+    )
     try:
         result = probe_sharing(
             runtime,

@@ -240,14 +240,16 @@ def fit_launch_sharing(
     iterations: list[pd.DataFrame],
     n_samples: list[int],
     fixed_trainer_threads: float | None = None,
+    anchored: bool = True,
 ) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float]]:
     """`asp.sim.sharing.fit_cpu_sharing` of launches' tables against the profile's generation fit (one engine
     alone, no sharing factor), on `simulate.cores` shared by actors of `runtime.engine.num_threads`: what
     `asp simulate fit-training` prints. `fixed_trainer_threads` fixes the trainer's demand instead of fitting it (the
     generation factor and training times are still fitted under it). Under ``simulate.sharing: measured`` with a
     probe that timed the trainer's step and one engine's calls alone, full speed is those measurements and the
-    launch gives only the refresh costs (and its own errors under the result). Raises ValueError from the fits (bad
-    tables, too few calls or timings)."""
+    launch gives only the refresh costs (and its own errors under the result); ``anchored=False`` fits full speed
+    on the launches under the probe's slowdowns instead. Raises ValueError from the fits (bad tables, too few calls
+    or timings)."""
     timings = pd.read_csv(paths.timings)
     gen, _ = fit_generation_model(
         timings, generation_form(params), folds=params.simulate.folds, seed=params.common.seed
@@ -263,7 +265,7 @@ def fit_launch_sharing(
         n_samples=n_samples,
         grid=TRAINER_THREADS_GRID if fixed_trainer_threads is None else (fixed_trainer_threads,),
         contention=probe_table(probe, paths) if probe is not None else None,
-        anchor=ProbeAnchor.from_probe(probe) if probe is not None else None,
+        anchor=ProbeAnchor.from_probe(probe) if probe is not None and anchored else None,
     )
 
 
