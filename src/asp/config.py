@@ -805,12 +805,12 @@ class SimTrainingParams(_Params):
     refresh costs); the defaults are those of the demo on the 2-core machine."""
 
     step_base_s: Float = Field(0.0, ge=0, description="Seconds per trainer step, fixed part.")
-    step_per_token_s: Float = Field(7.242e-05, ge=0, description="Seconds per generated token in the global batch.")
+    step_per_token_s: Float = Field(7.375e-05, ge=0, description="Seconds per generated token in the global batch.")
     save_s: Float = Field(0.0061, ge=0, description="T_save: snapshot export per step.")
     convert_s: Float = Field(0.0, ge=0, description="T_convert: snapshot conversion per step.")
     load_s: Float = Field(0.0035, ge=0, description="T_load: reload per actor, before its next minibatch.")
     step_per_sample_s: Float = Field(
-        0.004441,
+        0.004522,
         ge=0,
         description="Seconds per sequence (prompt x sample) in the global batch; fitted freely from launches of "
         "different batch sizes, else the per-token cost x the profile's mean prompt tokens.",
@@ -871,7 +871,7 @@ class SimulateParams(_Params):
     )
     folds: Int = Field(5, ge=2, description="Cross-validation folds of the time-model fit (held-out R², MdAPE).")
     sharing_factor: Float = Field(
-        1.4721,
+        1.1957,
         gt=0,
         description="Generation time at full speed = the profile-fitted time (one engine alone) x this factor; "
         "`asp simulate fit-training` sets it: under sharing: measured from the sharing probe's calls of one engine "
