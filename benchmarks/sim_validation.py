@@ -67,6 +67,8 @@ from asp.cli.plan import load_params_with
 from asp.config import Params
 from asp.env import set_offline_defaults
 from asp.pipeline import simulate as stage
+from asp.sim.sharing import CpuSharing
+from asp.sim.timemodel import TrainingTimeModel
 
 # the rows every table has (measured / simulated / error)
 ROWS_COMMON = {
@@ -115,6 +117,23 @@ def launch_tables(fit_from: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.read_parquet(minibatches), pd.read_parquet(iterations)
 
 
+def pooled_fit(
+    params: Params, launches: list[Path], fixed_trainer_threads: float | None, anchored: bool
+) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float], pd.DataFrame]:
+    """`asp.pipeline.simulate.fit_launch_sharing` on the kept launches' tables pooled, and their iterations."""
+    tables = [launch_tables(d) for d in launches]
+    sharing, train, report = stage.fit_launch_sharing(
+        params,
+        stage.Paths(),
+        [mb for mb, _ in tables],
+        [it for _, it in tables],
+        [params.runtime.sampling.n_samples] * len(tables),
+        fixed_trainer_threads,
+        anchored=anchored,
+    )
+    return sharing, train, report, pd.concat([it for _, it in tables])
+
+
 def fitted_terms(
     params: Params,
     fit_from: list[Path],
@@ -126,17 +145,7 @@ def fitted_terms(
     iterations.parquet and minibatches.parquet, made with `params`' n_samples) against the profile's generation
     fit: `asp.pipeline.simulate.fit_launch_sharing`, what `asp simulate fit-training` prints. `full_speed`
     "launch" fits full speed on the launches even when the probe timed it (``anchored=False``)."""
-    tables = [launch_tables(d) for d in fit_from]
-    sharing, train, report = stage.fit_launch_sharing(
-        params,
-        stage.Paths(),
-        [mb for mb, _ in tables],
-        [it for _, it in tables],
-        [params.runtime.sampling.n_samples] * len(tables),
-        fixed_trainer_threads,
-        anchored=full_speed == "probe",
-    )
-    it = pd.concat([it for _, it in tables])
+    sharing, train, report, it = pooled_fit(params, fit_from, fixed_trainer_threads, anchored=full_speed == "probe")
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1
     fixed = " (fixed)" if fixed_trainer_threads is not None else ""
     how = (
@@ -159,20 +168,19 @@ def fitted_terms(
     return Terms(train.to_dict(), sharing.generation_factor, sharing.trainer_threads, note)
 
 
-def left_out_terms(params: Params, others: list[Path], fixed_trainer_threads: float | None) -> Terms:
-    """Full speed (the training model and generation factor) fitted on the `others` runs' calls and steps under the
-    sharing probe's slowdowns, not on the probe's processes alone: the runs are minutes apart, the probe may not be
-    (`fit_launch_sharing` with ``anchored=False``); the refresh costs come from the same runs."""
-    tables = [launch_tables(d) for d in others]
-    sharing, train, report = stage.fit_launch_sharing(
-        params,
-        stage.Paths(),
-        [mb for mb, _ in tables],
-        [it for _, it in tables],
-        [params.runtime.sampling.n_samples] * len(tables),
-        fixed_trainer_threads,
-        anchored=False,
-    )
+def left_out_terms(params: Params, kept: Path, fixed_trainer_threads: float | None) -> dict[str, Terms]:
+    """Per sync-table run (by name), full speed (the training model and generation factor) fitted on the other runs
+    kept under `kept`, under the sharing probe's slowdowns rather than from the probe's processes alone: the runs
+    are minutes apart, the probe may not be (``anchored=False``); the refresh costs come from the same runs."""
+    folders = {name: kept / name.replace(" ", "_") for name in (run_name(*run) for run in (*SYNC_RUNS, PARTIAL_RUN))}
+    return {
+        name: _left_out(params, [d for n, d in folders.items() if n != name], fixed_trainer_threads)
+        for name in folders
+    }
+
+
+def _left_out(params: Params, others: list[Path], fixed_trainer_threads: float | None) -> Terms:
+    sharing, train, report, _ = pooled_fit(params, others, fixed_trainer_threads, anchored=False)
     note = (
         f"fitted on {', '.join(d.name for d in others)}: training at full speed {train.step_base_s:.4g} s + "
         f"{train.step_per_token_s:.4g} s/token, generation factor {sharing.generation_factor:.3f} (MdAPE of their "
@@ -270,23 +278,18 @@ def table_sync(
     terms: Terms,
     keep: Path | None = None,
     measured_from: Path | None = None,
-    leave_one_out: float | None | bool = False,
+    per_run: dict[str, Terms] | None = None,
 ) -> None:
-    """The sync-vs-async table. `leave_one_out` (False, or the trainer threads to fix, None to fit them): each run
-    simulated with full speed fitted on the other runs under `measured_from` instead of `terms`."""
+    """The sync-vs-async table; with `per_run` (`left_out_terms`) each run is simulated with its own terms."""
     runs = (*SYNC_RUNS, PARTIAL_RUN)
     names = [run_name(*run) for run in runs]
     print("sync-vs-async setting (benchmarks/sync_vs_async.py; simulate.lengths: empirical)")
-    if leave_one_out is False:
+    if per_run is None:
         print(terms.note)
     else:
-        assert measured_from is not None
-        folders = [measured_from / n.replace(" ", "_") for n in names]
-        fixed = None if leave_one_out is True else float(leave_one_out)
-        loo = {n: left_out_terms(params, [f for f in folders if f.name != n.replace(" ", "_")], fixed) for n in names}
         print("leave-one-out: each run simulated with full speed fitted on the other runs (the probe's slowdowns)")
         for n in names:
-            print(f"  {n}: {loo[n].note}")
+            print(f"  {n}: {per_run[n].note}")
     print(f"| metric | {' | '.join(f'{n} measured | {n} simulated | error' for n in names)} |")
     print("|---|" + "---|---|---|" * len(names))
     cells: dict[str, list[str]] = {k: [] for k in ROWS_SYNC}
@@ -294,7 +297,7 @@ def table_sync(
     for (mode, cond, partial), name in zip(runs, names, strict=True):
         p = bench_params(params, mode, cond, iterations or SETTING["iterations"], partial)
         real = measured_sync(p, name, keep, measured_from) if measure else None
-        sim, wall = simulated(with_terms(p, terms if leave_one_out is False else loo[name]), cond)
+        sim, wall = simulated(with_terms(p, terms if per_run is None else per_run[name]), cond)
         before, _ = simulated(p, cond)
         old.append(cell(real, before, "mean_iteration_time_s"))
         load = f"load {real['bench/load_start']:.1f}-{real['bench/load_end']:.1f}" if real else "not measured"
@@ -335,14 +338,14 @@ def main(argv: list[str] | None = None) -> None:
         help="sync table, with --measured-from: full speed fitted on the other kept runs, not the probe's",
     )
     args = parser.parse_args(argv)
+    if args.leave_one_out and (args.measured_from is None or args.table != "sync"):
+        parser.error("--leave-one-out needs --table sync and --measured-from DIR (runs kept by --keep)")
     set_offline_defaults()
     params = load_params_with(Path(args.params), args.preset, [])
     print(f"load average at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}", file=sys.stderr)
     no_fit = Terms(None, None, None, "params' simulate.training, sharing factor and trainer threads (--no-fit)")
     runs = args.measured_from or args.keep
     among = Path(runs) if runs else None
-    if args.leave_one_out and (args.measured_from is None or args.table != "sync"):
-        sys.exit("--leave-one-out needs --table sync and --measured-from DIR (runs kept by --keep)")
     terms = (
         no_fit if args.no_fit else fitted_terms(params, args.fit_from, args.trainer_threads, among, args.full_speed)
     )
@@ -351,8 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.table in ("sync", "both"):
         if args.table == "both":
             print()
-        loo = (args.trainer_threads if args.trainer_threads is not None else True) if args.leave_one_out else False
-        table_sync(params, args.iterations, not args.simulate_only, terms, args.keep, args.measured_from, loo)
+        per_run = left_out_terms(params, args.measured_from, args.trainer_threads) if args.leave_one_out else None
+        table_sync(params, args.iterations, not args.simulate_only, terms, args.keep, args.measured_from, per_run)
 
 
 if __name__ == "__main__":
