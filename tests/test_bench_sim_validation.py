@@ -1,0 +1,76 @@
+"""benchmarks/sim_validation.py's leave-one-out: each kept sync-table run gets full speed fitted on the other three
+(the repository's profile timings and sharing probe, four synthetic kept runs that differ only in how slow their
+generation calls ran), and a usage error before anything runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from asp.config import load_params
+from tests.sim.test_timemodel import _launch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "sim_validation", raising=False)
+    import sim_validation
+
+    return sim_validation
+
+
+def _kept_run(folder: Path, slower: float, n: int) -> None:
+    """A kept GRPO run: 40 steps of 16 prompts, 30 calls of one engine between the steps, `slower` x a fixed law."""
+    folder.mkdir(parents=True)
+    steps = _launch(16, n, seed=0)
+    steps["runtime/iteration_time_s"], steps["runtime/train_step_s"] = 10.0, 1.5
+    steps.to_parquet(folder / "iterations.parquet")
+    longest = np.random.default_rng(1).integers(20, 150, 30)
+    pd.DataFrame(
+        {
+            "gen_s": slower * (0.05 + 0.004 * longest),
+            "prompts": 16,
+            "responses": 16 * n,
+            "tokens": longest * 16 * n // 2,
+            "max_length": longest,
+            "split_responses": 0,
+            "gen_start_s": np.arange(30) * 10.0 + 1.0,  # between the steps: one engine, no trainer beside it
+        }
+    ).to_parquet(folder / "minibatches.parquet")
+
+
+def test_each_run_is_fitted_on_the_other_three(bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the pipeline's profile timings and committed sharing probe
+    params = load_params(ROOT / "params.yaml")
+    n = params.runtime.sampling.n_samples
+    slower = {"sync C0": 1.0, "async C0": 2.0, "async C4": 3.0, "async C4 partial": 4.0}
+    for name, factor in slower.items():
+        _kept_run(tmp_path / name.replace(" ", "_"), factor, n)
+    terms = bench.left_out_terms(params, tmp_path, None)
+    assert sorted(terms) == sorted(slower)
+    assert terms["sync C0"].note.startswith("fitted on async_C0, async_C4, async_C4_partial: ")
+    assert terms["async C4"].note.startswith("fitted on sync_C0, async_C0, async_C4_partial: ")
+    # identical calls but for their speed: a pooled least-squares factor is the mean of the others' slowness
+    ratio = terms["sync C0"].sharing_factor / terms["async C4 partial"].sharing_factor
+    assert ratio == pytest.approx((2 + 3 + 4) / (1 + 2 + 3), rel=1e-3)
+    assert terms["async C0"].sharing_factor / terms["async C4"].sharing_factor == pytest.approx(8 / 7, rel=1e-3)
+
+
+def test_leave_one_out_without_kept_runs_is_a_usage_error() -> None:
+    res = subprocess.run(
+        [sys.executable, "benchmarks/sim_validation.py", "--table", "4b", "--leave-one-out"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "--leave-one-out needs --table sync and --measured-from" in res.stderr
+    assert "load average" not in res.stderr and "Traceback" not in res.stderr
