@@ -12,16 +12,19 @@ free 127.0.0.1 port (`start_prefect_server` starts one, e.g. with its web UI on)
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -36,6 +39,19 @@ os.environ.setdefault("ASP_PROGRESS", "0")
 # two concurrent policy + train_predictor runs took 186 s with the default threads, 89 s with one each.
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
+
+
+@pytest.fixture
+def bench_module(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """Import a script of benchmarks/ by module name, fresh (its folder on sys.path for this test only)."""
+    folder = str(Path(__file__).resolve().parents[1] / "benchmarks")
+
+    def load(name: str) -> ModuleType:
+        monkeypatch.syspath_prepend(folder)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        return importlib.import_module(name)
+
+    return load
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,18 +6,13 @@ the predictor alone."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def test_two_passes_at_the_demo_layout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "history_real", raising=False)
-    import history_real as bench
+def test_two_passes_at_the_demo_layout(bench_module, tmp_path: Path, capsys) -> None:
+    bench = bench_module("history_real")
 
     out = tmp_path / "rows.json"
     png = tmp_path / "history.png"
@@ -32,12 +27,10 @@ def test_two_passes_at_the_demo_layout(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert "| phi | demo | 2 |" in capsys.readouterr().out
 
 
-def test_gpu_copies_are_distinct_prompts_and_gradual_drift_interpolates(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_copies_are_distinct_prompts_and_gradual_drift_interpolates(bench_module) -> None:
     import numpy as np
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "history_real", raising=False)
-    import history_real as bench
+    bench = bench_module("history_real")
 
     pred, raw, (a, b) = bench.chain_inputs("tulu", 3, 0.0, 0, "shuffle", 16)
     size = pred.size // 3
@@ -57,14 +50,10 @@ def test_gpu_copies_are_distinct_prompts_and_gradual_drift_interpolates(monkeypa
     np.testing.assert_allclose(bench.pass_means([a, b], 2, 3, "gradual"), b)
 
 
-def test_a_preset_time_model_adds_the_sensitivity_range(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
-) -> None:
+def test_a_preset_time_model_adds_the_sensitivity_range(bench_module, tmp_path: Path, capsys) -> None:
     """Under a published-source preset every row carries each schedule's iteration time at the 13 grid points, and
     the table prints C4 / C0 with its min-max over them (the preset's own value inside the range)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "history_real", raising=False)
-    import history_real as bench
+    bench = bench_module("history_real")
 
     from asp.sim.presets import SENSITIVITY_GRID
 

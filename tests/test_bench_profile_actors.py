@@ -5,18 +5,10 @@ below 12 and above 10, and the 1-engine time is the sum of the minibatch times (
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_simulate_prints_the_gpu_layouts_profile_time(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "profile_actors", raising=False)
-    import profile_actors as bench
+def test_simulate_prints_the_gpu_layouts_profile_time(bench_module, capsys) -> None:
+    bench = bench_module("profile_actors")
 
     bench.main(["simulate", "--engines", "1", "12"])
     out = capsys.readouterr().out
@@ -25,10 +17,8 @@ def test_simulate_prints_the_gpu_layouts_profile_time(monkeypatch: pytest.Monkey
     assert rows["1"] == "1.00" and 10 < float(rows["12"]) < 12, out
 
 
-def test_simulate_under_a_preset_prints_its_sensitivity_range(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "profile_actors", raising=False)
-    import profile_actors as bench
+def test_simulate_under_a_preset_prints_its_sensitivity_range(bench_module, capsys) -> None:
+    bench = bench_module("profile_actors")
 
     bench.main(["simulate", "--engines", "1", "12", "--time-model", "h100-qwen3-8b"])
     out = capsys.readouterr().out

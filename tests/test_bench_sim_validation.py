@@ -19,12 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "sim_validation", raising=False)
-    import sim_validation
-
-    return sim_validation
+def bench(bench_module):
+    return bench_module("sim_validation")
 
 
 def _kept_run(folder: Path, slower: float, n: int) -> None:

@@ -4,21 +4,13 @@ that reaches it, nan when none does) and the table's mean ± 95 % t interval (wo
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "vs_trl", raising=False)
-    import vs_trl
-
-    return vs_trl
+def bench(bench_module):
+    return bench_module("vs_trl")
 
 
 def test_checkpoints_and_time_to_reward(bench) -> None:

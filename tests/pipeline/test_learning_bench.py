@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -21,20 +20,15 @@ from asp.steps.loaders import load_policy_tokenizer
 
 from .conftest import Built, chat_template, make_params, write_prompts
 
-ROOT = Path(__file__).resolve().parents[2]
 N = 48
 
 
-def _bench(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202 - the benchmark module
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "learning", raising=False)
-    import learning
-
-    return learning
+@pytest.fixture
+def bench(bench_module):
+    return bench_module("learning")
 
 
-def test_statistics_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = _bench(monkeypatch)
+def test_statistics_by_hand(bench) -> None:
     points = [
         {"step": 0, "elapsed_s": 0.0, "reward": 0.5},
         {"step": 5, "elapsed_s": 10.0, "reward": 0.6},
@@ -54,9 +48,8 @@ def _run(seed: int, rewards: list[float], seconds: float) -> dict:
     return {"seed": seed, "metrics": {"learning/auc_step": 0.5}, "points": points, "spread": spread}
 
 
-def test_summary_of_saved_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_summary_of_saved_runs(bench, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--from-json: the table and figure of runs cut short (async C4 ran one seed of two): paired by seed."""
-    bench = _bench(monkeypatch)
     runs = {
         "sync C0": [_run(0, [0.4, 0.5, 0.6], 10.0), _run(1, [0.4, 0.45, 0.5], 10.0)],
         "async C4": [_run(0, [0.4, 0.6, 0.7], 5.0)],
@@ -77,9 +70,8 @@ def test_summary_of_saved_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, 
 @pytest.mark.slow
 @pytest.mark.extended
 def test_quick_run_writes_table_json_and_figure(
-    demo_policy: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    bench, demo_policy: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    bench = _bench(monkeypatch)
     root = tmp_path / "project"
     (root / "outputs").mkdir(parents=True)
     (root / "outputs/policy").symlink_to(demo_policy.paths.out_dir.resolve())
