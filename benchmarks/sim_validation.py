@@ -168,11 +168,16 @@ def fitted_terms(
     return Terms(train.to_dict(), sharing.generation_factor, sharing.trainer_threads, note)
 
 
+def kept_folder(kept: Path, name: str) -> Path:
+    """Where `--keep` puts a sync-table run (its name, spaces as underscores)."""
+    return kept / name.replace(" ", "_")
+
+
 def left_out_terms(params: Params, kept: Path, fixed_trainer_threads: float | None) -> dict[str, Terms]:
     """Per sync-table run (by name), full speed (the training model and generation factor) fitted on the other runs
     kept under `kept`, under the sharing probe's slowdowns rather than from the probe's processes alone: the runs
     are minutes apart, the probe may not be (``anchored=False``); the refresh costs come from the same runs."""
-    folders = {name: kept / name.replace(" ", "_") for name in (run_name(*run) for run in (*SYNC_RUNS, PARTIAL_RUN))}
+    folders = {name: kept_folder(kept, name) for name in (run_name(*run) for run in (*SYNC_RUNS, PARTIAL_RUN))}
     return {
         name: _left_out(params, [d for n, d in folders.items() if n != name], fixed_trainer_threads)
         for name in folders
@@ -258,16 +263,15 @@ def table_4b(params: Params, conditions: list[str], iterations: int | None, meas
 def measured_sync(p: Params, name: str, keep: Path | None, measured_from: Path | None) -> dict[str, float]:
     """The real launch's metrics: run now (its tables and metrics kept under `keep`/<name> when given) or read
     back from `measured_from`/<name>/metrics.json (a run kept earlier, to simulate against it again)."""
-    folder = name.replace(" ", "_")
     if measured_from is not None:
-        f = measured_from / folder / "metrics.json"
+        f = kept_folder(measured_from, name) / "metrics.json"
         if not f.is_file():
             sys.exit(f"{f}: missing; keep the runs first (--keep {measured_from})")
         return {k: v for k, v in json.loads(f.read_text()).items() if isinstance(v, (int, float))}
-    real = measure_sync(p, keep / folder if keep else None)
+    real = measure_sync(p, kept_folder(keep, name) if keep else None)
     if keep is not None:
         numbers = {k: v for k, v in real.items() if isinstance(v, (int, float))}
-        (keep / folder / "metrics.json").write_text(json.dumps(numbers, indent=1, sort_keys=True))
+        (kept_folder(keep, name) / "metrics.json").write_text(json.dumps(numbers, indent=1, sort_keys=True))
     return real
 
 
@@ -346,9 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     no_fit = Terms(None, None, None, "params' simulate.training, sharing factor and trainer threads (--no-fit)")
     runs = args.measured_from or args.keep
     among = Path(runs) if runs else None
-    terms = (
-        no_fit if args.no_fit else fitted_terms(params, args.fit_from, args.trainer_threads, among, args.full_speed)
-    )
+    fit = not (args.no_fit or args.leave_one_out)  # leave-one-out fits per run: no launch needed
+    terms = fitted_terms(params, args.fit_from, args.trainer_threads, among, args.full_speed) if fit else no_fit
     if args.table in ("4b", "both"):
         table_4b(params, args.conditions, args.iterations, not args.simulate_only, terms)
     if args.table in ("sync", "both"):

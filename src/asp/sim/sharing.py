@@ -11,8 +11,8 @@ Measured contention instead of processor sharing (`ContentionTable`, ``simulate.
 generation call with k engines decoding at once, with and without a training step beside them, and of a training step
 beside k decoding engines, as `asp simulate probe-sharing` measured them on the machine itself
 (`asp.runtime.contention`). Then the rates come from the table (what processor sharing by thread demand leaves out is
-in it: 3 one-thread engines on 2 cores each ran at 1/1.49 of their speed alone in the committed probe, beside a
-training step at 1/2.20), and no trainer demand is fitted. A probe that also timed each process alone (`ProbeAnchor`:
+in it: 3 one-thread engines on 2 cores each ran at 1/1.68 of their speed alone in the committed probe, beside a
+training step at 1/2.33), and no trainer demand is fitted. A probe that also timed each process alone (`ProbeAnchor`:
 the GRPO step alone, calls of one engine alone) gives full speed itself: `anchored_training` and
 `anchored_generation_factor` turn those into the training model and ``generation_factor``, and the launch then only
 gives the refresh costs and a check. Without that, ``generation_factor`` and the training model are fitted from the
