@@ -31,7 +31,10 @@ of the fit's choice a launch actually pins down. ``--fit-from`` takes several la
 launch`` fits full speed on them under the probe's slowdowns instead of taking the probe's processes alone.
 ``--leave-one-out`` (with ``--measured-from``) simulates each kept sync-table run with full speed fitted on the other
 kept runs: fitted on other runs made minutes apart, where the probe may be further away in time than the machine's
-drift allows.
+drift allows. ``--measured-from`` takes several folders, repeats of the same runs (sittings apart, or one after
+another): the measured side is then their mean with its range in brackets, the leave-one-out fit pools every repeat
+of the other settings, and a last line gives the largest error on the three time rows and on how many of those
+cells the simulated value lies inside the repeats' range (how far the machine itself moves).
 
     .venv/bin/python benchmarks/sim_validation.py                    # both tables: C0, C4; sync C0, async C0, C4
     .venv/bin/python benchmarks/sim_validation.py C0 C1 C2 C3 C4     # Table 4(b) for these conditions (and sync)
@@ -40,6 +43,7 @@ drift allows.
     .venv/bin/python benchmarks/sim_validation.py --table sync --preset demo-vllm   # on vLLM actors (CPU build)
     .venv/bin/python benchmarks/sim_validation.py --table sync --keep runs/   # then --measured-from runs/
     .venv/bin/python benchmarks/sim_validation.py --table sync --measured-from runs/ --leave-one-out
+    .venv/bin/python benchmarks/sim_validation.py --table sync --measured-from runs/ runs2/ runs3/ --leave-one-out
     .venv/bin/python benchmarks/sim_validation.py --table 4b --fit-from runs/* --full-speed launch
 
 Times on the idle 2-core machine: Table 4(b) C0 + C4 about 3 minutes, sync vs async about 7 minutes
@@ -94,6 +98,7 @@ ROWS_SYNC = {
     "tokens_per_s": "generated tokens/s",
     "wall_s": "run wall time (s)",
 }
+TIME_ROWS = ("mean_iteration_time_s", "generation_time_mean_s", "train_step_mean_s")  # the 15 % goal's rows
 OLD_ROW = "mean iteration time (s), params.yaml's simulate terms (training, sharing factor, trainer threads)"
 
 
@@ -138,7 +143,7 @@ def fitted_terms(
     params: Params,
     fit_from: list[Path],
     fixed_trainer_threads: float | None,
-    among: Path | None = None,
+    among: list[Path] | None = None,
     full_speed: str = "probe",
 ) -> Terms:
     """The training-time model, sharing factor and trainer threads fitted on the launches in `fit_from` (each's
@@ -155,7 +160,7 @@ def fitted_terms(
     )
     if report.get("anchored"):
         how += ": full speed is the probe's step and calls alone (the launch gives the refresh costs only)"
-    inside = among is not None and any(d.resolve().is_relative_to(among.resolve()) for d in fit_from)
+    inside = any(d.resolve().is_relative_to(a.resolve()) for d in fit_from for a in among or [])
     which = "among the runs below" if inside else "not a run below"
     note = (
         f"launch-fitted terms from {', '.join(map(str, fit_from))} ({len(it)} steps, global batch {batch} prompts; "
@@ -173,21 +178,30 @@ def kept_folder(kept: Path, name: str) -> Path:
     return kept / name.replace(" ", "_")
 
 
-def left_out_terms(params: Params, kept: Path, fixed_trainer_threads: float | None) -> dict[str, Terms]:
+def left_out_terms(params: Params, kept: list[Path], fixed_trainer_threads: float | None) -> dict[str, Terms]:
     """Per sync-table run (by name), full speed (the training model and generation factor) fitted on the other runs
-    kept under `kept`, under the sharing probe's slowdowns rather than from the probe's processes alone: the runs
-    are minutes apart, the probe may not be (``anchored=False``); the refresh costs come from the same runs."""
-    folders = {name: kept_folder(kept, name) for name in (run_name(*run) for run in (*SYNC_RUNS, PARTIAL_RUN))}
+    kept under the `kept` folders (all repeats of the other settings), under the sharing probe's slowdowns rather
+    than from the probe's processes alone: the runs are minutes apart, the probe may not be (``anchored=False``);
+    the refresh costs come from the same runs."""
+    names = [run_name(*run) for run in (*SYNC_RUNS, PARTIAL_RUN)]
     return {
-        name: _left_out(params, [d for n, d in folders.items() if n != name], fixed_trainer_threads)
-        for name in folders
+        name: _left_out(
+            params,
+            [kept_folder(folder, n) for folder in kept for n in names if n != name],
+            fixed_trainer_threads,
+            len(kept),
+        )
+        for name in names
     }
 
 
-def _left_out(params: Params, others: list[Path], fixed_trainer_threads: float | None) -> Terms:
+def _left_out(params: Params, others: list[Path], fixed_trainer_threads: float | None, repeats: int) -> Terms:
     sharing, train, report, _ = pooled_fit(params, others, fixed_trainer_threads, anchored=False)
+    which = ", ".join(dict.fromkeys(d.name for d in others))
+    if repeats > 1:
+        which += f" ({repeats} repeats each)"
     note = (
-        f"fitted on {', '.join(d.name for d in others)}: training at full speed {train.step_base_s:.4g} s + "
+        f"fitted on {which}: training at full speed {train.step_base_s:.4g} s + "
         f"{train.step_per_token_s:.4g} s/token, generation factor {sharing.generation_factor:.3f} (MdAPE of their "
         f"calls {100 * report['mdape_generation']:.0f} %, steps {100 * report['mdape_training']:.0f} %)"
     )
@@ -224,12 +238,32 @@ def error(measured: float, sim: float) -> str:
     return f"{100 * (sim - measured) / measured:+.1f} %"
 
 
-def cell(measured: dict[str, float] | None, sim: dict[str, float], key: str) -> str:
-    """'measured | simulated | error' (or '- | simulated | -' with --simulate-only)."""
+def mean_of(runs: list[dict[str, float]] | None) -> dict[str, float] | None:
+    """The mean of every metric over repeated measured runs of one setting (None: not measured)."""
+    if not runs:
+        return None
+    keys = set.intersection(*(set(r) for r in runs))
+    return {k: sum(float(r[k]) for r in runs) / len(runs) for k in keys}
+
+
+def measured_range(runs: list[dict[str, float]], key: str) -> tuple[float, float]:
+    """(min, max) of ``runtime/summary/<key>`` over repeated measured runs."""
+    values = [float(r.get(f"runtime/summary/{key}", float("nan"))) for r in runs]
+    return min(values), max(values)
+
+
+def cell(measured: dict[str, float] | list[dict[str, float]] | None, sim: dict[str, float], key: str) -> str:
+    """'measured | simulated | error' (or '- | simulated | -' with --simulate-only); repeated runs (a list) give
+    their mean, with their range in brackets, and the error against the mean."""
     s = float(sim.get(f"runtime/summary/{key}", float("nan")))
-    if measured is None:
+    runs = measured if isinstance(measured, list) else None
+    mean = mean_of(runs) if runs is not None else measured
+    if mean is None:
         return f"- | {s:.4g} | -"
-    m = float(measured.get(f"runtime/summary/{key}", float("nan")))
+    m = float(mean.get(f"runtime/summary/{key}", float("nan")))
+    if runs is not None and len(runs) > 1:
+        lo, hi = measured_range(runs, key)
+        return f"{m:.4g} ({lo:.4g}-{hi:.4g}) | {s:.4g} | {error(m, s)}"
     return f"{m:.4g} | {s:.4g} | {error(m, s)}"
 
 
@@ -260,19 +294,50 @@ def table_4b(params: Params, conditions: list[str], iterations: int | None, meas
     print(f"| mean iteration time (s), lognormal lengths | {' | '.join(alt)} | |")
 
 
-def measured_sync(p: Params, name: str, keep: Path | None, measured_from: Path | None) -> dict[str, float]:
+def numeric(metrics: dict[str, object]) -> dict[str, float]:
+    """A run's numeric metrics (not its notes, such as "not measured: runtime.heldout_problems is 0")."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def measured_sync(p: Params, name: str, keep: Path | None, measured_from: list[Path] | None) -> list[dict[str, float]]:
     """The real launch's metrics: run now (its tables and metrics kept under `keep`/<name> when given) or read
-    back from `measured_from`/<name>/metrics.json (a run kept earlier, to simulate against it again)."""
-    if measured_from is not None:
-        f = kept_folder(measured_from, name) / "metrics.json"
-        if not f.is_file():
-            sys.exit(f"{f}: missing; keep the runs first (--keep {measured_from})")
-        return {k: v for k, v in json.loads(f.read_text()).items() if isinstance(v, (int, float))}
+    back from each `measured_from`/<name>/metrics.json (runs kept earlier, to simulate against them again; several
+    folders are repeats of the same runs)."""
+    if measured_from:
+        runs = []
+        for folder in measured_from:
+            f = kept_folder(folder, name) / "metrics.json"
+            if not f.is_file():
+                sys.exit(f"{f}: missing; keep the runs first (--keep {folder})")
+            runs.append(numeric(json.loads(f.read_text())))
+        return runs
     real = measure_sync(p, kept_folder(keep, name) if keep else None)
+    numbers = numeric(real)
     if keep is not None:
-        numbers = {k: v for k, v in real.items() if isinstance(v, (int, float))}
         (kept_folder(keep, name) / "metrics.json").write_text(json.dumps(numbers, indent=1, sort_keys=True))
-    return real
+    return [numbers]
+
+
+def within_summary(
+    measured: dict[str, list[dict[str, float]]], sims: dict[str, dict[str, float]], keys: tuple[str, ...] = TIME_ROWS
+) -> str:
+    """One line over the runs' time rows: the largest error against the repeats' mean, and on how many cells the
+    simulated value lies inside the measured range (repeats only)."""
+    errors, inside, cells = [], 0, 0
+    for name, runs in measured.items():
+        mean = mean_of(runs) or {}
+        for key in keys:
+            m, s = float(mean.get(f"runtime/summary/{key}", 0.0)), float(sims[name][f"runtime/summary/{key}"])
+            if m > 0:
+                errors.append(abs(s - m) / m)
+            lo, hi = measured_range(runs, key)
+            inside += int(lo <= s <= hi)
+            cells += 1
+    repeats = min(len(r) for r in measured.values())
+    line = f"largest error on iteration, generation and training time: {100 * max(errors, default=0.0):.1f} %"
+    if repeats > 1:
+        line += f"; simulated inside the range of {repeats} repeats on {inside} of {cells} of those cells"
+    return line
 
 
 def table_sync(
@@ -281,13 +346,19 @@ def table_sync(
     measure: bool,
     terms: Terms,
     keep: Path | None = None,
-    measured_from: Path | None = None,
+    measured_from: list[Path] | None = None,
     per_run: dict[str, Terms] | None = None,
 ) -> None:
-    """The sync-vs-async table; with `per_run` (`left_out_terms`) each run is simulated with its own terms."""
+    """The sync-vs-async table; with `per_run` (`left_out_terms`) each run is simulated with its own terms; with
+    several `measured_from` folders (repeats) the measured side is their mean and range."""
     runs = (*SYNC_RUNS, PARTIAL_RUN)
     names = [run_name(*run) for run in runs]
     print("sync-vs-async setting (benchmarks/sync_vs_async.py; simulate.lengths: empirical)")
+    if measured_from and len(measured_from) > 1:
+        print(
+            f"measured: the mean of {len(measured_from)} repeats ({', '.join(map(str, measured_from))}), "
+            "their range in brackets; the error is against the mean"
+        )
     if per_run is None:
         print(terms.note)
     else:
@@ -298,19 +369,28 @@ def table_sync(
     print("|---|" + "---|---|---|" * len(names))
     cells: dict[str, list[str]] = {k: [] for k in ROWS_SYNC}
     old: list[str] = []
+    reals: dict[str, list[dict[str, float]]] = {}
+    sims: dict[str, dict[str, float]] = {}
     for (mode, cond, partial), name in zip(runs, names, strict=True):
         p = bench_params(params, mode, cond, iterations or SETTING["iterations"], partial)
         real = measured_sync(p, name, keep, measured_from) if measure else None
         sim, wall = simulated(with_terms(p, terms if per_run is None else per_run[name]), cond)
         before, _ = simulated(p, cond)
         old.append(cell(real, before, "mean_iteration_time_s"))
-        load = f"load {real['bench/load_start']:.1f}-{real['bench/load_end']:.1f}" if real else "not measured"
+        if real:
+            reals[name], sims[name] = real, sim
+            loads = ", ".join(f"{r['bench/load_start']:.1f}-{r['bench/load_end']:.1f}" for r in real)
+            load = f"load {loads}"
+        else:
+            load = "not measured"
         print(f"{name}: measured ({load}) and simulated (simulation {wall:.2f} s)", file=sys.stderr)
         for key in ROWS_SYNC:
             cells[key].append(cell(real, sim, key))
     for key, label in ROWS_SYNC.items():
         print(f"| {label} | {' | '.join(cells[key])} |")
     print(f"| {OLD_ROW} | {' | '.join(old)} |")
+    if reals:
+        print(within_summary(reals, sims))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -335,7 +415,12 @@ def main(argv: list[str] | None = None) -> None:
         "--trainer-threads", type=float, help="fix the trainer's demand on the cores instead of fitting it"
     )
     parser.add_argument("--keep", type=Path, help="sync table: keep each real run's tables and metrics here")
-    parser.add_argument("--measured-from", type=Path, help="sync table: simulate against runs kept by --keep")
+    parser.add_argument(
+        "--measured-from",
+        nargs="+",
+        type=Path,
+        help="sync table: simulate against runs kept by --keep (several folders: repeats, their mean and range)",
+    )
     parser.add_argument(
         "--leave-one-out",
         action="store_true",
@@ -348,8 +433,7 @@ def main(argv: list[str] | None = None) -> None:
     params = load_params_with(Path(args.params), args.preset, [])
     print(f"load average at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}", file=sys.stderr)
     no_fit = Terms(None, None, None, "params' simulate.training, sharing factor and trainer threads (--no-fit)")
-    runs = args.measured_from or args.keep
-    among = Path(runs) if runs else None
+    among = args.measured_from or ([args.keep] if args.keep else None)
     fit = not (args.no_fit or args.leave_one_out)  # leave-one-out fits per run: no launch needed
     terms = fitted_terms(params, args.fit_from, args.trainer_threads, among, args.full_speed) if fit else no_fit
     if args.table in ("4b", "both"):

@@ -1,6 +1,7 @@
 """benchmarks/sim_validation.py's leave-one-out: each kept sync-table run gets full speed fitted on the other three
 (the repository's profile timings and sharing probe, four synthetic kept runs that differ only in how slow their
-generation calls ran), and a usage error before anything runs."""
+generation calls ran), over repeats too; repeated runs' mean, range and summary line (hand-worked); and a usage
+error before anything runs."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_each_run_is_fitted_on_the_other_three(bench, tmp_path: Path, monkeypatc
     slower = {"sync C0": 1.0, "async C0": 2.0, "async C4": 3.0, "async C4 partial": 4.0}
     for name, factor in slower.items():
         _kept_run(tmp_path / name.replace(" ", "_"), factor, n)
-    terms = bench.left_out_terms(params, tmp_path, None)
+    terms = bench.left_out_terms(params, [tmp_path], None)
     assert sorted(terms) == sorted(slower)
     assert terms["sync C0"].note.startswith("fitted on async_C0, async_C4, async_C4_partial: ")
     assert terms["async C4"].note.startswith("fitted on sync_C0, async_C0, async_C4_partial: ")
@@ -58,6 +59,44 @@ def test_each_run_is_fitted_on_the_other_three(bench, tmp_path: Path, monkeypatc
     ratio = terms["sync C0"].sharing_factor / terms["async C4 partial"].sharing_factor
     assert ratio == pytest.approx((2 + 3 + 4) / (1 + 2 + 3), rel=1e-3)
     assert terms["async C0"].sharing_factor / terms["async C4"].sharing_factor == pytest.approx(8 / 7, rel=1e-3)
+
+
+def test_leave_one_out_pools_every_repeat_of_the_other_settings(
+    bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    params = load_params(ROOT / "params.yaml")
+    n = params.runtime.sampling.n_samples
+    first = {"sync C0": 1.0, "async C0": 2.0, "async C4": 3.0, "async C4 partial": 4.0}
+    for name, factor in first.items():
+        _kept_run(tmp_path / "a" / name.replace(" ", "_"), factor, n)
+        _kept_run(tmp_path / "b" / name.replace(" ", "_"), 5.0, n)  # a second sitting, every call 5 x
+    terms = bench.left_out_terms(params, [tmp_path / "a", tmp_path / "b"], None)
+    assert terms["sync C0"].note.startswith("fitted on async_C0, async_C4, async_C4_partial (2 repeats each): ")
+    # sync C0 left out: (2 + 3 + 4 + 3 x 5) / 6 = 4; partial left out: (1 + 2 + 3 + 3 x 5) / 6 = 3.5
+    ratio = terms["sync C0"].sharing_factor / terms["async C4 partial"].sharing_factor
+    assert ratio == pytest.approx(4 / 3.5, rel=1e-3)
+
+
+def test_repeats_give_their_mean_range_and_a_summary(bench) -> None:
+    key = "runtime/summary/mean_iteration_time_s"
+    runs = [{key: 2.0, "runtime/summary/generation_time_mean_s": 1.0, "runtime/summary/train_step_mean_s": 1.0}]
+    runs.append({key: 3.0, "runtime/summary/generation_time_mean_s": 1.0, "runtime/summary/train_step_mean_s": 2.0})
+    sim = {key: 2.6, "runtime/summary/generation_time_mean_s": 1.2, "runtime/summary/train_step_mean_s": 1.5}
+    assert bench.cell(runs, sim, "mean_iteration_time_s") == "2.5 (2-3) | 2.6 | +4.0 %"
+    assert bench.cell(runs[:1], sim, "mean_iteration_time_s") == "2 | 2.6 | +30.0 %"  # one run: no range
+    assert bench.cell(None, sim, "mean_iteration_time_s") == "- | 2.6 | -"
+    # generation 1.2 against 1.0 (+20 %, outside [1, 1]); iteration and training inside their ranges
+    line = bench.within_summary({"sync C0": runs}, {"sync C0": sim})
+    assert line == (
+        "largest error on iteration, generation and training time: 20.0 %; "
+        "simulated inside the range of 2 repeats on 2 of 3 of those cells"
+    )
+    assert "repeats" not in bench.within_summary({"sync C0": runs[:1]}, {"sync C0": sim})
+    # a live run's notes are not averaged
+    note = {key: 2.0, "train/eval_accuracy": "not measured: runtime.heldout_problems is 0", "flag": True}
+    assert bench.numeric(note) == {key: 2.0}
+    assert bench.cell([bench.numeric(note), runs[1]], sim, "mean_iteration_time_s").startswith("2.5 (2-3)")
 
 
 def test_leave_one_out_without_kept_runs_is_a_usage_error() -> None:
