@@ -127,6 +127,30 @@ def test_stage_writes_metrics_per_condition_and_is_deterministic(inputs: tuple[P
     assert again == metrics and (paths.out_dir / "models.json").read_bytes() == first[0]
 
 
+def test_a_profile_timed_while_the_machine_slowed_is_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = _params()
+    paths = write_inputs(tmp_path, params)
+    metrics = simulate.run(params, paths, NullTracker())
+    assert metrics["simulate/gen_fit/speed_drift"] < 0.1 and "speed moved" not in capsys.readouterr().err
+    timings = pd.read_csv(paths.timings)
+    timings.loc[20:, "wall_s"] *= 1.4  # the machine 40 % slower for the second half of the profile
+    timings.to_csv(paths.timings, index=False)
+    metrics = simulate.run(params, paths, NullTracker())
+    assert metrics["simulate/gen_fit/speed_drift"] > 0.15
+    err = capsys.readouterr().err
+    assert f"[simulate] warning: {paths.timings}: the machine's speed moved by " in err
+    assert "dvc repro -f -s profile" in err
+
+
+def test_drift_warning_names_the_file_and_the_drift() -> None:
+    assert simulate.drift_warning({"speed_drift": 0.1}, Path("m/t.csv")) is None
+    assert simulate.drift_warning({}, Path("m/t.csv")) is None  # a preset: no profile fit
+    warning = simulate.drift_warning({"speed_drift": 0.17}, Path("m/t.csv"))
+    assert warning is not None and warning.startswith("warning: m/t.csv: the machine's speed moved by 17 % ")
+
+
 def test_schedule_not_matching_predictions_is_named(inputs: tuple[Params, simulate.Paths], tmp_path: Path) -> None:
     params, paths = inputs
     frame = pd.read_parquet(paths.schedule)

@@ -20,6 +20,7 @@ from asp.sim.timemodel import (
     TrainingTimeModel,
     fit_generation_model,
     fit_training_model,
+    speed_drift,
 )
 
 REAL_TIMINGS = Path(__file__).resolve().parents[2] / "metrics" / "profile_timings.csv"
@@ -154,6 +155,27 @@ def real_profile_timings() -> pd.DataFrame:
     )
     assert shown.returncode == 0, f"{REAL_TIMINGS} is absent and not committed: {shown.stderr.strip()}"
     return pd.read_csv(io.StringIO(shown.stdout))
+
+
+def test_speed_drift_hand_worked():
+    predicted = np.full(10, 2.0)
+    # five parts of two rows; the last ran 20 % slower than the others: 1.2 / 1.0 - 1
+    measured = predicted * np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 1.2])
+    assert speed_drift(measured, predicted) == pytest.approx(0.2)
+    assert speed_drift(3.0 * predicted, predicted) == pytest.approx(0.0)  # uniformly slower is not drift
+    assert speed_drift(measured[:9], predicted[:9]) == 0.0  # under two rows per part
+    # the median of each part: one outlier row in a part of three does not move it
+    assert speed_drift(np.array([1, 1, 5, 1, 1, 1.0]), np.ones(6), parts=2) == pytest.approx(0.0)
+
+
+def test_fit_reports_the_profiles_speed_drift():
+    steady = synthetic_timings("static", noise=0.01)
+    _, report = fit_generation_model(steady, "static", folds=5, seed=0)
+    assert report["speed_drift"] < 0.05
+    slowed = steady.copy()
+    slowed.loc[40:, "wall_s"] *= 1.3  # the machine 30 % slower from the middle of the profile on
+    _, report = fit_generation_model(slowed, "static", folds=5, seed=0)
+    assert report["speed_drift"] > 0.15
 
 
 def test_fit_on_real_profile_timings():

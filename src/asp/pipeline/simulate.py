@@ -52,7 +52,7 @@ from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
 from asp.sim.sharing import TRAINER_THREADS_GRID, ContentionTable, CpuSharing, ProbeAnchor, fit_cpu_sharing
-from asp.sim.timemodel import TrainingTimeModel, fit_generation_model, shared
+from asp.sim.timemodel import DRIFT_WARN, TrainingTimeModel, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
 from asp.steps.scheduling import schedule_predictions
@@ -440,6 +440,20 @@ def save_outputs(models: Models, results: dict[str, Any], out_dir: Path) -> None
         write_parquet(frame, out / "iterations.parquet")
 
 
+def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
+    """A warning when the profile's timings drifted (`asp.sim.timemodel.speed_drift` above `DRIFT_WARN`), else
+    None: the generation-time fit's shape is then partly the machine's drift (a fresh clone's profile timed while
+    this machine slowed by 17 % mid-way left its fit 17 % high on the launch's short calls)."""
+    drift = gen_report.get("speed_drift", 0.0)
+    if drift <= DRIFT_WARN:
+        return None
+    return (
+        f"warning: {timings}: the machine's speed moved by {100 * drift:.0f} % while the profile was timed "
+        f"(the fit's measured / predicted time, median over each fifth of the minibatches in the order they ran); "
+        "the generation-time fit carries that drift. Re-time it on an idle machine: dvc repro -f -s profile."
+    )
+
+
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Fit, simulate every condition, save and log (see the module docstring)."""
     tracker.log_params({"simulate": params.simulate.model_dump(), "common.seed": params.common.seed})
@@ -457,6 +471,8 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
         save_figure(timeline_figure({}, skip.split(":")[0] + ": nothing simulated"), paths.plot, tracker)
         return metrics
     models = fit_models(params, paths)
+    if warning := drift_warning(models.gen_report, paths.timings):
+        print(f"[simulate] {warning}", file=sys.stderr, flush=True)
     results = simulate_conditions(params, paths, models)
     metrics = run_metrics(models, results)
     save_outputs(models, results, paths.out_dir)

@@ -59,6 +59,8 @@ TIMING_COLUMNS = ("wall_s", "num_prompts", "n", "max_length", "total_tokens", "p
 TRAIN_TIME_COL, TRAIN_TOKENS_COL, TRAIN_PROMPTS_COL = "train/t_train_s", "train/response_tokens", "train/prompts"
 REFRESH_COLS = {"save_s": "train/t_save_s", "convert_s": "train/t_convert_s", "load_s": "train/t_load_s"}
 T_TRAIN_WINDOW = 10  # GRPO's LagMonitor reports t_train as the mean of the last 10 steps (trainers/grpo.py)
+DRIFT_PARTS = 5  # speed_drift: consecutive parts of the profile's timed minibatches
+DRIFT_WARN = 0.15  # a profile whose speed moved more than this is worth timing again on an idle machine
 
 
 def _check_nonneg(name: str, value: Any) -> float:
@@ -241,14 +243,29 @@ def fit_generation_model(
         heldout[test] = np.maximum(x[test] @ nnls_fit(x[~test], y[~test]), FLOOR_S)
     coef = nnls_fit(x, y)
     model = GenerationTimeModel(form=form, coef=tuple(coef), feature_names=FEATURES[form])
+    fitted = np.maximum(x @ coef, FLOOR_S)
     report = {
         "r2_heldout": r2_score(y, heldout),
         "mdape_heldout": float(np.median(np.abs(heldout - y) / y)),
-        "r2_in_sample": r2_score(y, np.maximum(x @ coef, FLOOR_S)),
+        "r2_in_sample": r2_score(y, fitted),
         "minibatches": float(len(y)),
         "folds": float(folds),
+        "speed_drift": speed_drift(y, fitted),
     }
     return model, report
+
+
+def speed_drift(measured: np.ndarray, predicted: np.ndarray, parts: int = DRIFT_PARTS) -> float:
+    """How far the machine's speed moved while the rows were timed (pure): the median ratio measured / predicted
+    over each of `parts` consecutive runs of rows (the profile times its minibatches in row order), and the largest
+    of those medians over the smallest, less 1. The fit has no term for time, so a machine that slowed down
+    halfway shows up here (0.17: one part ran 17 % slower than another) while shapes the fit gets wrong do not,
+    as long as the profile's minibatches are drawn in random order. 0 with fewer than 2 rows per part."""
+    ratio = np.asarray(measured, np.float64) / np.maximum(np.asarray(predicted, np.float64), FLOOR_S)
+    if len(ratio) < 2 * parts:
+        return 0.0
+    medians = [float(np.median(chunk)) for chunk in np.array_split(ratio, parts)]
+    return max(medians) / max(min(medians), FLOOR_S) - 1.0
 
 
 @dataclass(frozen=True)
