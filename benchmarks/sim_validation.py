@@ -238,32 +238,21 @@ def error(measured: float, sim: float) -> str:
     return f"{100 * (sim - measured) / measured:+.1f} %"
 
 
-def mean_of(runs: list[dict[str, float]] | None) -> dict[str, float] | None:
-    """The mean of every metric over repeated measured runs of one setting (None: not measured)."""
-    if not runs:
-        return None
-    keys = set.intersection(*(set(r) for r in runs))
-    return {k: sum(float(r[k]) for r in runs) / len(runs) for k in keys}
+def measured_values(runs: list[dict[str, float]], key: str) -> list[float]:
+    """``runtime/summary/<key>`` of each repeated measured run of one setting (nan where a run lacks it)."""
+    return [float(r.get(f"runtime/summary/{key}", float("nan"))) for r in runs]
 
 
-def measured_range(runs: list[dict[str, float]], key: str) -> tuple[float, float]:
-    """(min, max) of ``runtime/summary/<key>`` over repeated measured runs."""
-    values = [float(r.get(f"runtime/summary/{key}", float("nan"))) for r in runs]
-    return min(values), max(values)
-
-
-def cell(measured: dict[str, float] | list[dict[str, float]] | None, sim: dict[str, float], key: str) -> str:
-    """'measured | simulated | error' (or '- | simulated | -' with --simulate-only); repeated runs (a list) give
+def cell(measured: list[dict[str, float]] | None, sim: dict[str, float], key: str) -> str:
+    """'measured | simulated | error' (or '- | simulated | -' with --simulate-only); several repeated runs give
     their mean, with their range in brackets, and the error against the mean."""
     s = float(sim.get(f"runtime/summary/{key}", float("nan")))
-    runs = measured if isinstance(measured, list) else None
-    mean = mean_of(runs) if runs is not None else measured
-    if mean is None:
+    if not measured:
         return f"- | {s:.4g} | -"
-    m = float(mean.get(f"runtime/summary/{key}", float("nan")))
-    if runs is not None and len(runs) > 1:
-        lo, hi = measured_range(runs, key)
-        return f"{m:.4g} ({lo:.4g}-{hi:.4g}) | {s:.4g} | {error(m, s)}"
+    values = measured_values(measured, key)
+    m = sum(values) / len(values)
+    if len(values) > 1:
+        return f"{m:.4g} ({min(values):.4g}-{max(values):.4g}) | {s:.4g} | {error(m, s)}"
     return f"{m:.4g} | {s:.4g} | {error(m, s)}"
 
 
@@ -278,7 +267,7 @@ def table_4b(params: Params, conditions: list[str], iterations: int | None, meas
     alt: list[str] = []
     for cond in conditions:
         p = table_4b_params(params, cond, iterations)
-        real = measure_4b(params, cond, iterations) if measure else None
+        real = [numeric(measure_4b(params, cond, iterations))] if measure else None
         sim, wall = simulated(with_terms(p, terms), cond)
         other, _ = simulated(with_terms(p, terms), cond, "lognormal")
         alt.append(cell(real, other, "mean_iteration_time_s"))
@@ -325,13 +314,12 @@ def within_summary(
     simulated value lies inside the measured range (repeats only)."""
     errors, inside, cells = [], 0, 0
     for name, runs in measured.items():
-        mean = mean_of(runs) or {}
         for key in keys:
-            m, s = float(mean.get(f"runtime/summary/{key}", 0.0)), float(sims[name][f"runtime/summary/{key}"])
+            values, s = measured_values(runs, key), float(sims[name][f"runtime/summary/{key}"])
+            m = sum(values) / len(values)
             if m > 0:
                 errors.append(abs(s - m) / m)
-            lo, hi = measured_range(runs, key)
-            inside += int(lo <= s <= hi)
+            inside += int(min(values) <= s <= max(values))
             cells += 1
     repeats = min(len(r) for r in measured.values())
     line = f"largest error on iteration, generation and training time: {100 * max(errors, default=0.0):.1f} %"

@@ -442,8 +442,8 @@ def save_outputs(models: Models, results: dict[str, Any], out_dir: Path) -> None
 
 def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
     """A warning when the profile's timings drifted (`asp.sim.timemodel.speed_drift` above `DRIFT_WARN`), else
-    None: the generation-time fit's shape is then partly the machine's drift (a fresh clone's profile timed while
-    this machine slowed by 17 % mid-way left its fit 17 % high on the launch's short calls)."""
+    None: the generation-time fit's shape is then partly the machine's drift. Only a monotone drift shows here; a
+    profile timed on an unsteady machine can fit poorly with little drift (its held-out R² says so)."""
     drift = gen_report.get("speed_drift", 0.0)
     if drift <= DRIFT_WARN:
         return None
