@@ -53,7 +53,6 @@ Times on the idle 2-core machine: Table 4(b) C0 + C4 about 3 minutes, sync vs as
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -70,6 +69,7 @@ from sync_vs_async import measure as measure_sync
 from asp.cli.plan import load_params_with
 from asp.config import Params
 from asp.env import set_offline_defaults
+from asp.io import read_json, write_json
 from asp.pipeline import simulate as stage
 from asp.sim.sharing import CpuSharing
 from asp.sim.timemodel import TrainingTimeModel
@@ -298,12 +298,12 @@ def measured_sync(p: Params, name: str, keep: Path | None, measured_from: list[P
             f = kept_folder(folder, name) / "metrics.json"
             if not f.is_file():
                 sys.exit(f"{f}: missing; keep the runs first (--keep {folder})")
-            runs.append(numeric(json.loads(f.read_text())))
+            runs.append(numeric(read_json(f)))
         return runs
     real = measure_sync(p, kept_folder(keep, name) if keep else None)
     numbers = numeric(real)
     if keep is not None:
-        (kept_folder(keep, name) / "metrics.json").write_text(json.dumps(numbers, indent=1, sort_keys=True))
+        write_json(numbers, kept_folder(keep, name) / "metrics.json")  # atomic: a killed run leaves none, not half
     return [numbers]
 
 
