@@ -209,11 +209,12 @@ def _left_out(params: Params, others: list[Path], fixed_trainer_threads: float |
 
 
 def with_terms(p: Params, terms: Terms) -> Params:
-    """`p` with the launch-fitted terms: the generation factor for every run (the engines are this machine's), the
-    training times and the trainer's demand for a GRPO run (the simulated trainer computes nothing)."""
+    """`p` with the launch-fitted terms (``simulate.full_speed: params``, so they are used as fitted): the generation
+    factor for every run (the engines are this machine's), the training times and the trainer's demand for a GRPO run
+    (the simulated trainer computes nothing)."""
     if terms.training is None:
         return p
-    update: dict[str, object] = {"sharing_factor": terms.sharing_factor}
+    update: dict[str, object] = {"sharing_factor": terms.sharing_factor, "full_speed": "params"}
     if p.runtime.trainer.kind == "grpo":
         training = p.simulate.training.model_copy(update=terms.training)
         update.update(training=training, trainer_threads=terms.trainer_threads)

@@ -313,6 +313,13 @@ class ProfileParams(_Params):
     top_p: Float = Field(TOP_P, gt=0, le=1, description="null: runtime.sampling.top_p.")
     minibatch_prompts: Int = Field(16, ge=1, description="Prompts per generate call (one timed minibatch).")
     chunk_minibatches: Int = Field(4, ge=1, description="Minibatches per saved chunk (the resume unit).")
+    timing_caps: list[Annotated[Int, Field(ge=1)]] = Field(
+        [16, 32, 64, 96],
+        description="Extra timed calls, two per cap, with responses capped at these lengths (tokens; caps at or "
+        "above max_new_tokens are skipped): the short minibatches a length-aware schedule builds, which random "
+        "profile minibatches (their longest response near the cap) never time. Only their timings are kept, in "
+        "metrics/profile_timings.csv for the simulator's fit; [] times none. One engine in the stage's process only.",
+    )
     actors: Actors = Field(
         1,
         description="Engines the minibatches fan out over: 1 = one engine in the stage's own process (the CPU "
@@ -876,6 +883,14 @@ class SimulateParams(_Params):
         description="Generation time at full speed = the profile-fitted time (one engine alone) x this factor; "
         "`asp simulate fit-training` sets it: under sharing: measured from the sharing probe's calls of one engine "
         "alone on this machine now, else fitted on a launch's calls and steps. Not used with a preset time model.",
+    )
+    full_speed: Literal["auto", "params"] = Field(
+        "auto",
+        description="auto: under sharing: measured with a probe that timed one engine's calls alone, generation at "
+        "full speed is the profile's fit (this sitting's engine alone; sharing_factor unused) and a GRPO trainer's "
+        "step is the probe's, moved onto the profile's clock by how much slower the probe's sitting ran the same "
+        "calls (simulate/gen_fit/probe_clock); otherwise as params. params: sharing_factor and simulate.training "
+        "as written (what `asp simulate fit-training` prints).",
     )
     trainer_threads: Float = Field(
         0.875,

@@ -16,7 +16,7 @@ import pytest
 from mlflow import MlflowClient
 from scipy import stats
 
-from asp.config import validate_params
+from asp.config import Params, validate_params
 from asp.errors import UserError
 from asp.pipeline import evaluate, launch, policy, predict, prepare, profile, schedule, simulate, train_predictor
 from asp.stage import run_stage
@@ -102,7 +102,11 @@ def test_demo_pipeline_end_to_end(demo: dict[str, Any]) -> None:
     samples = pd.read_parquet(tmp_path / "outputs/profile/samples.parquet")
     assert len(samples) == profiled * TINY["profile"]["n_samples"] and set(samples.finish_reason) <= {"stop", "length"}
     timings = pd.read_csv(tmp_path / "metrics/profile_timings.csv")
-    assert len(timings) == -(-profiled // TINY["profile"]["minibatch_prompts"]) and (timings.wall_s > 0).all()
+    cap = TINY["profile"]["max_new_tokens"]
+    capped = timings[timings.max_new_tokens < cap]  # profile.timing_caps below the cap, two calls each
+    assert len(timings) - len(capped) == -(-profiled // TINY["profile"]["minibatch_prompts"])
+    assert sorted(capped.max_new_tokens) == sorted(2 * [c for c in Params.defaults().profile.timing_caps if c < cap])
+    assert (timings.wall_s > 0).all()
     preds = pd.read_parquet(tmp_path / "outputs/predictions.parquet")
     assert len(preds) == prep["demo_prompts"] and np.isfinite(preds.predicted_length).all()
     assert np.all(np.diff(preds.sort_values("predicted_length").calibrated_length.to_numpy()) >= -1e-9)

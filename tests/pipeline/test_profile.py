@@ -192,3 +192,33 @@ def test_progress_counts_the_minibatches_saved_chunks_hold(
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[profile]")]
     assert "(1/3 minibatch) resumed" in lines[0] and "(3/3 minibatch) done" in lines[-1], lines
     assert all(int(n) <= 3 for n in re.findall(r"\((\d+)/3 minibatch\)", "\n".join(lines)))
+
+
+def test_cap_calls_time_short_minibatches_on_the_first_prompts_after_the_profile() -> None:
+    prompts = pd.DataFrame({"prompt": [f"p{i}" for i in range(5)]})  # minibatches of 2: 3 (the last holds one)
+    prof = PARAMS.profile.model_copy(update={"timing_caps": [4, 8, 16, 1]})  # 8 and 16 reach the cap 8: skipped
+    calls = profile.cap_calls(prompts, prof, seed=100)
+    assert [(m, texts, s.max_new_tokens, s.seed) for m, texts, s in calls] == [
+        (3, ["p0", "p1"], 4, 103), (4, ["p2", "p3"], 4, 104), (5, ["p0", "p1"], 1, 105), (6, ["p2", "p3"], 1, 106),
+    ]  # fmt: skip
+    assert all((s.n, s.temperature) == (N_SAMPLES, prof.temperature) for _, _, s in calls)
+    one = profile.cap_calls(prompts.iloc[:2], prof, seed=0)  # one profile minibatch: one prompt set per cap
+    assert [(m, s.max_new_tokens) for m, _, s in one] == [(1, 4), (2, 1)]
+    assert profile.cap_calls(prompts, prof.model_copy(update={"timing_caps": []}), seed=0) == []
+
+
+def test_capped_calls_are_timed_after_the_profile_and_change_no_sample(tmp_path: Path, demo_policy: Built) -> None:
+    plain = _setup(tmp_path / "plain", demo_policy.paths.out_dir)
+    profile.run(PARAMS, plain, NullTracker())
+    capped = _setup(tmp_path / "capped", demo_policy.paths.out_dir)
+    params = make_params({"profile": {**PARAMS.profile.model_dump(), "timing_caps": [3, 5, 8]}})
+    metrics = profile.run(params, capped, NullTracker())
+
+    pd.testing.assert_frame_equal(*(pd.read_parquet(p.out_dir / "samples.parquet") for p in (plain, capped)))
+    timings = pd.read_csv(capped.timings)
+    extra = timings[timings["minibatch"] >= N_MINIBATCHES]
+    assert extra["minibatch"].tolist() == [3, 4, 5, 6] and extra["max_new_tokens"].tolist() == [3, 3, 5, 5]
+    assert (extra["max_length"] <= extra["max_new_tokens"]).all() and (extra["num_prompts"] == MB).all()
+    assert (extra["n"] == N_SAMPLES).all() and (extra["wall_s"] > 0).all()
+    assert (timings.loc[timings["minibatch"] < N_MINIBATCHES, "max_new_tokens"] == CAP).all()
+    assert metrics["profile/minibatches"] == N_MINIBATCHES and metrics["profile/cap_calls"] == 4

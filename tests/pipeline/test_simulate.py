@@ -495,3 +495,44 @@ def test_probe_sharing_cli_refuses_bad_counts(project: Path) -> None:
     b = yaml.safe_load((project / "params.yaml").read_text())["schedule"]["b"]
     res = _asp(["simulate", "probe-sharing", "--engines", "0"], project)
     assert res.returncode == 2 and f"got 0, 10, {b}." in res.stderr
+
+
+def test_full_speed_auto_puts_the_probe_s_trainer_on_the_profile_s_clock(
+    inputs: tuple[Params, simulate.Paths], tmp_path: Path
+) -> None:
+    """The profile's law is 0.05 + 0.004 s per decode step; the probe's sitting ran those calls 1.5x slower and
+    timed the step alone at 1.2 s (1,000 response tokens, 64 sequences of the profile's 30 prompt tokens): on the
+    profile's clock the step is 0.8 s and generation is the profile fit itself. full_speed: params keeps
+    sharing_factor and simulate.training as written."""
+    _, paths = inputs
+    calls = [{"seconds": 1.5 * (0.05 + 0.004 * m), "prompts": 16, "responses": 16 * N_SAMPLES, "tokens": m * 32,
+              "max_length": m, "prompt_tokens": 16 * 30} for m in (40, 90, 150)]  # fmt: skip
+    probe = tmp_path / "sharing_probe.json"
+    probe.write_text(
+        json.dumps(
+            {
+                "generation_slowdown": [[1.0, 1.2]] * 3,
+                "training_slowdown": [1.3] * 3,
+                "alone_step_s": 1.2,
+                "training_load": {"response_tokens": 1000, "sequences": 64},
+                "alone_calls": calls,
+            }
+        )  # fmt: skip
+    )
+    paths = replace(paths, sharing_probe=probe)
+    overlay = {"runtime": {"trainer": {"kind": "grpo"}}, "simulate": {"sharing": "measured", "sharing_factor": 1.3}}
+    auto = simulate.fit_models(_params(overlay), paths)
+    as_written = simulate.fit_models(_params(deep_merge(overlay, {"simulate": {"full_speed": "params"}})), paths)
+    processor = simulate.fit_models(_params(deep_merge(overlay, {"simulate": {"sharing": "processor"}})), paths)
+
+    assert auto.gen_report["probe_clock"] == pytest.approx(1.5, rel=0.03)
+    shape = (16, N_SAMPLES, 120, 120 * 32, 16 * 30)
+    assert auto.gen.seconds(*shape) == pytest.approx(0.05 + 0.004 * 120, rel=0.03)  # the profile's law, unscaled
+    publish = auto.train.publish_seconds()
+    per_token = (1.2 / auto.gen_report["probe_clock"] - publish) / (1000 + 30 * 64)
+    assert auto.train.step_per_token_s == pytest.approx(per_token, rel=0.02) and auto.train.step_base_s == 0.0
+    assert auto.train.step_seconds(1000, 64) + publish == pytest.approx(0.8, rel=0.03)
+    for other in (as_written, processor):  # the factor and the params' training times, no clock
+        assert "probe_clock" not in other.gen_report
+        assert other.gen.seconds(*shape) == pytest.approx(1.3 * auto.gen.seconds(*shape))
+        assert other.train == simulate.training_model(_params(overlay))

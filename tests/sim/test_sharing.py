@@ -15,6 +15,7 @@ from asp.sim.sharing import (
     fit_cpu_sharing,
     launch_intervals,
     mean_rates,
+    on_profile_clock,
     sharing_rate,
 )
 from asp.sim.timemodel import GenerationTimeModel, TrainingTimeModel, fit_training_model, shared
@@ -246,6 +247,29 @@ def test_anchored_generation_factor_hand_worked():
         anchored_generation_factor(gen, [])
     with pytest.raises(ValueError, match="lacks 'max_length'"):
         anchored_generation_factor(gen, [{k: v for k, v in calls[0].items() if k != "max_length"}])
+
+
+def test_on_profile_clock_moves_the_probe_s_step_by_its_calls_hand_worked():
+    gen = GenerationTimeModel(
+        "static", (0.2, 0.01, 0.0, 0.0, 0.0), ("intercept", "decode_steps", "row_steps", "prefill_tokens", "kv_reads")
+    )
+    refresh = TrainingTimeModel(0.0, 1e-3, save_s=0.08, convert_s=0.02, load_s=0.3, step_per_sample_s=0.0)
+    # the fit says 0.8 s and 1.2 s; the probe's sitting ran them 1.25x slower: its 1.0 s step is 0.8 s on the
+    # profile's clock, 0.7 s of it work over 800 response + 12.5 x 16 prompt tokens = 0.7 ms per token
+    slow = [
+        {"seconds": 1.0, "prompts": 8, "responses": 64, "tokens": 2000, "max_length": 60, "prompt_tokens": 400},
+        {"seconds": 1.5, "prompts": 8, "responses": 64, "tokens": 3000, "max_length": 100, "prompt_tokens": 400},
+    ]
+    train, clock = on_profile_clock(gen, refresh, ProbeAnchor(1.0, 800.0, 16.0, tuple(slow)), 12.5)
+    assert clock == pytest.approx(1.25)
+    assert train.step_per_token_s == pytest.approx(7e-4) and train.step_per_sample_s == pytest.approx(12.5 * 7e-4)
+    assert (train.step_base_s, train.save_s, train.load_s) == (0.0, 0.08, 0.3)
+    # a probe sitting twice as fast (clock 0.5): its 1.0 s step is 2.0 s here, 1.9 s of it work
+    fast = tuple({**c, "seconds": c["seconds"] / 2.5} for c in slow)
+    train, clock = on_profile_clock(gen, refresh, ProbeAnchor(1.0, 800.0, 16.0, fast), 12.5)
+    assert clock == pytest.approx(0.5) and train.step_per_token_s == pytest.approx(1.9e-3)
+    with pytest.raises(ValueError, match="no call"):
+        on_profile_clock(gen, refresh, ProbeAnchor(1.0, 800.0, 16.0), 12.5)
 
 
 def test_an_anchored_fit_takes_full_speed_from_the_probe_not_the_launch():

@@ -13,7 +13,9 @@ Outputs: outputs/profile/ (what later stages depend on; replaced as a whole, and
 bytes) holds samples.parquet (prompt_id, role, sample, length, finish_reason) and prompts.parquet (per-prompt mean,
 median, max, std, truncated_frac). Wall-clock values live outside it, in files no stage depends on:
 metrics/profile_timings.csv (one row per minibatch: minibatch, wall_s, num_prompts, n, max_new_tokens,
-total_tokens, max_length, prompt_tokens, actor; what a generation-time model is fitted on), metrics/profile.json and
+total_tokens, max_length, prompt_tokens, actor; what a generation-time model is fitted on; after the profile's
+minibatches, the calls of ``profile.timing_caps``, whose responses were cut at max_new_tokens = the cap and dropped:
+schedules build short minibatches the profile's random ones never time), metrics/profile.json and
 plots/profile_lengths.png (a length histogram like the paper's Figure 8). A resumed run's timings table holds the
 minibatches of earlier sessions as they were timed then.
 
@@ -35,7 +37,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +67,7 @@ KEY_RE = re.compile(r"[0-9a-f]{16}")  # what `run_key` names work directories
 # the timings CSV, in this order; `actor` (last: readers select columns by name) is the engine actor that ran it
 TIMING_COLUMNS = ["minibatch", *(f.name for f in fields(MinibatchTiming)), "actor"]
 RUN_FILE = "mlflow_run.json"  # in the work directory: the MLflow run a resumed profile continues
+CAP_CALLS = 2  # timed calls per profile.timing_caps cap, each on the prompts of another profile minibatch
 
 
 def load_profile_prompts(prompts_dir: Path) -> pd.DataFrame:
@@ -81,7 +84,8 @@ def load_profile_prompts(prompts_dir: Path) -> pd.DataFrame:
 def run_key(prompts: pd.DataFrame, prof: ProfileParams, policy_ref: dict[str, Any], seed: int) -> str:
     """Identity of a profiling run: chunks from another key are never mixed in."""
     h = hashlib.sha256()
-    settings = prof.model_dump(mode="json", exclude={"actors"})  # any number of actors makes the same samples
+    # any number of actors makes the same samples; the capped calls are timed after the chunks, never saved in them
+    settings = prof.model_dump(mode="json", exclude={"actors", "timing_caps"})
     h.update(json.dumps([settings, policy_ref.get("sha256"), seed], sort_keys=True).encode())
     h.update("\0".join(prompts["prompt_id"] + "\1" + prompts["prompt"]).encode())
     return h.hexdigest()[:16]
@@ -285,25 +289,63 @@ def resume_run_id(params: Params, paths: Paths) -> str | None:
         return None  # `run` reports bad inputs
 
 
-def run_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int, work: Path) -> list[Path]:
-    """`profile_chunks`, closing the engine afterwards whatever happens."""
+def cap_calls(prompts: pd.DataFrame, prof: ProfileParams, seed: int) -> list[tuple[int, list[str], SamplingParams]]:
+    """The extra timed calls of ``profile.timing_caps`` (pure): `CAP_CALLS` per cap below ``max_new_tokens``, on the
+    prompts of the first minibatches, numbered after the profile's minibatches and seeded ``seed`` + that number (no
+    profile minibatch has that seed)."""
+    mb = prof.minibatch_prompts
+    first = -(-len(prompts) // mb)  # the profile's minibatch count
+    sets = [prompts["prompt"].iloc[i * mb : (i + 1) * mb].tolist() for i in range(min(CAP_CALLS, first))]
+    caps = [c for c in prof.timing_caps if c < prof.max_new_tokens]
+    calls: list[tuple[int, list[str], SamplingParams]] = []
+    for cap in caps:
+        for texts in sets:
+            m = first + len(calls)
+            calls.append((m, texts, replace(sampling_params(prof), max_new_tokens=cap).with_seed(seed + m)))
+    return calls
+
+
+def time_caps(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int) -> pd.DataFrame:
+    """Time the calls of `cap_calls` on an in-process engine: their timing rows (`TIMING_COLUMNS`, max_new_tokens =
+    the cap); the responses are dropped (cut short, they are no profile)."""
+    rows = [
+        {"minibatch": m, **asdict(timed_generate(engine, texts, sampling).timing), "actor": 0}
+        for m, texts, sampling in progress_bar(cap_calls(prompts, prof, seed), desc="timing caps", unit="call")
+    ]
+    return pd.DataFrame(rows, columns=TIMING_COLUMNS)
+
+
+def run_chunks(
+    engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int, work: Path
+) -> tuple[list[Path], pd.DataFrame]:
+    """`profile_chunks` then `time_caps` on one engine, closing it afterwards whatever happens."""
     try:
-        return profile_chunks(engine, prompts, prof, seed, work)
+        chunks = profile_chunks(engine, prompts, prof, seed, work)
+        return chunks, time_caps(engine, prompts, prof, seed)
     finally:
         getattr(engine, "close", lambda: None)()
 
 
-def generate(params: Params, paths: Paths, prompts: pd.DataFrame, work: Path) -> list[Path]:
+def generate(params: Params, paths: Paths, prompts: pd.DataFrame, work: Path) -> tuple[list[Path], pd.DataFrame]:
     """Every chunk, generated by one engine in this process (``profile.actors: 1``) or fanned out over Ray engine
     actors (`asp.runtime.profile_actors`; ``runtime.ray.address``, ``runtime.ray.actor_num_cpus`` / ``actor_num_gpus``
-    and ``runtime.ray.placement`` as for launch's Generation Units)."""
+    and ``runtime.ray.placement`` as for launch's Generation Units), and the timings of ``profile.timing_caps`` (one
+    engine in this process only: an actor's cap is fixed when it starts)."""
     prof, seed = params.profile, params.common.seed
     runtime = RuntimeConfig.from_params(params)
     if pool_size(runtime, prof.actors) == 1 and prof.actors != "runtime":
         return run_chunks(profile_engine(prof, policy_model_path(paths.policy), seed), prompts, prof, seed, work)
     spec = profile_engine_spec(prof, policy_model_path(paths.policy), seed)
     with profile_runner(runtime, prof.actors, spec, sampling_params(prof)) as runner:
-        return profile_chunks(runner, prompts, prof, seed, work)
+        chunks = profile_chunks(runner, prompts, prof, seed, work)
+    if cap_calls(prompts, prof, seed):
+        print(
+            "profile: profile.timing_caps not timed (Ray engine actors sample with the cap they started with); the "
+            "simulator's time model is fitted on the profile's minibatches only",
+            file=sys.stderr,
+            flush=True,
+        )
+    return chunks, pd.DataFrame(columns=TIMING_COLUMNS)
 
 
 def collect_chunks(chunk_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -360,14 +402,14 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     tracker.log_params({"profile": prof.model_dump(), "common.seed": seed})
     kill_point("profile:start")
     t0 = time.perf_counter()
-    chunks = generate(params, paths, prompts, work)
+    chunks, capped = generate(params, paths, prompts, work)
     kill_point("profile:chunks")
     samples, timings = collect_chunks(chunks)
     stats = per_prompt_stats(samples)
     save_outputs(samples, stats, paths.out_dir)
     kill_point("profile:outputs")
-    save_timings(timings, paths.timings)
-    metrics = profile_metrics(samples, stats, timings, time.perf_counter() - t0)
+    save_timings(pd.concat([timings, capped], ignore_index=True) if len(capped) else timings, paths.timings)
+    metrics = profile_metrics(samples, stats, timings, time.perf_counter() - t0) | {"profile/cap_calls": len(capped)}
     write_json(metrics, paths.metrics)
     save_figure(length_histogram(samples, prof.max_new_tokens), paths.plot, tracker)
     tracker.log_metrics(metrics)

@@ -15,7 +15,11 @@ core (`asp.control`):
 * CPU sharing: the actors share ``simulate.cores`` by processor sharing, and so does the GRPO trainer's step
   where ``simulate.trainer_threads`` > 0 (`asp.sim.sharing`); the generation times are the profile fit (one
   engine alone) x ``simulate.sharing_factor``. `asp simulate fit-training` fits all three terms from a launch's
-  own calls and steps (defaults: 1 and 0, no trainer among the sharers).
+  own calls and steps (defaults: 1 and 0, no trainer among the sharers). Under ``simulate.sharing: measured`` with
+  ``simulate.full_speed: auto`` and a probe that timed one engine's calls alone, full speed is on the profile's
+  clock instead: the profile fit itself, and a GRPO trainer's step is the probe's, scaled by how much faster or
+  slower the profile's sitting ran the probe's calls (``simulate/gen_fit/probe_clock``;
+  `asp.sim.sharing.on_profile_clock`): the profile is re-timed with each pipeline run, the probe is not.
 C4 is the schedule stage's own schedule (checked against the predictions); C0-C3 are rebuilt as `launch` does.
 
 Writes metrics/simulate.json (``simulate/<condition>/...`` and the fits), outputs/simulate/ (models.json,
@@ -51,7 +55,14 @@ from asp.runtime.config import RuntimeConfig
 from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
-from asp.sim.sharing import TRAINER_THREADS_GRID, ContentionTable, CpuSharing, ProbeAnchor, fit_cpu_sharing
+from asp.sim.sharing import (
+    TRAINER_THREADS_GRID,
+    ContentionTable,
+    CpuSharing,
+    ProbeAnchor,
+    fit_cpu_sharing,
+    on_profile_clock,
+)
 from asp.sim.timemodel import DRIFT_WARN, TrainingTimeModel, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
@@ -201,7 +212,8 @@ def fit_models(params: Params, paths: Paths) -> Models:
             )
         except ValueError as exc:
             raise UserError(f"{paths.timings}: cannot fit a generation-time model: {exc}") from None
-        if params.simulate.sharing_factor != 1.0:
+        anchor = profile_clock_anchor(params, paths)
+        if anchor is None and params.simulate.sharing_factor != 1.0:
             gen = shared(gen, params.simulate.sharing_factor)
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     heldout = pd.read_parquet(_need(paths.heldout, "prepare"), columns=["prompt_id"])
@@ -225,7 +237,22 @@ def fit_models(params: Params, paths: Paths) -> Models:
     else:
         lengths, length_report = fit_length_model(predicted, calibrated, sample_lengths, index, cap)
     train = preset.train if preset is not None else training_model(params)
+    if preset is None and anchor is not None:
+        moved, clock = on_profile_clock(gen, train, anchor, mean_prompt_tokens(timings))
+        gen_report["probe_clock"] = clock
+        if params.runtime.trainer.kind == "grpo":
+            train = moved
     return Models(gen, gen_report, lengths, length_report, train, mean_prompt_tokens(timings))
+
+
+def profile_clock_anchor(params: Params, paths: Paths) -> ProbeAnchor | None:
+    """The sharing probe's anchor when ``simulate.full_speed: auto`` puts full speed on the profile's clock (the
+    probe timed one engine's calls and the trainer's step alone; `asp.sim.sharing.on_profile_clock`), else None
+    (full speed from sharing_factor and simulate.training)."""
+    if params.simulate.full_speed != "auto" or (probe := sharing_probe(params, paths)) is None:
+        return None
+    anchor = ProbeAnchor.from_probe(probe)
+    return anchor if anchor is not None and anchor.calls else None
 
 
 def mean_prompt_tokens(timings: pd.DataFrame) -> float:

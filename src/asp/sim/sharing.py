@@ -194,6 +194,29 @@ def anchored_training(
     )
 
 
+def on_profile_clock(
+    gen: GenerationTimeModel, model: TrainingTimeModel, anchor: ProbeAnchor, prompt_tokens_per_prompt: float
+) -> tuple[TrainingTimeModel, float]:
+    """The trainer's full-speed times moved from the sharing probe's sitting onto the profile's (pure).
+
+    The profile times one engine alone in the sitting the pipeline runs in; the probe was timed in another, and one
+    machine's speed moves between sittings (tens of percent on a shared VM). ``clock`` =
+    `anchored_generation_factor` of the probe's calls of one engine alone against `gen` (the profile's fit): how
+    much slower the probe's sitting ran the same engine. Generation at full speed is then `gen` itself (factor 1),
+    and the trainer's step alone is the probe's divided by ``clock`` (`anchored_training`; `model`'s refresh costs
+    kept): the machine is taken to have sped up or slowed down for the trainer as for the engine.
+
+    Returns:
+        (the training model on the profile's clock, clock).
+
+    Raises:
+        ValueError: the anchor has no call of one engine alone, or its step is not longer than the export.
+    """
+    clock = anchored_generation_factor(gen, anchor.calls)
+    moved = ProbeAnchor(anchor.step_seconds / clock, anchor.step_tokens, anchor.step_sequences, anchor.calls)
+    return anchored_training(model, moved, prompt_tokens_per_prompt), clock
+
+
 def sharing_rate(demand: np.ndarray, cores: float) -> np.ndarray:
     """Processor-sharing rate of every runnable process at total thread `demand` on `cores`: min(1, cores/demand)
     (1 where nothing runs)."""
