@@ -878,9 +878,10 @@ class SimulateParams(_Params):
     )
     folds: Int = Field(5, ge=2, description="Cross-validation folds of the time-model fit (held-out R², MdAPE).")
     sharing_factor: Float = Field(
-        1.1957,
+        1.0798,
         gt=0,
-        description="Generation time at full speed = the profile-fitted time (one engine alone) x this factor; "
+        description="Under full_speed: params, generation time at full speed = the profile-fitted time (one engine "
+        "alone) x this factor; "
         "`asp simulate fit-training` sets it: under sharing: measured from the sharing probe's calls of one engine "
         "alone on this machine now, else fitted on a launch's calls and steps. Not used with a preset time model.",
     )
