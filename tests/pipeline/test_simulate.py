@@ -536,3 +536,17 @@ def test_full_speed_auto_puts_the_probe_s_trainer_on_the_profile_s_clock(
         assert "probe_clock" not in other.gen_report
         assert other.gen.seconds(*shape) == pytest.approx(1.3 * auto.gen.seconds(*shape))
         assert other.train == simulate.training_model(_params(overlay))
+
+
+def test_a_probe_of_another_engine_is_named(inputs: tuple[Params, simulate.Paths], tmp_path: Path) -> None:
+    _, paths = inputs
+    probe = tmp_path / "sharing_probe.json"
+    probe.write_text(json.dumps({"generation_slowdown": [[1, 1]] * 3, "training_slowdown": [1] * 3, "engine": "hf"}))
+    paths = replace(paths, sharing_probe=probe)
+    vllm = _params({"simulate": {"sharing": "measured"}, "runtime": {"engine": {"kind": "vllm"}}})
+    warning = simulate.probe_engine_warning(vllm, paths)
+    assert warning is not None and "sharing_probe.json timed hf engines but runtime.engine.kind is 'vllm'" in warning
+    assert simulate.probe_engine_warning(_params({"simulate": {"sharing": "measured"}}), paths) is None  # hf: same
+    assert simulate.probe_engine_warning(_params(), paths) is None  # processor sharing reads no probe
+    probe.write_text(json.dumps({"generation_slowdown": [[1, 1]] * 3, "training_slowdown": [1] * 3}))
+    assert simulate.probe_engine_warning(vllm, paths) is None  # an old probe that did not record its engine

@@ -481,6 +481,20 @@ def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
     )
 
 
+def probe_engine_warning(params: Params, paths: Paths) -> str | None:
+    """A warning when the sharing probe in use timed other engines than the launch's (``engine`` in the probe file
+    against ``runtime.engine.kind``), else None: its slowdowns and calls alone are another engine's."""
+    probe = sharing_probe(params, paths)
+    kind = (probe or {}).get("engine")
+    if not kind or kind == params.runtime.engine.kind:
+        return None
+    return (
+        f"warning: {paths.sharing_probe} timed {kind} engines but runtime.engine.kind is "
+        f"{params.runtime.engine.kind!r}: its slowdowns and full-speed calls are another engine's. Probe this one "
+        "(asp simulate probe-sharing with these params) before trusting the simulated times."
+    )
+
+
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     """Fit, simulate every condition, save and log (see the module docstring)."""
     tracker.log_params({"simulate": params.simulate.model_dump(), "common.seed": params.common.seed})
@@ -498,8 +512,9 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
         save_figure(timeline_figure({}, skip.split(":")[0] + ": nothing simulated"), paths.plot, tracker)
         return metrics
     models = fit_models(params, paths)
-    if warning := drift_warning(models.gen_report, paths.timings):
-        print(f"[simulate] {warning}", file=sys.stderr, flush=True)
+    for warning in (drift_warning(models.gen_report, paths.timings), probe_engine_warning(params, paths)):
+        if warning:
+            print(f"[simulate] {warning}", file=sys.stderr, flush=True)
     results = simulate_conditions(params, paths, models)
     metrics = run_metrics(models, results)
     save_outputs(models, results, paths.out_dir)
