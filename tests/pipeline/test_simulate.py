@@ -550,3 +550,26 @@ def test_a_probe_of_another_engine_is_named(inputs: tuple[Params, simulate.Paths
     assert simulate.probe_engine_warning(_params(), paths) is None  # processor sharing reads no probe
     probe.write_text(json.dumps({"generation_slowdown": [[1, 1]] * 3, "training_slowdown": [1] * 3}))
     assert simulate.probe_engine_warning(vllm, paths) is None  # an old probe that did not record its engine
+
+
+def test_a_probe_whose_calls_alone_are_unusable_is_named(
+    inputs: tuple[Params, simulate.Paths], tmp_path: Path
+) -> None:
+    """full_speed: auto reads the probe's calls alone and its step: a call without its shape, or a step shorter than
+    the export, is one message naming the file, not a traceback."""
+    _, paths = inputs
+    probe = tmp_path / "sharing_probe.json"
+    paths = replace(paths, sharing_probe=probe)
+    call = {"seconds": 0.5, "prompts": 16, "responses": 64, "tokens": 2000, "prompt_tokens": 480}  # no max_length
+    record = {"generation_slowdown": [[1.0, 1.2]] * 3, "training_slowdown": [1.3] * 3, "alone_step_s": 1.2,
+              "training_load": {"response_tokens": 1000, "sequences": 64}, "alone_calls": [call]}  # fmt: skip
+    probe.write_text(json.dumps(record))
+    for trainer in ("grpo", "simulated"):
+        params = _params({"runtime": {"trainer": {"kind": trainer}}, "simulate": {"sharing": "measured"}})
+        with pytest.raises(UserError, match=r"sharing_probe.json: a call of one engine alone lacks 'max_length'.*"
+                           r"Re-run `asp simulate probe-sharing`"):  # fmt: skip
+            simulate.fit_models(params, paths)
+    probe.write_text(json.dumps({**record, "alone_step_s": 0.001, "alone_calls": [{**call, "max_length": 60}]}))
+    grpo = _params({"runtime": {"trainer": {"kind": "grpo"}}, "simulate": {"sharing": "measured"}})
+    with pytest.raises(UserError, match=r"sharing_probe.json: the probe's step alone .* must outlast the export"):
+        simulate.fit_models(grpo, paths)

@@ -222,7 +222,7 @@ def fit_training(
     device = p.runtime.grpo.device
     overlay["training"] = {**model.to_dict(), "measured_on": "cuda" if device.startswith("cuda") else "cpu"}
     typer.echo(f"# from {', '.join(map(str, files))}: " + ", ".join(f"{k}={v:.4g}" for k, v in report.items()))
-    if p.simulate.full_speed == "auto" and fitted is not None and report["contention"]:
+    if p.simulate.full_speed == "auto" and report.get("generation_anchored"):  # the probe timed calls alone
         typer.echo("# used under simulate.full_speed: params (auto takes full speed from the profile and the probe)")
     typer.echo(yaml.safe_dump({"simulate": overlay}, sort_keys=False).rstrip())
 

@@ -60,6 +60,7 @@ from asp.sim.sharing import (
     ContentionTable,
     CpuSharing,
     ProbeAnchor,
+    anchored_generation_factor,
     fit_cpu_sharing,
     on_profile_clock,
 )
@@ -203,6 +204,7 @@ def fit_models(params: Params, paths: Paths) -> Models:
         raise UserError(f"cannot simulate: {why}")
     timings = pd.read_csv(_need(paths.timings, "profile"))
     gen_report: dict[str, float] = {}
+    anchor: ProbeAnchor | None = None  # full speed on the profile's clock (simulate.full_speed: auto)
     if preset is not None:
         gen = preset.gen
     else:
@@ -236,13 +238,18 @@ def fit_models(params: Params, paths: Paths) -> Models:
         lengths, length_report = fit_empirical_length_model(calibrated, sample_lengths, index, cap)
     else:
         lengths, length_report = fit_length_model(predicted, calibrated, sample_lengths, index, cap)
+    prompt_tokens = mean_prompt_tokens(timings)
     train = preset.train if preset is not None else training_model(params)
-    if preset is None and anchor is not None:
-        moved, clock = on_profile_clock(gen, train, anchor, mean_prompt_tokens(timings))
+    if anchor is not None:
+        try:
+            if params.runtime.trainer.kind == "grpo":
+                train, clock = on_profile_clock(gen, train, anchor, prompt_tokens)
+            else:  # the simulated trainer computes nothing: only generation is on the profile's clock
+                clock = anchored_generation_factor(gen, anchor.calls)
+        except ValueError as exc:
+            raise UserError(f"{paths.sharing_probe}: {exc}. Re-run `asp simulate probe-sharing`.") from None
         gen_report["probe_clock"] = clock
-        if params.runtime.trainer.kind == "grpo":
-            train = moved
-    return Models(gen, gen_report, lengths, length_report, train, mean_prompt_tokens(timings))
+    return Models(gen, gen_report, lengths, length_report, train, prompt_tokens)
 
 
 def profile_clock_anchor(params: Params, paths: Paths) -> ProbeAnchor | None:
