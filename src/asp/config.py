@@ -241,7 +241,12 @@ class EngineParams(_Params):
     )
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    num_threads: Int | None = Field(1, ge=1, description="hf engine CPU threads per engine (None: torch default).")
+    num_threads: Int | None = Field(
+        1,
+        ge=1,
+        description="CPU threads per engine: hf's, and vLLM's CPU build with its engine core in-process (None: "
+        "torch default, every core outside Ray).",
+    )
     vllm: VllmParams = VllmParams()
 
 

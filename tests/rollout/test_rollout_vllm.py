@@ -26,6 +26,7 @@ from asp.rollout.vllm import (
     WORKER_EXTENSION,
     VLLMEngine,
     VLLMOptions,
+    cpu_threads,
     llm_kwargs,
     parse_request_outputs,
     prompt_seeds,
@@ -312,14 +313,33 @@ def test_the_engine_options_are_the_params_model():
     from asp.steps.engine import engine_options
 
     assert issubclass(VLLMOptions, VllmRuntimeParams)
-    assert set(VLLMOptions.model_fields) - set(VllmRuntimeParams.model_fields) == {"dtype", "seed", "logprobs_mode"}
+    assert set(VLLMOptions.model_fields) - set(VllmRuntimeParams.model_fields) == {
+        "dtype",
+        "seed",
+        "logprobs_mode",
+        "num_threads",
+    }
     with pytest.raises(ValueError, match="max_model_len"):
         VLLMOptions(max_model_len=8, dtype="auto", seed=0)
     runtime = VllmRuntimeParams(max_model_len=512, kv_cache_gib=1.5, weight_bucket_mb=7)
     opts = engine_options(RuntimeEngineParams(kind="vllm", dtype="float32", num_threads=None, vllm=runtime), seed=4)
     assert set(opts) == set(VLLMOptions.model_fields) - {"logprobs_mode"}  # the pipeline keeps the default mode
-    assert VLLMOptions(**opts) == VLLMOptions(**runtime.model_dump(), dtype="float32", seed=4)
+    assert VLLMOptions(**opts) == VLLMOptions(**runtime.model_dump(), dtype="float32", seed=4, num_threads=None)
     profile = engine_options(
         EngineParams(kind="vllm", dtype="bfloat16", vllm=VllmParams(tensor_parallel_size=2)), seed=0
     )
     assert VLLMOptions(**profile).tensor_parallel_size == 2 and "weight_transfer" not in profile
+
+
+def test_cpu_threads_apply_to_an_in_process_engine_on_a_cpu_only():
+    """vLLM's CPU build binds no threads with its engine core in the caller's process (it decodes on torch's pool:
+    every core in a plain process, OMP_NUM_THREADS=1 in a fractional-CPU Ray actor), so the engine sets
+    ``num_threads`` itself there; on a GPU or with the core in its own process the setting is not used."""
+    opts = VLLMOptions(dtype="float32", seed=0, num_threads=1)
+    assert cpu_threads(opts, cuda=False) == 1
+    assert cpu_threads(opts.model_copy(update={"multiprocessing": False}), cuda=False) == 1
+    assert cpu_threads(opts.model_copy(update={"multiprocessing": True}), cuda=False) is None
+    assert cpu_threads(opts, cuda=True) is None
+    assert cpu_threads(VLLMOptions(dtype="float32", seed=0), cuda=False) is None
+    with pytest.raises(ValueError, match="num_threads"):
+        VLLMOptions(dtype="float32", seed=0, num_threads=0)

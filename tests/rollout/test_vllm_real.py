@@ -93,6 +93,31 @@ def test_a_minibatch_longer_than_one_prefill_step_samples_with_seeds(engine):
     assert _ids(engine.generate(prompts, params)) == _ids(results)
 
 
+def test_an_engine_decodes_on_its_num_threads_and_puts_the_process_threads_back(model_dir):
+    """The profile stage's in-process engine decoded on every core while a launch's Ray actors decode on one
+    (their OMP_NUM_THREADS), so its profile ran 1.2x faster than the launch's calls: ``num_threads`` is now set
+    around each call. The real engine's ``LLM.generate`` is wrapped only to read torch's threads inside it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    eng = _engine(model_dir, num_threads=1)
+    try:
+        seen: list[int] = []
+        generate = eng.llm.generate
+
+        def recording(*args, **kwargs):
+            seen.append(torch.get_num_threads())
+            return generate(*args, **kwargs)
+
+        eng.llm.generate = recording
+        params = SamplingParams(n=2, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=3)
+        eng.generate(PROMPTS, params)
+        eng.continue_responses(PROMPTS[:1], [[5, 6]], params, limits=[3])
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        eng.close()
+        torch.set_num_threads(before)
+
+
 def test_seeds_reproduce_and_do_not_depend_on_the_batch(engine):
     params = SamplingParams(n=2, max_new_tokens=10, temperature=1.0, top_p=1.0, seed=100)
     first = engine.generate(PROMPTS, params)

@@ -39,6 +39,7 @@ def test_engine_options_for_profiling_and_for_the_launch_actors(tmp_path) -> Non
         **VLLM,
         "dtype": "bfloat16",
         "seed": 5,
+        "num_threads": 1,  # vLLM's CPU build in the stage's process decodes on one thread, as an actor's does
     }
     runtime = params({"runtime": {"engine": {"kind": "vllm", "dtype": "bfloat16", "vllm": VLLM}}}).runtime
     spec = engine_spec(runtime, tmp_path)
@@ -50,6 +51,7 @@ def test_engine_options_for_profiling_and_for_the_launch_actors(tmp_path) -> Non
         "weight_transfer": vllm.weight_transfer,
         "weight_bucket_mb": vllm.weight_bucket_mb,
         "seed": 0,  # vLLM's engine seed (each request carries its own)
+        "num_threads": 1,
     }
 
 

@@ -55,7 +55,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from asp.config import Int, VllmRuntimeParams
 from asp.errors import UserError
@@ -128,6 +128,9 @@ class VLLMOptions(VllmRuntimeParams):
             ``runtime.engine.dtype``).
         seed: engine seed.
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (see `asp.rollout.base`).
+        num_threads: torch CPU threads of an in-process engine on a CPU, set around each call as `HFEngine` does
+            (``profile.engine.num_threads`` / ``runtime.engine.num_threads``; `cpu_threads`); None: the process's
+            own (torch's default is every core; a Ray actor's is its ``OMP_NUM_THREADS``, 1 for a fractional CPU).
 
     Raises:
         pydantic.ValidationError (a ValueError): naming the option and its value when it is out of range or
@@ -137,12 +140,29 @@ class VLLMOptions(VllmRuntimeParams):
     dtype: Literal["auto", "bfloat16", "float16", "float32"]
     seed: Int
     logprobs_mode: str = "processed_logprobs"
+    num_threads: Int | None = Field(None, ge=1)
 
     @field_validator("logprobs_mode")
     @classmethod
     def _known_logprobs_mode(cls, value: str) -> str:
         validate_logprobs_mode(value)
         return value
+
+
+def cpu_threads(options: VLLMOptions, *, cuda: bool) -> int | None:
+    """The torch threads a `VLLMEngine` sets around its calls (pure): ``options.num_threads`` for an engine whose
+    core runs in this process on a CPU (``multiprocessing`` not true), None otherwise.
+
+    vLLM's CPU build binds no threads when its engine core runs in the caller's process, so it decodes with
+    whatever torch's thread pool holds: every core in a plain process, but ``OMP_NUM_THREADS`` (1 for a fractional
+    CPU) in a Ray actor. Without this a profile timed in the stage's process ran on both of the demo's cores and
+    the launch's actors on one each, 1.2-1.5x slower than the profile's fit (docs/vllm.md). On a GPU, and with
+    the engine core in its own process (which binds its threads itself: ``VLLM_CPU_OMP_THREADS_BIND``), the
+    setting is not used.
+    """
+    if cuda or options.multiprocessing is True:
+        return None
+    return options.num_threads
 
 
 def llm_kwargs(model_path: str | Path, options: VLLMOptions) -> dict[str, Any]:
@@ -448,6 +468,7 @@ class VLLMEngine:
         import torch
 
         self.llm, self.tokenizer, self.options, self._sampling_cls = llm, tokenizer, options, sampling_cls
+        self.num_threads = cpu_threads(options, cuda=torch.cuda.is_available())
         self.shapes: dict[str, tuple[int, ...]] = {}  # checkpoint shapes; {} (from_llm): not checked
         if loader is None:
             transfer = plan_transfer(options.weight_transfer, cuda=torch.cuda.is_available())
@@ -462,6 +483,21 @@ class VLLMEngine:
         if self.llm is None:
             raise RuntimeError("this vLLM engine was closed")
         return self.llm
+
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
+        """torch's CPU threads at `num_threads` for one call (`cpu_threads`), put back afterwards."""
+        if self.num_threads is None:
+            yield
+            return
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
         """Sample ``params.n`` responses per prompt in one ``LLM.generate`` call; see `asp.rollout.base.Engine`.
@@ -480,7 +516,8 @@ class VLLMEngine:
         if self._sampling_cls is None:
             raise RuntimeError("this vLLM engine was built without a SamplingParams class (from_llm sampling_cls)")
         sampling = [self._sampling_cls(**kw) for kw in requests]
-        outputs = llm.generate(token_prompts(ids), sampling_params=sampling, use_tqdm=False)
+        with self._threads():
+            outputs = llm.generate(token_prompts(ids), sampling_params=sampling, use_tqdm=False)
         return parse_request_outputs(outputs, decode=self._decode)
 
     def continue_responses(
@@ -499,7 +536,8 @@ class VLLMEngine:
         ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         contexts, requests = continuation_requests(ids, partials, params, limits)
         sampling = [self._sampling_cls(**kw) for kw in requests]
-        outputs = llm.generate(token_prompts(contexts), sampling_params=sampling, use_tqdm=False)
+        with self._threads():
+            outputs = llm.generate(token_prompts(contexts), sampling_params=sampling, use_tqdm=False)
         return continuation_samples(parse_request_outputs(outputs), partials, self._decode)
 
     def _decode(self, token_ids: list[int]) -> str:

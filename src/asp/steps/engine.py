@@ -22,13 +22,14 @@ if TYPE_CHECKING:
 
 def engine_options(engine: EngineParams, *, seed: int) -> dict[str, Any]:
     """Keyword options of the engine `engine` describes: device, dtype and threads for hf; for vllm every field
-    of ``engine.vllm`` (with the weight-transfer settings under ``runtime.engine``), the dtype, and the engine
-    `seed` (vLLM's own; every request carries a seed of its own)."""
+    of ``engine.vllm`` (with the weight-transfer settings under ``runtime.engine``), the dtype, the threads (those
+    of vLLM's CPU build in the engine's process: `asp.rollout.vllm.cpu_threads`) and the engine `seed` (vLLM's
+    own; every request carries a seed of its own)."""
     kind, device, dtype, num_threads, vllm = engine.kind, engine.device, engine.dtype, engine.num_threads, engine.vllm
     if kind != "vllm":
         return {"device": device, "dtype": dtype, "num_threads": num_threads}
     # the params' model is the engine's (`asp.rollout.vllm.VLLMOptions` extends it): its fields pass as they are
-    return {**vllm.model_dump(), "dtype": dtype, "seed": seed}
+    return {**vllm.model_dump(), "dtype": dtype, "seed": seed, "num_threads": num_threads}
 
 
 def profile_engine(prof: ProfileParams, model_path: Path, seed: int) -> Engine:
