@@ -325,6 +325,13 @@ class ProfileParams(_Params):
         "profile minibatches (their longest response near the cap) never time. Only their timings are kept, in "
         "metrics/profile_timings.csv for the simulator's fit; [] times none. One engine in the stage's process only.",
     )
+    timing_continuations: Int = Field(
+        3,
+        ge=0,
+        description="With partial rollouts on (runtime.partial.enabled), extra timed continuation calls of responses "
+        "cut at runtime.partial.token_budget (1/3, 1/2 and all of max_rows rows for 3): many re-prefilled contexts, "
+        "few new tokens each, which profile minibatches never time. Timings kept as timing_caps'; 0 times none.",
+    )
     actors: Actors = Field(
         1,
         description="Engines the minibatches fan out over: 1 = one engine in the stage's own process (the CPU "

@@ -222,3 +222,61 @@ def test_capped_calls_are_timed_after_the_profile_and_change_no_sample(tmp_path:
     assert (extra["n"] == N_SAMPLES).all() and (extra["wall_s"] > 0).all()
     assert (timings.loc[timings["minibatch"] < N_MINIBATCHES, "max_new_tokens"] == CAP).all()
     assert metrics["profile/minibatches"] == N_MINIBATCHES and metrics["profile/cap_calls"] == 4
+
+
+def _partial(max_rows: int | None = 6, budget: int = 3, calls: int = 3, enabled: bool = True):
+    return make_params(
+        {
+            "profile": {**PARAMS.profile.model_dump(), "timing_continuations": calls},
+            "runtime": {"partial": {"enabled": enabled, "token_budget": budget, "max_rows": max_rows}},
+        }
+    )
+
+
+def test_continuation_plan_cuts_responses_at_the_launch_budget_and_continues_growing_calls() -> None:
+    prompts = pd.DataFrame({"prompt": [f"p{i}" for i in range(5)]})  # minibatches of 2: 3 prompt sets
+    plan = profile.continuation_plan(_partial(), prompts, first=7)
+    assert plan is not None and (plan.budget, plan.limit, plan.targets) == (3, CAP, (2, 3, 6))  # 6 // 3, 6 // 2, 6
+    assert len(plan.passes) == profile.PASS_CALLS
+    assert [(m, texts) for m, texts, _ in plan.passes[:4]] == [
+        (7, ("p0", "p1")), (8, ("p2", "p3")), (9, ("p4",)), (10, ("p0", "p1")),
+    ]  # fmt: skip
+    assert all((s.n, s.max_new_tokens, s.seed) == (N_SAMPLES, 3, PARAMS.common.seed + m) for m, _, s in plan.passes)
+    # max_rows null: a minibatch's rows (profile.minibatch_prompts x n_samples = 4)
+    assert profile.continuation_plan(_partial(max_rows=None, calls=2), prompts, 0).targets == (2, 4)
+    assert profile.continuation_plan(_partial(calls=1), prompts, 0).targets == (6,)
+    for off in (_partial(enabled=False), _partial(calls=0), _partial(budget=CAP)):  # nothing is ever continued
+        assert profile.continuation_plan(off, prompts, 0) is None
+
+
+def test_a_continuation_row_is_one_sample_per_context() -> None:
+    row = profile.continuation_row(12, 0.5, contexts=[40, 52, 47], new=[3, 1, 3], budget=3)
+    assert row == {
+        "minibatch": 12, "wall_s": 0.5, "num_prompts": 3, "n": 1, "max_new_tokens": 3, "total_tokens": 7,
+        "max_length": 3, "prompt_tokens": 139, "actor": 0,
+    }  # fmt: skip
+    assert list(row) == profile.TIMING_COLUMNS
+
+
+def test_continuation_calls_are_timed_after_the_caps_and_change_no_sample(tmp_path: Path, demo_policy: Built) -> None:
+    """Partial rollouts on: responses cut at the budget by first segments (timed like caps) are continued from
+    their token ids in calls of growing size (one sample per context, max_new_tokens the budget)."""
+    plain = _setup(tmp_path / "plain", demo_policy.paths.out_dir)
+    profile.run(PARAMS, plain, NullTracker())
+    cont = _setup(tmp_path / "cont", demo_policy.paths.out_dir)
+    params = _partial().model_copy(update={"profile": _partial().profile.model_copy(update={"timing_caps": [5]})})
+    metrics = profile.run(params, cont, NullTracker())
+
+    pd.testing.assert_frame_equal(*(pd.read_parquet(p.out_dir / "samples.parquet") for p in (plain, cont)))
+    timings = pd.read_csv(cont.timings)
+    extra = timings[timings["minibatch"] >= N_MINIBATCHES + 2]  # after the profile's 3 and the cap's 2 calls
+    continued = extra[extra["n"] == 1]
+    assert metrics["profile/cap_calls"] == 2 + len(extra) - len(continued)  # first segments count as caps
+    assert metrics["profile/continuation_calls"] == len(continued) >= 1
+    assert (extra.loc[extra["n"] == N_SAMPLES, "max_new_tokens"] == 3).all()  # first segments cut at the budget
+    assert (continued["max_new_tokens"] == 3).all() and (continued["max_length"] <= 3).all()
+    assert (continued["num_prompts"] <= 6).all() and (continued["wall_s"] > 0).all()
+    # each context is a prompt plus the 3 tokens its first segment generated
+    assert (continued["prompt_tokens"] > 3 * continued["num_prompts"]).all()
+    first = N_MINIBATCHES + 2 + profile.PASS_CALLS  # numbered after every planned first segment
+    assert continued["minibatch"].tolist() == list(range(first, first + len(continued)))

@@ -37,7 +37,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,7 @@ KEY_RE = re.compile(r"[0-9a-f]{16}")  # what `run_key` names work directories
 TIMING_COLUMNS = ["minibatch", *(f.name for f in fields(MinibatchTiming)), "actor"]
 RUN_FILE = "mlflow_run.json"  # in the work directory: the MLflow run a resumed profile continues
 CAP_CALLS = 2  # timed calls per profile.timing_caps cap, each on the prompts of another profile minibatch
+PASS_CALLS = 32  # most first-segment calls whose cut responses feed profile.timing_continuations' calls
 
 
 def load_profile_prompts(prompts_dir: Path) -> pd.DataFrame:
@@ -85,7 +86,7 @@ def run_key(prompts: pd.DataFrame, prof: ProfileParams, policy_ref: dict[str, An
     """Identity of a profiling run: chunks from another key are never mixed in."""
     h = hashlib.sha256()
     # any number of actors makes the same samples; the capped calls are timed after the chunks, never saved in them
-    settings = prof.model_dump(mode="json", exclude={"actors", "timing_caps"})
+    settings = prof.model_dump(mode="json", exclude={"actors", "timing_caps", "timing_continuations"})
     h.update(json.dumps([settings, policy_ref.get("sha256"), seed], sort_keys=True).encode())
     h.update("\0".join(prompts["prompt_id"] + "\1" + prompts["prompt"]).encode())
     return h.hexdigest()[:16]
@@ -305,6 +306,110 @@ def cap_calls(prompts: pd.DataFrame, prof: ProfileParams, seed: int) -> list[tup
     return calls
 
 
+@dataclass(frozen=True)
+class ContinuationPlan:
+    """What `time_continuations` times (`continuation_plan`): ``budget`` tokens per response per call (the
+    launch's ``runtime.partial.token_budget``), continuation calls of ``targets`` rows each, their rows cut by first
+    segments of ``passes`` ((minibatch number, prompt texts, sampling capped at the budget), at most
+    `PASS_CALLS`), and ``limit`` = ``max_new_tokens`` (a row continues for at most the budget, and at most what
+    the cap leaves it)."""
+
+    budget: int
+    limit: int
+    targets: tuple[int, ...]
+    passes: tuple[tuple[int, tuple[str, ...], SamplingParams], ...]
+
+
+def continuation_plan(params: Params, prompts: pd.DataFrame, first: int) -> ContinuationPlan | None:
+    """The continuation calls of ``profile.timing_continuations`` (pure), or None when none are timed: partial
+    rollouts off (``runtime.partial.enabled``), no calls asked for, or a budget at or above ``max_new_tokens`` (no
+    response is ever cut).
+
+    A launch with partial rollouts continues unfinished responses in calls of up to ``runtime.partial.max_rows`` rows
+    (null: a minibatch's rows), each one prompt of one sample whose context (prompt + tokens so far) is prefilled
+    again: a shape the profile's minibatches never time (many contexts of a hundred tokens, few tokens each). The
+    plan's calls hold 1/k of the rows for k = `timing_continuations` .. 1, the largest last; `first` numbers the
+    first-segment calls (seeded with ``common.seed`` + their number), on the profile's minibatches' prompts in turn.
+    """
+    prof, partial = params.profile, params.runtime.partial
+    calls = prof.timing_continuations
+    if not partial.enabled or calls < 1 or partial.token_budget >= prof.max_new_tokens or prompts.empty:
+        return None
+    rows = partial.max_rows or prof.minibatch_prompts * prof.n_samples
+    targets = tuple(sorted({max(1, rows // k) for k in range(calls, 0, -1)}))
+    mb, texts = prof.minibatch_prompts, prompts["prompt"].tolist()
+    sets = -(-len(texts) // mb)
+    sampling = replace(sampling_params(prof), max_new_tokens=partial.token_budget)
+    passes = tuple(
+        (
+            first + i,
+            tuple(texts[(i % sets) * mb : (i % sets + 1) * mb]),
+            sampling.with_seed(params.common.seed + first + i),
+        )
+        for i in range(PASS_CALLS)
+    )
+    return ContinuationPlan(partial.token_budget, prof.max_new_tokens, targets, passes)
+
+
+def continuation_row(m: int, wall_s: float, contexts: list[int], new: list[int], budget: int) -> dict[str, Any]:
+    """The timings row of a continuation call (pure): ``len(new)`` prompts of one sample, their contexts' tokens as
+    the prompt tokens, ``max_new_tokens`` the budget: the shape `asp.sim.engine` prices a continuation item by."""
+    return {
+        "minibatch": m,
+        "wall_s": wall_s,
+        "num_prompts": len(new),
+        "n": 1,
+        "max_new_tokens": budget,
+        "total_tokens": int(sum(new)),
+        "max_length": int(max(new, default=0)),
+        "prompt_tokens": int(sum(contexts)),
+        "actor": 0,
+    }
+
+
+def time_continuations(engine: Any, plan: ContinuationPlan) -> tuple[pd.DataFrame, int]:
+    """Time `plan` on an in-process engine: first segments capped at the budget (timed too: rows like the caps')
+    until each target's rows were cut, then one ``continue_responses`` call of those rows (each continues for
+    ``min(budget, limit - tokens so far)``). Responses are dropped. Returns the rows of `TIMING_COLUMNS` and how
+    many continuation calls they hold; a target the passes could not fill is continued with the rows there are
+    (none: not timed)."""
+    rows: list[dict[str, Any]] = []
+    pool: list[tuple[str, list[int], int]] = []  # (prompt text, tokens so far, prompt tokens) of each cut response
+    targets, calls = list(plan.targets), 0
+    m = plan.passes[-1][0] + 1 if plan.passes else 0
+    passes = iter(plan.passes)
+    with progress_bar(total=len(targets), desc="timing continuations", unit="call") as bar:
+        while targets:
+            step = next(passes, None)
+            if step is not None:
+                pm, texts, sampling = step
+                result = timed_generate(engine, list(texts), sampling)
+                rows.append({"minibatch": pm, **asdict(result.timing), "actor": 0})
+                pool += [
+                    (texts[r.prompt_index], list(smp.token_ids), r.prompt_tokens)
+                    for r in result.results
+                    for smp in r.samples
+                    if smp.finish_reason == "length" and smp.length < plan.limit
+                ]
+                if len(pool) < targets[0]:
+                    continue
+            take = pool[: targets.pop(0)]
+            pool = pool[len(take) :]
+            if not take:
+                break
+            limits = [min(plan.budget, plan.limit - len(ids)) for _, ids, _ in take]
+            sampling = replace(plan.passes[0][2], n=1).with_seed(plan.passes[0][2].seed + m)
+            t0 = time.perf_counter()
+            out = engine.continue_responses([t for t, _, _ in take], [ids for _, ids, _ in take], sampling, limits)
+            wall = time.perf_counter() - t0
+            rows.append(
+                continuation_row(m, wall, [pt + len(ids) for _, ids, pt in take], [o.length for o in out], plan.budget)
+            )
+            m, calls = m + 1, calls + 1
+            bar.update(1)
+    return pd.DataFrame(rows, columns=TIMING_COLUMNS), calls
+
+
 def time_caps(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int) -> pd.DataFrame:
     """Time the calls of `cap_calls` on an in-process engine: their timing rows (`TIMING_COLUMNS`, max_new_tokens =
     the cap); the responses are dropped (cut short, they are no profile)."""
@@ -315,37 +420,43 @@ def time_caps(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int
     return pd.DataFrame(rows, columns=TIMING_COLUMNS)
 
 
-def run_chunks(
-    engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int, work: Path
-) -> tuple[list[Path], pd.DataFrame]:
-    """`profile_chunks` then `time_caps` on one engine, closing it afterwards whatever happens."""
+def run_chunks(engine: Any, prompts: pd.DataFrame, params: Params, work: Path) -> tuple[list[Path], pd.DataFrame, int]:
+    """`profile_chunks`, `time_caps` then `time_continuations` on one engine, closing it afterwards whatever
+    happens: the chunks, the extra timing rows, and how many of them are continuation calls."""
+    prof, seed = params.profile, params.common.seed
     try:
         chunks = profile_chunks(engine, prompts, prof, seed, work)
-        return chunks, time_caps(engine, prompts, prof, seed)
+        capped = time_caps(engine, prompts, prof, seed)
+        plan = continuation_plan(params, prompts, -(-len(prompts) // prof.minibatch_prompts) + len(capped))
+        if plan is None:
+            return chunks, capped, 0
+        continued, calls = time_continuations(engine, plan)
+        return chunks, pd.concat([capped, continued], ignore_index=True), calls
     finally:
         getattr(engine, "close", lambda: None)()
 
 
-def generate(params: Params, paths: Paths, prompts: pd.DataFrame, work: Path) -> tuple[list[Path], pd.DataFrame]:
+def generate(params: Params, paths: Paths, prompts: pd.DataFrame, work: Path) -> tuple[list[Path], pd.DataFrame, int]:
     """Every chunk, generated by one engine in this process (``profile.actors: 1``) or fanned out over Ray engine
     actors (`asp.runtime.profile_actors`; ``runtime.ray.address``, ``runtime.ray.actor_num_cpus`` / ``actor_num_gpus``
-    and ``runtime.ray.placement`` as for launch's Generation Units), and the timings of ``profile.timing_caps`` (one
-    engine in this process only: an actor's cap is fixed when it starts)."""
+    and ``runtime.ray.placement`` as for launch's Generation Units), and the timings of ``profile.timing_caps`` and
+    ``profile.timing_continuations`` with how many continuation calls they hold (one engine in this process only: an
+    actor's cap is fixed when it starts)."""
     prof, seed = params.profile, params.common.seed
     runtime = RuntimeConfig.from_params(params)
     if pool_size(runtime, prof.actors) == 1 and prof.actors != "runtime":
-        return run_chunks(profile_engine(prof, policy_model_path(paths.policy), seed), prompts, prof, seed, work)
+        return run_chunks(profile_engine(prof, policy_model_path(paths.policy), seed), prompts, params, work)
     spec = profile_engine_spec(prof, policy_model_path(paths.policy), seed)
     with profile_runner(runtime, prof.actors, spec, sampling_params(prof)) as runner:
         chunks = profile_chunks(runner, prompts, prof, seed, work)
-    if cap_calls(prompts, prof, seed):
+    if cap_calls(prompts, prof, seed) or continuation_plan(params, prompts, 0) is not None:
         print(
-            "profile: profile.timing_caps not timed (Ray engine actors sample with the cap they started with); the "
-            "simulator's time model is fitted on the profile's minibatches only",
+            "profile: profile.timing_caps and timing_continuations not timed (Ray engine actors sample with the cap "
+            "they started with); the simulator's time model is fitted on the profile's minibatches only",
             file=sys.stderr,
             flush=True,
         )
-    return chunks, pd.DataFrame(columns=TIMING_COLUMNS)
+    return chunks, pd.DataFrame(columns=TIMING_COLUMNS), 0
 
 
 def collect_chunks(chunk_paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -402,14 +513,17 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     tracker.log_params({"profile": prof.model_dump(), "common.seed": seed})
     kill_point("profile:start")
     t0 = time.perf_counter()
-    chunks, capped = generate(params, paths, prompts, work)
+    chunks, capped, continued = generate(params, paths, prompts, work)
     kill_point("profile:chunks")
     samples, timings = collect_chunks(chunks)
     stats = per_prompt_stats(samples)
     save_outputs(samples, stats, paths.out_dir)
     kill_point("profile:outputs")
     save_timings(pd.concat([timings, capped], ignore_index=True) if len(capped) else timings, paths.timings)
-    metrics = profile_metrics(samples, stats, timings, time.perf_counter() - t0) | {"profile/cap_calls": len(capped)}
+    metrics = profile_metrics(samples, stats, timings, time.perf_counter() - t0) | {
+        "profile/cap_calls": len(capped) - continued,
+        "profile/continuation_calls": continued,
+    }
     write_json(metrics, paths.metrics)
     save_figure(length_histogram(samples, prof.max_new_tokens), paths.plot, tracker)
     tracker.log_metrics(metrics)
