@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from asp.errors import exit_user_error
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "alpaca_eval_lengths.json"
 OOF = ROOT / "benchmarks" / "results" / "predictor_real_oof.json"
@@ -109,7 +111,7 @@ def load_params(path: Path, sets: list[str]) -> Any:
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep:
-            sys.exit(f"--set {item!r}: expected section.key=value")
+            exit_user_error(f"--set {item!r}: expected section.key=value")
         node: dict[str, Any] = {}
         cur = node
         parts = key.split(".")
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     unknown = [t for t in targets if t not in data[2]]
     if unknown:
-        sys.exit(f"unknown target model(s) {unknown}; the data file has {data[2]}")
+        exit_user_error(f"unknown target model(s) {unknown}; the data file has {data[2]}")
     fold = fold_ids(len(data[0]), a.folds, a.seed)
     results: dict[str, dict[str, Scores]] = {}
     oof_all: dict[str, Any] = {}

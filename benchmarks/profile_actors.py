@@ -53,6 +53,7 @@ import pandas as pd
 
 from asp.config import Params, deep_merge, load_params, read_yaml, validate_params
 from asp.env import set_offline_defaults
+from asp.errors import exit_user_error
 from asp.runtime.profile_actors import dispatch_makespan, pool_size
 from asp.sim.presets import PRESETS
 
@@ -99,7 +100,9 @@ def measure(args: argparse.Namespace) -> None:
     params = load_params(ROOT / "params.yaml")
     source = ROOT / "outputs/prompts"
     if not (source / "profile.parquet").is_file() or not (ROOT / "outputs/policy").is_dir():
-        sys.exit("needs outputs/prompts and outputs/policy: run `dvc repro policy prepare` (or `make run`) first")
+        exit_user_error(
+            "needs outputs/prompts and outputs/policy: run `dvc repro policy prepare` (or `make run`) first"
+        )
     with tempfile.TemporaryDirectory(prefix="asp-profile-actors-") as tmp:
         n = _subset_prompts(source, Path(tmp) / "prompts", args.prompts)
         rows = []
@@ -207,7 +210,7 @@ def workload(args: argparse.Namespace, prompts: int, n: int, cap: int) -> tuple[
         from bench_sim import CAP, N_SAMPLES, synthetic_workload
 
         if (cap, n) != (CAP, N_SAMPLES):
-            sys.exit(f"--lengths synthetic is bench_sim's cap {CAP} x {N_SAMPLES} samples, not {cap} x {n}")
+            exit_user_error(f"--lengths synthetic is bench_sim's cap {CAP} x {N_SAMPLES} samples, not {cap} x {n}")
         _, work = synthetic_workload(prompts, args.seed)
         what = "benchmarks/bench_sim.py's SYNTHETIC DeepScaleR-like lengths (log-normal, median of medians 2,500)"
         return work.lengths.astype(np.float64), work.prompt_tokens.astype(np.float64), what

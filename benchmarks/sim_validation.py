@@ -69,6 +69,7 @@ from sync_vs_async import measure as measure_sync
 from asp.cli.plan import load_params_with
 from asp.config import Params
 from asp.env import set_offline_defaults
+from asp.errors import exit_user_error
 from asp.io import read_json, write_json
 from asp.pipeline import simulate as stage
 from asp.sim.sharing import CpuSharing
@@ -118,7 +119,7 @@ def launch_tables(fit_from: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     iterations, minibatches = fit_from / "iterations.parquet", fit_from / "minibatches.parquet"
     for f in (iterations, minibatches):
         if not f.is_file():
-            sys.exit(f"{f}: missing; run the launch stage (GRPO) first, or pass --no-fit")
+            exit_user_error(f"{f}: missing; run the launch stage (GRPO) first, or pass --no-fit")
     return pd.read_parquet(minibatches), pd.read_parquet(iterations)
 
 
@@ -298,7 +299,7 @@ def measured_sync(p: Params, name: str, keep: Path | None, measured_from: list[P
         for folder in measured_from:
             f = kept_folder(folder, name) / "metrics.json"
             if not f.is_file():
-                sys.exit(f"{f}: missing; keep the runs first (--keep {folder})")
+                exit_user_error(f"{f}: missing; keep the runs first (--keep {folder})")
             runs.append(numeric(read_json(f)))
         return runs
     real = measure_sync(p, kept_folder(keep, name) if keep else None)

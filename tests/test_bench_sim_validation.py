@@ -109,3 +109,16 @@ def test_leave_one_out_without_kept_runs_is_a_usage_error() -> None:
     )
     assert res.returncode == 2 and "--leave-one-out needs --table sync and --measured-from" in res.stderr
     assert "load average" not in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_missing_kept_run_is_named_with_exit_code_2(bench, tmp_path: Path, capsys) -> None:
+    """A folder without the kept runs (or a launch without its tables) ends the script as a user error: the file
+    and what to do on stderr, exit code 2, no traceback."""
+    with pytest.raises(SystemExit) as exc:
+        bench.measured_sync(load_params(ROOT / "params.yaml"), "sync_C0", None, [tmp_path / "runs"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'runs' / 'sync_C0' / 'metrics.json'}: missing; keep the runs first" in err
+    with pytest.raises(SystemExit) as exc:
+        bench.launch_tables(tmp_path / "launch")
+    assert exc.value.code == 2 and "iterations.parquet: missing; run the launch stage" in capsys.readouterr().err
