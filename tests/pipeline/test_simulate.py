@@ -151,6 +151,18 @@ def test_drift_warning_names_the_file_and_the_drift() -> None:
     assert warning is not None and warning.startswith("warning: m/t.csv: the machine's speed moved by 17 % ")
 
 
+def test_probe_clock_warning_names_the_probe_and_the_factor() -> None:
+    probe = Path("m/p.json")
+    for report in ({}, {"probe_clock": 1.08}, {"probe_clock": 0.91}):  # no probe anchor, or a few per cent apart
+        assert simulate.probe_clock_warning(report, probe) is None
+    for clock in (1.18, 0.85):  # vLLM's profile on every core against one-thread actors was 1.18x
+        warning = simulate.probe_clock_warning({"probe_clock": clock}, probe)
+        assert warning is not None and warning.startswith(
+            f"warning: m/p.json: its calls of one engine alone ran {clock:.2f}x"
+        )
+        assert "dvc repro -f -s profile, then asp simulate probe-sharing" in warning
+
+
 def test_schedule_not_matching_predictions_is_named(inputs: tuple[Params, simulate.Paths], tmp_path: Path) -> None:
     params, paths = inputs
     frame = pd.read_parquet(paths.schedule)

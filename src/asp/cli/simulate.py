@@ -125,9 +125,8 @@ def simulate_command(
             f"MdAPE {100 * fit['mdape_heldout']:.1f} % over {int(fit['minibatches'])} profiled minibatches; "
             f"runtime.mode: {p.runtime.mode}"
         )
-        for warning in (stage.drift_warning(fit, paths.timings), stage.probe_engine_warning(p, paths)):
-            if warning:
-                typer.echo(warning, err=True)
+        for warning in stage.fit_warnings(p, paths, fit):
+            typer.echo(warning, err=True)
         typer.echo(markdown_table(metrics, list(results)))
     else:
         typer.echo(

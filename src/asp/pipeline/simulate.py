@@ -474,6 +474,9 @@ def save_outputs(models: Models, results: dict[str, Any], out_dir: Path) -> None
         write_parquet(frame, out / "iterations.parquet")
 
 
+PROBE_CLOCK_WARN = 0.10  # the probe's calls alone this far from the profile's fit: they did not time the same thing
+
+
 def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
     """A warning when the profile's timings drifted (`asp.sim.timemodel.speed_drift` above `DRIFT_WARN`), else
     None: the generation-time fit's shape is then partly the machine's drift. Only a monotone drift shows here; a
@@ -486,6 +489,33 @@ def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
         f"(the fit's measured / predicted time, median over each fifth of the minibatches in the order they ran); "
         "the generation-time fit carries that drift. Re-time it on an idle machine: dvc repro -f -s profile."
     )
+
+
+def probe_clock_warning(gen_report: dict[str, float], probe: Path) -> str | None:
+    """A warning when the probe's calls of one engine alone ran more than `PROBE_CLOCK_WARN` away from the profile's
+    fit (``probe_clock``, `asp.sim.sharing.on_profile_clock`), else None. Two timings of the same engine a sitting
+    apart differ by a few per cent; more says the two did not time the same thing (vLLM's CPU profile on every core
+    against one-thread actors was 1.18x), and under ``full_speed: auto`` the trainer is moved by it, generation not."""
+    clock = gen_report.get("probe_clock")
+    if clock is None or abs(clock - 1.0) <= PROBE_CLOCK_WARN:
+        return None
+    return (
+        f"warning: {probe}: its calls of one engine alone ran {clock:.2f}x the profile's fit "
+        "(simulate/gen_fit/probe_clock): the probe and the profile did not time the same engine at the same speed "
+        "(other sittings, a busy machine, other engine settings). Time both on an idle machine, one after the other: "
+        "dvc repro -f -s profile, then asp simulate probe-sharing."
+    )
+
+
+def fit_warnings(params: Params, paths: Paths, gen_report: dict[str, float]) -> list[str]:
+    """What the `simulate` stage and ``asp simulate`` warn about the fitted time model (`drift_warning`,
+    `probe_clock_warning`, `probe_engine_warning`)."""
+    found = (
+        drift_warning(gen_report, paths.timings),
+        probe_clock_warning(gen_report, paths.sharing_probe),
+        probe_engine_warning(params, paths),
+    )
+    return [w for w in found if w]
 
 
 def probe_engine_warning(params: Params, paths: Paths) -> str | None:
@@ -519,9 +549,8 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
         save_figure(timeline_figure({}, skip.split(":")[0] + ": nothing simulated"), paths.plot, tracker)
         return metrics
     models = fit_models(params, paths)
-    for warning in (drift_warning(models.gen_report, paths.timings), probe_engine_warning(params, paths)):
-        if warning:
-            print(f"[simulate] {warning}", file=sys.stderr, flush=True)
+    for warning in fit_warnings(params, paths, models.gen_report):
+        print(f"[simulate] {warning}", file=sys.stderr, flush=True)
     results = simulate_conditions(params, paths, models)
     metrics = run_metrics(models, results)
     save_outputs(models, results, paths.out_dir)
