@@ -9,6 +9,9 @@ removed) happens too. It yields the signals it turned into `Terminated`, so a co
 signal (143) instead of Ctrl-C's 130.
 
 `pid_alive(pid)`: whether a process of that id exists (one of another user's counts as alive).
+
+`torch_threads(n)`: the block runs on `n` torch intra-op threads, and the count is put back afterwards (the hf and
+vLLM engines around each call, the demo policy's warm start and evaluation).
 """
 
 from __future__ import annotations
@@ -80,3 +83,24 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with `n` torch intra-op threads (None: leave as is), then restore the previous count.
+
+    The hf and vLLM engines and the demo policy set their threads with it. One thread suits the demo's tiny model on
+    a shared CPU (more threads spin-wait on each other; numbers in docs/benchmarks.md, "Design notes measured
+    once"). Raises ValueError when `n` < 1.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {n}")
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

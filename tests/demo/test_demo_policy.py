@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
-from asp.demo.policy import build_model, evaluate_policy, torch_threads, warm_start
+from asp.demo.policy import build_model, evaluate_policy, warm_start
 from asp.demo.task import generate_problems
 from asp.demo.tokenizer import build_tokenizer
+from asp.env import torch_threads
 
 
 @pytest.fixture(autouse=True)

@@ -12,10 +12,9 @@ run it through the pipeline's policy stage: ``asp stage policy`` (or ``dvc repro
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,27 +24,10 @@ from scipy.stats import spearmanr
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from asp.demo.task import intended_length, reference_response, reward
+from asp.env import torch_threads
 
 ProgressFn = Callable[[int, int, float], None]
 StopFn = Callable[[int], bool]  # step -> end the warm start here (called with the model in eval mode, no grad)
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run the block with `n` torch intra-op threads (None: leave as is), then restore the previous count.
-
-    One thread suits this tiny model on a shared CPU (more threads spin-wait on each other; numbers in
-    docs/benchmarks.md, "Design notes measured once"). Raises ValueError when `n` < 1.
-    """
-    before = torch.get_num_threads()
-    if n is not None:
-        if n < 1:
-            raise ValueError(f"num_threads must be >= 1 or None, got {n}")
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def build_model(

@@ -42,6 +42,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from asp.env import torch_threads
 from asp.rollout.base import PromptResult, Sample, SamplingParams, validate_logprobs_mode
 from asp.rollout.model_dir import check_model_dir, load_tokenizer
 
@@ -222,20 +223,14 @@ class HFEngine:
             repetition_penalty=1.0,
         )
         cuda = [self.device] if self.device.type == "cuda" else []
-        threads = torch.get_num_threads()
-        try:
-            if self.num_threads is not None:
-                torch.set_num_threads(self.num_threads)
-            with torch.random.fork_rng(devices=cuda):
-                torch.manual_seed(params.seed)
-                out = self.model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    generation_config=config,
-                    logits_processor=procs,
-                )
-        finally:
-            torch.set_num_threads(threads)
+        with torch_threads(self.num_threads), torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                logits_processor=procs,
+            )
         generated = out[:, input_ids.shape[1] :]
         return generated, recorder.finish(generated)
 

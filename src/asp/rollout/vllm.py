@@ -58,6 +58,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from asp.config import Int, VllmRuntimeParams
+from asp.env import torch_threads
 from asp.errors import UserError
 from asp.rollout.base import FinishReason, PromptResult, Sample, SamplingParams, validate_logprobs_mode
 from asp.rollout.model_dir import check_model_dir, load_tokenizer
@@ -484,21 +485,6 @@ class VLLMEngine:
             raise RuntimeError("this vLLM engine was closed")
         return self.llm
 
-    @contextlib.contextmanager
-    def _threads(self) -> Iterator[None]:
-        """torch's CPU threads at `num_threads` for one call (`cpu_threads`), put back afterwards."""
-        if self.num_threads is None:
-            yield
-            return
-        import torch
-
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
     def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
         """Sample ``params.n`` responses per prompt in one ``LLM.generate`` call; see `asp.rollout.base.Engine`.
 
@@ -516,7 +502,7 @@ class VLLMEngine:
         if self._sampling_cls is None:
             raise RuntimeError("this vLLM engine was built without a SamplingParams class (from_llm sampling_cls)")
         sampling = [self._sampling_cls(**kw) for kw in requests]
-        with self._threads():
+        with torch_threads(self.num_threads):  # `cpu_threads`
             outputs = llm.generate(token_prompts(ids), sampling_params=sampling, use_tqdm=False)
         return parse_request_outputs(outputs, decode=self._decode)
 
@@ -536,7 +522,7 @@ class VLLMEngine:
         ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         contexts, requests = continuation_requests(ids, partials, params, limits)
         sampling = [self._sampling_cls(**kw) for kw in requests]
-        with self._threads():
+        with torch_threads(self.num_threads):  # `cpu_threads`
             outputs = llm.generate(token_prompts(contexts), sampling_params=sampling, use_tqdm=False)
         return continuation_samples(parse_request_outputs(outputs), partials, self._decode)
 
