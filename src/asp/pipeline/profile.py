@@ -204,7 +204,7 @@ def profile_chunks(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed
         part = prompts.iloc[m * mb : (m + 1) * mb]
         c = m // prof.chunk_minibatches
         rows = minibatch_rows(result.results, part["prompt_id"].tolist(), part["role"].tolist())
-        done[c][m] = (rows, {"minibatch": m, **asdict(result.timing), "actor": actor})
+        done[c][m] = (rows, timing_row(m, result.timing, actor))
         bar.update(1)
         bar.set_postfix(tok_s=f"{result.timing.tokens_per_s:.0f}")
         if len(done[c]) == len(missing[c]):
@@ -351,6 +351,11 @@ def continuation_plan(params: Params, prompts: pd.DataFrame, first: int) -> Cont
     return ContinuationPlan(partial.token_budget, prof.max_new_tokens, targets, passes)
 
 
+def timing_row(m: int, timing: MinibatchTiming, actor: int = 0) -> dict[str, Any]:
+    """The timings row of call `m` (`TIMING_COLUMNS`) that `actor` timed."""
+    return {"minibatch": m, **asdict(timing), "actor": actor}
+
+
 def continuation_row(m: int, wall_s: float, contexts: list[int], new: list[int], budget: int) -> dict[str, Any]:
     """The timings row of a continuation call (pure): ``len(new)`` prompts of one sample, their contexts' tokens as
     the prompt tokens, ``max_new_tokens`` the budget: the shape `asp.sim.engine` prices a continuation item by."""
@@ -384,7 +389,7 @@ def time_continuations(engine: Any, plan: ContinuationPlan) -> tuple[pd.DataFram
             if step is not None:
                 pm, texts, sampling = step
                 result = timed_generate(engine, list(texts), sampling)
-                rows.append({"minibatch": pm, **asdict(result.timing), "actor": 0})
+                rows.append(timing_row(pm, result.timing))
                 pool += [
                     (texts[r.prompt_index], list(smp.token_ids), r.prompt_tokens)
                     for r in result.results
@@ -414,7 +419,7 @@ def time_caps(engine: Any, prompts: pd.DataFrame, prof: ProfileParams, seed: int
     """Time the calls of `cap_calls` on an in-process engine: their timing rows (`TIMING_COLUMNS`, max_new_tokens =
     the cap); the responses are dropped (cut short, they are no profile)."""
     rows = [
-        {"minibatch": m, **asdict(timed_generate(engine, texts, sampling).timing), "actor": 0}
+        timing_row(m, timed_generate(engine, texts, sampling).timing)
         for m, texts, sampling in progress_bar(cap_calls(prompts, prof, seed), desc="timing caps", unit="call")
     ]
     return pd.DataFrame(rows, columns=TIMING_COLUMNS)
