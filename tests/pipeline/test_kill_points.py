@@ -250,7 +250,7 @@ GRPO_POINTS = {  # point -> held-out measured by (killed, rerun); the curve step
     "launch:curve@2": ((0, 1), [4, 6]),  # steps 0 and 2 measured before the kill
     "launch:evaluated": ((1, 0), []),
 }
-GRPO_CI = ("checkpoint@4", "launch:curve@2")  # CI: the resumed curve; make test-all: every point
+GRPO_CI = ("checkpoint@4",)  # CI: a kill mid-run, the curve resumed; make test-all: every point (a kill mid-curve too)
 
 
 @pytest.mark.parametrize("point", [p if p in GRPO_CI else pytest.param(p, marks=EXTENDED) for p in GRPO_POINTS])

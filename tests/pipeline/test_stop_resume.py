@@ -13,7 +13,8 @@ The project is a git + DVC repository whose one stage is the real `launch` (`asp
 trainer over the tiny demo policy's rollouts, 6 steps, a checkpoint every 2 steps) on the inputs of
 tests/pipeline/test_kill_points.py. The stop comes at a known point: the test hook ``ASP_HOLD_AT=checkpoint@2``
 (`asp.runtime.testhooks`) holds the stage just after the position of step 2 was saved, and the test then sends the
-signal. The stage processes join this session's Ray cluster.
+signal. The stage processes join this session's Ray cluster. The experiment's case is marked `extended`
+(`make test-all`): CI runs the same kept-progress mechanism with a quicker stage (tests/orchestration/test_cancel.py).
 """
 
 from __future__ import annotations
@@ -181,6 +182,9 @@ def test_a_changed_launch_stopped_by_ctrl_c_resumes_with_nothing_trained_twice(p
     assert "up to date" in _dvc_status(root)
 
 
+# the kept-progress mechanism of a stopped experiment runs in CI with a quicker stage:
+# tests/orchestration/test_cancel.py::test_a_stopped_experiment_keeps_its_progress_and_the_same_run_resumes_it
+@pytest.mark.extended
 def test_a_stopped_set_experiment_of_launch_resumes_with_nothing_trained_twice(project: Path, tmp_path: Path) -> None:
     root = project
     args = ["launch", "--set", "runtime.trainer.step_s=0.002"]
