@@ -585,3 +585,46 @@ def test_a_probe_whose_calls_alone_are_unusable_is_named(
     grpo = _params({"runtime": {"trainer": {"kind": "grpo"}}, "simulate": {"sharing": "measured"}})
     with pytest.raises(UserError, match=r"sharing_probe.json: the probe's step alone .* must outlast the export"):
         simulate.fit_models(grpo, paths)
+
+
+def test_probe_spread_warning_names_the_widest_slowdown_the_launch_meets() -> None:
+    probe = Path("metrics/sharing_probe.json")
+    intervals = {
+        (1, False, "call"): (1.0, 1.0, 1.0),
+        (2, False, "call"): (1.13, 0.99, 1.25),  # +-11.5 %: too wide
+        (2, True, "step"): (1.60, 1.55, 1.70),  # +-4.7 %
+        (3, True, "step"): (2.3, 1.8, 2.9),  # +-24 %, but a launch of 2 actors never meets it
+    }
+    warning = simulate.probe_spread_warning(intervals, 2, probe)
+    assert warning is not None and warning.startswith("warning: metrics/sharing_probe.json: the slowdown of a call")
+    assert "with 2 engines decoding is 1.13x, anywhere in 0.99-1.25x at 90 %" in warning
+    assert "asp simulate probe-sharing --repeats 20" in warning
+    assert "training step with 3 engines" in (simulate.probe_spread_warning(intervals, 3, probe) or "")
+    narrow = {k: v for k, v in intervals.items() if k != (2, False, "call")}
+    assert simulate.probe_spread_warning(narrow, 2, probe) is None
+    assert simulate.probe_spread_warning(None, 2, probe) is None  # an older probe: no rounds kept
+
+
+def test_the_probe_s_spread_gives_the_simulated_range(inputs: tuple[Params, simulate.Paths], tmp_path: Path) -> None:
+    """A probe with per-round ratios: the stage logs the mean iteration time at both ends of the slowdowns'
+    intervals around its value, slower slowdowns a slower run; without rounds, no range."""
+    _, paths = inputs
+    rounds = {
+        "1": {"calls": [1.0] * 5, "steps": []},
+        "1+training": {"calls": [1.0, 1.1, 1.2, 1.3, 1.4], "steps": [1.0] * 5},
+        "2": {"calls": [1.0] * 5, "steps": []},
+        "2+training": {"calls": [1.2, 1.4, 1.6, 1.8, 2.0], "steps": [1.1, 1.2, 1.3, 1.4, 1.5]},
+        "3": {"calls": [1.4, 1.6, 1.8, 2.0, 2.2], "steps": []},
+        "3+training": {"calls": [2.0, 2.2, 2.4, 2.6, 2.8], "steps": [1.5, 1.7, 1.9, 2.1, 2.3]},
+    }
+    record = {"generation_slowdown": [[1, 1.2], [1, 1.6], [1.8, 2.4]], "training_slowdown": [1, 1.3, 1.9]}
+    probe = tmp_path / "sharing_probe.json"
+    probe.write_text(json.dumps(record | {"rounds_ratios": rounds}))
+    measured = _params({"simulate": {"sharing": "measured"}, "runtime": {"trainer": {"kind": "grpo"}}})
+    metrics = simulate.run(measured, replace(paths, sharing_probe=probe, out_dir=tmp_path / "o"), NullTracker())
+    for cond in ("C0", "C4"):
+        key = f"simulate/{cond}/mean_iteration_time_s"
+        assert metrics[f"{key}_probe_low"] < metrics[key] < metrics[f"{key}_probe_high"]
+    probe.write_text(json.dumps(record))
+    metrics = simulate.run(measured, replace(paths, sharing_probe=probe, out_dir=tmp_path / "p"), NullTracker())
+    assert "simulate/C0/mean_iteration_time_s_probe_low" not in metrics

@@ -12,10 +12,13 @@ from asp.sim.sharing import (
     ProbeAnchor,
     anchored_generation_factor,
     anchored_training,
+    bound_tables,
     fit_cpu_sharing,
     launch_intervals,
     mean_rates,
+    median_interval,
     on_profile_clock,
+    probe_intervals,
     sharing_rate,
 )
 from asp.sim.timemodel import GenerationTimeModel, TrainingTimeModel, fit_training_model, shared
@@ -294,3 +297,47 @@ def test_an_anchored_fit_takes_full_speed_from_the_probe_not_the_launch():
     # a probe without calls alone: the generation factor comes from the launch
     _, _, report3 = fit_cpu_sharing([mb], [it], gen, 10.0, **{**kwargs, "anchor": ProbeAnchor(0.232, 1000.0, 16.0)})
     assert report3["generation_anchored"] == 0.0 and report3["generation_factor"] == pytest.approx(1.2, rel=0.02)
+
+
+def test_median_interval_hand_worked():
+    # n = 20: P(B <= 5) = 21,700 / 2^20 = 0.0207 <= 0.05 < P(B <= 6) = 0.0577, so the 6th and 15th values (coverage
+    # 1 - 2 x 0.0207 = 0.959); the order of the values does not matter
+    assert median_interval(list(range(20, 0, -1))) == (6.0, 15.0)
+    # n = 5: P(B <= 0) = 1/32 <= 0.05 < P(B <= 1) = 6/32: min and max (coverage 0.9375)
+    assert median_interval([5, 1, 4, 2, 3]) == (1.0, 5.0)
+    assert median_interval([3.0]) == (3.0, 3.0) and median_interval([2, 1]) == (1.0, 2.0)  # too few: min-max
+    assert median_interval(list(range(1, 21)), level=0.5)[0] > 6  # a lower level, a narrower interval
+    with pytest.raises(ValueError, match="need values and a level"):
+        median_interval([])
+    with pytest.raises(ValueError, match="need values and a level"):
+        median_interval([1.0], level=1.0)
+
+
+ROUNDS = {  # a probe's per-round ratios: (k engines)[+training] -> the calls' and the steps' ratios
+    "1": {"calls": [1.0] * 5, "steps": []},
+    "1+training": {"calls": [1.1, 1.3, 1.2, 1.0, 1.4], "steps": [1.05, 1.0, 1.1, 1.2, 1.15]},
+    "2": {"calls": [1.5, 1.1, 1.2, 1.3, 1.4], "steps": []},
+    "2+training": {"calls": [1.6, 1.7, 1.5, 1.9, 1.8], "steps": [1.9, 1.7, 1.8, 2.0, 1.6]},
+}
+
+
+def test_probe_intervals_and_the_tables_at_their_ends_hand_worked():
+    intervals = probe_intervals({"rounds_ratios": ROUNDS})
+    assert intervals is not None
+    # five values each: the median and (min, max), `median_interval` at n = 5
+    assert intervals[(1, False, "call")] == (1.0, 1.0, 1.0)
+    assert intervals[(1, True, "call")] == pytest.approx((1.2, 1.0, 1.4))
+    assert intervals[(1, True, "step")] == pytest.approx((1.1, 1.0, 1.2))
+    assert intervals[(2, False, "call")] == pytest.approx((1.3, 1.1, 1.5))
+    assert intervals[(2, True, "step")] == pytest.approx((1.8, 1.6, 2.0))
+    assert (1, False, "step") not in intervals  # no step ran without training
+    table = ContentionTable(generation=((1.0, 1.2), (1.3, 1.7)), training=(1.1, 1.8))
+    low, high = bound_tables(table, intervals)
+    assert low == ContentionTable(generation=((1.0, 1.0), (1.1, 1.5)), training=(1.0, 1.6))
+    assert high == ContentionTable(generation=((1.0, 1.4), (1.5, 1.9)), training=(1.2, 2.0))
+    # a slowdown without an interval keeps its value at both ends
+    partial = {k: v for k, v in intervals.items() if k[0] == 1}
+    assert bound_tables(table, partial)[0].generation[1] == (1.3, 1.7)
+    assert probe_intervals({"generation_slowdown": [[1, 1]]}) is None  # an older probe kept no rounds
+    with pytest.raises(ValueError, match="rounds_ratios: not per-setting ratios"):
+        probe_intervals({"rounds_ratios": {"two": {"calls": [1.0]}}})

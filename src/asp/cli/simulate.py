@@ -80,7 +80,8 @@ def markdown_table(metrics: dict[str, Any], conditions: list[str]) -> str:
 def range_table(
     metrics: dict[str, Any], ranges: dict[str, dict[str, tuple[float, float]]], conditions: list[str]
 ) -> str:
-    """`markdown_table` with each cell's min-max over the sensitivity grid beside the preset's value."""
+    """`markdown_table` with each cell's min-max (`ranges`: over a preset's sensitivity grid, or the sharing probe's
+    intervals) beside its value."""
     lines = ["| metric | " + " | ".join(conditions) + " |", "|---|" + "---|" * len(conditions)]
     for key, label in COLUMNS.items():
         cells = []
@@ -116,8 +117,9 @@ def simulate_command(
     paths = stage.Paths()
     models = stage.fit_models(p, paths)
     results = stage.simulate_conditions(p, paths, models)
-    metrics = stage.run_metrics(models, results)
     preset = stage.time_model_preset(p)
+    probe = stage.probe_ranges(p, paths, models) if preset is None else None
+    metrics = stage.run_metrics(models, results, probe)
     if preset is None:
         fit = models.gen_report
         typer.echo(
@@ -127,7 +129,14 @@ def simulate_command(
         )
         for warning in stage.fit_warnings(p, paths, fit):
             typer.echo(warning, err=True)
-        typer.echo(markdown_table(metrics, list(results)))
+        if probe is None:
+            typer.echo(markdown_table(metrics, list(results)))
+        else:
+            typer.echo(
+                f"Each cell: the simulated value [min-max with the sharing probe's slowdowns at the ends of their "
+                f"{100 * stage.PROBE_LEVEL:.0f} % intervals over its rounds, {paths.sharing_probe}]"
+            )
+            typer.echo(range_table(metrics, probe, list(results)))
     else:
         typer.echo(
             f"time model: preset {preset.name} ({preset.description}; published measurements, "

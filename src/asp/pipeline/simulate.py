@@ -36,7 +36,8 @@ import hashlib
 import json
 import re
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -56,13 +57,16 @@ from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
 from asp.sim.sharing import (
+    PROBE_LEVEL,
     TRAINER_THREADS_GRID,
     ContentionTable,
     CpuSharing,
     ProbeAnchor,
     anchored_generation_factor,
+    bound_tables,
     fit_cpu_sharing,
     on_profile_clock,
+    probe_intervals,
 )
 from asp.sim.timemodel import DRIFT_WARN, TrainingTimeModel, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
@@ -426,17 +430,18 @@ def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[st
     return results
 
 
-def sensitivity_ranges(params: Params, paths: Paths, models: Models) -> dict[str, dict[str, tuple[float, float]]]:
-    """condition -> metric (a ``REPORTED`` key) -> (min, max) over `asp.sim.presets.SENSITIVITY_GRID`: the time
-    model's decode, trainer and reload costs scaled over their plausible range, everything else as simulated."""
+Ranges = dict[str, dict[str, tuple[float, float]]]  # condition -> REPORTED key -> (min, max)
+
+
+def _ranges(params: Params, paths: Paths, models: Models, variants: Iterable[tuple[Any, Any, Resources]]) -> Ranges:
+    """condition -> metric (a ``REPORTED`` key) -> (min, max) of the runs simulated under each (generation model,
+    training model, resources) of `variants`, the plans and realized lengths as `simulate_conditions`'."""
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
     load = workload(params, models, preds, calibration)
-    res = resources(params, paths)
     values: dict[str, dict[str, list[float]]] = {c: {k: [] for k in REPORTED} for c in plans}
-    for scale in SENSITIVITY_GRID:
-        gen, train = scaled_models(models.gen, models.train, scale)
+    for gen, train, res in variants:
         for cond, plan in plans.items():
             metrics = simulate(plan, load, gen, train, control_settings(params, cond), res).metrics
             for key in REPORTED:
@@ -444,14 +449,59 @@ def sensitivity_ranges(params: Params, paths: Paths, models: Models) -> dict[str
     return {c: {k: (min(v), max(v)) for k, v in per.items()} for c, per in values.items()}
 
 
-def run_metrics(models: Models, results: dict[str, Any]) -> dict[str, Any]:
-    """The stage's metrics: fits, then ``simulate/<condition>/<name>`` for the reported columns."""
+def sensitivity_ranges(params: Params, paths: Paths, models: Models) -> Ranges:
+    """The (min, max) of every reported metric over `asp.sim.presets.SENSITIVITY_GRID`: the time model's decode,
+    trainer and reload costs scaled over their plausible range, everything else as simulated."""
+    res = resources(params, paths)
+    grid = [(*scaled_models(models.gen, models.train, scale), res) for scale in SENSITIVITY_GRID]
+    return _ranges(params, paths, models, grid)
+
+
+def probe_ranges(params: Params, paths: Paths, models: Models) -> Ranges | None:
+    """The (min, max) of every reported metric with the sharing probe's slowdowns at their value and at both ends
+    of their intervals (`asp.sim.sharing.probe_intervals`, `bound_tables`): how far the probe's own spread moves
+    the simulated run. None without a probe in use, or with one that kept no per-round ratios.
+
+    Raises:
+        UserError: the probe's per-round ratios are malformed.
+    """
+    res = resources(params, paths)
+    if res.contention is None:
+        return None
+    intervals = _probe_intervals(params, paths)
+    if intervals is None:
+        return None
+    low, high = bound_tables(res.contention, intervals)
+    variants = [(models.gen, models.train, replace(res, contention=t)) for t in (low, res.contention, high)]
+    return _ranges(params, paths, models, variants)
+
+
+def _probe_intervals(params: Params, paths: Paths) -> dict[tuple[int, bool, str], tuple[float, float, float]] | None:
+    """`asp.sim.sharing.probe_intervals` of the probe in use (None without one or without per-round ratios).
+
+    Raises:
+        UserError: the per-round ratios are malformed.
+    """
+    probe = sharing_probe(params, paths)
+    try:
+        return probe_intervals(probe) if probe is not None else None
+    except ValueError as exc:
+        raise UserError(f"{paths.sharing_probe}: {exc}. Re-run `asp simulate probe-sharing`.") from None
+
+
+def run_metrics(models: Models, results: dict[str, Any], probe: Ranges | None = None) -> dict[str, Any]:
+    """The stage's metrics: fits, then ``simulate/<condition>/<name>`` for the reported columns, and with `probe`
+    (`probe_ranges`) the mean iteration time's ends over the probe's intervals (``..._probe_low``, ``_probe_high``)."""
     metrics: dict[str, Any] = {"simulate/enabled": 1}
     metrics.update({f"simulate/gen_fit/{k}": float(v) for k, v in models.gen_report.items()})
     metrics.update({f"simulate/length_model/{k}": float(v) for k, v in models.length_report.items()})
     for cond, result in results.items():
         for key in REPORTED:
             metrics[f"simulate/{cond}/{key.split('/')[-1]}"] = float(result.metrics[key])
+        if probe is not None:
+            low, high = probe[cond][REPORTED[0]]
+            name = f"simulate/{cond}/{REPORTED[0].split('/')[-1]}"
+            metrics[f"{name}_probe_low"], metrics[f"{name}_probe_high"] = float(low), float(high)
     return metrics
 
 
@@ -475,6 +525,7 @@ def save_outputs(models: Models, results: dict[str, Any], out_dir: Path) -> None
 
 
 PROBE_CLOCK_WARN = 0.10  # the probe's calls alone this far from the profile's fit: they did not time the same thing
+PROBE_SPREAD_WARN = 0.10  # a slowdown of the probe uncertain by more than this either way (`probe_spread_warning`)
 
 
 def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
@@ -507,13 +558,39 @@ def probe_clock_warning(gen_report: dict[str, float], probe: Path) -> str | None
     )
 
 
+def probe_spread_warning(
+    intervals: dict[tuple[int, bool, str], tuple[float, float, float]] | None, engines: int, probe: Path
+) -> str | None:
+    """A warning when a slowdown the launch meets (up to `engines` decoding at once) is uncertain by more than
+    `PROBE_SPREAD_WARN` either way (half its interval's width over its value), else None (pure): the simulated run
+    then moves by about as much with the probe alone, and asp's validation goal is 15 %."""
+    if not intervals:
+        return None
+    used = {key: v for key, v in intervals.items() if key[0] <= engines and v[0] > 0}
+    if not used:
+        return None
+    (k, training, kind), (mid, low, high) = max(used.items(), key=lambda kv: (kv[1][2] - kv[1][1]) / kv[1][0])
+    if (high - low) / 2 / mid <= PROBE_SPREAD_WARN:
+        return None
+    what = f"a {'training step' if kind == 'step' else 'call'} with {k} engine{'s' * (k > 1)} decoding" + (
+        " beside a training step" if training and kind == "call" else ""
+    )
+    return (
+        f"warning: {probe}: the slowdown of {what} is {mid:.3g}x, anywhere in {low:.3g}-{high:.3g}x at "
+        f"{100 * PROBE_LEVEL:.0f} % over its rounds: the probe ran on an unsteady machine or with too few rounds, and "
+        "the simulated times move with it (asp simulate shows the range). Re-run it on an idle machine, with more "
+        "rounds: asp simulate probe-sharing --repeats 20."
+    )
+
+
 def fit_warnings(params: Params, paths: Paths, gen_report: dict[str, float]) -> list[str]:
     """What the `simulate` stage and ``asp simulate`` warn about the fitted time model (`drift_warning`,
-    `probe_clock_warning`, `probe_engine_warning`)."""
+    `probe_clock_warning`, `probe_engine_warning`, `probe_spread_warning`)."""
     found = (
         drift_warning(gen_report, paths.timings),
         probe_clock_warning(gen_report, paths.sharing_probe),
         probe_engine_warning(params, paths),
+        probe_spread_warning(_probe_intervals(params, paths), params.runtime.total_actors, paths.sharing_probe),
     )
     return [w for w in found if w]
 
@@ -552,7 +629,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     for warning in fit_warnings(params, paths, models.gen_report):
         print(f"[simulate] {warning}", file=sys.stderr, flush=True)
     results = simulate_conditions(params, paths, models)
-    metrics = run_metrics(models, results)
+    metrics = run_metrics(models, results, probe_ranges(params, paths, models))
     save_outputs(models, results, paths.out_dir)
     write_json(metrics, paths.metrics)
     title = f"Simulated launch ({params.runtime.trainer.kind} trainer, {params.runtime.total_actors} actors)"

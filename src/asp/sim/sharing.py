@@ -50,6 +50,7 @@ ANCHOR_CALL_KEYS = ("seconds", "prompts", "responses", "tokens", "max_length", "
 STEP_COLUMNS = ("runtime/iteration_time_s", "runtime/train_step_s")
 TRAINER_THREADS_GRID = tuple(np.round(np.arange(0.0, 3.01, 0.125), 3))  # candidates of fit_cpu_sharing
 NEAR_BEST = 0.01  # candidates within this summed MdAPE of the best are reported as equally supported
+PROBE_LEVEL = 0.9  # confidence of the sharing probe's slowdown intervals (`probe_intervals`)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,70 @@ class ContentionTable:
         call = np.where(k >= 1, gen[idx, train_on.astype(np.int64)] * scale, 1.0)
         step = np.where(train_on & (k >= 1), np.asarray(self.training, np.float64)[idx] * scale, 1.0)
         return call, step
+
+
+def median_interval(values: Sequence[float], level: float = PROBE_LEVEL) -> tuple[float, float]:
+    """A distribution-free interval for the median of `values` (pure): the order statistics x_(r) and x_(n-r+1)
+    with r the largest whose coverage 1 - 2 P(B <= r - 1), B ~ Binomial(n, 1/2), is at least `level`; [min, max]
+    when even that falls short (few values). It takes the values as independent draws.
+
+    Raises:
+        ValueError: no value, or `level` not in (0, 1).
+    """
+    x = np.sort(np.asarray(values, np.float64))
+    n = len(x)
+    if n == 0 or not 0 < level < 1:
+        raise ValueError(f"need values and a level in (0, 1), got {n} values and {level}")
+    tail = (1 - level) / 2
+    r, cdf = 1, 0.5**n  # cdf: P(B <= r - 1)
+    while r < n and cdf + math.comb(n, r) * 0.5**n <= tail:
+        cdf += math.comb(n, r) * 0.5**n
+        r += 1
+    return float(x[r - 1]), float(x[n - r])
+
+
+def probe_intervals(
+    data: dict, level: float = PROBE_LEVEL
+) -> dict[tuple[int, bool, str], tuple[float, float, float]] | None:
+    """Each slowdown of a sharing probe's record with its `median_interval` from the per-round ratios it kept
+    (``rounds_ratios``): (engines k, training beside, "call" or "step") -> (median, low, high); None for a record
+    without them (pure). The ratios within a round share that round's baselines, so the intervals are narrower
+    than the probe's whole uncertainty, not wider.
+
+    Raises:
+        ValueError: ``rounds_ratios`` is not {"k" or "k+training": {"calls": [...], "steps": [...]}}.
+    """
+    rounds = data.get("rounds_ratios")
+    if not rounds:
+        return None
+    out: dict[tuple[int, bool, str], tuple[float, float, float]] = {}
+    try:
+        for name, setting in rounds.items():
+            k, training = int(name.split("+")[0]), name.endswith("+training")
+            for kind, key in (("call", "calls"), ("step", "steps")):
+                values = [float(v) for v in setting.get(key) or ()]
+                if values:
+                    out[(k, training, kind)] = (float(np.median(values)), *median_interval(values, level))
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ValueError(f"rounds_ratios: not per-setting ratios ({exc})") from None
+    return out
+
+
+def bound_tables(
+    table: ContentionTable, intervals: dict[tuple[int, bool, str], tuple[float, float, float]]
+) -> tuple[ContentionTable, ContentionTable]:
+    """`table` with every slowdown at the low and at the high end of its interval (`probe_intervals`; a slowdown
+    without one stays as it is): the two ends of the range the probe's own spread allows (pure)."""
+
+    def at(end: int) -> ContentionTable:
+        gen = tuple(
+            tuple(intervals.get((k, bool(t), "call"), (v, v, v))[end] for t, v in enumerate(row))
+            for k, row in enumerate(table.generation, start=1)
+        )
+        train = tuple(intervals.get((k, True, "step"), (v, v, v))[end] for k, v in enumerate(table.training, start=1))
+        return ContentionTable(gen, train)
+
+    return at(1), at(2)
 
 
 @dataclass(frozen=True)
