@@ -176,9 +176,11 @@ def bound_tables(
     without one stays as it is): the two ends of the range the probe's own spread allows (pure)."""
 
     def at(end: int) -> ContentionTable:
+        def call(k: int, training: bool, value: float) -> float:
+            return intervals.get((k, training, "call"), (value, value, value))[end]
+
         gen = tuple(
-            tuple(intervals.get((k, bool(t), "call"), (v, v, v))[end] for t, v in enumerate(row))
-            for k, row in enumerate(table.generation, start=1)
+            (call(k, False, alone), call(k, True, beside)) for k, (alone, beside) in enumerate(table.generation, 1)
         )
         train = tuple(intervals.get((k, True, "step"), (v, v, v))[end] for k, v in enumerate(table.training, start=1))
         return ContentionTable(gen, train)
