@@ -34,7 +34,8 @@ kept runs: fitted on other runs made minutes apart, where the probe may be furth
 drift allows. ``--measured-from`` takes several folders, repeats of the same runs (sittings apart, or one after
 another): the measured side is then their mean with its range in brackets, the leave-one-out fit pools every repeat
 of the other settings, and a last line gives the largest error on the three time rows and on how many of those
-cells the simulated value lies inside the repeats' range (how far the machine itself moves).
+cells the simulated value lies inside the repeats' range (how far the machine itself moves). ``--probe FILE`` simulates
+with another sharing probe than the stage's (the same runs under probes of other sittings: benchmarks/probe_spread.py).
 
     .venv/bin/python benchmarks/sim_validation.py                    # both tables: C0, C4; sync C0, async C0, C4
     .venv/bin/python benchmarks/sim_validation.py C0 C1 C2 C3 C4     # Table 4(b) for these conditions (and sync)
@@ -45,6 +46,7 @@ cells the simulated value lies inside the repeats' range (how far the machine it
     .venv/bin/python benchmarks/sim_validation.py --table sync --measured-from runs/ --leave-one-out
     .venv/bin/python benchmarks/sim_validation.py --table sync --measured-from runs/ runs2/ runs3/ --leave-one-out
     .venv/bin/python benchmarks/sim_validation.py --table 4b --fit-from runs/* --full-speed launch
+    .venv/bin/python benchmarks/sim_validation.py --table sync --measured-from runs/ --leave-one-out --probe p.json
 
 Times on the idle 2-core machine: Table 4(b) C0 + C4 about 3 minutes, sync vs async about 7 minutes
 (four GRPO launches of about 1.5 minutes each plus the simulations, a few seconds each).
@@ -56,7 +58,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -74,6 +76,14 @@ from asp.io import read_json, write_json
 from asp.pipeline import simulate as stage
 from asp.sim.sharing import CpuSharing
 from asp.sim.timemodel import TrainingTimeModel
+
+PATHS = [stage.Paths()]  # the stage's paths; --probe replaces the sharing probe's
+
+
+def paths() -> stage.Paths:
+    """The simulate stage's paths, the sharing probe as ``--probe`` gives it."""
+    return PATHS[0]
+
 
 # the rows every table has (measured / simulated / error)
 ROWS_COMMON = {
@@ -130,7 +140,7 @@ def pooled_fit(
     tables = [launch_tables(d) for d in launches]
     sharing, train, report = stage.fit_launch_sharing(
         params,
-        stage.Paths(),
+        paths(),
         [mb for mb, _ in tables],
         [it for _, it in tables],
         [params.runtime.sampling.n_samples] * len(tables),
@@ -155,7 +165,7 @@ def fitted_terms(
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1
     fixed = " (fixed)" if fixed_trainer_threads is not None else ""
     how = (
-        f"the sharing probe's measured slowdowns ({stage.Paths().sharing_probe})"
+        f"the sharing probe's measured slowdowns ({paths().sharing_probe})"
         if report["contention"]
         else f"trainer threads {sharing.trainer_threads:g}{fixed}"
     )
@@ -228,8 +238,7 @@ def simulated(p: Params, condition: str, lengths: str = "empirical") -> tuple[di
     update = {"conditions": [condition], "lengths": lengths}
     p = p.model_copy(update={"simulate": p.simulate.model_copy(update=update)})
     t0 = time.perf_counter()
-    paths = stage.Paths()
-    result = stage.simulate_conditions(p, paths, stage.fit_models(p, paths))[condition]
+    result = stage.simulate_conditions(p, paths(), stage.fit_models(p, paths()))[condition]
     return result.metrics, time.perf_counter() - t0
 
 
@@ -416,7 +425,16 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="sync table, with --measured-from: full speed fitted on the other kept runs, not the probe's",
     )
+    parser.add_argument(
+        "--probe",
+        type=Path,
+        help="the sharing probe to simulate with (default: the stage's, metrics/sharing_probe.json)",
+    )
     args = parser.parse_args(argv)
+    if args.probe is not None:
+        if not args.probe.is_file():
+            exit_user_error(f"--probe {args.probe}: no such file; `asp simulate probe-sharing --out FILE` writes one")
+        PATHS[0] = replace(stage.Paths(), sharing_probe=args.probe)
     if args.leave_one_out and (args.measured_from is None or args.table != "sync"):
         parser.error("--leave-one-out needs --table sync and --measured-from DIR (runs kept by --keep)")
     set_offline_defaults()

@@ -380,8 +380,8 @@ def test_last_launch_of_the_same_setting_is_checked_and_others_are_named(tmp_pat
     rows = simulate.launch_errors(
         {"runtime/summary/mean_iteration_time_s": 1.5, "runtime/summary/policy_lag_mean": 1.0}, measured
     )
-    assert rows[0] == ("mean iteration time (s)", 2.0, 1.5, -0.25)
-    assert rows[1][0] == "policy lag mean (steps)" and np.isnan(rows[1][3]) and len(rows) == 2
+    assert rows[0] == ("mean_iteration_time_s", "mean iteration time (s)", 2.0, 1.5, -0.25)
+    assert rows[1][1] == "policy lag mean (steps)" and np.isnan(rows[1][4]) and len(rows) == 2
 
 
 def test_cli_says_when_there_is_no_launch_to_check_against(project: Path) -> None:

@@ -338,6 +338,14 @@ def test_probe_intervals_and_the_tables_at_their_ends_hand_worked():
     # a slowdown without an interval keeps its value at both ends
     partial = {k: v for k, v in intervals.items() if k[0] == 1}
     assert bound_tables(table, partial)[0].generation[1] == (1.3, 1.7)
+    # widened 2x about the median; a low end stays at or above min(1, its own value)
+    wide = probe_intervals({"rounds_ratios": ROUNDS}, widen=2.0)
+    assert wide is not None
+    assert wide[(2, True, "call")] == pytest.approx((1.7, 1.3, 2.1))
+    assert wide[(2, False, "call")] == pytest.approx((1.3, 1.0, 1.7))  # 1.3 - 2 x 0.2 = 0.9: held at 1
+    assert wide[(1, True, "step")] == pytest.approx((1.1, 1.0, 1.3))
+    with pytest.raises(ValueError, match="widen must be >= 1"):
+        probe_intervals({"rounds_ratios": ROUNDS}, widen=0.5)
     assert probe_intervals({"generation_slowdown": [[1, 1]]}) is None  # an older probe kept no rounds
     with pytest.raises(ValueError, match="rounds_ratios: not per-setting ratios"):
         probe_intervals({"rounds_ratios": {"two": {"calls": [1.0]}}})

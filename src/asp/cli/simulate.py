@@ -39,6 +39,8 @@ app = typer.Typer(
 COLUMNS = {
     "mean_iteration_time_s": "mean iter (s)",
     "mean_iteration_time_s_excl_first": "mean iter excl. first (s)",
+    "generation_time_mean_s": "gen time / mb (s)",
+    "train_step_mean_s": "train step (s)",
     "iteration_time_trend": "trend (Spearman)",
     "queue_std_samples": "queue STD (samples)",
     "queue_max_samples": "queue max (samples)",
@@ -133,8 +135,9 @@ def simulate_command(
             typer.echo(markdown_table(metrics, list(results)))
         else:
             typer.echo(
-                f"Each cell: the simulated value [min-max with the sharing probe's slowdowns at the ends of their "
-                f"{100 * stage.PROBE_LEVEL:.0f} % intervals over its rounds, {paths.sharing_probe}]"
+                f"Each cell: the simulated value [min-max with the sharing probe's slowdowns ({paths.sharing_probe}) "
+                "at the ends of the range another sitting's probe falls in 9 times in 10: each one's "
+                f"{100 * stage.PROBE_LEVEL:.0f} % interval over the probe's rounds, {stage.SITTING_WIDTH:g}x as wide]"
             )
             typer.echo(range_table(metrics, probe, list(results)))
     else:
@@ -145,15 +148,21 @@ def simulate_command(
             "trainer x0.5-2, reload x0.5-4]"
         )
         typer.echo(range_table(metrics, stage.sensitivity_ranges(p, paths, models), list(results)))
-    _check_against_launch(p, params, {c: r.metrics for c, r in results.items()})
+    _check_against_launch(p, params, {c: r.metrics for c, r in results.items()}, probe)
     if out is not None:
         write_json(metrics, out / "simulate.json")
         save_figure(timeline_figure({c: r.iterations for c, r in results.items()}), out / "timeline.png")
         typer.echo(f"wrote {out / 'simulate.json'} and {out / 'timeline.png'}", err=True)
 
 
-def _check_against_launch(p: Params, params_path: Path, sims: dict[str, dict[str, float]]) -> None:
-    """The simulator's error against the last launch of the same setting (or one line saying why there is none)."""
+def _check_against_launch(
+    p: Params,
+    params_path: Path,
+    sims: dict[str, dict[str, float]],
+    ranges: dict[str, dict[str, tuple[float, float]]] | None = None,
+) -> None:
+    """The simulator's error against the last launch of the same setting (or one line saying why there is none),
+    with the simulated range beside a metric that has one (`ranges`: the sharing probe's, `probe_ranges`)."""
     from asp.pipeline import simulate as stage
 
     if p.simulate.time_model != "fit":
@@ -175,8 +184,11 @@ def _check_against_launch(p: Params, params_path: Path, sims: dict[str, dict[str
         return
     typer.echo(f"against the last launch ({condition}, metrics/launch.json; same runtime/schedule/profile params):")
     typer.echo("| metric | measured | simulated | error |\n|---|---|---|---|")
-    for label, m, s, err in stage.launch_errors(sims[condition], measured):
-        typer.echo(f"| {label} | {m:.4g} | {s:.4g} | {100 * err:+.1f} % |")
+    spans = (ranges or {}).get(condition, {})
+    for key, label, m, s, err in stage.launch_errors(sims[condition], measured):
+        low, high = spans.get(f"runtime/summary/{key}", (None, None))
+        span = f" [{low:.4g}-{high:.4g}]" if low is not None and high is not None else ""
+        typer.echo(f"| {label} | {m:.4g} | {s:.4g}{span} | {100 * err:+.1f} % |")
 
 
 @app.command("fit-training")

@@ -58,6 +58,7 @@ from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
 from asp.sim.sharing import (
     PROBE_LEVEL,
+    SITTING_WIDTH,
     TRAINER_THREADS_GRID,
     ContentionTable,
     CpuSharing,
@@ -84,6 +85,8 @@ if TYPE_CHECKING:
 REPORTED = (
     "runtime/summary/mean_iteration_time_s",
     "runtime/summary/mean_iteration_time_s_excl_first",
+    "runtime/summary/generation_time_mean_s",
+    "runtime/summary/train_step_mean_s",
     "runtime/summary/iteration_time_trend",
     "runtime/summary/queue_std_samples",
     "runtime/summary/queue_max_samples",
@@ -459,8 +462,9 @@ def sensitivity_ranges(params: Params, paths: Paths, models: Models) -> Ranges:
 
 def probe_ranges(params: Params, paths: Paths, models: Models) -> Ranges | None:
     """The (min, max) of every reported metric with the sharing probe's slowdowns at their value and at both ends
-    of their intervals (`asp.sim.sharing.probe_intervals`, `bound_tables`): how far the probe's own spread moves
-    the simulated run. None without a probe in use, or with one that kept no per-round ratios.
+    of the range another sitting's probe falls in 9 times in 10 (`asp.sim.sharing.probe_intervals` widened by
+    `SITTING_WIDTH`, `bound_tables`): how far the probe's spread moves the simulated run. None without a probe in
+    use, or with one that kept no per-round ratios.
 
     Raises:
         UserError: the probe's per-round ratios are malformed.
@@ -468,7 +472,7 @@ def probe_ranges(params: Params, paths: Paths, models: Models) -> Ranges | None:
     res = resources(params, paths)
     if res.contention is None:
         return None
-    intervals = _probe_intervals(params, paths)
+    intervals = _probe_intervals(params, paths, SITTING_WIDTH)
     if intervals is None:
         return None
     low, high = bound_tables(res.contention, intervals)
@@ -476,15 +480,18 @@ def probe_ranges(params: Params, paths: Paths, models: Models) -> Ranges | None:
     return _ranges(params, paths, models, variants)
 
 
-def _probe_intervals(params: Params, paths: Paths) -> dict[tuple[int, bool, str], tuple[float, float, float]] | None:
-    """`asp.sim.sharing.probe_intervals` of the probe in use (None without one or without per-round ratios).
+def _probe_intervals(
+    params: Params, paths: Paths, widen: float = 1.0
+) -> dict[tuple[int, bool, str], tuple[float, float, float]] | None:
+    """`asp.sim.sharing.probe_intervals` of the probe in use, widened by `widen` (None without a probe or without
+    per-round ratios).
 
     Raises:
         UserError: the per-round ratios are malformed.
     """
     probe = sharing_probe(params, paths)
     try:
-        return probe_intervals(probe) if probe is not None else None
+        return probe_intervals(probe, widen=widen) if probe is not None else None
     except ValueError as exc:
         raise UserError(f"{paths.sharing_probe}: {exc}. Re-run `asp simulate probe-sharing`.") from None
 
@@ -689,15 +696,18 @@ def launch_setting_differences(params: Params, lock: dict[str, Any], raw: dict[s
     return diffs
 
 
-def launch_errors(simulated: dict[str, float], measured: dict[str, float]) -> list[tuple[str, float, float, float]]:
-    """(label, measured, simulated, relative error) per `CHECKED` metric both hold (error NaN where measured is 0)."""
+def launch_errors(
+    simulated: dict[str, float], measured: dict[str, float]
+) -> list[tuple[str, str, float, float, float]]:
+    """(key, label, measured, simulated, relative error) per `CHECKED` metric both hold (error NaN where measured
+    is 0)."""
     rows = []
     for key, label in CHECKED.items():
         m, s = measured.get(f"runtime/summary/{key}"), simulated.get(f"runtime/summary/{key}")
         if m is None or s is None:
             continue
         m, s = float(m), float(s)
-        rows.append((label, m, s, (s - m) / m if m else float("nan")))
+        rows.append((key, label, m, s, (s - m) / m if m else float("nan")))
     return rows
 
 
