@@ -46,7 +46,7 @@ def load(arg: str) -> tuple[str, dict, Intervals, Intervals]:
         exit_user_error(f"{path}: not a sharing probe ({exc}); `asp simulate probe-sharing --out FILE` writes one")
     if not intervals or not wide:
         exit_user_error(f"{path}: keeps no per-round ratios (rounds_ratios); re-run `asp simulate probe-sharing`")
-    return label or str(path), record, intervals, wide
+    return label or path.stem, record, intervals, wide
 
 
 def held(intervals: list[Intervals], cell: Cell) -> tuple[int, int]:
