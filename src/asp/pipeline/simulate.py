@@ -32,6 +32,7 @@ Run: `asp stage simulate` (what `dvc repro simulate` calls); `asp simulate` runs
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import re
@@ -316,6 +317,13 @@ def time_model_preset(params: Params) -> TimeModelPreset | None:
     return None if name == FIT else get_preset(name)
 
 
+@functools.lru_cache(maxsize=8)
+def _read_once(path: str, mtime_ns: int, size: int) -> str:
+    """The text of `path` as it is at (`mtime_ns`, `size`): one simulation reads the probe once, however many of its
+    parts (the table, the anchor, the warnings, the range) ask for it, and a rewritten probe is read again."""
+    return Path(path).read_text()
+
+
 def sharing_probe(params: Params, paths: Paths) -> dict[str, Any] | None:
     """The sharing probe's record (`paths.sharing_probe`) under ``simulate.sharing: measured`` on shared cores (no
     preset), else None.
@@ -331,8 +339,9 @@ def sharing_probe(params: Params, paths: Paths) -> dict[str, Any] | None:
             f"{path}: not found. simulate.sharing: measured needs the sharing probe: run `asp simulate "
             "probe-sharing` on the machine the launch runs on, or set simulate.sharing: processor."
         )
+    stat = path.stat()
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_read_once(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
     except ValueError as exc:
         raise UserError(f"{path}: not JSON ({exc}). Re-run `asp simulate probe-sharing`.") from None
     if not isinstance(data, dict):
