@@ -121,11 +121,15 @@ def test_user_lengths_jsonl_through_dvc_repro(tmp_path: Path) -> None:
     assert np.isfinite(json.loads((repo / "metrics/predictor.json").read_text())["predictor/kendall_tau"])
     assert (repo / "outputs/schedule/schedule.parquet").is_file() and (repo / "outputs/predictions.parquet").is_file()
     status = json.loads(_dvc(repo, "status", "--json").stdout)
-    assert set(status) == {"simulate", "launch"}  # never run here; everything up to schedule is up to date
+    assert set(status) == {
+        "simulate",
+        "launch",
+        "sim_check",
+    }  # never run here; everything up to schedule is up to date
 
     _write_lengths(repo, records, 1.5)  # the user's file changes: profile and what follows are stale
     stale = json.loads(_dvc(repo, "status", "--json").stdout)
-    assert set(stale) == {"profile", "simulate", "launch"} and LENGTHS in json.dumps(stale["profile"])
+    assert set(stale) == {"profile", "simulate", "launch", "sim_check"} and LENGTHS in json.dumps(stale["profile"])
     assert "Running stage 'profile'" in _dvc(repo, "repro", "profile").stdout
     assert pd.read_parquet(repo / "outputs/profile/samples.parquet")["length"].mean() > samples["length"].mean()
     after = json.loads(_dvc(repo, "status", "--json").stdout)  # the new lengths reach the predictor and evaluate

@@ -18,7 +18,18 @@ from scipy import stats
 
 from asp.config import Params, validate_params
 from asp.errors import UserError
-from asp.pipeline import evaluate, launch, policy, predict, prepare, profile, schedule, simulate, train_predictor
+from asp.pipeline import (
+    evaluate,
+    launch,
+    policy,
+    predict,
+    prepare,
+    profile,
+    schedule,
+    sim_check,
+    simulate,
+    train_predictor,
+)
 from asp.stage import run_stage
 from asp.steps.engine import profile_engine
 from asp.steps.launch_state import HISTORY_FILE, RUN_FILE, Recorder
@@ -67,6 +78,7 @@ STAGES = {
     "schedule": schedule,
     "simulate": simulate,
     "launch": launch,
+    "sim_check": sim_check,
 }
 
 
@@ -123,6 +135,14 @@ def test_demo_pipeline_end_to_end(demo: dict[str, Any]) -> None:
     _check_launch(tmp_path, run_ids["launch"])
     sim = json.loads((tmp_path / "metrics/simulate.json").read_text())  # the simulated launch of the same settings
     assert sim["simulate/C4/mean_iteration_time_s"] > 0 and sim["simulate/gen_fit/minibatches"] == len(timings)
+    # sim_check: the simulated C4 against this launch, from the two metrics files
+    check = json.loads((tmp_path / "metrics/sim_check.json").read_text())
+    measured = json.loads((tmp_path / "metrics/launch.json").read_text())["runtime/summary/mean_iteration_time_s"]
+    assert check["sim_check/checked"] == 1 and check["sim_check/mean_iteration_time_s_measured"] == measured
+    assert check["sim_check/mean_iteration_time_s_error"] == pytest.approx(
+        sim["simulate/C4/mean_iteration_time_s"] / measured - 1
+    )
+    assert MlflowClient().get_run(run_ids["sim_check"]).data.metrics["sim_check/max_time_error"] >= 0
     assert MlflowClient().get_run(run_ids["profile"]).data.params["profile.n_samples"] == "2"
 
     # resume, on the profile run above: a finished chunk is kept, a missing one is regenerated, a corrupt one is named

@@ -105,6 +105,14 @@ KEY_METRICS: dict[str, tuple[str, ...]] = {
         "grpo/heldout_reward_after",
         "runtime/summary/wall_s",
     ),
+    "sim_check": (
+        "sim_check/checked",
+        "sim_check/max_time_error",
+        "sim_check/mean_iteration_time_s_error",
+        "sim_check/generation_time_mean_s_error",
+        "sim_check/train_step_mean_s_error",
+        "sim_check/iteration_in_probe_range",
+    ),
 }
 
 

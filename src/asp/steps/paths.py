@@ -136,6 +136,15 @@ class LaunchPaths:
     drift_plot: Path = untracked("plots/launch_drift.png")  # drawn only with drift.enabled
 
 
+@dataclass(frozen=True)
+class SimCheckPaths:
+    """The simulate stage's prediction and the launch's measurement, compared (`asp.pipeline.sim_check`)."""
+
+    simulate_metrics: Path = dep("metrics/simulate.json")
+    launch_metrics: Path = dep("metrics/launch.json")
+    metrics: Path = output("metrics/sim_check.json")
+
+
 STAGE_PATHS: dict[str, type] = {
     "policy": PolicyPaths,
     "prepare": PreparePaths,
@@ -146,6 +155,7 @@ STAGE_PATHS: dict[str, type] = {
     "schedule": SchedulePaths,
     "simulate": SimulatePaths,
     "launch": LaunchPaths,
+    "sim_check": SimCheckPaths,
 }
 
 

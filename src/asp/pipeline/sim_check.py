@@ -1,0 +1,148 @@
+"""DVC stage `sim_check`: the simulator checked against the launch it predicted, on every pipeline run.
+
+The `simulate` stage runs before `launch` in the DAG (both follow `schedule`), so it cannot read the launch: reading
+it would be an undeclared dependency, or would make `dvc repro simulate` run the launch. This stage follows both and
+compares them for the launch's condition (``runtime.condition``): mean iteration time, generation time per
+minibatch, training time per step, policy lag, queue depth at arrival and padding, measured (metrics/launch.json,
+``runtime/summary/<metric>``) against simulated (metrics/simulate.json, ``simulate/<condition>/<metric>``), each
+with its relative error, and whether the measured iteration time lies inside the range the sharing probe's spread
+gives (``simulate/<condition>/mean_iteration_time_s_probe_low`` / ``_high``, when the probe kept its rounds).
+Generation utilisation is left to `asp simulate` (the CLI): the stage's ``simulate/<condition>/generation_utilization``
+is the simulator's own duty-cycle measure, not the launch's Σ generation time / (actors × wall).
+
+Both files come from the same params (dvc.yaml gives this stage both stages' params), so they describe the same
+setting unless ``simulate.iterations`` cut the simulated run short or ``simulate.time_model`` is a GPU preset; then,
+or with simulate disabled or the launch's condition not among ``simulate.conditions``, there is nothing to check:
+``sim_check/checked`` is 0 and the stage says why. It never fails on a large error: it reports it
+(``sim_check/max_time_error``: the largest absolute error of the three time rows, against asp's 15 % goal;
+``sim_check/<metric>_error``, ``_measured`` and ``_simulated`` per metric).
+
+Writes metrics/sim_check.json and logs the same to the stage's MLflow run.
+
+Run: `asp stage sim_check` (dvc.yaml calls this; its deps, params and outs are listed there).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from asp.config import Params
+from asp.errors import UserError
+from asp.io import read_json, write_json
+from asp.steps.paths import SimCheckPaths as Paths
+from asp.tracking import Tracker
+
+# the metrics compared: (key in both files, label); the first three are the time rows of asp's 15 % goal
+CHECKED = {
+    "mean_iteration_time_s": "mean iteration time (s)",
+    "generation_time_mean_s": "generation time / minibatch (s)",
+    "train_step_mean_s": "training time / step (s)",
+    "policy_lag_mean": "policy lag mean (steps)",
+    "depth_at_arrival_batches_mean": "queue depth at arrival (batches)",
+    "padding_rate_mean": "padding rate",
+}
+TIME_KEYS = ("mean_iteration_time_s", "generation_time_mean_s", "train_step_mean_s")
+GOAL = 0.15  # asp's validation goal on the time rows (docs/simulator.md)
+
+
+def nothing_to_check(params: Params, simulated: dict[str, Any]) -> str | None:
+    """Why the simulated and the measured run are not the same setting (pure), or None when they are."""
+    condition = params.runtime.condition
+    if not simulated.get("simulate/enabled"):
+        return "simulate.enabled is false, or the simulate stage skipped (no timed profile): nothing was simulated"
+    if params.simulate.time_model != "fit":
+        return (
+            f"simulate.time_model is the preset {params.simulate.time_model} (published GPU/NPU times), not this "
+            "machine's"
+        )
+    if f"simulate/{condition}/mean_iteration_time_s" not in simulated:
+        return f"the launch ran {condition}, which simulate.conditions does not simulate: add it to check it"
+    iterations = params.simulate.iterations
+    if iterations is not None and iterations != params.runtime.iterations:
+        return (
+            f"simulate.iterations ({iterations}) cut the simulated run short of the launch's runtime.iterations "
+            f"({params.runtime.iterations})"
+        )
+    return None
+
+
+def compare(condition: str, simulated: dict[str, Any], measured: dict[str, Any]) -> dict[str, float]:
+    """``sim_check/max_time_error`` (the time rows present), ``sim_check/iteration_in_probe_range`` (1/0, when the
+    simulated file has the probe's range), then ``sim_check/<metric>_error``, ``_measured`` and ``_simulated`` for
+    each `CHECKED` metric both files hold (error: (simulated - measured) / measured, none where measured is 0);
+    pure."""
+    pairs = {}
+    for key in CHECKED:
+        m, s = measured.get(f"runtime/summary/{key}"), simulated.get(f"simulate/{condition}/{key}")
+        if m is not None and s is not None:
+            pairs[key] = (float(m), float(s))
+    errors = {key: (s - m) / m for key, (m, s) in pairs.items() if m}
+    out: dict[str, float] = {"sim_check/checked": 1.0}
+    times = [abs(e) for key, e in errors.items() if key in TIME_KEYS]
+    if times:
+        out["sim_check/max_time_error"] = max(times)
+    low = simulated.get(f"simulate/{condition}/mean_iteration_time_s_probe_low")
+    high = simulated.get(f"simulate/{condition}/mean_iteration_time_s_probe_high")
+    if low is not None and high is not None and "mean_iteration_time_s" in pairs:
+        out["sim_check/iteration_in_probe_range"] = float(
+            float(low) <= pairs["mean_iteration_time_s"][0] <= float(high)
+        )
+    out.update({f"sim_check/{key}_error": e for key, e in errors.items()})
+    for key, (m, s) in pairs.items():
+        out.update({f"sim_check/{key}_measured": m, f"sim_check/{key}_simulated": s})
+    return out
+
+
+def report(condition: str, metrics: dict[str, float]) -> str:
+    """The check as a Markdown table, and the largest time error against `GOAL` (pure)."""
+    lines = [
+        f"simulated against the launch ({condition}):",
+        "| metric | measured | simulated | error |",
+        "|---|---|---|---|",
+    ]
+    for key, label in CHECKED.items():
+        if f"sim_check/{key}_measured" in metrics:
+            m, s = metrics[f"sim_check/{key}_measured"], metrics[f"sim_check/{key}_simulated"]
+            e = metrics.get(f"sim_check/{key}_error")
+            lines.append(f"| {label} | {m:.4g} | {s:.4g} | {'n/a' if e is None else f'{100 * e:+.1f} %'} |")
+    if "sim_check/max_time_error" in metrics:
+        worst = metrics["sim_check/max_time_error"]
+        verdict = "within" if worst <= GOAL else "beyond"
+        lines.append(f"largest error on the time rows: {100 * worst:.1f} % ({verdict} the {100 * GOAL:.0f} % goal)")
+    if "sim_check/iteration_in_probe_range" in metrics:
+        inside = "inside" if metrics["sim_check/iteration_in_probe_range"] else "outside"
+        lines.append(f"the measured iteration time is {inside} the range the sharing probe's spread gives")
+    return "\n".join(lines)
+
+
+def _read(path: Path, stage: str) -> dict[str, Any]:
+    """A stage's metrics file, or a UserError naming it."""
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: not found; run the {stage} stage first (dvc repro {stage})") from None
+    except ValueError as exc:
+        raise UserError(f"{path}: not JSON ({exc}); run the {stage} stage again (dvc repro -f -s {stage})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not a metrics file; run the {stage} stage again (dvc repro -f -s {stage})")
+    return data
+
+
+def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
+    """Compare the simulated and the measured launch (see the module docstring); write and log the metrics."""
+    simulated, measured = _read(paths.simulate_metrics, "simulate"), _read(paths.launch_metrics, "launch")
+    condition = params.runtime.condition
+    tracker.log_params({"runtime.condition": condition, "simulate.time_model": params.simulate.time_model})
+    why = nothing_to_check(params, simulated)
+    if why is not None:
+        metrics: dict[str, Any] = {"sim_check/checked": 0.0}
+        print(f"[sim_check] nothing to check: {why}", file=sys.stderr, flush=True)
+    else:
+        metrics = compare(condition, simulated, measured)
+        print(f"[sim_check] {report(condition, metrics)}", file=sys.stderr, flush=True)
+    write_json(metrics, paths.metrics)
+    tracker.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
+    return metrics

@@ -1,0 +1,122 @@
+"""The `sim_check` stage: the simulated launch against the measured one (hand-worked errors, the probe's range, the
+cases with nothing to check), run on real metrics files with a real MLflow run, and files that are missing or not
+JSON named with what to do. The stage on a real pipeline's outputs: tests/e2e/test_stages_demo.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from asp.config import Params, deep_merge, validate_params
+from asp.errors import UserError
+from asp.pipeline import sim_check
+from asp.steps.paths import rebase
+from asp.tracking import NullTracker, open_tracker
+
+SIMULATED = {  # metrics/simulate.json of a run simulating C0 and C4
+    "simulate/enabled": 1,
+    "simulate/C4/mean_iteration_time_s": 1.1,
+    "simulate/C4/generation_time_mean_s": 1.5,
+    "simulate/C4/train_step_mean_s": 0.8,
+    "simulate/C4/policy_lag_mean": 2.0,
+    "simulate/C4/depth_at_arrival_batches_mean": 0.5,
+    "simulate/C4/padding_rate_mean": 0.3,
+    "simulate/C4/mean_iteration_time_s_probe_low": 0.95,
+    "simulate/C4/mean_iteration_time_s_probe_high": 1.3,
+    "simulate/C0/mean_iteration_time_s": 1.6,
+}
+MEASURED = {  # metrics/launch.json of the C4 launch
+    "runtime/summary/mean_iteration_time_s": 1.0,
+    "runtime/summary/generation_time_mean_s": 1.25,
+    "runtime/summary/train_step_mean_s": 1.0,
+    "runtime/summary/policy_lag_mean": 2.5,
+    "runtime/summary/depth_at_arrival_batches_mean": 0.0,
+    "runtime/summary/wall_s": 200.0,
+}
+
+
+def _params(extra: dict | None = None) -> Params:
+    return validate_params(deep_merge(Params.defaults().model_dump(mode="json"), extra or {}))
+
+
+def test_compare_hand_worked() -> None:
+    out = sim_check.compare("C4", SIMULATED, MEASURED)
+    # (1.1 - 1) / 1 = +10 %, (1.5 - 1.25) / 1.25 = +20 %, (0.8 - 1) / 1 = -20 %, (2 - 2.5) / 2.5 = -20 %
+    assert out["sim_check/mean_iteration_time_s_error"] == pytest.approx(0.1)
+    assert out["sim_check/generation_time_mean_s_error"] == pytest.approx(0.2)
+    assert out["sim_check/train_step_mean_s_error"] == pytest.approx(-0.2)
+    assert out["sim_check/policy_lag_mean_error"] == pytest.approx(-0.2)
+    assert out["sim_check/max_time_error"] == pytest.approx(0.2)  # the time rows only
+    assert (out["sim_check/generation_time_mean_s_measured"], out["sim_check/generation_time_mean_s_simulated"]) == (
+        1.25,
+        1.5,
+    )
+    assert "sim_check/depth_at_arrival_batches_mean_error" not in out  # measured 0: no ratio
+    assert out["sim_check/depth_at_arrival_batches_mean_simulated"] == 0.5
+    assert "sim_check/padding_rate_mean_error" not in out  # the launch did not report it
+    assert out["sim_check/iteration_in_probe_range"] == 1.0  # 1.0 in [0.95, 1.3]
+    outside = sim_check.compare("C4", SIMULATED, {**MEASURED, "runtime/summary/mean_iteration_time_s": 0.9})
+    assert outside["sim_check/iteration_in_probe_range"] == 0.0
+    no_range = {k: v for k, v in SIMULATED.items() if "probe" not in k}
+    assert "sim_check/iteration_in_probe_range" not in sim_check.compare("C4", no_range, MEASURED)
+    first = list(out)[:3]  # what the stage's one-line summary shows first
+    assert first == ["sim_check/checked", "sim_check/max_time_error", "sim_check/iteration_in_probe_range"]
+    table = sim_check.report("C4", out)
+    assert "| generation time / minibatch (s) | 1.25 | 1.5 | +20.0 % |" in table
+    assert "| queue depth at arrival (batches) | 0 | 0.5 | n/a |" in table
+    assert "largest error on the time rows: 20.0 % (beyond the 15 % goal)" in table
+    assert "inside the range the sharing probe's spread gives" in table
+
+
+@pytest.mark.parametrize(
+    ("extra", "simulated", "why"),
+    [
+        ({}, {"simulate/enabled": 0}, "simulate.enabled is false, or the simulate stage skipped"),
+        ({"simulate": {"time_model": "h100-qwen3-8b"}}, SIMULATED, "the preset h100-qwen3-8b"),
+        ({"runtime": {"condition": "C2"}}, SIMULATED, "the launch ran C2, which simulate.conditions does not"),
+        ({"simulate": {"iterations": 20}}, SIMULATED, "simulate.iterations (20) cut the simulated run short"),
+    ],
+)
+def test_nothing_to_check_says_why(extra: dict, simulated: dict, why: str) -> None:
+    assert why in (sim_check.nothing_to_check(_params(extra), simulated) or "")
+
+
+def test_the_same_setting_is_checked() -> None:
+    params = _params({"runtime": {"iterations": 20}, "simulate": {"iterations": 20}})
+    assert sim_check.nothing_to_check(params, SIMULATED) is None
+
+
+def test_the_stage_writes_and_logs_the_check(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    paths = rebase(sim_check.Paths(), tmp_path)
+    paths.simulate_metrics.parent.mkdir(parents=True)
+    paths.simulate_metrics.write_text(json.dumps(SIMULATED))
+    paths.launch_metrics.write_text(json.dumps(MEASURED))
+    with open_tracker("sim_check", experiment="sim-check-test") as tracker:
+        metrics = sim_check.run(_params(), paths, tracker)
+        run_id = tracker.run_id
+    assert json.loads(paths.metrics.read_text()) == pytest.approx(metrics)
+    assert "| mean iteration time (s) | 1 | 1.1 | +10.0 % |" in capsys.readouterr().err
+    logged = MlflowClient().get_run(run_id).data
+    assert logged.metrics["sim_check/train_step_mean_s_error"] == pytest.approx(-0.2)
+    assert logged.metrics["sim_check/max_time_error"] == pytest.approx(0.2)
+    assert logged.params["runtime.condition"] == "C4"
+
+    with open_tracker("sim_check", experiment="sim-check-test") as tracker:
+        skipped = sim_check.run(_params({"runtime": {"condition": "C1"}}), paths, tracker)
+    assert skipped == {"sim_check/checked": 0.0} and json.loads(paths.metrics.read_text()) == skipped
+    assert "[sim_check] nothing to check: the launch ran C1" in capsys.readouterr().err
+
+
+def test_missing_or_broken_files_are_named(tmp_path: Path) -> None:
+    paths = rebase(sim_check.Paths(), tmp_path)
+    with pytest.raises(UserError, match=r"metrics/simulate.json: not found; run the simulate stage first"):
+        sim_check.run(_params(), paths, NullTracker())
+    paths.simulate_metrics.parent.mkdir(parents=True)
+    paths.simulate_metrics.write_text(json.dumps(SIMULATED))
+    paths.launch_metrics.write_text("{not json")
+    with pytest.raises(UserError, match=r"metrics/launch.json: not JSON .*dvc repro -f -s launch"):
+        sim_check.run(_params(), paths, NullTracker())
+    assert not paths.metrics.exists()  # nothing written
