@@ -202,15 +202,14 @@ LAUNCH_POINTS = {  # point -> what the rerun says it does, and the step it resum
 }
 
 
-# CI (`make test`) kills before the first step, mid-run and after the outputs; the kills just after the last step
-# and after training (the same "nothing is trained again" rerun) run in `make test-all`.
+# CI (`make test`) kills mid-run and after the outputs; the kill before the first step (a fresh rerun: the guard of
+# launch's state is tests/orchestration/test_cancel.py's) and those just after the last step and after training (the
+# same "nothing is trained again" rerun) run in `make test-all`.
 EXTENDED = pytest.mark.extended
+LAUNCH_CI = ("checkpoint@2", "launch:outputs")
 
 
-@pytest.mark.parametrize(
-    "point",
-    [pytest.param(p, marks=EXTENDED) if p in (f"checkpoint@{STEPS}", "launch:trained") else p for p in LAUNCH_POINTS],
-)
+@pytest.mark.parametrize("point", [p if p in LAUNCH_CI else pytest.param(p, marks=EXTENDED) for p in LAUNCH_POINTS])
 def test_launch_killed_at_a_phase_boundary_continues_exactly_once(
     point: str,
     inputs: Path,

@@ -13,8 +13,8 @@ The project is a git + DVC repository whose one stage is the real `launch` (`asp
 trainer over the tiny demo policy's rollouts, 6 steps, a checkpoint every 2 steps) on the inputs of
 tests/pipeline/test_kill_points.py. The stop comes at a known point: the test hook ``ASP_HOLD_AT=checkpoint@2``
 (`asp.runtime.testhooks`) holds the stage just after the position of step 2 was saved, and the test then sends the
-signal. The stage processes join this session's Ray cluster. The experiment's case is marked `extended`
-(`make test-all`): CI runs the same kept-progress mechanism with a quicker stage (tests/orchestration/test_cancel.py).
+signal. The stage processes join this session's Ray cluster. Both are marked `extended` (`make test-all`); CI runs
+the same kept-progress mechanisms with a quicker stage (tests/orchestration/test_cancel.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ from .conftest import make_params
 from .test_kill_points import N_TRAIN, RUNTIME, STEPS, inputs, ray_address  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow  # three launches per test, each through `asp repro` and DVC: about a minute each
+# three launches per test, each through `asp repro` and DVC: about a minute each. `make test-all` runs them; CI runs
+# the same mechanisms with a quicker stage (tests/orchestration/test_cancel.py: a changed stage stopped keeps the
+# progress it saved; a stopped experiment keeps its progress) and kills real launches in test_kill_points.py
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 STAGE = {
     "cmd": "asp stage launch",
@@ -182,9 +185,6 @@ def test_a_changed_launch_stopped_by_ctrl_c_resumes_with_nothing_trained_twice(p
     assert "up to date" in _dvc_status(root)
 
 
-# the kept-progress mechanism of a stopped experiment runs in CI with a quicker stage:
-# tests/orchestration/test_cancel.py::test_a_stopped_experiment_keeps_its_progress_and_the_same_run_resumes_it
-@pytest.mark.extended
 def test_a_stopped_set_experiment_of_launch_resumes_with_nothing_trained_twice(project: Path, tmp_path: Path) -> None:
     root = project
     args = ["launch", "--set", "runtime.trainer.step_s=0.002"]
