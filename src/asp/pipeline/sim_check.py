@@ -32,19 +32,12 @@ from typing import Any
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import read_json, write_json
+from asp.steps.launch_check import CHECKED, TIME_KEYS, launch_errors
 from asp.steps.paths import SimCheckPaths as Paths
 from asp.tracking import Tracker
 
-# the metrics compared: (key in both files, label); the first three are the time rows of asp's 15 % goal
-CHECKED = {
-    "mean_iteration_time_s": "mean iteration time (s)",
-    "generation_time_mean_s": "generation time / minibatch (s)",
-    "train_step_mean_s": "training time / step (s)",
-    "policy_lag_mean": "policy lag mean (steps)",
-    "depth_at_arrival_batches_mean": "queue depth at arrival (batches)",
-    "padding_rate_mean": "padding rate",
-}
-TIME_KEYS = ("mean_iteration_time_s", "generation_time_mean_s", "train_step_mean_s")
+# the metrics compared: `launch_check.CHECKED` but generation utilisation (see the module docstring)
+KEYS = tuple(k for k in CHECKED if k != "generation_utilization")
 GOAL = 0.15  # asp's validation goal on the time rows (docs/simulator.md)
 
 
@@ -72,14 +65,10 @@ def nothing_to_check(params: Params, simulated: dict[str, Any]) -> str | None:
 def compare(condition: str, simulated: dict[str, Any], measured: dict[str, Any]) -> dict[str, float]:
     """``sim_check/max_time_error`` (the time rows present), ``sim_check/iteration_in_probe_range`` (1/0, when the
     simulated file has the probe's range), then ``sim_check/<metric>_error``, ``_measured`` and ``_simulated`` for
-    each `CHECKED` metric both files hold (error: (simulated - measured) / measured, none where measured is 0);
-    pure."""
-    pairs = {}
-    for key in CHECKED:
-        m, s = measured.get(f"runtime/summary/{key}"), simulated.get(f"simulate/{condition}/{key}")
-        if m is not None and s is not None:
-            pairs[key] = (float(m), float(s))
-    errors = {key: (s - m) / m for key, (m, s) in pairs.items() if m}
+    each of `KEYS` both files hold (`asp.steps.launch_check.launch_errors`; no error where measured is 0); pure."""
+    rows = launch_errors(simulated, measured, KEYS, simulated_prefix=f"simulate/{condition}/")
+    pairs = {key: (m, s) for key, _, m, s, _ in rows}
+    errors = {key: err for key, _, m, _, err in rows if m}
     out: dict[str, float] = {"sim_check/checked": 1.0}
     times = [abs(e) for key, e in errors.items() if key in TIME_KEYS]
     if times:
@@ -103,11 +92,11 @@ def report(condition: str, metrics: dict[str, float]) -> str:
         "| metric | measured | simulated | error |",
         "|---|---|---|---|",
     ]
-    for key, label in CHECKED.items():
+    for key in KEYS:
         if f"sim_check/{key}_measured" in metrics:
             m, s = metrics[f"sim_check/{key}_measured"], metrics[f"sim_check/{key}_simulated"]
             e = metrics.get(f"sim_check/{key}_error")
-            lines.append(f"| {label} | {m:.4g} | {s:.4g} | {'n/a' if e is None else f'{100 * e:+.1f} %'} |")
+            lines.append(f"| {CHECKED[key]} | {m:.4g} | {s:.4g} | {'n/a' if e is None else f'{100 * e:+.1f} %'} |")
     if "sim_check/max_time_error" in metrics:
         worst = metrics["sim_check/max_time_error"]
         verdict = "within" if worst <= GOAL else "beyond"

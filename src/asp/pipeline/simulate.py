@@ -71,6 +71,7 @@ from asp.sim.sharing import (
     probe_intervals,
 )
 from asp.sim.timemodel import DRIFT_WARN, TrainingTimeModel, fit_generation_model, shared
+from asp.steps.launch_check import launch_errors  # noqa: F401 (asp simulate's check against the last launch)
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
 from asp.steps.scheduling import schedule_predictions
@@ -655,16 +656,6 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     return metrics
 
 
-# what `asp simulate` checks against the last launch: ``runtime/summary/<key>`` of both, with a label
-CHECKED = {
-    "mean_iteration_time_s": "mean iteration time (s)",
-    "generation_time_mean_s": "generation time / minibatch (s)",
-    "train_step_mean_s": "training time / step (s)",
-    "generation_utilization": "generation utilisation",
-    "policy_lag_mean": "policy lag mean (steps)",
-    "depth_at_arrival_batches_mean": "queue depth at arrival (batches)",
-    "padding_rate_mean": "padding rate",
-}
 LAUNCH_PARAMS = ("runtime", "schedule", "profile", "common.seed")
 
 
@@ -703,21 +694,6 @@ def launch_setting_differences(params: Params, lock: dict[str, Any], raw: dict[s
     if steps is not None and steps != launched.runtime.iterations:
         diffs.append(f"simulate.iterations (launch ran {launched.runtime.iterations} steps, here {steps})")
     return diffs
-
-
-def launch_errors(
-    simulated: dict[str, float], measured: dict[str, float]
-) -> list[tuple[str, str, float, float, float]]:
-    """(key, label, measured, simulated, relative error) per `CHECKED` metric both hold (error NaN where measured
-    is 0)."""
-    rows = []
-    for key, label in CHECKED.items():
-        m, s = measured.get(f"runtime/summary/{key}"), simulated.get(f"runtime/summary/{key}")
-        if m is None or s is None:
-            continue
-        m, s = float(m), float(s)
-        rows.append((key, label, m, s, (s - m) / m if m else float("nan")))
-    return rows
 
 
 def _lock_loader() -> type:

@@ -11,6 +11,8 @@
   re-profile) and the launch's work plan;
 * `launch_state`: the launch's state directory and what a checkpoint must match (launch, re-profile);
 * `memory_check`, `layout_check`: does the run fit its devices (launch, ``asp params check``, ``asp plan``).
+* `launch_check`: the metrics the simulator is checked on against a launch and their errors (``asp simulate``,
+  sim_check).
 
 Stage modules (`asp.pipeline`) and `asp.adaptation` import these; nothing here imports either.
 Tests: `.venv/bin/python -m pytest tests/steps -q`.

@@ -1,0 +1,45 @@
+"""The simulator checked against a launch: the metrics both report and their relative errors (pure), written once
+for `asp simulate`'s check against the last launch (`asp.pipeline.simulate.launch_errors`) and the `sim_check`
+stage (`asp.pipeline.sim_check`).
+
+    launch_errors(simulated, measured)  # [(key, label, measured, simulated, (simulated - measured) / measured)]
+
+Tests: tests/pipeline/test_simulate.py, tests/pipeline/test_sim_check.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+# metric key (``runtime/summary/<key>`` in a launch's metrics) -> label; the first three are the time rows of asp's
+# 15 % goal
+CHECKED = {
+    "mean_iteration_time_s": "mean iteration time (s)",
+    "generation_time_mean_s": "generation time / minibatch (s)",
+    "train_step_mean_s": "training time / step (s)",
+    "generation_utilization": "generation utilisation",
+    "policy_lag_mean": "policy lag mean (steps)",
+    "depth_at_arrival_batches_mean": "queue depth at arrival (batches)",
+    "padding_rate_mean": "padding rate",
+}
+TIME_KEYS = ("mean_iteration_time_s", "generation_time_mean_s", "train_step_mean_s")
+SUMMARY = "runtime/summary/"  # where a launch (and a simulated run) reports them
+
+
+def launch_errors(
+    simulated: Mapping[str, float],
+    measured: Mapping[str, float],
+    keys: Iterable[str] = CHECKED,
+    simulated_prefix: str = SUMMARY,
+) -> list[tuple[str, str, float, float, float]]:
+    """(key, label, measured, simulated, relative error) for each of `keys` (of `CHECKED`) that both hold: measured
+    as ``runtime/summary/<key>``, simulated as ``<simulated_prefix><key>`` (a simulated run's own metrics by default;
+    the simulate stage's file has ``simulate/<condition>/<key>``); error NaN where measured is 0."""
+    rows = []
+    for key in keys:
+        m, s = measured.get(SUMMARY + key), simulated.get(simulated_prefix + key)
+        if m is None or s is None:
+            continue
+        m, s = float(m), float(s)
+        rows.append((key, CHECKED[key], m, s, (s - m) / m if m else float("nan")))
+    return rows
