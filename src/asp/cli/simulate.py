@@ -120,7 +120,7 @@ def simulate_command(
     models = stage.fit_models(p, paths)
     results = stage.simulate_conditions(p, paths, models)
     preset = stage.time_model_preset(p)
-    probe = stage.probe_ranges(p, paths, models) if preset is None else None
+    probe = stage.probe_ranges(p, paths, models, results) if preset is None else None
     metrics = stage.run_metrics(models, results, probe)
     if preset is None:
         fit = models.gen_report

@@ -446,14 +446,22 @@ def simulate_conditions(params: Params, paths: Paths, models: Models) -> dict[st
 Ranges = dict[str, dict[str, tuple[float, float]]]  # condition -> REPORTED key -> (min, max)
 
 
-def _ranges(params: Params, paths: Paths, models: Models, variants: Iterable[tuple[Any, Any, Resources]]) -> Ranges:
+def _ranges(
+    params: Params,
+    paths: Paths,
+    models: Models,
+    variants: Iterable[tuple[Any, Any, Resources]],
+    simulated: dict[str, Any] | None = None,
+) -> Ranges:
     """condition -> metric (a ``REPORTED`` key) -> (min, max) of the runs simulated under each (generation model,
-    training model, resources) of `variants`, the plans and realized lengths as `simulate_conditions`'."""
+    training model, resources) of `variants`, the plans and realized lengths as `simulate_conditions`', and of the
+    runs already `simulated` (condition -> `SimResult`), which count without being simulated again."""
     preds = pd.read_parquet(_need(paths.predictions, "predict"), columns=["prompt_id", "predicted_length"])
     calibration = load_calibration(paths.calibration)
     plans = condition_plans(params, paths, preds, calibration)
     load = workload(params, models, preds, calibration)
-    values: dict[str, dict[str, list[float]]] = {c: {k: [] for k in REPORTED} for c in plans}
+    done = simulated or {}
+    values = {c: {k: [float(done[c].metrics[k])] if c in done else [] for k in REPORTED} for c in plans}
     for gen, train, res in variants:
         for cond, plan in plans.items():
             metrics = simulate(plan, load, gen, train, control_settings(params, cond), res).metrics
@@ -470,11 +478,11 @@ def sensitivity_ranges(params: Params, paths: Paths, models: Models) -> Ranges:
     return _ranges(params, paths, models, grid)
 
 
-def probe_ranges(params: Params, paths: Paths, models: Models) -> Ranges | None:
-    """The (min, max) of every reported metric with the sharing probe's slowdowns at their value and at both ends
-    of the range another sitting's probe falls in 9 times in 10 (`asp.sim.sharing.probe_intervals` widened by
-    `SITTING_WIDTH`, `bound_tables`): how far the probe's spread moves the simulated run. None without a probe in
-    use, or with one that kept no per-round ratios.
+def probe_ranges(params: Params, paths: Paths, models: Models, results: dict[str, Any]) -> Ranges | None:
+    """The (min, max) of every reported metric with the sharing probe's slowdowns at their value (`results`, the
+    `simulate_conditions` of the same params and models) and at both ends of the range another sitting's probe falls
+    in 9 times in 10 (`asp.sim.sharing.probe_intervals` widened by `SITTING_WIDTH`, `bound_tables`): how far the
+    probe's spread moves the simulated run. None without a probe in use, or with one that kept no per-round ratios.
 
     Raises:
         UserError: the probe's per-round ratios are malformed.
@@ -486,8 +494,8 @@ def probe_ranges(params: Params, paths: Paths, models: Models) -> Ranges | None:
     if intervals is None:
         return None
     low, high = bound_tables(res.contention, intervals)
-    variants = [(models.gen, models.train, replace(res, contention=t)) for t in (low, res.contention, high)]
-    return _ranges(params, paths, models, variants)
+    variants = [(models.gen, models.train, replace(res, contention=t)) for t in (low, high)]
+    return _ranges(params, paths, models, variants, results)
 
 
 def _probe_intervals(
@@ -646,7 +654,7 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     for warning in fit_warnings(params, paths, models.gen_report):
         print(f"[simulate] {warning}", file=sys.stderr, flush=True)
     results = simulate_conditions(params, paths, models)
-    metrics = run_metrics(models, results, probe_ranges(params, paths, models))
+    metrics = run_metrics(models, results, probe_ranges(params, paths, models, results))
     save_outputs(models, results, paths.out_dir)
     write_json(metrics, paths.metrics)
     title = f"Simulated launch ({params.runtime.trainer.kind} trainer, {params.runtime.total_actors} actors)"
