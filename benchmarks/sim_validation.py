@@ -77,14 +77,6 @@ from asp.pipeline import simulate as stage
 from asp.sim.sharing import CpuSharing
 from asp.sim.timemodel import TrainingTimeModel
 
-PATHS = [stage.Paths()]  # the stage's paths; --probe replaces the sharing probe's
-
-
-def paths() -> stage.Paths:
-    """The simulate stage's paths, the sharing probe as ``--probe`` gives it."""
-    return PATHS[0]
-
-
 # the rows every table has (measured / simulated / error)
 ROWS_COMMON = {
     "mean_iteration_time_s": "mean iteration time (s)",
@@ -134,13 +126,18 @@ def launch_tables(fit_from: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def pooled_fit(
-    params: Params, launches: list[Path], fixed_trainer_threads: float | None, anchored: bool
+    params: Params,
+    launches: list[Path],
+    fixed_trainer_threads: float | None,
+    anchored: bool,
+    paths: stage.Paths,
 ) -> tuple[CpuSharing, TrainingTimeModel, dict[str, float], pd.DataFrame]:
-    """`asp.pipeline.simulate.fit_launch_sharing` on the kept launches' tables pooled, and their iterations."""
+    """`asp.pipeline.simulate.fit_launch_sharing` on the kept launches' tables pooled, and their iterations
+    (`paths`: the simulate stage's, the sharing probe's replaced by ``--probe``)."""
     tables = [launch_tables(d) for d in launches]
     sharing, train, report = stage.fit_launch_sharing(
         params,
-        paths(),
+        paths,
         [mb for mb, _ in tables],
         [it for _, it in tables],
         [params.runtime.sampling.n_samples] * len(tables),
@@ -156,16 +153,18 @@ def fitted_terms(
     fixed_trainer_threads: float | None,
     among: list[Path] | None = None,
     full_speed: str = "probe",
+    paths: stage.Paths | None = None,
 ) -> Terms:
     """The training-time model, sharing factor and trainer threads fitted on the launches in `fit_from` (each's
     iterations.parquet and minibatches.parquet, made with `params`' n_samples) against the profile's generation
     fit: `asp.pipeline.simulate.fit_launch_sharing`, what `asp simulate fit-training` prints. `full_speed`
     "launch" fits full speed on the launches even when the probe timed it (``anchored=False``)."""
-    sharing, train, report, it = pooled_fit(params, fit_from, fixed_trainer_threads, anchored=full_speed == "probe")
+    paths = paths or stage.Paths()
+    sharing, train, report, it = pooled_fit(params, fit_from, fixed_trainer_threads, full_speed == "probe", paths)
     batch = int(it["train/prompts"].median()) if "train/prompts" in it else -1
     fixed = " (fixed)" if fixed_trainer_threads is not None else ""
     how = (
-        f"the sharing probe's measured slowdowns ({paths().sharing_probe})"
+        f"the sharing probe's measured slowdowns ({paths.sharing_probe})"
         if report["contention"]
         else f"trainer threads {sharing.trainer_threads:g}{fixed}"
     )
@@ -189,7 +188,9 @@ def kept_folder(kept: Path, name: str) -> Path:
     return kept / name.replace(" ", "_")
 
 
-def left_out_terms(params: Params, kept: list[Path], fixed_trainer_threads: float | None) -> dict[str, Terms]:
+def left_out_terms(
+    params: Params, kept: list[Path], fixed_trainer_threads: float | None, paths: stage.Paths | None = None
+) -> dict[str, Terms]:
     """Per sync-table run (by name), full speed (the training model and generation factor) fitted on the other runs
     kept under the `kept` folders (all repeats of the other settings), under the sharing probe's slowdowns rather
     than from the probe's processes alone: the runs are minutes apart, the probe may not be (``anchored=False``);
@@ -201,13 +202,16 @@ def left_out_terms(params: Params, kept: list[Path], fixed_trainer_threads: floa
             [kept_folder(folder, n) for folder in kept for n in names if n != name],
             fixed_trainer_threads,
             len(kept),
+            paths or stage.Paths(),
         )
         for name in names
     }
 
 
-def _left_out(params: Params, others: list[Path], fixed_trainer_threads: float | None, repeats: int) -> Terms:
-    sharing, train, report, _ = pooled_fit(params, others, fixed_trainer_threads, anchored=False)
+def _left_out(
+    params: Params, others: list[Path], fixed_trainer_threads: float | None, repeats: int, paths: stage.Paths
+) -> Terms:
+    sharing, train, report, _ = pooled_fit(params, others, fixed_trainer_threads, False, paths)
     which = ", ".join(dict.fromkeys(d.name for d in others))
     if repeats > 1:
         which += f" ({repeats} repeats each)"
@@ -232,13 +236,15 @@ def with_terms(p: Params, terms: Terms) -> Params:
     return p.model_copy(update={"simulate": p.simulate.model_copy(update=update)})
 
 
-def simulated(p: Params, condition: str, lengths: str = "empirical") -> tuple[dict[str, float], float]:
+def simulated(
+    p: Params, condition: str, paths: stage.Paths, lengths: str = "empirical"
+) -> tuple[dict[str, float], float]:
     """The simulator's ``runtime/summary/...`` for the run `p` describes (its ``runtime:``, mode included) on
-    `condition`'s schedule, and its wall seconds."""
+    `condition`'s schedule (the stage's inputs at `paths`), and its wall seconds."""
     update = {"conditions": [condition], "lengths": lengths}
     p = p.model_copy(update={"simulate": p.simulate.model_copy(update=update)})
     t0 = time.perf_counter()
-    result = stage.simulate_conditions(p, paths(), stage.fit_models(p, paths()))[condition]
+    result = stage.simulate_conditions(p, paths, stage.fit_models(p, paths))[condition]
     return result.metrics, time.perf_counter() - t0
 
 
@@ -267,7 +273,9 @@ def cell(measured: list[dict[str, float]] | None, sim: dict[str, float], key: st
     return f"{m:.4g} | {s:.4g} | {error(m, s)}"
 
 
-def table_4b(params: Params, conditions: list[str], iterations: int | None, measure: bool, terms: Terms) -> None:
+def table_4b(
+    params: Params, conditions: list[str], iterations: int | None, measure: bool, terms: Terms, paths: stage.Paths
+) -> None:
     print(
         "Table 4(b) setting (simulated trainer: not a sharer of the cores; simulate.lengths: empirical, unless said)"
     )
@@ -279,8 +287,8 @@ def table_4b(params: Params, conditions: list[str], iterations: int | None, meas
     for cond in conditions:
         p = table_4b_params(params, cond, iterations)
         real = [numeric(measure_4b(params, cond, iterations))] if measure else None
-        sim, wall = simulated(with_terms(p, terms), cond)
-        other, _ = simulated(with_terms(p, terms), cond, "lognormal")
+        sim, wall = simulated(with_terms(p, terms), cond, paths)
+        other, _ = simulated(with_terms(p, terms), cond, paths, "lognormal")
         alt.append(cell(real, other, "mean_iteration_time_s"))
         print(
             f"{cond}: measured and simulated (simulation {wall:.2f} s, load {os.getloadavg()[0]:.1f})", file=sys.stderr
@@ -344,6 +352,7 @@ def table_sync(
     iterations: int | None,
     measure: bool,
     terms: Terms,
+    paths: stage.Paths,
     keep: Path | None = None,
     measured_from: list[Path] | None = None,
     per_run: dict[str, Terms] | None = None,
@@ -373,8 +382,8 @@ def table_sync(
     for (mode, cond, partial), name in zip(runs, names, strict=True):
         p = bench_params(params, mode, cond, iterations or SETTING["iterations"], partial)
         real = measured_sync(p, name, keep, measured_from) if measure else None
-        sim, wall = simulated(with_terms(p, terms if per_run is None else per_run[name]), cond)
-        before, _ = simulated(p, cond)
+        sim, wall = simulated(with_terms(p, terms if per_run is None else per_run[name]), cond, paths)
+        before, _ = simulated(p, cond, paths)
         old.append(cell(real, before, "mean_iteration_time_s"))
         if real:
             reals[name], sims[name] = real, sim
@@ -431,10 +440,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the sharing probe to simulate with (default: the stage's, metrics/sharing_probe.json)",
     )
     args = parser.parse_args(argv)
+    paths = stage.Paths()
     if args.probe is not None:
         if not args.probe.is_file():
             exit_user_error(f"--probe {args.probe}: no such file; `asp simulate probe-sharing --out FILE` writes one")
-        PATHS[0] = replace(stage.Paths(), sharing_probe=args.probe)
+        paths = replace(paths, sharing_probe=args.probe)
     if args.leave_one_out and (args.measured_from is None or args.table != "sync"):
         parser.error("--leave-one-out needs --table sync and --measured-from DIR (runs kept by --keep)")
     set_offline_defaults()
@@ -443,14 +453,18 @@ def main(argv: list[str] | None = None) -> None:
     no_fit = Terms(None, None, None, "params' simulate.training, sharing factor and trainer threads (--no-fit)")
     among = args.measured_from or ([args.keep] if args.keep else None)
     fit = not (args.no_fit or args.leave_one_out)  # leave-one-out fits per run: no launch needed
-    terms = fitted_terms(params, args.fit_from, args.trainer_threads, among, args.full_speed) if fit else no_fit
+    terms = fitted_terms(params, args.fit_from, args.trainer_threads, among, args.full_speed, paths) if fit else no_fit
     if args.table in ("4b", "both"):
-        table_4b(params, args.conditions, args.iterations, not args.simulate_only, terms)
+        table_4b(params, args.conditions, args.iterations, not args.simulate_only, terms, paths)
     if args.table in ("sync", "both"):
         if args.table == "both":
             print()
-        per_run = left_out_terms(params, args.measured_from, args.trainer_threads) if args.leave_one_out else None
-        table_sync(params, args.iterations, not args.simulate_only, terms, args.keep, args.measured_from, per_run)
+        per_run = (
+            left_out_terms(params, args.measured_from, args.trainer_threads, paths) if args.leave_one_out else None
+        )
+        table_sync(
+            params, args.iterations, not args.simulate_only, terms, paths, args.keep, args.measured_from, per_run
+        )
 
 
 if __name__ == "__main__":

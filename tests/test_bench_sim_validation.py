@@ -122,3 +122,21 @@ def test_a_missing_kept_run_is_named_with_exit_code_2(bench, tmp_path: Path, cap
     with pytest.raises(SystemExit) as exc:
         bench.launch_tables(tmp_path / "launch")
     assert exc.value.code == 2 and "iterations.parquet: missing; run the launch stage" in capsys.readouterr().err
+
+
+def test_the_probe_given_is_the_one_the_fit_reads(bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--probe FILE`` travels through the functions as the stage's paths (no module state): the fit's note names
+    the probe it read, and the next fit without one reads the stage's own again."""
+    from dataclasses import replace
+
+    from asp.pipeline import simulate as stage
+
+    monkeypatch.chdir(ROOT)
+    params = load_params(ROOT / "params.yaml")
+    _kept_run(tmp_path / "launch", 1.0, params.runtime.sampling.n_samples)
+    probe = tmp_path / "other_probe.json"
+    probe.write_bytes(stage.Paths().sharing_probe.read_bytes())
+    given = bench.fitted_terms(params, [tmp_path / "launch"], None, paths=replace(stage.Paths(), sharing_probe=probe))
+    assert f"measured slowdowns ({probe})" in given.note
+    default = bench.fitted_terms(params, [tmp_path / "launch"], None)
+    assert f"measured slowdowns ({stage.Paths().sharing_probe})" in default.note

@@ -317,11 +317,15 @@ def test_serve_without_a_prefect_server_says_what_to_do(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("preset", ["../params", "/tmp/x", "configs/gpu-cluster", "gpu-cluster.yaml", "..", ".hidden"])
-def test_preset_is_a_name_in_configs_never_a_path(preset: str) -> None:
+def test_preset_is_a_name_in_configs_never_a_path(
+    preset: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """In-process (the entry point's own exit code 2 and message in a subprocess: tests above)."""
+    monkeypatch.chdir(ROOT)
     for args in (["params", "check", "--preset", preset], ["preset", "apply", preset], ["repro", "--preset", preset]):
-        out = _asp(*args)
-        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
-        first = out.stderr.splitlines()[0]
+        code, err = _main(*args), capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err, (args, err)
+        first = err.splitlines()[0]
         assert first.startswith(f"error: preset {preset!r} is not a preset name"), first
         assert "Presets: demo-vllm, drift-demo, gpu-cluster" in first and "-p/--params" in first
     hint = "(did you mean 'gpu-cluster'?)"

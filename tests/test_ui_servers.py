@@ -149,7 +149,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.extended)],
+    ids=["SIGTERM", "SIGINT"],
+)
 def test_mlflow_ui_answers_fits_in_1_gib_and_stops_with_its_tree(
     sig: int, code: int, store: str, tmp_path: Path, background
 ) -> None:

@@ -265,6 +265,7 @@ def _artifacts(env: dict[str, str], flow_run_id: str) -> list[dict[str, Any]]:
     return prefect_api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
 
 
+@pytest.mark.extended  # the same skip from the CLI: test_a_second_repro_skips_every_stage_and_dvc_status_is_clean
 def test_ui_run_of_everything_up_to_date_skips_every_stage(project: dict[str, Any], served: dict[str, str]) -> None:
     t0 = time.monotonic()
     run = _trigger(served, {"stages": STAGES})

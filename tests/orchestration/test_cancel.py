@@ -293,6 +293,7 @@ def test_a_forced_run_stopped_puts_its_persistent_state_back(
     assert _statuses(project["experiment"]) == ("KILLED", ["KILLED"])
 
 
+@pytest.mark.extended  # the same put-back as the forced run stopped after it rewrote its state ("fresh")
 def test_a_changed_stage_stopped_puts_its_persistent_state_back(project: dict[str, Any], tmp_path: Path) -> None:
     """The same without --force: a changed dependency makes DVC run the stage; its persistent state still matches
     dvc.lock (the last finished run's), so it is put back too."""

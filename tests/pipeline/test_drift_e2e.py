@@ -229,6 +229,7 @@ def test_a_rejected_reprofile_keeps_the_schedule_and_the_run_continues(
     assert report["accepted"] is False and report["min_tau"] == 1.0
 
 
+@pytest.mark.extended  # the stop and resume above (reprofile); refit_from_run: tests/pipeline/test_reprofile.py
 def test_refit_from_run_refits_in_process_without_generating_and_resumes(
     project: dict[str, Any],
     ray_cluster: Any,

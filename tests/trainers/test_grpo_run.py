@@ -65,6 +65,8 @@ def test_on_policy_run_through_the_object_store(ray_cluster, tiny_qwen, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a kill and resume of a GRPO launch: test_kill_points (checkpoint@4); files transport and the
+# damaged checkpoint: tests/trainers/test_grpo.py, tests/runtime/test_checkpoint.py
 def test_files_transport_interrupted_resumes_runtime_and_weights_from_the_last_intact_checkpoint(
     ray_cluster, tiny_qwen, tmp_path
 ):

@@ -11,9 +11,10 @@ them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from asp.control.history import HistorySettings
+if TYPE_CHECKING:  # a type only: importing asp.control.history (the scheduler, scipy) would slow every `asp` command
+    from asp.control.history import HistorySettings
 
 
 def default_resume_depth(q_max: int, global_batch_prompts: int) -> int:

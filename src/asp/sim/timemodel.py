@@ -43,11 +43,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
-from scipy.optimize import nnls
+
+if TYPE_CHECKING:  # pandas and scipy are imported where the fits run: `asp.config` imports the presets' models
+    import pandas as pd
 
 FLOOR_S = 1e-6  # smallest time any model returns (s): events never take zero or negative time
 RIDGE = 1e-6  # tie-breaking ridge, relative to the RMS-scaled normal equations
@@ -183,6 +184,8 @@ def nnls_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     scale[scale == 0] = 1.0
     k = x.shape[1]
     a = np.vstack([x / scale, math.sqrt(RIDGE * len(y)) * np.eye(k)])
+    from scipy.optimize import nnls
+
     coef, _ = nnls(a, np.concatenate([y, np.zeros(k)]))
     return coef / scale
 
@@ -355,6 +358,8 @@ def _training_columns(
         bad = np.flatnonzero(~(np.isfinite(v) & (v >= 0)))
         if bad.size:
             raise ValueError(f"column {name!r} must hold finite values >= 0; row {int(bad[0])} is {float(v[bad[0]])}")
+    import pandas as pd
+
     trail = [pd.Series(v).rolling(window, min_periods=1).mean().to_numpy() for v in (samples, tokens)]
     if rate is not None:
         if len(rate) != len(y):
@@ -403,6 +408,8 @@ def fit_training_model(
     Raises:
         ValueError: a missing column, fewer than 3 steps in a table, or non-finite / negative times or counts.
     """
+    import pandas as pd
+
     frames = [iterations] if isinstance(iterations, pd.DataFrame) else list(iterations)
     counts = [n_samples] * len(frames) if isinstance(n_samples, int) else list(n_samples)
     if not frames or len(counts) != len(frames):
