@@ -1,6 +1,6 @@
 """The ASP paper's own results recomputed in the simulator from its stated setup: paper vs simulated vs error.
 
-Run:  .venv/bin/python benchmarks/sim_paper.py               (about a minute on one core; prints Markdown)
+Run:  .venv/bin/python benchmarks/sim_paper.py               (about 10 s on one core; prints Markdown)
       .venv/bin/python benchmarks/sim_paper.py --calibrate   (also re-derives the preset's decode cost)
 
 Three results of the paper (docs/simulator.md, "The paper's results, recomputed"), each simulated with the
@@ -44,6 +44,11 @@ A second table says what run 1's generation-throughput gain (126 / 106 = 1.19x) 
 (`asp.sim.padding`): the most C0 can be padded at the paper's mean length and cap, the simulated paddings (also
 with no spread between a prompt's samples), the most any schedule gains under the preset's decode cost, and the C4
 padding the gain needs under that cost and under a per-step cost alone.
+
+A third table puts the paper's other measurements of the same runs against the same simulated runs: run 1's STD of
+minibatch generation time and of vLLM tokens/s/NPU, and Table 4(b)'s five conditions (mean iteration time,
+iteration-time trend, Training Queue STD and maximum). `--t4b-actors N` sets Table 4(b)'s layout (N TP-1 actors in
+4 GUs; default 32).
 """
 
 from __future__ import annotations
@@ -62,6 +67,18 @@ from asp.sim.presets import PAPER_PER_SEQ_S, PAPER_PER_STEP_S, PAPER_PRESET, PAP
 from asp.sim.timemodel import FEATURES, GenerationTimeModel, TrainingTimeModel
 
 CAP, N, BATCH, B_PROMPTS, K = 8192, 8, 16, 4, 6
+QMAX = 4  # Training Queue bound, global batches (not stated for these runs)
+CONDITIONS = ("C0", "C1", "C2", "C3", "C4")
+# what the paper measured on the same runs besides their mean iteration times (checks; nothing here is fitted):
+# run 1 (F.6.1): the STD of minibatch generation time and of vLLM tokens/s/NPU, without (C0) and with (C4) scheduling
+SPREADS_RUN1 = {"gen_std": {"C0": 68.0, "C4": 48.0}, "tps_std": {"C0": 68.5, "C4": 57.4}}
+# Table 4(b), C0-C4: mean iteration time (s), iteration-time trend (Spearman), Training Queue STD and max (samples)
+TABLE_4B = {
+    "mean": dict(zip(CONDITIONS, (188.0, 185.0, 183.0, 190.0, 178.0), strict=True)),
+    "trend": dict(zip(CONDITIONS, (-0.080, 0.670, 0.510, 0.190, -0.075), strict=True)),
+    "queue_std": dict(zip(CONDITIONS, (41.0, 45.0, 40.0, 36.0, 36.0), strict=True)),
+    "queue_max": dict(zip(CONDITIONS, (192.0, 224.0, 176.0, 104.0, 110.0), strict=True)),
+}
 MEAN_LENGTH = 58 * 64 * 212 / 128  # tokens per response implied by the paper's e2e throughput (F.6.1)
 MEAN_LENGTH_C0 = 47 * 64 * 238 / 128  # the same for its unscheduled run: its policy answered shorter
 TAU_30B, TAU_8B = 0.64, 0.58
@@ -95,7 +112,9 @@ def workload(
     return ids, Workload.from_arrays(ids, lengths, prompt_tokens, max_new_tokens=CAP)
 
 
-def plans(ids: np.ndarray, work: Workload, tau: float, seed: int) -> dict[str, WorkPlan]:
+def plans(
+    ids: np.ndarray, work: Workload, tau: float, seed: int, conditions: tuple[str, ...] = ("C0", "C4")
+) -> dict[str, WorkPlan]:
     predicted, _ = perturb_predictions(work.lengths.mean(axis=1), tau, seed=seed)
     return {
         c: WorkPlan.from_schedule(
@@ -103,7 +122,7 @@ def plans(ids: np.ndarray, work: Workload, tau: float, seed: int) -> dict[str, W
                 ids, predicted, c, b=B_PROMPTS, kappa=0, k=K, seed=seed, iterations=20_000, method="asp"
             )
         )
-        for c in ("C0", "C4")
+        for c in conditions
     }
 
 
@@ -113,7 +132,7 @@ def settings(gus: int, actors: int, iterations: int, seed: int):
         iterations=iterations,
         seed=seed,
         sampling={"n_samples": N, "max_new_tokens": CAP},
-        queue={"q_max": 4 * BATCH, "max_policy_lag": None},
+        queue={"q_max": QMAX * BATCH, "max_policy_lag": None},
         control={"stall_timeout_s": 1e6, "poll_timeout_s": 5.0},  # minibatches take minutes here
         ray={"generation_units": gus, "actors_per_unit": actors},
     ).control_settings()
@@ -129,9 +148,19 @@ def minibatch_tps(plan: WorkPlan, work: Workload, gen: GenerationTimeModel, npus
     return tokens / seconds / npus
 
 
-def run(plan: WorkPlan, work: Workload, gen, train, cfg) -> dict[str, float]:
-    m = simulate(plan, work, gen, train, cfg).metrics
+def run(plan: WorkPlan, work: Workload, gen, train, cfg, npus_per_actor: int = 2) -> dict[str, float]:
+    """The simulated run's mean iteration time (with and without the first, and the first) and what the paper
+    reports beside it: the STD of minibatch generation time and of each minibatch's tokens/s/NPU, the iteration-time
+    trend, the Training Queue's STD and max."""
+    result = simulate(plan, work, gen, train, cfg)
+    m = result.metrics
+    tps = [r["tokens"] / r["gen_s"] / npus_per_actor for r in result.minibatches if r["gen_s"] > 0]
     return {
+        "gen_std": m["runtime/summary/generation_time_std_s"],
+        "tps_std": float(np.std(tps)),
+        "trend": m["runtime/summary/iteration_time_trend"],
+        "queue_std": m["runtime/summary/queue_std_samples"],
+        "queue_max": m["runtime/summary/queue_max_samples"],
         "mean": m["runtime/summary/mean_iteration_time_s"],
         "excl_first": m["runtime/summary/mean_iteration_time_s_excl_first"],
         "first": m["runtime/summary/mean_iteration_time_s"] * cfg.iterations
@@ -149,12 +178,20 @@ def row(label: str, paper: float, sims: list[float], note: str = "") -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--calibrate", action="store_true", help="re-derive the preset's decode cost")
     parser.add_argument("--iterations", type=int, default=200, help="iterations of run 1 (paper: 200)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--t4b-actors",
+        type=int,
+        default=32,
+        help="Table 4(b)'s TP-1 Qwen3-8B actors, in 4 GUs (a multiple of 4; the paper does not state the layout)",
+    )
+    args = parser.parse_args(argv)
+    if args.t4b_actors < 4 or args.t4b_actors % 4:
+        parser.error(f"--t4b-actors {args.t4b_actors}: give a positive multiple of 4 (4 GUs of equal size)")
     preset = get_preset(PAPER_PRESET)
     gen, train = preset.gen, preset.train
     seeds = list(range(args.seeds))
@@ -218,9 +255,10 @@ def main() -> None:
     train8 = TrainingTimeModel(
         step_base_s=train.step_base_s, step_per_token_s=0, save_s=0, convert_s=0, load_s=73.9, step_per_sample_s=0.0
     )
-    p8 = {s: plans(*data[s], TAU_8B, s) for s in seeds}
-    r3 = {c: [run(p8[s][c], data[s][1], gen8, train8, settings(4, 8, 50, s))["mean"] for s in seeds]
-          for c in ("C0", "C4")}  # fmt: skip
+    p8 = {s: plans(*data[s], TAU_8B, s, CONDITIONS) for s in seeds}
+    r3_all = {c: [run(p8[s][c], data[s][1], gen8, train8, settings(4, args.t4b_actors // 4, 50, s), 1) for s in seeds]
+              for c in CONDITIONS}  # fmt: skip
+    r3 = {c: [r["mean"] for r in r3_all[c]] for c in ("C0", "C4")}
     rows.append(row("3. Table 4(b) C0 mean iteration s", 188, r3["C0"], "layout assumed; 50 iterations"))
     rows.append(row("3. Table 4(b) C4 mean iteration s", 178, r3["C4"], "layout assumed; 50 iterations"))
     g3 = [100 * (b - a) / a for a, b in zip(r3["C0"], r3["C4"], strict=True)]
@@ -232,6 +270,42 @@ def main() -> None:
     print("\n".join(rows))
     print()
     print(gain_needs(data, p30, gen, seeds, tps))
+    print()
+    print(other_measurements(r1, r3_all))
+
+
+def other_measurements(r1: dict[str, list[dict[str, float]]], r3: dict[str, list[dict[str, float]]]) -> str:
+    """What the paper measured on the same runs besides their mean iteration times, against the same simulated
+    runs: run 1's spreads and Table 4(b)'s five conditions (checks: nothing here was fitted)."""
+    lines = [
+        "| the paper's other measurements of the same runs | paper | simulated, mean (min-max) | error |",
+        "|---|---:|---:|---:|",
+    ]
+
+    def add(label: str, paper: float, sims: list[float], signed: bool = False) -> None:
+        mean = float(np.mean(sims))
+        err = f"{mean - paper:+.2f} (abs.)" if signed else f"{100 * (mean - paper) / paper:+.0f} %"
+        fmt = "{:+.3f}" if signed else "{:,.1f}"
+        span = f"{fmt.format(mean)} ({fmt.format(min(sims))} to {fmt.format(max(sims))})"
+        lines.append(f"| {label} | {fmt.format(paper)} | {span} | {err} |")
+
+    for c in ("C0", "C4"):
+        add(f"1. STD of minibatch generation time (s), {c}", SPREADS_RUN1["gen_std"][c], [r["gen_std"] for r in r1[c]])
+    for c in ("C0", "C4"):
+        add(
+            f"1. STD of a minibatch's vLLM tokens/s/NPU, {c}",
+            SPREADS_RUN1["tps_std"][c],
+            [r["tps_std"] for r in r1[c]],
+        )
+    for key, label, signed in (
+        ("mean", "mean iteration (s)", False),
+        ("trend", "iteration-time trend", True),
+        ("queue_std", "Training Queue STD (samples)", False),
+        ("queue_max", "Training Queue max (samples)", False),
+    ):
+        for c in CONDITIONS:
+            add(f"3. Table 4(b) {label}, {c}", TABLE_4B[key][c], [r[key] for r in r3[c]], signed)
+    return "\n".join(lines)
 
 
 def plan_padding(plan: WorkPlan, work: Workload) -> float:
