@@ -20,6 +20,7 @@ from asp.config import Params, deep_merge, validate_params
 from asp.errors import UserError
 from asp.pipeline import simulate
 from asp.schedule import build_schedule, schedule_to_frame
+from asp.steps.launch_check import launch_errors
 from asp.steps.paths import rebase
 from asp.tracking import NullTracker
 
@@ -377,7 +378,7 @@ def test_last_launch_of_the_same_setting_is_checked_and_others_are_named(tmp_pat
     (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
     assert simulate.last_launch(params, tmp_path) == ("C4", measured)
     # hand-worked errors: (1.5 - 2) / 2 = -25 %; a measured 0 gives NaN, not a division error
-    rows = simulate.launch_errors(
+    rows = launch_errors(
         {"runtime/summary/mean_iteration_time_s": 1.5, "runtime/summary/policy_lag_mean": 1.0}, measured
     )
     assert rows[0] == ("mean_iteration_time_s", "mean iteration time (s)", 2.0, 1.5, -0.25)

@@ -172,6 +172,7 @@ def _check_against_launch(
     """The simulator's error against the last launch of the same setting (or one line saying why there is none),
     with the simulated range beside a metric that has one (`ranges`: the sharing probe's, `probe_ranges`)."""
     from asp.pipeline import simulate as stage
+    from asp.steps.launch_check import launch_errors
 
     if p.simulate.time_model != "fit":
         typer.echo(
@@ -193,7 +194,7 @@ def _check_against_launch(
     typer.echo(f"against the last launch ({condition}, metrics/launch.json; same runtime/schedule/profile params):")
     typer.echo("| metric | measured | simulated | error |\n|---|---|---|---|")
     spans = (ranges or {}).get(condition, {})
-    for key, label, m, s, err in stage.launch_errors(sims[condition], measured):
+    for key, label, m, s, err in launch_errors(sims[condition], measured):
         low, high = spans.get(f"runtime/summary/{key}", (None, None))
         span = f" [{low:.4g}-{high:.4g}]" if low is not None and high is not None else ""
         typer.echo(f"| {label} | {m:.4g} | {s:.4g}{span} | {100 * err:+.1f} % |")

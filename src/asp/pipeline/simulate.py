@@ -71,7 +71,6 @@ from asp.sim.sharing import (
     probe_intervals,
 )
 from asp.sim.timemodel import DRIFT_WARN, TrainingTimeModel, fit_generation_model, shared
-from asp.steps.launch_check import launch_errors  # noqa: F401 (asp simulate's check against the last launch)
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
 from asp.steps.scheduling import schedule_predictions

@@ -1,6 +1,6 @@
 """The simulator checked against a launch: the metrics both report and their relative errors (pure), written once
-for `asp simulate`'s check against the last launch (`asp.pipeline.simulate.launch_errors`) and the `sim_check`
-stage (`asp.pipeline.sim_check`).
+for `asp simulate`'s check against the last launch (`asp.cli.simulate`) and the `sim_check` stage
+(`asp.pipeline.sim_check`).
 
     launch_errors(simulated, measured)  # [(key, label, measured, simulated, (simulated - measured) / measured)]
 
