@@ -72,6 +72,32 @@ def test_compare_hand_worked() -> None:
 
 
 @pytest.mark.parametrize(
+    ("fit", "doubts"),
+    [
+        ({"simulate/gen_fit/probe_clock": 1.05, "simulate/gen_fit/speed_drift": 0.12}, []),  # within 10 % and 15 %
+        (
+            {"simulate/gen_fit/probe_clock": 0.772, "simulate/gen_fit/speed_drift": 0.12},
+            ["ran 0.77x what the profile"],
+        ),
+        ({"simulate/gen_fit/probe_clock": 1.18}, ["ran 1.18x"]),
+        ({"simulate/gen_fit/probe_clock": 0.95, "simulate/gen_fit/speed_drift": 0.2}, ["moved 20 % while"]),
+        ({}, []),  # a simulate file without the fit's report (simulated trainer, no probe)
+    ],
+)
+def test_an_unsteady_time_model_is_named_beside_the_error(fit: dict, doubts: list[str]) -> None:
+    out = sim_check.compare("C4", {**SIMULATED, **fit}, MEASURED)
+    assert {k: out[k] for k in out if k in ("sim_check/probe_clock", "sim_check/speed_drift")} == {
+        k.replace("simulate/gen_fit/", "sim_check/"): v for k, v in fit.items()
+    }
+    found = sim_check.clock_doubts(out)
+    assert len(found) == len(doubts) and all(want in got for want, got in zip(doubts, found, strict=True))
+    table = sim_check.report("C4", out)
+    assert ("rest on timings of an unsteady machine" in table) == bool(doubts)
+    if doubts:  # what to do, as the simulate stage's warning says it
+        assert table.endswith("(dvc repro -f -s profile, then asp simulate probe-sharing), then dvc repro")
+
+
+@pytest.mark.parametrize(
     ("extra", "simulated", "why"),
     [
         ({}, {"simulate/enabled": 0}, "simulate.enabled is false, or the simulate stage skipped"),
@@ -92,14 +118,16 @@ def test_the_same_setting_is_checked() -> None:
 def test_the_stage_writes_and_logs_the_check(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     paths = rebase(sim_check.Paths(), tmp_path)
     paths.simulate_metrics.parent.mkdir(parents=True)
-    paths.simulate_metrics.write_text(json.dumps(SIMULATED))
+    paths.simulate_metrics.write_text(json.dumps({**SIMULATED, "simulate/gen_fit/probe_clock": 0.772}))
     paths.launch_metrics.write_text(json.dumps(MEASURED))
     with open_tracker("sim_check", experiment="sim-check-test") as tracker:
         metrics = sim_check.run(_params(), paths, tracker)
         run_id = tracker.run_id
     assert json.loads(paths.metrics.read_text()) == pytest.approx(metrics)
-    assert "| mean iteration time (s) | 1 | 1.1 | +10.0 % |" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "| mean iteration time (s) | 1 | 1.1 | +10.0 % |" in err and "ran 0.77x what the profile's fit" in err
     logged = MlflowClient().get_run(run_id).data
+    assert logged.metrics["sim_check/probe_clock"] == pytest.approx(0.772)
     assert logged.metrics["sim_check/train_step_mean_s_error"] == pytest.approx(-0.2)
     assert logged.metrics["sim_check/max_time_error"] == pytest.approx(0.2)
     assert logged.params["runtime.condition"] == "C4"

@@ -15,7 +15,11 @@ setting unless ``simulate.iterations`` cut the simulated run short or ``simulate
 or with simulate disabled or the launch's condition not among ``simulate.conditions``, there is nothing to check:
 ``sim_check/checked`` is 0 and the stage says why. It never fails on a large error: it reports it
 (``sim_check/max_time_error``: the largest absolute error of the three time rows, against asp's 15 % goal;
-``sim_check/<metric>_error``, ``_measured`` and ``_simulated`` per metric).
+``sim_check/<metric>_error``, ``_measured`` and ``_simulated`` per metric). Beside the table it names what says the
+time model was timed on an unsteady machine, which moves every simulated time (`clock_doubts`: the sharing probe's
+calls of one engine alone far from the profile's fit, or the profile's speed drifting while it was timed; both kept
+as ``sim_check/probe_clock`` and ``sim_check/speed_drift``), with how to time them again: the simulate stage warns of
+the same, but a user reading only this check would otherwise see a large error without its cause.
 
 Writes metrics/sim_check.json and logs the same to the stage's MLflow run.
 
@@ -32,6 +36,8 @@ from typing import Any
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import read_json, write_json
+from asp.sim.sharing import PROBE_CLOCK_WARN
+from asp.sim.timemodel import DRIFT_WARN
 from asp.steps.launch_check import CHECKED, TIME_KEYS, launch_errors
 from asp.steps.paths import SimCheckPaths as Paths
 from asp.tracking import Tracker
@@ -82,7 +88,30 @@ def compare(condition: str, simulated: dict[str, Any], measured: dict[str, Any])
     out.update({f"sim_check/{key}_error": e for key, e in errors.items()})
     for key, (m, s) in pairs.items():
         out.update({f"sim_check/{key}_measured": m, f"sim_check/{key}_simulated": s})
+    for key in ("probe_clock", "speed_drift"):  # how steadily the time model was timed (`clock_doubts`)
+        if isinstance(value := simulated.get(f"simulate/gen_fit/{key}"), int | float):
+            out[f"sim_check/{key}"] = float(value)
     return out
+
+
+def clock_doubts(metrics: dict[str, float]) -> list[str]:
+    """What says the simulated times were fitted on timings of an unsteady machine (pure):
+    the sharing probe's calls of one engine alone more than `PROBE_CLOCK_WARN` from the profile's fit
+    (``probe_clock``: two timings of the same engine disagree), or the profile's speed drifting more than
+    `DRIFT_WARN` while it was timed (``speed_drift``). Each moves every simulated time by about as much."""
+    doubts = []
+    clock = metrics.get("sim_check/probe_clock")
+    if clock is not None and abs(clock - 1.0) > PROBE_CLOCK_WARN:
+        doubts.append(
+            f"the sharing probe's calls of one engine alone ran {clock:.2f}x what the profile's fit predicts "
+            "(simulate/gen_fit/probe_clock): the two timed the same engine at different speeds"
+        )
+    drift = metrics.get("sim_check/speed_drift")
+    if drift is not None and drift > DRIFT_WARN:
+        doubts.append(
+            f"the machine's speed moved {100 * drift:.0f} % while the profile was timed (simulate/gen_fit/speed_drift)"
+        )
+    return doubts
 
 
 def report(condition: str, metrics: dict[str, float]) -> str:
@@ -104,6 +133,13 @@ def report(condition: str, metrics: dict[str, float]) -> str:
     if "sim_check/iteration_in_probe_range" in metrics:
         inside = "inside" if metrics["sim_check/iteration_in_probe_range"] else "outside"
         lines.append(f"the measured iteration time is {inside} the range the sharing probe's spread gives")
+    if doubts := clock_doubts(metrics):
+        lines.append(
+            "the simulated times rest on timings of an unsteady machine, which move every simulated time: "
+            + "; ".join(doubts)
+            + ". Time both again on an idle machine, one after the other (dvc repro -f -s profile, then asp simulate "
+            "probe-sharing), then dvc repro"
+        )
     return "\n".join(lines)
 
 

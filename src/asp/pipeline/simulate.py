@@ -58,6 +58,7 @@ from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
 from asp.sim.sharing import (
+    PROBE_CLOCK_WARN,
     PROBE_LEVEL,
     SITTING_WIDTH,
     TRAINER_THREADS_GRID,
@@ -548,7 +549,6 @@ def save_outputs(models: Models, results: dict[str, Any], out_dir: Path) -> None
         write_parquet(frame, out / "iterations.parquet")
 
 
-PROBE_CLOCK_WARN = 0.10  # the probe's calls alone this far from the profile's fit: they did not time the same thing
 PROBE_SPREAD_WARN = 0.10  # a slowdown of the probe uncertain by more than this either way (`probe_spread_warning`)
 
 

@@ -50,6 +50,7 @@ ANCHOR_CALL_KEYS = ("seconds", "prompts", "responses", "tokens", "max_length", "
 STEP_COLUMNS = ("runtime/iteration_time_s", "runtime/train_step_s")
 TRAINER_THREADS_GRID = tuple(np.round(np.arange(0.0, 3.01, 0.125), 3))  # candidates of fit_cpu_sharing
 NEAR_BEST = 0.01  # candidates within this summed MdAPE of the best are reported as equally supported
+PROBE_CLOCK_WARN = 0.10  # the probe's calls alone this far from the profile's fit: the two did not time the same thing
 PROBE_LEVEL = 0.9  # confidence of the sharing probe's slowdown intervals (`probe_intervals`)
 # A probe's interval (over its own rounds) widened this much about its value holds another sitting's probe 9 times in
 # 10: fitted on 7 vLLM probes of 2026-12-06/07 (90 % of the 336 pairs; unwidened 60 %), checked on 5 hf probes held
