@@ -276,6 +276,7 @@ def test_bad_preset_leaves_params_untouched(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # `asp serve` registers, prints the URL and stops on Ctrl-C: test_three_doors's `served` (CI)
 def test_serve_registers_the_deployment(tmp_path: Path, prefect_server: dict, background) -> None:
     import json
     import shutil

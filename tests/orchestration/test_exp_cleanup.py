@@ -55,6 +55,7 @@ def project(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.extended  # no copy outlives its run: the SIGKILL case below (CI); SIGTERM to `asp repro`: test_signals
 def test_sigterm_of_an_experiment_run_removes_its_temporary_copy(project: Path, tmp_path: Path) -> None:
     before = experiment_copies(project)
     hold = tmp_path / "hold"

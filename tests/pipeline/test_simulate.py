@@ -5,9 +5,7 @@ issue names (negative times, zero actors, a schedule that does not match the pre
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from asp.schedule import build_schedule, schedule_to_frame
 from asp.steps.launch_check import launch_errors
 from asp.steps.paths import rebase
 from asp.tracking import NullTracker
+from tests.inprocess import run_asp
 
 N_TRAIN, N_HELDOUT, N_SAMPLES, CAP = 480, 120, 4, 96
 OVERLAY = {
@@ -181,10 +180,9 @@ def test_disabled_stage_writes_only_the_flag(inputs: tuple[Params, simulate.Path
     assert out.plot.is_file() and json.loads((out.out_dir / "models.json").read_text()) == {"enabled": False}
 
 
-def _asp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    cmd = [sys.executable, "-m", "asp", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+def _asp(args: list[str], cwd: Path, process: bool = False) -> subprocess.CompletedProcess:
+    """`asp ARGS` in `cwd`, in this process unless ``process`` (`tests.inprocess.run_asp`)."""
+    return run_asp(args, cwd, process)
 
 
 @pytest.fixture(scope="module")
@@ -229,13 +227,13 @@ def test_cli_prints_the_table_and_writes_out(project: Path) -> None:
     ],
 )
 def test_cli_bad_values_exit_2_naming_them(project: Path, override: str, named: str) -> None:
-    res = _asp(["simulate", "--set", override], project)
+    res = _asp(["simulate", "--set", override], project, process=override.startswith("simulate.cores"))
     assert res.returncode == 2 and named in res.stderr and "Traceback" not in res.stderr
 
 
 def test_cli_missing_inputs_exit_2(tmp_path: Path, project: Path) -> None:
     (tmp_path / "params.yaml").write_bytes((project / "params.yaml").read_bytes())
-    res = _asp(["simulate"], tmp_path)
+    res = _asp(["simulate"], tmp_path, process=True)
     assert res.returncode == 2 and "metrics/profile_timings.csv: missing" in res.stderr, res.stderr
 
 

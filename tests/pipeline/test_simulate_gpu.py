@@ -6,7 +6,6 @@ were measured."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import yaml
 from asp.config import deep_merge, load_params, read_yaml, validate_params
 from asp.errors import UserError
 from asp.pipeline.simulate import Paths, fit_models, gpu_gaps
+from tests.inprocess import run_asp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,8 @@ def _gpu(**overrides: dict) -> object:
 
 
 def _asp(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asp", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    """`asp ARGS` in this process (`tests.inprocess.run_asp`; the script's own exit 2: tests/test_cli.py)."""
+    return run_asp(list(args), cwd)
 
 
 def test_the_cpu_demo_has_no_gaps() -> None:

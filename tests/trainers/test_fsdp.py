@@ -208,6 +208,8 @@ def test_two_rank_launch_trains_every_prompt_once(ray_cluster, tiny_qwen, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # two ranks as Ray actors in a run: test_two_rank_launch_trains_every_prompt_once (CI); their
+# sharded checkpoint restored on one and on two ranks: test_sharded_checkpoint_resumes_on_one_and_on_two_ranks (CI)
 def test_training_unit_ranks_as_ray_actors(ray_cluster, two_ranks, tiny_qwen, tmp_path):
     # the runtime's view: one leader handle; it forwards step / restore to rank 1; teardown kills both ranks
     from asp.runtime.run import teardown
