@@ -97,6 +97,33 @@ def test_an_unsteady_time_model_is_named_beside_the_error(fit: dict, doubts: lis
         assert table.endswith("(dvc repro -f -s profile, then asp simulate probe-sharing), then dvc repro")
 
 
+def test_beyond_the_goal_with_steady_timings_it_says_to_probe_this_sitting(tmp_path: Path) -> None:
+    beyond = sim_check.compare("C4", SIMULATED, MEASURED)  # largest 20 %, no clock doubt
+    hint = "the sharing probe in use was timed on 2026-12-07"
+    table = sim_check.report("C4", beyond, "2026-12-07")
+    assert hint in table and table.endswith("then compare again: asp simulate -c C4")
+    assert hint not in sim_check.report("C4", beyond)  # no probe in use
+    within = sim_check.compare(
+        "C4",
+        SIMULATED,
+        {**MEASURED, "runtime/summary/train_step_mean_s": 0.8, "runtime/summary/generation_time_mean_s": 1.5},
+    )
+    assert within["sim_check/max_time_error"] <= sim_check.GOAL and hint not in sim_check.report(
+        "C4", within, "2026-12-07"
+    )
+    doubted = sim_check.compare("C4", {**SIMULATED, "simulate/gen_fit/probe_clock": 0.7}, MEASURED)
+    assert hint not in sim_check.report("C4", doubted, "2026-12-07")  # the doubt's own advice instead
+
+    probe = tmp_path / "sharing_probe.json"
+    assert sim_check.probe_date(probe, SIMULATED, "C4") is None  # missing: the simulate stage names it
+    probe.write_text("{not json")
+    assert sim_check.probe_date(probe, SIMULATED, "C4") is None
+    probe.write_text(json.dumps({"date": "2026-12-07", "engine": "hf"}))
+    assert sim_check.probe_date(probe, SIMULATED, "C4") == "2026-12-07"
+    assert sim_check.probe_date(probe, SIMULATED, "C0") is None  # C0 here has no probe range: the probe unused
+    assert sim_check.probe_date(probe, {"simulate/gen_fit/probe_clock": 1.0}, "C0") == "2026-12-07"
+
+
 @pytest.mark.parametrize(
     ("extra", "simulated", "why"),
     [

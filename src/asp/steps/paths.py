@@ -142,6 +142,7 @@ class SimCheckPaths:
 
     simulate_metrics: Path = dep("metrics/simulate.json")
     launch_metrics: Path = dep("metrics/launch.json")
+    sharing_probe: Path = dep("metrics/sharing_probe.json")  # the day it was timed, named beside a large error
     metrics: Path = output("metrics/sim_check.json")
 
 
