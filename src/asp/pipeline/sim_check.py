@@ -146,8 +146,8 @@ def report(condition: str, metrics: dict[str, float], probe_date: str | None = N
         )
     elif probe_date and metrics.get("sim_check/max_time_error", 0.0) > GOAL:
         lines.append(
-            f"the sharing probe in use was timed on {probe_date}: its trainer step alone and its slowdowns are that "
-            "sitting's, and this machine's speed moves between sittings. Probe this one on an idle machine (asp "
+            f"the sharing probe in use was timed on {probe_date}: its slowdowns (and a GRPO trainer's step alone) are "
+            "that sitting's, and this machine's speed moves between sittings. Probe this one on an idle machine (asp "
             f"simulate probe-sharing), then compare again: asp simulate -c {condition}"
         )
     return "\n".join(lines)
