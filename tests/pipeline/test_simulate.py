@@ -5,7 +5,6 @@ issue names (negative times, zero actors, a schedule that does not match the pre
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from asp.schedule import build_schedule, schedule_to_frame
 from asp.steps.launch_check import launch_errors
 from asp.steps.paths import rebase
 from asp.tracking import NullTracker
-from tests.inprocess import run_asp
+from tests.inprocess import run_asp as _asp  # in this process unless process=True
 
 N_TRAIN, N_HELDOUT, N_SAMPLES, CAP = 480, 120, 4, 96
 OVERLAY = {
@@ -178,11 +177,6 @@ def test_disabled_stage_writes_only_the_flag(inputs: tuple[Params, simulate.Path
     out = replace(paths, out_dir=tmp_path / "o", metrics=tmp_path / "m.json", plot=tmp_path / "p.png")
     assert simulate.run(_params({"simulate": {"enabled": False}}), out, NullTracker()) == {"simulate/enabled": 0}
     assert out.plot.is_file() and json.loads((out.out_dir / "models.json").read_text()) == {"enabled": False}
-
-
-def _asp(args: list[str], cwd: Path, process: bool = False) -> subprocess.CompletedProcess:
-    """`asp ARGS` in `cwd`, in this process unless ``process`` (`tests.inprocess.run_asp`)."""
-    return run_asp(args, cwd, process)
 
 
 @pytest.fixture(scope="module")
