@@ -901,7 +901,8 @@ class SimulateParams(_Params):
         "auto",
         description="auto: under sharing: measured with a probe that timed one engine's calls alone, generation at "
         "full speed is the profile's fit (this sitting's engine alone; sharing_factor unused) and a GRPO trainer's "
-        "step is the probe's, moved onto the profile's clock by how much slower the probe's sitting ran the same "
+        "step is the one the trainer_alone stage timed alone in this sitting (metrics/trainer_alone.json); without "
+        "it, the probe's step moved onto the profile's clock by how much slower the probe's sitting ran the same "
         "calls (simulate/gen_fit/probe_clock); otherwise as params. params: sharing_factor and simulate.training "
         "as written (what `asp simulate fit-training` prints).",
     )

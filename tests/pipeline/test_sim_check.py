@@ -81,12 +81,22 @@ def test_compare_hand_worked() -> None:
         ),
         ({"simulate/gen_fit/probe_clock": 1.18}, ["ran 1.18x"]),
         ({"simulate/gen_fit/probe_clock": 0.95, "simulate/gen_fit/speed_drift": 0.2}, ["moved 20 % while"]),
+        # the trainer's step timed alone in this sitting: the probe's clock moves no simulated time, the drift does
+        (
+            {
+                "simulate/gen_fit/probe_clock": 0.82,
+                "simulate/gen_fit/speed_drift": 0.2,
+                "simulate/gen_fit/trainer_alone_s": 0.75,
+            },
+            ["moved 20 % while"],
+        ),  # fmt: skip
         ({}, []),  # a simulate file without the fit's report (simulated trainer, no probe)
     ],
 )
 def test_an_unsteady_time_model_is_named_beside_the_error(fit: dict, doubts: list[str]) -> None:
     out = sim_check.compare("C4", {**SIMULATED, **fit}, MEASURED)
-    assert {k: out[k] for k in out if k in ("sim_check/probe_clock", "sim_check/speed_drift")} == {
+    kept = ("sim_check/probe_clock", "sim_check/speed_drift", "sim_check/trainer_alone_s")
+    assert {k: out[k] for k in out if k in kept} == {
         k.replace("simulate/gen_fit/", "sim_check/"): v for k, v in fit.items()
     }
     found = sim_check.clock_doubts(out)
@@ -102,7 +112,11 @@ def test_beyond_the_goal_with_steady_timings_it_says_to_probe_this_sitting(tmp_p
     hint = "the sharing probe in use was timed on 2026-12-07"
     table = sim_check.report("C4", beyond, "2026-12-07")
     assert hint in table and table.endswith("then compare again: asp simulate -c C4")
+    assert "its slowdowns (and a GRPO trainer's step alone) are that sitting's" in table
     assert hint not in sim_check.report("C4", beyond)  # no probe in use
+    sitting = sim_check.compare("C4", {**SIMULATED, "simulate/gen_fit/trainer_alone_s": 0.8}, MEASURED)
+    assert sitting["sim_check/trainer_alone_s"] == 0.8  # the trainer_alone stage timed the step in this sitting
+    assert f"{hint}: its slowdowns are that sitting's" in sim_check.report("C4", sitting, "2026-12-07")
     within = sim_check.compare(
         "C4",
         SIMULATED,

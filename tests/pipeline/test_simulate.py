@@ -76,6 +76,7 @@ def write_inputs(root: Path, params: Params) -> simulate.Paths:
         timings=root / "m/profile_timings.csv",
         schedule=root / "schedule/schedule.parquet",
         out_dir=root / "simulate",
+        trainer_alone=root / "m/trainer_alone.json",  # absent: the probe's step on the profile's clock
         metrics=root / "m/simulate.json",
         plot=root / "p/timeline.png",
     )
@@ -154,6 +155,8 @@ def test_probe_clock_warning_names_the_probe_and_the_factor() -> None:
     probe = Path("m/p.json")
     for report in ({}, {"probe_clock": 1.08}, {"probe_clock": 0.91}):  # no probe anchor, or a few per cent apart
         assert simulate.probe_clock_warning(report, probe) is None
+    # the trainer's step timed in this sitting (the trainer_alone stage): the clock moves no simulated time
+    assert simulate.probe_clock_warning({"probe_clock": 0.82, "trainer_alone_s": 0.75}, probe) is None
     for clock in (1.18, 0.85):  # vLLM's profile on every core against one-thread actors was 1.18x
         warning = simulate.probe_clock_warning({"probe_clock": clock}, probe)
         assert warning is not None and warning.startswith(
@@ -546,6 +549,41 @@ def test_full_speed_auto_puts_the_probe_s_trainer_on_the_profile_s_clock(
         assert other.train == simulate.training_model(_params(overlay))
 
 
+def test_the_step_timed_alone_in_this_sitting_is_the_trainer_s_full_speed(
+    inputs: tuple[Params, simulate.Paths], tmp_path: Path
+) -> None:
+    """With the trainer_alone stage's step (0.7 s on 2,000 response tokens, 128 sequences of the profile's 30 prompt
+    tokens) the trainer's full speed is that step as timed: per token (0.7 - export) / (2,000 + 30 x 128), whatever
+    the probe's step and clock (1.2 s, 1.5x). The probe's clock is still reported; generation is unchanged. A file
+    that timed nothing, or the simulated trainer, leaves the probe's step on the profile's clock."""
+    _, paths = inputs
+    calls = [{"seconds": 1.5 * (0.05 + 0.004 * m), "prompts": 16, "responses": 16 * N_SAMPLES, "tokens": m * 32,
+              "max_length": m, "prompt_tokens": 16 * 30} for m in (40, 90, 150)]  # fmt: skip
+    probe, alone = tmp_path / "sharing_probe.json", tmp_path / "trainer_alone.json"
+    probe.write_text(json.dumps({"generation_slowdown": [[1.0, 1.2]] * 3, "training_slowdown": [1.3] * 3,
+                                 "alone_step_s": 1.2, "training_load": {"response_tokens": 1000, "sequences": 64},
+                                 "alone_calls": calls}))  # fmt: skip
+    timed = {"trainer_alone/timed": 1, "trainer_alone/step_s": 0.7, "trainer_alone/response_tokens": 2000,
+             "trainer_alone/sequences": 128}  # fmt: skip
+    alone.write_text(json.dumps(timed))
+    paths = replace(paths, sharing_probe=probe, trainer_alone=alone)
+    grpo = _params({"runtime": {"trainer": {"kind": "grpo"}}, "simulate": {"sharing": "measured"}})
+    models = simulate.fit_models(grpo, paths)
+    publish = models.train.publish_seconds()
+    assert models.gen_report["trainer_alone_s"] == 0.7
+    assert models.gen_report["probe_clock"] == pytest.approx(1.5, rel=0.03)
+    assert models.train.step_per_token_s == pytest.approx((0.7 - publish) / (2000 + 30 * 128), rel=0.02)
+    assert models.train.step_seconds(2000, 128) + publish == pytest.approx(0.7, rel=0.03)
+    without = simulate.fit_models(grpo, replace(paths, trainer_alone=tmp_path / "absent.json"))
+    assert without.train.step_seconds(1000, 64) + publish == pytest.approx(0.8, rel=0.03)  # 1.2 s / 1.5
+    assert without.gen.seconds(16, N_SAMPLES, 120, 3840, 480) == models.gen.seconds(16, N_SAMPLES, 120, 3840, 480)
+    alone.write_text(json.dumps({"trainer_alone/timed": 0}))
+    assert simulate.fit_models(grpo, paths).train == without.train
+    alone.write_text(json.dumps(timed))
+    simulated = simulate.fit_models(_params({"simulate": {"sharing": "measured"}}), paths)
+    assert "trainer_alone_s" not in simulated.gen_report and "probe_clock" in simulated.gen_report
+
+
 def test_a_probe_of_another_engine_is_named(inputs: tuple[Params, simulate.Paths], tmp_path: Path) -> None:
     _, paths = inputs
     probe = tmp_path / "sharing_probe.json"
@@ -579,8 +617,14 @@ def test_a_probe_whose_calls_alone_are_unusable_is_named(
             simulate.fit_models(params, paths)
     probe.write_text(json.dumps({**record, "alone_step_s": 0.001, "alone_calls": [{**call, "max_length": 60}]}))
     grpo = _params({"runtime": {"trainer": {"kind": "grpo"}}, "simulate": {"sharing": "measured"}})
-    with pytest.raises(UserError, match=r"sharing_probe.json: the probe's step alone .* must outlast the export"):
+    with pytest.raises(UserError, match=r"sharing_probe.json: the step timed alone .* must outlast the export"):
         simulate.fit_models(grpo, paths)
+    alone = tmp_path / "trainer_alone.json"  # the step timed in this sitting: the same message, naming its file
+    alone.write_text(json.dumps({"trainer_alone/timed": 1, "trainer_alone/step_s": 0.001,
+                                 "trainer_alone/response_tokens": 1000, "trainer_alone/sequences": 64}))  # fmt: skip
+    probe.write_text(json.dumps({**record, "alone_calls": [{**call, "max_length": 60}]}))
+    with pytest.raises(UserError, match=r"trainer_alone.json: the step timed alone .* Re-run `dvc repro trainer_"):
+        simulate.fit_models(grpo, replace(paths, trainer_alone=alone))
 
 
 def test_probe_spread_warning_names_the_widest_slowdown_the_launch_meets() -> None:

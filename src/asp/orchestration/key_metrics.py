@@ -80,6 +80,14 @@ KEY_METRICS: dict[str, tuple[str, ...]] = {
         "schedule/ablation/C0/CV",
         "schedule/ablation/C0/P",
     ),
+    "trainer_alone": (
+        "trainer_alone/timed",
+        "trainer_alone/step_s",
+        "trainer_alone/step_min_s",
+        "trainer_alone/step_max_s",
+        "trainer_alone/sequences",
+        "trainer_alone/response_tokens",
+    ),
     "simulate": (
         "simulate/enabled",
         "simulate/C4/mean_iteration_time_s",

@@ -21,7 +21,9 @@ calls of one engine alone far from the profile's fit, or the profile's speed dri
 as ``sim_check/probe_clock`` and ``sim_check/speed_drift``), with how to time them again: the simulate stage warns of
 the same, but a user reading only this check would otherwise see a large error without its cause. Beyond the goal
 with neither, it names the day the sharing probe in use was timed (metrics/sharing_probe.json's ``date``) and says
-to probe the launch's sitting: a committed probe's trainer step is another sitting's (docs/simulator.md).
+to probe the launch's sitting: a committed probe's slowdowns are another sitting's, and so is its trainer step where
+the trainer_alone stage did not time one in this sitting (``sim_check/trainer_alone_s`` when it did;
+docs/simulator.md).
 
 Writes metrics/sim_check.json and logs the same to the stage's MLflow run.
 
@@ -90,7 +92,8 @@ def compare(condition: str, simulated: dict[str, Any], measured: dict[str, Any])
     out.update({f"sim_check/{key}_error": e for key, e in errors.items()})
     for key, (m, s) in pairs.items():
         out.update({f"sim_check/{key}_measured": m, f"sim_check/{key}_simulated": s})
-    for key in ("probe_clock", "speed_drift"):  # how steadily the time model was timed (`clock_doubts`)
+    # how steadily the time model was timed (`clock_doubts`), and whether the trainer's step alone is this sitting's
+    for key in ("probe_clock", "speed_drift", "trainer_alone_s"):
         if isinstance(value := simulated.get(f"simulate/gen_fit/{key}"), int | float):
             out[f"sim_check/{key}"] = float(value)
     return out
@@ -100,10 +103,12 @@ def clock_doubts(metrics: dict[str, float]) -> list[str]:
     """What says the simulated times were fitted on timings of an unsteady machine (pure):
     the sharing probe's calls of one engine alone more than `PROBE_CLOCK_WARN` from the profile's fit
     (``probe_clock``: two timings of the same engine disagree), or the profile's speed drifting more than
-    `DRIFT_WARN` while it was timed (``speed_drift``). Each moves every simulated time by about as much."""
+    `DRIFT_WARN` while it was timed (``speed_drift``). Each moves every simulated time by about as much; the first
+    moves none where the trainer_alone stage timed the trainer's step in this sitting (``trainer_alone_s``)."""
     doubts = []
     clock = metrics.get("sim_check/probe_clock")
-    if clock is not None and abs(clock - 1.0) > PROBE_CLOCK_WARN:
+    moved = "sim_check/trainer_alone_s" not in metrics  # else the clock moves no simulated time
+    if moved and clock is not None and abs(clock - 1.0) > PROBE_CLOCK_WARN:
         doubts.append(
             f"the sharing probe's calls of one engine alone ran {clock:.2f}x what the profile's fit predicts "
             "(simulate/gen_fit/probe_clock): the two timed the same engine at different speeds"
@@ -145,10 +150,15 @@ def report(condition: str, metrics: dict[str, float], probe_date: str | None = N
             "probe-sharing), then dvc repro"
         )
     elif probe_date and metrics.get("sim_check/max_time_error", 0.0) > GOAL:
+        what = (
+            "its slowdowns are"  # the trainer's step alone was timed in this sitting (the trainer_alone stage)
+            if "sim_check/trainer_alone_s" in metrics
+            else "its slowdowns (and a GRPO trainer's step alone) are"
+        )
         lines.append(
-            f"the sharing probe in use was timed on {probe_date}: its slowdowns (and a GRPO trainer's step alone) are "
-            "that sitting's, and this machine's speed moves between sittings. Probe this one on an idle machine (asp "
-            f"simulate probe-sharing), then compare again: asp simulate -c {condition}"
+            f"the sharing probe in use was timed on {probe_date}: {what} that sitting's, and this machine's speed "
+            "moves between sittings. Probe this one on an idle machine (asp simulate probe-sharing), then compare "
+            f"again: asp simulate -c {condition}"
         )
     return "\n".join(lines)
 

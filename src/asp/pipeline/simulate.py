@@ -16,10 +16,12 @@ core (`asp.control`):
   where ``simulate.trainer_threads`` > 0 (`asp.sim.sharing`); the generation times are the profile fit (one
   engine alone) x ``simulate.sharing_factor``. `asp simulate fit-training` fits all three terms from a launch's
   own calls and steps (defaults: 1 and 0, no trainer among the sharers). Under ``simulate.sharing: measured`` with
-  ``simulate.full_speed: auto`` and a probe that timed one engine's calls alone, full speed is on the profile's
-  clock instead: the profile fit itself, and a GRPO trainer's step is the probe's, scaled by how much faster or
-  slower the profile's sitting ran the probe's calls (``simulate/gen_fit/probe_clock``;
-  `asp.sim.sharing.on_profile_clock`): the profile is re-timed with each pipeline run, the probe is not.
+  ``simulate.full_speed: auto`` and a probe that timed one engine's calls alone, full speed is this sitting's
+  instead: generation is the profile fit itself, and a GRPO trainer's step is the one the trainer_alone stage timed
+  alone (metrics/trainer_alone.json, ``simulate/gen_fit/trainer_alone_s``); without that file, the probe's step
+  scaled by how much faster or slower the profile's sitting ran the probe's calls (``simulate/gen_fit/probe_clock``;
+  `asp.sim.sharing.on_profile_clock`). The profile and the trainer are re-timed with each pipeline run, the probe
+  (its slowdowns) is not.
 C4 is the schedule stage's own schedule (checked against the predictions); C0-C3 are rebuilt as `launch` does.
 
 Writes metrics/simulate.json (``simulate/<condition>/...`` and the fits), outputs/simulate/ (models.json,
@@ -66,6 +68,7 @@ from asp.sim.sharing import (
     CpuSharing,
     ProbeAnchor,
     anchored_generation_factor,
+    anchored_training,
     bound_tables,
     fit_cpu_sharing,
     on_profile_clock,
@@ -250,14 +253,20 @@ def fit_models(params: Params, paths: Paths) -> Models:
     prompt_tokens = mean_prompt_tokens(timings)
     train = preset.train if preset is not None else training_model(params)
     if anchor is not None:
-        try:
-            if params.runtime.trainer.kind == "grpo":
-                train, clock = on_profile_clock(gen, train, anchor, prompt_tokens)
-            else:  # the simulated trainer computes nothing: only generation is on the profile's clock
-                clock = anchored_generation_factor(gen, anchor.calls)
+        alone = trainer_alone_anchor(params, paths)
+        try:  # how much slower the probe's sitting ran the same engine (the simulated trainer computes nothing: then
+            # only generation is on the profile's clock)
+            gen_report["probe_clock"] = anchored_generation_factor(gen, anchor.calls)
+            if params.runtime.trainer.kind == "grpo" and alone is None:
+                train, _ = on_profile_clock(gen, train, anchor, prompt_tokens)
         except ValueError as exc:
             raise UserError(f"{paths.sharing_probe}: {exc}. Re-run `asp simulate probe-sharing`.") from None
-        gen_report["probe_clock"] = clock
+        if alone is not None:  # the step timed alone in this sitting: its full speed as timed, no clock to move
+            try:
+                train = anchored_training(train, alone, prompt_tokens)
+            except ValueError as exc:
+                raise UserError(f"{paths.trainer_alone}: {exc}. Re-run `dvc repro trainer_alone`.") from None
+            gen_report["trainer_alone_s"] = alone.step_seconds
     return Models(gen, gen_report, lengths, length_report, train, prompt_tokens)
 
 
@@ -269,6 +278,14 @@ def profile_clock_anchor(params: Params, paths: Paths) -> ProbeAnchor | None:
         return None
     anchor = ProbeAnchor.from_probe(probe)
     return anchor if anchor is not None and anchor.calls else None
+
+
+def trainer_alone_anchor(params: Params, paths: Paths) -> ProbeAnchor | None:
+    """The GRPO trainer's step timed alone in the pipeline's sitting (the trainer_alone stage's metrics), or None:
+    not a GRPO trainer, no such file (a pipeline before that stage, or a test's), or nothing timed there."""
+    if params.runtime.trainer.kind != "grpo" or not paths.trainer_alone.is_file():
+        return None
+    return ProbeAnchor.from_trainer_alone(read_json(paths.trainer_alone))
 
 
 def mean_prompt_tokens(timings: pd.DataFrame) -> float:
@@ -570,9 +587,11 @@ def probe_clock_warning(gen_report: dict[str, float], probe: Path) -> str | None
     """A warning when the probe's calls of one engine alone ran more than `PROBE_CLOCK_WARN` away from the profile's
     fit (``probe_clock``, `asp.sim.sharing.on_profile_clock`), else None. Two timings of the same engine a sitting
     apart differ by a few per cent; more says the two did not time the same thing (vLLM's CPU profile on every core
-    against one-thread actors was 1.18x), and under ``full_speed: auto`` the trainer is moved by it, generation not."""
+    against one-thread actors was 1.18x), and under ``full_speed: auto`` the trainer is moved by it, generation not.
+    None too when the trainer_alone stage timed the step in this sitting (``trainer_alone_s``): the clock then moves no
+    simulated time (the probe gives only its slowdowns, ratios within its own sitting)."""
     clock = gen_report.get("probe_clock")
-    if clock is None or abs(clock - 1.0) <= PROBE_CLOCK_WARN:
+    if clock is None or "trainer_alone_s" in gen_report or abs(clock - 1.0) <= PROBE_CLOCK_WARN:
         return None
     return (
         f"warning: {probe}: its calls of one engine alone ran {clock:.2f}x the profile's fit "

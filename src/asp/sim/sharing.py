@@ -223,6 +223,18 @@ class ProbeAnchor:
         calls = tuple(dict(c) for c in data.get("alone_calls") or ())
         return cls(float(data["alone_step_s"]), float(load["response_tokens"]), float(load["sequences"]), calls)
 
+    @classmethod
+    def from_trainer_alone(cls, data: dict) -> ProbeAnchor | None:
+        """From the trainer_alone stage's metrics (``trainer_alone/step_s``, ``/response_tokens``, ``/sequences``:
+        the step timed alone in the pipeline's sitting; no call), or None where it timed nothing."""
+        if not data.get("trainer_alone/timed") or "trainer_alone/step_s" not in data:
+            return None
+        return cls(
+            float(data["trainer_alone/step_s"]),
+            float(data["trainer_alone/response_tokens"]),
+            float(data["trainer_alone/sequences"]),
+        )
+
 
 def anchored_generation_factor(gen: GenerationTimeModel, calls: Sequence[dict[str, float]]) -> float:
     """The generation factor that makes the profile fit predict calls of one engine alone on this machine (the
@@ -260,7 +272,7 @@ def anchored_training(
     denom = anchor.step_tokens + prompt_tokens_per_prompt * anchor.step_sequences
     if not work > 0 or not denom > 0:
         raise ValueError(
-            f"the probe's step alone ({anchor.step_seconds:.4g} s, {anchor.step_tokens:g} tokens, "
+            f"the step timed alone ({anchor.step_seconds:.4g} s, {anchor.step_tokens:g} tokens, "
             f"{anchor.step_sequences:g} sequences) must outlast the export ({model.publish_seconds():.4g} s) and "
             "hold tokens"
         )

@@ -112,9 +112,19 @@ class SimulatePaths:
     timings: Path = dep("metrics/profile_timings.csv")
     schedule: Path = dep("outputs/schedule/schedule.parquet")
     sharing_probe: Path = dep("metrics/sharing_probe.json")  # simulate.sharing: measured (asp simulate probe-sharing)
+    trainer_alone: Path = dep("metrics/trainer_alone.json")  # the trainer's step alone in this sitting
     out_dir: Path = output("outputs/simulate")
     metrics: Path = output("metrics/simulate.json")
     plot: Path = output("plots/simulate_timeline.png")
+
+
+@dataclass(frozen=True)
+class TrainerAlonePaths:
+    """The GRPO trainer's step timed alone in the pipeline's sitting (`asp.pipeline.trainer_alone`)."""
+
+    policy: Path = dep("outputs/policy")
+    prompts: Path = dep("outputs/prompts/profile.parquet")  # the batch: the first global batch of profile prompts
+    metrics: Path = output("metrics/trainer_alone.json")
 
 
 @dataclass(frozen=True)
@@ -154,6 +164,7 @@ STAGE_PATHS: dict[str, type] = {
     "evaluate": EvaluatePaths,
     "predict": PredictPaths,
     "schedule": SchedulePaths,
+    "trainer_alone": TrainerAlonePaths,
     "simulate": SimulatePaths,
     "launch": LaunchPaths,
     "sim_check": SimCheckPaths,
