@@ -7,12 +7,12 @@ profile's clock by how much faster the profile ran the same engine (`asp.sim.sha
 machine's speed moves between sittings, and not by the same factor for an engine's decode and a trainer's backward
 pass (four hf probes of 2026-12-07: step alone 0.74-0.88 s, its ratio to the same engine's calls 1.33-1.53). This
 stage times the step in the sitting the launch runs in, as the probe times its baseline: `runtime.global_batch_prompts`
-of the profile prompts decoded by the profile's engine (``profile.engine``, in this process, the launch's sampling),
-then the launch's GRPO trainer (``runtime.grpo``, learning rate 0, so every step does the same work on the same
-weights) stepping on that batch, `WARMUP` steps untimed and `STEPS` timed (`StepResult.duration_s`: rewards,
-advantages, forward and backward, the AdamW update, the weight export). The simulate stage takes the median as the
-step's full speed under ``simulate.full_speed: auto`` (``simulate/gen_fit/trainer_alone_s``), the probe's slowdowns
-on top.
+of the profile prompts decoded in this process by an hf engine with ``profile.engine``'s device, dtype and threads
+(the launch's sampling), then the launch's GRPO trainer (``runtime.grpo``, learning rate 0, so every step does the
+same work on the same weights) stepping on that batch, `WARMUP` steps untimed and `STEPS` timed
+(`StepResult.duration_s`: rewards, advantages, forward and backward, the AdamW update, the weight export). The
+simulate stage takes the median as the step's full speed under ``simulate.full_speed: auto``
+(``simulate/gen_fit/trainer_alone_s``), the probe's slowdowns on top.
 
 Timed only where the simulator would use it (`why_untimed`): a GRPO trainer on one CPU rank, ``simulate.cores``
 shared, ``simulate.sharing: measured``, ``simulate.full_speed: auto``, the fitted time model, a generated profile;
@@ -41,12 +41,13 @@ from asp.env import torch_threads
 from asp.errors import UserError
 from asp.io import write_json
 from asp.rollout.base import SamplingParams, timed_generate
+from asp.runtime import EngineSpec
 from asp.runtime.config import RuntimeConfig
 from asp.runtime.contention import probe_batch
 from asp.runtime.generation import pack_output
 from asp.runtime.trainer import Trainer
 from asp.sim.presets import FIT
-from asp.steps.engine import profile_engine
+from asp.steps.engine import engine_options
 from asp.steps.loaders import policy_model_path
 from asp.steps.paths import TrainerAlonePaths as Paths
 from asp.tracking import Tracker
@@ -125,10 +126,14 @@ def batch_prompts(paths: Paths, prompts: int) -> _Prompts:
 
 
 def decode_batch(params: Params, paths: Paths, prompts: _Prompts) -> GlobalBatch:
-    """One call of the profile's engine on `prompts` with the launch's sampling, as a global batch."""
+    """One call of an hf engine (``profile.engine``'s options) on `prompts` with the launch's sampling, as a global
+    batch."""
     s, seed = params.runtime.sampling, params.common.seed
     sampling = SamplingParams(s.n_samples, s.max_new_tokens, s.temperature, s.top_p, seed=seed)
-    engine = profile_engine(params.profile, policy_model_path(paths.policy), seed)
+    # the hf engine whatever profile.engine.kind says (its device, dtype and threads): any engine of the policy gives
+    # the trainer the same kind of batch (the step is costed per token), and an hf engine starts in a second
+    hf = params.profile.engine.model_copy(update={"kind": "hf"})
+    engine = EngineSpec("hf", str(policy_model_path(paths.policy)), engine_options(hf, seed=seed))()
     try:
         result = timed_generate(engine, prompts.texts, sampling)
     finally:

@@ -124,6 +124,8 @@ class TrainerAlonePaths:
 
     policy: Path = dep("outputs/policy")
     prompts: Path = dep("outputs/prompts/profile.parquet")  # the batch: the first global batch of profile prompts
+    # not read: a re-timed profile re-times the step (the simulate stage's two full speeds are of one sitting)
+    profile_timings: Path = dep("metrics/profile_timings.csv")
     metrics: Path = output("metrics/trainer_alone.json")
 
 
