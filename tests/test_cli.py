@@ -68,8 +68,8 @@ def test_unknown_stage_and_preset_exit_2() -> None:
     out = _asp("stage", "nope")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert (
-        "dvc.yaml defines policy, prepare, profile, train_predictor, evaluate, predict, schedule, simulate, launch, "
-        "sim_check" in out.stderr
+        "dvc.yaml defines policy, prepare, profile, train_predictor, evaluate, predict, schedule, trainer_alone, "
+        "simulate, launch, sim_check" in out.stderr
     )
     out = _asp("stage", "../tests/conftest")  # only registered stages run, never an arbitrary .py file
     assert out.returncode == 2 and "no stage '../tests/conftest'" in out.stderr

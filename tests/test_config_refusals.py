@@ -76,7 +76,10 @@ def test_chat_prompt_without_content_is_named(message: dict) -> None:
     assert "NoneType" not in text
 
 
-STAGES = "policy, prepare, profile, train_predictor, evaluate, predict, schedule, simulate, launch, sim_check"
+STAGES = (
+    "policy, prepare, profile, train_predictor, evaluate, predict, schedule, trainer_alone, simulate, launch, "
+    "sim_check"
+)
 
 
 @pytest.mark.parametrize("section", ["retries", "timeout_s"])

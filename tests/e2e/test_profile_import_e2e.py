@@ -122,6 +122,7 @@ def test_user_lengths_jsonl_through_dvc_repro(tmp_path: Path) -> None:
     assert (repo / "outputs/schedule/schedule.parquet").is_file() and (repo / "outputs/predictions.parquet").is_file()
     status = json.loads(_dvc(repo, "status", "--json").stdout)
     assert set(status) == {
+        "trainer_alone",
         "simulate",
         "launch",
         "sim_check",
@@ -129,7 +130,8 @@ def test_user_lengths_jsonl_through_dvc_repro(tmp_path: Path) -> None:
 
     _write_lengths(repo, records, 1.5)  # the user's file changes: profile and what follows are stale
     stale = json.loads(_dvc(repo, "status", "--json").stdout)
-    assert set(stale) == {"profile", "simulate", "launch", "sim_check"} and LENGTHS in json.dumps(stale["profile"])
+    assert set(stale) == {"profile", "trainer_alone", "simulate", "launch", "sim_check"}
+    assert LENGTHS in json.dumps(stale["profile"])
     assert "Running stage 'profile'" in _dvc(repo, "repro", "profile").stdout
     assert pd.read_parquet(repo / "outputs/profile/samples.parquet")["length"].mean() > samples["length"].mean()
     after = json.loads(_dvc(repo, "status", "--json").stdout)  # the new lengths reach the predictor and evaluate

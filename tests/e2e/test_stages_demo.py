@@ -29,6 +29,7 @@ from asp.pipeline import (
     sim_check,
     simulate,
     train_predictor,
+    trainer_alone,
 )
 from asp.stage import run_stage
 from asp.steps.engine import profile_engine
@@ -76,6 +77,7 @@ STAGES = {
     "evaluate": evaluate,
     "predict": predict,
     "schedule": schedule,
+    "trainer_alone": trainer_alone,
     "simulate": simulate,
     "launch": launch,
     "sim_check": sim_check,
@@ -133,8 +135,11 @@ def test_demo_pipeline_end_to_end(demo: dict[str, Any]) -> None:
     ):
         assert (tmp_path / f).is_file(), f
     _check_launch(tmp_path, run_ids["launch"])
+    # the simulated trainer computes nothing on the cores: the step is not timed, and simulate runs without it
+    assert json.loads((tmp_path / "metrics/trainer_alone.json").read_text()) == {"trainer_alone/timed": 0}
     sim = json.loads((tmp_path / "metrics/simulate.json").read_text())  # the simulated launch of the same settings
     assert sim["simulate/C4/mean_iteration_time_s"] > 0 and sim["simulate/gen_fit/minibatches"] == len(timings)
+    assert "simulate/gen_fit/trainer_alone_s" not in sim
     # sim_check: the simulated C4 against this launch, from the two metrics files
     check = json.loads((tmp_path / "metrics/sim_check.json").read_text())
     measured = json.loads((tmp_path / "metrics/launch.json").read_text())["runtime/summary/mean_iteration_time_s"]

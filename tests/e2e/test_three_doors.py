@@ -37,7 +37,7 @@ from .conftest import tiny_params
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ["policy", "prepare", "profile", "train_predictor", "evaluate", "predict", "schedule"]
-NOT_RUN = {"simulate", "launch", "sim_check"}  # the stages after schedule: never run here, so dvc status names them
+NOT_RUN = {"trainer_alone", "simulate", "launch", "sim_check"}  # never run here, so dvc status names them
 CHROMIUM = os.environ.get("ASP_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
