@@ -523,6 +523,11 @@ class GRPOParams(_Params):
     eval_problems: Int = Field(128, ge=1, description="Learning curve: held-out problems per evaluation.")
     eval_samples: Int = Field(2, ge=1, description="Learning curve: responses per held-out problem.")
 
+    @property
+    def needs_process_group(self) -> bool:
+        """Whether the ranks need a torch.distributed group: several ranks, or an FSDP2-only knob on one rank."""
+        return self.world_size > 1 or self.mixed_precision != "none" or self.cpu_offload
+
 
 class TrainerMemoryParams(_Params):
     """Fits-or-fails check of ``runtime`` before a run (``asp plan memory``, ``asp params check``)."""

@@ -18,6 +18,7 @@ from asp.sim.sharing import (
     mean_rates,
     median_interval,
     on_profile_clock,
+    probe_clock_doubtful,
     probe_intervals,
     sharing_rate,
 )
@@ -349,3 +350,10 @@ def test_probe_intervals_and_the_tables_at_their_ends_hand_worked():
     assert probe_intervals({"generation_slowdown": [[1, 1]]}) is None  # an older probe kept no rounds
     with pytest.raises(ValueError, match="rounds_ratios: not per-setting ratios"):
         probe_intervals({"rounds_ratios": {"two": {"calls": [1.0]}}})
+
+
+def test_the_probe_s_clock_is_doubted_beyond_10_percent_only_where_it_moves_the_trainer() -> None:
+    assert not probe_clock_doubtful(None, False)  # no probe anchor
+    assert not probe_clock_doubtful(1.08, False) and not probe_clock_doubtful(0.91, False)  # within 10 %
+    assert probe_clock_doubtful(1.18, False) and probe_clock_doubtful(0.82, False)
+    assert not probe_clock_doubtful(0.82, True)  # the step timed in the sitting: the clock moves nothing

@@ -276,8 +276,6 @@ def probe_sharing_command(
     import datetime
     import platform
 
-    import pandas as pd
-
     from asp.io import write_json
     from asp.pipeline.simulate import Paths as SimPaths
     from asp.rollout.base import SamplingParams
@@ -286,7 +284,7 @@ def probe_sharing_command(
     from asp.steps.engine import engine_spec
     from asp.steps.loaders import policy_model_path
     from asp.steps.paths import LaunchPaths, ProfilePaths
-    from asp.trainers import make_trainer_factory
+    from asp.steps.probe_trainer import first_profile_prompts, timing_trainer_factory
 
     p = load_with_overrides(params, [], [])
     call_prompts = p.schedule.b if call_prompts is None else call_prompts  # the launch's calls are minibatches
@@ -299,27 +297,13 @@ def probe_sharing_command(
     launch, sim = LaunchPaths(), SimPaths()
     if not sim.timings.is_file():
         raise UserError(f"{sim.timings}: not found. Run the profile stage first (`dvc repro profile`).")
-    source = ProfilePaths().prompts / "profile.parquet"
-    if not source.is_file():
-        raise UserError(f"{source}: missing. Run the prepare stage first (`dvc repro prepare`).")
-    frame = pd.read_parquet(source).head(call_prompts)
-    texts = frame["prompt"].tolist()
-    answers = frame["answer"].astype(str).tolist() if "answer" in frame.columns else [""] * len(texts)
+    texts, answers = first_profile_prompts(ProfilePaths().prompts / "profile.parquet", call_prompts)
     s = p.runtime.sampling
     sampling = SamplingParams(s.n_samples, s.max_new_tokens, s.temperature, s.top_p, seed=0)
     model = policy_model_path(launch.policy)
     grpo = p.runtime.grpo
-    # learning rate 0: every step trains the same weights on the same batch (model_copy: lr > 0 is validated)
-    trainer = make_trainer_factory(
-        "grpo",
-        runtime,
-        policy_path=model,
-        prompts=dict(enumerate(texts)),
-        answers=dict(enumerate(answers)),
-        grpo=grpo.model_copy(update={"lr": 0.0, "lr_schedule": "constant"}),
-        dataset=p.prepare.dataset,
-        state_dir=None,
-    )
+    # learning rate 0: every step trains the same weights on the same batch
+    trainer = timing_trainer_factory(p, runtime, model, texts, answers)
     if getattr(trainer, "needs_process_group", False):  # as the Training Unit asks it (asp.runtime.trainer)
         raise UserError(
             "the sharing probe runs one Training Unit rank on this machine's cores; runtime.grpo.world_size "

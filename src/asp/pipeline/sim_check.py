@@ -40,7 +40,7 @@ from typing import Any
 from asp.config import Params
 from asp.errors import UserError
 from asp.io import read_json, write_json
-from asp.sim.sharing import PROBE_CLOCK_WARN
+from asp.sim.sharing import probe_clock_doubtful
 from asp.sim.timemodel import DRIFT_WARN
 from asp.steps.launch_check import CHECKED, TIME_KEYS, launch_errors
 from asp.steps.paths import SimCheckPaths as Paths
@@ -101,14 +101,13 @@ def compare(condition: str, simulated: dict[str, Any], measured: dict[str, Any])
 
 def clock_doubts(metrics: dict[str, float]) -> list[str]:
     """What says the simulated times were fitted on timings of an unsteady machine (pure):
-    the sharing probe's calls of one engine alone more than `PROBE_CLOCK_WARN` from the profile's fit
+    the sharing probe's calls of one engine alone too far from the profile's fit (`probe_clock_doubtful`)
     (``probe_clock``: two timings of the same engine disagree), or the profile's speed drifting more than
     `DRIFT_WARN` while it was timed (``speed_drift``). Each moves every simulated time by about as much; the first
     moves none where the trainer_alone stage timed the trainer's step in this sitting (``trainer_alone_s``)."""
     doubts = []
     clock = metrics.get("sim_check/probe_clock")
-    moved = "sim_check/trainer_alone_s" not in metrics  # else the clock moves no simulated time
-    if moved and clock is not None and abs(clock - 1.0) > PROBE_CLOCK_WARN:
+    if clock is not None and probe_clock_doubtful(clock, "sim_check/trainer_alone_s" in metrics):
         doubts.append(
             f"the sharing probe's calls of one engine alone ran {clock:.2f}x what the profile's fit predicts "
             "(simulate/gen_fit/probe_clock): the two timed the same engine at different speeds"

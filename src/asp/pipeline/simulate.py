@@ -60,7 +60,6 @@ from asp.sim.engine import Resources, Workload, simulate
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
 from asp.sim.sharing import (
-    PROBE_CLOCK_WARN,
     PROBE_LEVEL,
     SITTING_WIDTH,
     TRAINER_THREADS_GRID,
@@ -72,6 +71,7 @@ from asp.sim.sharing import (
     bound_tables,
     fit_cpu_sharing,
     on_profile_clock,
+    probe_clock_doubtful,
     probe_intervals,
 )
 from asp.sim.timemodel import DRIFT_WARN, TrainingTimeModel, fit_generation_model, shared
@@ -254,13 +254,15 @@ def fit_models(params: Params, paths: Paths) -> Models:
     train = preset.train if preset is not None else training_model(params)
     if anchor is not None:
         alone = trainer_alone_anchor(params, paths)
-        try:  # how much slower the probe's sitting ran the same engine (the simulated trainer computes nothing: then
-            # only generation is on the profile's clock)
-            gen_report["probe_clock"] = anchored_generation_factor(gen, anchor.calls)
+        try:  # how much slower the probe's sitting ran the same engine; the trainer's step moved by it unless it was
+            # timed in this sitting (the simulated trainer computes nothing: only generation is on the profile's clock)
             if params.runtime.trainer.kind == "grpo" and alone is None:
-                train, _ = on_profile_clock(gen, train, anchor, prompt_tokens)
+                train, clock = on_profile_clock(gen, train, anchor, prompt_tokens)
+            else:
+                clock = anchored_generation_factor(gen, anchor.calls)
         except ValueError as exc:
             raise UserError(f"{paths.sharing_probe}: {exc}. Re-run `asp simulate probe-sharing`.") from None
+        gen_report["probe_clock"] = clock
         if alone is not None:  # the step timed alone in this sitting: its full speed as timed, no clock to move
             try:
                 train = anchored_training(train, alone, prompt_tokens)
@@ -584,14 +586,15 @@ def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
 
 
 def probe_clock_warning(gen_report: dict[str, float], probe: Path) -> str | None:
-    """A warning when the probe's calls of one engine alone ran more than `PROBE_CLOCK_WARN` away from the profile's
-    fit (``probe_clock``, `asp.sim.sharing.on_profile_clock`), else None. Two timings of the same engine a sitting
-    apart differ by a few per cent; more says the two did not time the same thing (vLLM's CPU profile on every core
-    against one-thread actors was 1.18x), and under ``full_speed: auto`` the trainer is moved by it, generation not.
-    None too when the trainer_alone stage timed the step in this sitting (``trainer_alone_s``): the clock then moves no
-    simulated time (the probe gives only its slowdowns, ratios within its own sitting)."""
+    """A warning when the probe's calls of one engine alone ran too far from the profile's fit (``probe_clock``,
+    `asp.sim.sharing.on_profile_clock`) where that moves a simulated time (`asp.sim.sharing.probe_clock_doubtful`),
+    else None. Two timings of the same engine a sitting apart differ by a few per cent; more says the two did not time
+    the same thing (vLLM's CPU profile on every core against one-thread actors was 1.18x), and under ``full_speed:
+    auto`` the trainer is moved by it, generation not. None too when the trainer_alone stage timed the step in this
+    sitting (``trainer_alone_s``): the clock then moves no simulated time (the probe gives only its slowdowns, ratios
+    within its own sitting)."""
     clock = gen_report.get("probe_clock")
-    if clock is None or "trainer_alone_s" in gen_report or abs(clock - 1.0) <= PROBE_CLOCK_WARN:
+    if clock is None or not probe_clock_doubtful(clock, "trainer_alone_s" in gen_report):
         return None
     return (
         f"warning: {probe}: its calls of one engine alone ran {clock:.2f}x the profile's fit "

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from asp.config import Params
 from asp.control.messages import GlobalBatch, WorkItem
@@ -50,6 +49,7 @@ from asp.sim.presets import FIT
 from asp.steps.engine import engine_options
 from asp.steps.loaders import policy_model_path
 from asp.steps.paths import TrainerAlonePaths as Paths
+from asp.steps.probe_trainer import first_profile_prompts, timing_trainer_factory
 from asp.tracking import Tracker
 
 __all__ = ["Paths", "run", "why_untimed", "step_times", "alone_metrics"]
@@ -70,10 +70,7 @@ def why_untimed(params: Params) -> str:
         (sim.sharing != "measured", "simulate.sharing: processor models sharing by thread demand, not by the probe"),
         (rt.trainer.kind != "grpo", "runtime.trainer.kind: simulated computes nothing on the cores"),
         (
-            rt.grpo.device != "cpu"
-            or rt.grpo.world_size > 1
-            or rt.grpo.mixed_precision != "none"
-            or rt.grpo.cpu_offload,
+            rt.grpo.device != "cpu" or rt.grpo.needs_process_group,
             "runtime.grpo is not one CPU rank (the sharing model is for the one-machine CPU demo)",
         ),
     ]
@@ -116,13 +113,10 @@ class _Prompts:
 
 def batch_prompts(paths: Paths, prompts: int) -> _Prompts:
     """The first `prompts` profile prompts with their answers (the probe's too)."""
-    if not paths.prompts.is_file():
-        raise UserError(f"{paths.prompts}: missing. Run the prepare stage first (`dvc repro prepare`).")
-    frame = pd.read_parquet(paths.prompts).head(prompts)
-    if frame.empty:
+    texts, answers = first_profile_prompts(paths.prompts, prompts)
+    if not texts:
         raise UserError(f"{paths.prompts}: holds no prompt; check prepare.profile_prompts.")
-    answers = frame["answer"].astype(str).tolist() if "answer" in frame.columns else [""] * len(frame)
-    return _Prompts(frame["prompt"].tolist(), answers)
+    return _Prompts(texts, answers)
 
 
 def decode_batch(params: Params, paths: Paths, prompts: _Prompts) -> GlobalBatch:
@@ -146,20 +140,9 @@ def decode_batch(params: Params, paths: Paths, prompts: _Prompts) -> GlobalBatch
 
 def build_trainer(params: Params, paths: Paths, prompts: _Prompts) -> Trainer:
     """The launch's GRPO trainer at learning rate 0, built in this process."""
-    from asp.trainers import make_trainer_factory
-
-    grpo = params.runtime.grpo
-    factory = make_trainer_factory(
-        "grpo",
-        RuntimeConfig.from_params(params),
-        policy_path=policy_model_path(paths.policy),
-        prompts=dict(enumerate(prompts.texts)),
-        answers=dict(enumerate(prompts.answers)),
-        grpo=grpo.model_copy(update={"lr": 0.0, "lr_schedule": "constant"}),
-        dataset=params.prepare.dataset,
-        state_dir=None,
-    )
-    return factory()
+    model = policy_model_path(paths.policy)
+    runtime = RuntimeConfig.from_params(params)
+    return timing_trainer_factory(params, runtime, model, prompts.texts, prompts.answers)()
 
 
 def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:

@@ -236,6 +236,14 @@ class ProbeAnchor:
         )
 
 
+def probe_clock_doubtful(clock: float | None, step_timed_in_sitting: bool) -> bool:
+    """Whether the probe's clock (``probe_clock``: its calls of one engine alone over the profile's fit) says the two
+    timed the same engine at different speeds, more than `PROBE_CLOCK_WARN` apart, where it moves a simulated time:
+    not when the trainer's step was timed in the pipeline's sitting (the trainer_alone stage), since the clock then
+    moves nothing (pure)."""
+    return clock is not None and not step_timed_in_sitting and abs(clock - 1.0) > PROBE_CLOCK_WARN
+
+
 def anchored_generation_factor(gen: GenerationTimeModel, calls: Sequence[dict[str, float]]) -> float:
     """The generation factor that makes the profile fit predict calls of one engine alone on this machine (the
     sharing probe's ``alone_calls``: seconds, prompts, responses, tokens, max_length, prompt_tokens): the

@@ -98,9 +98,8 @@ class GRPOSpec:
 
     @property
     def needs_process_group(self) -> bool:
-        """Whether the ranks need a torch.distributed group: several ranks, or an FSDP2-only knob on one rank."""
-        cfg = self.config
-        return cfg.world_size > 1 or cfg.mixed_precision != "none" or cfg.cpu_offload
+        """Whether the ranks need a torch.distributed group (`asp.config.GRPOParams.needs_process_group`)."""
+        return self.config.needs_process_group
 
     @property
     def backend(self) -> str:
