@@ -99,8 +99,10 @@ def test_an_unsteady_time_model_is_named_beside_the_error(fit: dict, doubts: lis
     assert {k: out[k] for k in out if k in kept} == {
         k.replace("simulate/gen_fit/", "sim_check/"): v for k, v in fit.items()
     }
-    found = sim_check.clock_doubts(out)
+    found = sim_check.clock_doubts(out, "grpo")
     assert len(found) == len(doubts) and all(want in got for want, got in zip(doubts, found, strict=True))
+    simulated_trainer = sim_check.clock_doubts(out, "simulated")  # the clock moves nothing there; drift still counts
+    assert len(simulated_trainer) == sum("moved 20 % while" in want for want in doubts)
     table = sim_check.report("C4", out)
     assert ("rest on timings of an unsteady machine" in table) == bool(doubts)
     if doubts:  # what to do, as the simulate stage's warning says it
@@ -127,6 +129,9 @@ def test_beyond_the_goal_with_steady_timings_it_says_to_probe_this_sitting(tmp_p
     )
     doubted = sim_check.compare("C4", {**SIMULATED, "simulate/gen_fit/probe_clock": 0.7}, MEASURED)
     assert hint not in sim_check.report("C4", doubted, "2026-12-07")  # the doubt's own advice instead
+    # the simulated trainer: the clock moved nothing, so no doubt; the probe gave only slowdowns
+    simulated_trainer = sim_check.report("C4", doubted, "2026-12-07", "simulated")
+    assert f"{hint}: its slowdowns are that sitting's" in simulated_trainer
 
     probe = tmp_path / "sharing_probe.json"
     assert sim_check.probe_date(probe, SIMULATED, "C4") is None  # missing: the simulate stage names it

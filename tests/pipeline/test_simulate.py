@@ -154,11 +154,13 @@ def test_drift_warning_names_the_file_and_the_drift() -> None:
 def test_probe_clock_warning_names_the_probe_and_the_factor() -> None:
     probe = Path("m/p.json")
     for report in ({}, {"probe_clock": 1.08}, {"probe_clock": 0.91}):  # no probe anchor, or a few per cent apart
-        assert simulate.probe_clock_warning(report, probe) is None
+        assert simulate.probe_clock_warning(report, "grpo", probe) is None
     # the trainer's step timed in this sitting (the trainer_alone stage): the clock moves no simulated time
-    assert simulate.probe_clock_warning({"probe_clock": 0.82, "trainer_alone_s": 0.75}, probe) is None
+    assert simulate.probe_clock_warning({"probe_clock": 0.82, "trainer_alone_s": 0.75}, "grpo", probe) is None
+    # nor for the simulated trainer, which computes nothing (generation is on the profile's own clock)
+    assert simulate.probe_clock_warning({"probe_clock": 0.82}, "simulated", probe) is None
     for clock in (1.18, 0.85):  # vLLM's profile on every core against one-thread actors was 1.18x
-        warning = simulate.probe_clock_warning({"probe_clock": clock}, probe)
+        warning = simulate.probe_clock_warning({"probe_clock": clock}, "grpo", probe)
         assert warning is not None and warning.startswith(
             f"warning: m/p.json: its calls of one engine alone ran {clock:.2f}x"
         )

@@ -353,7 +353,8 @@ def test_probe_intervals_and_the_tables_at_their_ends_hand_worked():
 
 
 def test_the_probe_s_clock_is_doubted_beyond_10_percent_only_where_it_moves_the_trainer() -> None:
-    assert not probe_clock_doubtful(None, False)  # no probe anchor
-    assert not probe_clock_doubtful(1.08, False) and not probe_clock_doubtful(0.91, False)  # within 10 %
-    assert probe_clock_doubtful(1.18, False) and probe_clock_doubtful(0.82, False)
-    assert not probe_clock_doubtful(0.82, True)  # the step timed in the sitting: the clock moves nothing
+    assert not probe_clock_doubtful(None, "grpo", False)  # no probe anchor
+    assert not probe_clock_doubtful(1.08, "grpo", False) and not probe_clock_doubtful(0.91, "grpo", False)  # 10 %
+    assert probe_clock_doubtful(1.18, "grpo", False) and probe_clock_doubtful(0.82, "grpo", False)
+    assert not probe_clock_doubtful(0.82, "grpo", True)  # the step timed in the sitting: the clock moves nothing
+    assert not probe_clock_doubtful(0.82, "simulated", False)  # a trainer that computes nothing: nor does it

@@ -18,6 +18,7 @@ from asp.sim.timemodel import (
     FLOOR_S,
     GenerationTimeModel,
     TrainingTimeModel,
+    drift_doubtful,
     fit_generation_model,
     fit_training_model,
     speed_drift,
@@ -166,6 +167,7 @@ def test_speed_drift_hand_worked():
     assert speed_drift(measured[:9], predicted[:9]) == 0.0  # under two rows per part
     # the median of each part: one outlier row in a part of three does not move it
     assert speed_drift(np.array([1, 1, 5, 1, 1, 1.0]), np.ones(6), parts=2) == pytest.approx(0.0)
+    assert drift_doubtful(0.2) and not drift_doubtful(0.15) and not drift_doubtful(0.0)  # warned above 15 %
 
 
 def test_fit_reports_the_profiles_speed_drift():

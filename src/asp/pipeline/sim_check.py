@@ -16,7 +16,7 @@ or with simulate disabled or the launch's condition not among ``simulate.conditi
 ``sim_check/checked`` is 0 and the stage says why. It never fails on a large error: it reports it
 (``sim_check/max_time_error``: the largest absolute error of the three time rows, against asp's 15 % goal;
 ``sim_check/<metric>_error``, ``_measured`` and ``_simulated`` per metric). Beside the table it names what says the
-time model was timed on an unsteady machine, which moves every simulated time (`clock_doubts`: the sharing probe's
+time model was timed on an unsteady machine, which moves the simulated times (`clock_doubts`: the sharing probe's
 calls of one engine alone far from the profile's fit, or the profile's speed drifting while it was timed; both kept
 as ``sim_check/probe_clock`` and ``sim_check/speed_drift``), with how to time them again: the simulate stage warns of
 the same, but a user reading only this check would otherwise see a large error without its cause. Beyond the goal
@@ -41,7 +41,7 @@ from asp.config import Params
 from asp.errors import UserError
 from asp.io import read_json, write_json
 from asp.sim.sharing import probe_clock_doubtful
-from asp.sim.timemodel import DRIFT_WARN
+from asp.sim.timemodel import drift_doubtful
 from asp.steps.launch_check import CHECKED, TIME_KEYS, launch_errors
 from asp.steps.paths import SimCheckPaths as Paths
 from asp.tracking import Tracker
@@ -99,31 +99,32 @@ def compare(condition: str, simulated: dict[str, Any], measured: dict[str, Any])
     return out
 
 
-def clock_doubts(metrics: dict[str, float]) -> list[str]:
+def clock_doubts(metrics: dict[str, float], trainer: str) -> list[str]:
     """What says the simulated times were fitted on timings of an unsteady machine (pure):
     the sharing probe's calls of one engine alone too far from the profile's fit (`probe_clock_doubtful`)
     (``probe_clock``: two timings of the same engine disagree), or the profile's speed drifting more than
-    `DRIFT_WARN` while it was timed (``speed_drift``). Each moves every simulated time by about as much; the first
-    moves none where the trainer_alone stage timed the trainer's step in this sitting (``trainer_alone_s``)."""
+    `asp.sim.timemodel.DRIFT_WARN` while it was timed (``speed_drift``). The second moves every simulated time by
+    about as much; the first moves a GRPO `trainer`'s step only, and none where the trainer_alone stage timed that
+    step in this sitting (``trainer_alone_s``)."""
     doubts = []
     clock = metrics.get("sim_check/probe_clock")
-    if clock is not None and probe_clock_doubtful(clock, "sim_check/trainer_alone_s" in metrics):
+    if probe_clock_doubtful(clock, trainer, "sim_check/trainer_alone_s" in metrics):
         doubts.append(
             f"the sharing probe's calls of one engine alone ran {clock:.2f}x what the profile's fit predicts "
             "(simulate/gen_fit/probe_clock): the two timed the same engine at different speeds"
         )
     drift = metrics.get("sim_check/speed_drift")
-    if drift is not None and drift > DRIFT_WARN:
+    if drift is not None and drift_doubtful(drift):
         doubts.append(
             f"the machine's speed moved {100 * drift:.0f} % while the profile was timed (simulate/gen_fit/speed_drift)"
         )
     return doubts
 
 
-def report(condition: str, metrics: dict[str, float], probe_date: str | None = None) -> str:
+def report(condition: str, metrics: dict[str, float], probe_date: str | None = None, trainer: str = "grpo") -> str:
     """The check as a Markdown table, the largest time error against `GOAL`, and what to do about a large one: the
-    time model's `clock_doubts`, or else, beyond the goal with a sharing probe in use (timed on `probe_date`), probing
-    in the launch's sitting (pure)."""
+    time model's `clock_doubts` (a `trainer` of ``runtime.trainer.kind``), or else, beyond the goal with a sharing
+    probe in use (timed on `probe_date`), probing in the launch's sitting (pure)."""
     lines = [
         f"simulated against the launch ({condition}):",
         "| metric | measured | simulated | error |",
@@ -141,17 +142,17 @@ def report(condition: str, metrics: dict[str, float], probe_date: str | None = N
     if "sim_check/iteration_in_probe_range" in metrics:
         inside = "inside" if metrics["sim_check/iteration_in_probe_range"] else "outside"
         lines.append(f"the measured iteration time is {inside} the range the sharing probe's spread gives")
-    if doubts := clock_doubts(metrics):
+    if doubts := clock_doubts(metrics, trainer):
         lines.append(
-            "the simulated times rest on timings of an unsteady machine, which move every simulated time: "
+            "the simulated times rest on timings of an unsteady machine, which move them: "
             + "; ".join(doubts)
             + ". Time both again on an idle machine, one after the other (dvc repro -f -s profile, then asp simulate "
             "probe-sharing), then dvc repro"
         )
     elif probe_date and metrics.get("sim_check/max_time_error", 0.0) > GOAL:
         what = (
-            "its slowdowns are"  # the trainer's step alone was timed in this sitting (the trainer_alone stage)
-            if "sim_check/trainer_alone_s" in metrics
+            "its slowdowns are"  # the step timed in this sitting (the trainer_alone stage), or a simulated trainer
+            if "sim_check/trainer_alone_s" in metrics or trainer != "grpo"
             else "its slowdowns (and a GRPO trainer's step alone) are"
         )
         lines.append(
@@ -199,7 +200,9 @@ def run(params: Params, paths: Paths, tracker: Tracker) -> dict[str, Any]:
     else:
         metrics = compare(condition, simulated, measured)
         when = probe_date(paths.sharing_probe, simulated, condition)
-        print(f"[sim_check] {report(condition, metrics, when)}", file=sys.stderr, flush=True)
+        print(
+            f"[sim_check] {report(condition, metrics, when, params.runtime.trainer.kind)}", file=sys.stderr, flush=True
+        )
     write_json(metrics, paths.metrics)
     tracker.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
     return metrics

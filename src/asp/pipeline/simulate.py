@@ -74,7 +74,7 @@ from asp.sim.sharing import (
     probe_clock_doubtful,
     probe_intervals,
 )
-from asp.sim.timemodel import DRIFT_WARN, TrainingTimeModel, fit_generation_model, shared
+from asp.sim.timemodel import TrainingTimeModel, drift_doubtful, fit_generation_model, shared
 from asp.steps.loaders import load_calibration
 from asp.steps.paths import SimulatePaths as Paths
 from asp.steps.scheduling import schedule_predictions
@@ -576,7 +576,7 @@ def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
     None: the generation-time fit's shape is then partly the machine's drift. Only a monotone drift shows here; a
     profile timed on an unsteady machine can fit poorly with little drift (its held-out R² says so)."""
     drift = gen_report.get("speed_drift", 0.0)
-    if drift <= DRIFT_WARN:
+    if not drift_doubtful(drift):
         return None
     return (
         f"warning: {timings}: the machine's speed moved by {100 * drift:.0f} % while the profile was timed "
@@ -585,16 +585,16 @@ def drift_warning(gen_report: dict[str, float], timings: Path) -> str | None:
     )
 
 
-def probe_clock_warning(gen_report: dict[str, float], probe: Path) -> str | None:
+def probe_clock_warning(gen_report: dict[str, float], trainer: str, probe: Path) -> str | None:
     """A warning when the probe's calls of one engine alone ran too far from the profile's fit (``probe_clock``,
     `asp.sim.sharing.on_profile_clock`) where that moves a simulated time (`asp.sim.sharing.probe_clock_doubtful`),
     else None. Two timings of the same engine a sitting apart differ by a few per cent; more says the two did not time
     the same thing (vLLM's CPU profile on every core against one-thread actors was 1.18x), and under ``full_speed:
     auto`` the trainer is moved by it, generation not. None too when the trainer_alone stage timed the step in this
-    sitting (``trainer_alone_s``): the clock then moves no simulated time (the probe gives only its slowdowns, ratios
-    within its own sitting)."""
+    sitting (``trainer_alone_s``), or for the simulated `trainer`: the clock then moves no simulated time (the probe
+    gives only its slowdowns, ratios within its own sitting)."""
     clock = gen_report.get("probe_clock")
-    if clock is None or not probe_clock_doubtful(clock, "trainer_alone_s" in gen_report):
+    if not probe_clock_doubtful(clock, trainer, "trainer_alone_s" in gen_report):
         return None
     return (
         f"warning: {probe}: its calls of one engine alone ran {clock:.2f}x the profile's fit "
@@ -634,7 +634,7 @@ def fit_warnings(params: Params, paths: Paths, gen_report: dict[str, float]) -> 
     `probe_clock_warning`, `probe_engine_warning`, `probe_spread_warning`)."""
     found = (
         drift_warning(gen_report, paths.timings),
-        probe_clock_warning(gen_report, paths.sharing_probe),
+        probe_clock_warning(gen_report, params.runtime.trainer.kind, paths.sharing_probe),
         probe_engine_warning(params, paths),
         probe_spread_warning(_probe_intervals(params, paths), params.runtime.total_actors, paths.sharing_probe),
     )

@@ -236,12 +236,13 @@ class ProbeAnchor:
         )
 
 
-def probe_clock_doubtful(clock: float | None, step_timed_in_sitting: bool) -> bool:
+def probe_clock_doubtful(clock: float | None, trainer: str, step_timed_in_sitting: bool) -> bool:
     """Whether the probe's clock (``probe_clock``: its calls of one engine alone over the profile's fit) says the two
     timed the same engine at different speeds, more than `PROBE_CLOCK_WARN` apart, where it moves a simulated time:
-    not when the trainer's step was timed in the pipeline's sitting (the trainer_alone stage), since the clock then
-    moves nothing (pure)."""
-    return clock is not None and not step_timed_in_sitting and abs(clock - 1.0) > PROBE_CLOCK_WARN
+    only a GRPO `trainer`'s step (`on_profile_clock`), and not when that step was timed in the pipeline's sitting (the
+    trainer_alone stage); generation is the profile's own and the simulated trainer computes nothing (pure)."""
+    moves_a_time = trainer == "grpo" and not step_timed_in_sitting
+    return clock is not None and moves_a_time and abs(clock - 1.0) > PROBE_CLOCK_WARN
 
 
 def anchored_generation_factor(gen: GenerationTimeModel, calls: Sequence[dict[str, float]]) -> float:

@@ -271,6 +271,12 @@ def speed_drift(measured: np.ndarray, predicted: np.ndarray, parts: int = DRIFT_
     return max(medians) / max(min(medians), FLOOR_S) - 1.0
 
 
+def drift_doubtful(drift: float) -> bool:
+    """Whether the profile's `speed_drift` says the machine was unsteady while it was timed: above `DRIFT_WARN`
+    (pure)."""
+    return drift > DRIFT_WARN
+
+
 @dataclass(frozen=True)
 class TrainingTimeModel:
     """Trainer step time and weight-refresh costs (all seconds, finite, >= 0).
