@@ -38,8 +38,17 @@ def test_a_short_run_prints_every_table(bench, capsys) -> None:
     out = capsys.readouterr().out
     assert "| 1. C4 vs C0 | -10.9 % |" in out and "| 2. speed-up | 2.69x |" in out
     assert "| what run 1's scheduling gain needs | value | how |" in out
+    assert "| C4 / C0 throughput at Table 4(a)'s paddings, per-step cost only | 1.145x |" in out
     for c in bench.CONDITIONS:
         assert f"| 3. Table 4(b) iteration-time trend, {c} |" in out
+
+
+def test_the_paper_s_measured_paddings_bound_its_gain(bench) -> None:
+    # per-step cost only: seconds per token ~ 1 / (1 - P), so 0.776 / 0.678 = 1.1445x, short of 126 / 106 = 1.189x
+    assert bench.table_4a_ratio(1.0, 0.0, 32) == pytest.approx(0.776 / 0.678)
+    assert bench.table_4a_ratio(1.0, 0.0, 32) < 126 / 106
+    # a per-sequence share can only shrink it: (1 / (32 x 0.678) + 1) / (1 / (32 x 0.776) + 1)
+    assert bench.table_4a_ratio(1.0, 1.0, 32) == pytest.approx((1 / (32 * 0.678) + 1) / (1 / (32 * 0.776) + 1))
 
 
 @pytest.mark.parametrize("actors", ["6", "0"])
