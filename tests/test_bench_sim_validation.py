@@ -99,6 +99,16 @@ def test_repeats_give_their_mean_range_and_a_summary(bench) -> None:
     assert bench.cell([bench.numeric(note), runs[1]], sim, "mean_iteration_time_s").startswith("2.5 (2-3)")
 
 
+def test_generation_time_s_two_factors_are_rows(bench) -> None:
+    # 1.0 s a minibatch, 50 tokens/s x 10 s / 5 minibatches = 100 tokens, 10 ms a token; simulated 1.2 s, 120 tokens
+    base = {"generation_time_mean_s": 1.0, "tokens_per_s": 50.0, "wall_s": 10.0, "minibatches": 5.0}
+    run = {f"runtime/summary/{k}": v for k, v in base.items()}
+    sim = {**run, "runtime/summary/generation_time_mean_s": 1.2, "runtime/summary/tokens_per_s": 60.0}
+    assert bench.cell([run], sim, "tokens_per_minibatch") == "100 | 120 | +20.0 %"  # the lengths
+    assert bench.cell([run], sim, "generation_time_per_token_s") == "0.01 | 0.01 | +0.0 %"  # not the time model
+    assert "tokens_per_minibatch" in bench.ROWS_SYNC and "generation_time_per_token_s" in bench.ROWS_4B
+
+
 def test_leave_one_out_without_kept_runs_is_a_usage_error() -> None:
     res = subprocess.run(
         [sys.executable, "benchmarks/sim_validation.py", "--table", "4b", "--leave-one-out"],

@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 from asp.config import Params, deep_merge, validate_params
 from asp.errors import UserError
 from asp.pipeline import sim_check
+from asp.steps.launch_check import token_split
 from asp.steps.paths import rebase
 from asp.tracking import NullTracker, open_tracker
 
@@ -40,6 +41,30 @@ MEASURED = {  # metrics/launch.json of the C4 launch
 
 def _params(extra: dict | None = None) -> Params:
     return validate_params(deep_merge(Params.defaults().model_dump(mode="json"), extra or {}))
+
+
+def test_generation_time_is_split_into_tokens_per_minibatch_and_time_per_token() -> None:
+    # measured: 100 tokens/s x 200 s / 40 minibatches = 500 tokens, 1.25 s / 500 = 2.5 ms a token;
+    # simulated: 120 x 200 / 40 = 600 tokens (+20 %), 1.5 / 600 = 2.5 ms (+0 %): the lengths, not the time model
+    runs = (
+        {"tokens_per_s": 100.0, "minibatches": 40.0},
+        {"tokens_per_s": 120.0, "wall_s": 200.0, "minibatches": 40.0},
+    )
+    measured = {**MEASURED, **{f"runtime/summary/{k}": v for k, v in runs[0].items()}}
+    simulated = {**SIMULATED, **{f"simulate/C4/{k}": v for k, v in runs[1].items()}}
+    out = sim_check.compare("C4", simulated, measured)
+    assert out["sim_check/tokens_per_minibatch_measured"] == pytest.approx(500.0)
+    assert out["sim_check/tokens_per_minibatch_error"] == pytest.approx(0.2)
+    assert out["sim_check/generation_time_per_token_s_simulated"] == pytest.approx(0.0025)
+    assert out["sim_check/generation_time_per_token_s_error"] == pytest.approx(0.0)
+    assert out["sim_check/max_time_error"] == pytest.approx(0.2)  # not among the goal's three time rows
+    table = sim_check.report("C4", out)
+    assert "| generated tokens / minibatch | 500 | 600 | +20.0 % |" in table
+    assert "| generation time / token (s) | 0.0025 | 0.0025 | +0.0 % |" in table
+    # a file without the inputs (an older simulate stage), or no minibatch: no split
+    assert "sim_check/tokens_per_minibatch_error" not in sim_check.compare("C4", SIMULATED, measured)
+    assert token_split({"runtime/summary/generation_time_mean_s": 1.0, "runtime/summary/tokens_per_s": 0.0,
+                        "runtime/summary/wall_s": 5.0, "runtime/summary/minibatches": 0.0}) == {}  # fmt: skip
 
 
 def test_compare_hand_worked() -> None:

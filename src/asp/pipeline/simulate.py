@@ -99,6 +99,8 @@ REPORTED = (
     "runtime/summary/padding_rate_mean",
     "runtime/summary/depth_at_arrival_batches_mean",
     "runtime/summary/tokens_per_s",
+    "runtime/summary/wall_s",
+    "runtime/summary/minibatches",
     "sim/policy_lag_mean",
     "sim/policy_lag_max",
     "sim/d_off_estimate",

@@ -3,6 +3,7 @@ for `asp simulate`'s check against the last launch (`asp.cli.simulate`) and the 
 (`asp.pipeline.sim_check`).
 
     launch_errors(simulated, measured)  # [(key, label, measured, simulated, (simulated - measured) / measured)]
+    token_split(metrics)                # generation time per minibatch = tokens per minibatch x time per token
 
 Tests: tests/pipeline/test_simulate.py, tests/pipeline/test_sim_check.py.
 """
@@ -16,6 +17,8 @@ from collections.abc import Iterable, Mapping
 CHECKED = {
     "mean_iteration_time_s": "mean iteration time (s)",
     "generation_time_mean_s": "generation time / minibatch (s)",
+    "tokens_per_minibatch": "generated tokens / minibatch",
+    "generation_time_per_token_s": "generation time / token (s)",
     "train_step_mean_s": "training time / step (s)",
     "generation_utilization": "generation utilisation",
     "policy_lag_mean": "policy lag mean (steps)",
@@ -24,6 +27,24 @@ CHECKED = {
 }
 TIME_KEYS = ("mean_iteration_time_s", "generation_time_mean_s", "train_step_mean_s")
 SUMMARY = "runtime/summary/"  # where a launch (and a simulated run) reports them
+# the two factors of generation time per minibatch, derived from what a run reports (`token_split`)
+SPLIT_INPUTS = ("generation_time_mean_s", "tokens_per_s", "wall_s", "minibatches")
+
+
+def token_split(metrics: Mapping[str, float], prefix: str = SUMMARY) -> dict[str, float]:
+    """Generation time per minibatch split into its two factors (pure): ``<prefix>tokens_per_minibatch`` (the
+    generated tokens of the trained minibatches, ``tokens_per_s`` x ``wall_s`` over ``minibatches``) and
+    ``<prefix>generation_time_per_token_s`` (``generation_time_mean_s`` over that). A simulated generation time off
+    by the first is the lengths the run drew or kept (its length model, which minibatches a lag bound dropped); by the
+    second, the time model. Empty when an input is missing or there is no minibatch or token."""
+    values = [metrics.get(prefix + key) for key in SPLIT_INPUTS]
+    if any(v is None for v in values):
+        return {}
+    gen, rate, wall, minibatches = (float(v) for v in values if v is not None)
+    tokens = rate * wall / minibatches if minibatches > 0 else 0.0
+    if not tokens > 0:
+        return {}
+    return {prefix + "tokens_per_minibatch": tokens, prefix + "generation_time_per_token_s": gen / tokens}
 
 
 def launch_errors(
@@ -35,6 +56,8 @@ def launch_errors(
     """(key, label, measured, simulated, relative error) for each of `keys` (of `CHECKED`) that both hold: measured
     as ``runtime/summary/<key>``, simulated as ``<simulated_prefix><key>`` (a simulated run's own metrics by default;
     the simulate stage's file has ``simulate/<condition>/<key>``); error NaN where measured is 0."""
+    measured = {**measured, **token_split(measured)}
+    simulated = {**simulated, **token_split(simulated, simulated_prefix)}
     rows = []
     for key in keys:
         m, s = measured.get(SUMMARY + key), simulated.get(simulated_prefix + key)
