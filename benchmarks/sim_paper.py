@@ -91,20 +91,28 @@ PROMPT_SIGMA, SAMPLE_SIGMA = 0.75, 0.4  # log-normal spread between prompts and 
 WEIGHT_GB_PER_NPU = {"qwen3-30b-a3b (TP 2)": 61.06 / 2, "qwen3-8b (TP 1)": 16.38}
 
 
-def lengths_with_mean(n_prompts: int, mean: float, seed: int, sample_sigma: float = SAMPLE_SIGMA) -> np.ndarray:
-    """[n_prompts, N] synthetic lengths (two-level log-normal, capped) whose mean is `mean` (bisected median)."""
+def lengths_with_mean(
+    n_prompts: int, mean: float, seed: int, sample_sigma: float = SAMPLE_SIGMA, visits: int = 1
+) -> np.ndarray:
+    """[n_prompts, N] synthetic lengths (two-level log-normal, capped) whose mean is `mean` (bisected median); with
+    `visits` > 1, [visits, n_prompts, N]: a later visit of a prompt keeps its prompt effect and draws its samples'
+    effects again (`asp.sim.inputs.Workload.revisits`), at the first visit's median."""
     rng = np.random.default_rng([seed, 0xA5])
     z_prompt, z_sample = rng.standard_normal(n_prompts), rng.standard_normal((n_prompts, N))
 
-    def make(median: float) -> np.ndarray:
-        raw = np.exp(np.log(median) + PROMPT_SIGMA * z_prompt[:, None] + sample_sigma * z_sample)
+    def make(median: float, z: np.ndarray = z_sample) -> np.ndarray:
+        raw = np.exp(np.log(median) + PROMPT_SIGMA * z_prompt[:, None] + sample_sigma * z)
         return np.clip(np.round(raw), 16, CAP).astype(np.int32)
 
     lo, hi = 100.0, 50_000.0
     for _ in range(60):
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if make(mid).mean() < mean else (lo, mid)
-    return make((lo * hi) ** 0.5)
+    median = (lo * hi) ** 0.5
+    if visits == 1:
+        return make(median)
+    later = np.random.default_rng([seed, 0xA5, 1])
+    return np.stack([make(median), *(make(median, later.standard_normal((n_prompts, N))) for _ in range(1, visits))])
 
 
 def workload(

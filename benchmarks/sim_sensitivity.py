@@ -19,8 +19,10 @@ the first arm is faster) and, per conclusion, whether its sign holds at every po
 
 Setting (assumed, GPU scale): 2 GUs x 8 vLLM actors, a Training Unit of the preset's size, 64 prompts x 8
 samples per step, b = 8, kappa = 2, k = 6, q_max = 4 batches, 60 iterations over 1,536 prompts; synthetic
-DeepScaleR-like lengths (benchmarks/sim_paper.py's generator) of mean 4,000 tokens, cap 8,192; predictions at
-Kendall tau 0.6. One seed per point (the workload and schedules are shared by all points).
+DeepScaleR-like lengths (benchmarks/sim_paper.py's generator) of mean 4,000 tokens, cap 8,192, a prompt's later
+visits sampled again (its prompt effect kept; before 2026-12-08 every pass repeated the first's lengths, which a
+history-aware pass then knew exactly); predictions at Kendall tau 0.6. One seed per point (the workload and
+schedules are shared by all points).
 """
 
 from __future__ import annotations
@@ -46,13 +48,15 @@ from asp.sim.presets import SENSITIVITY_GRID, get_preset, scaled_models  # noqa:
 
 CAP, N, BATCH, B, KAPPA, K = 8192, 8, 64, 8, 2, 6
 PROMPTS, ITERATIONS, MEAN, TAU = 1536, 60, 4000.0, 0.6
+VISITS = 5  # 60 x 64 prompts = 2.5 passes over 1,536, and what is in flight or generated again
 ITER = "runtime/summary/mean_iteration_time_s_excl_first"
 
 
 def setup(seed: int = 0):
-    lengths = lengths_with_mean(PROMPTS, MEAN, seed)
+    visits = lengths_with_mean(PROMPTS, MEAN, seed, visits=VISITS)  # a later pass samples each prompt again
+    lengths = visits[0]
     ids = np.arange(PROMPTS)
-    work = Workload.from_arrays(ids, lengths, np.full(PROMPTS, 150, np.int32), max_new_tokens=CAP)
+    work = Workload.from_arrays(ids, lengths, np.full(PROMPTS, 150, np.int32), max_new_tokens=CAP, revisits=visits[1:])
     predicted, _ = perturb_predictions(lengths.mean(axis=1), TAU, seed=seed)
     plans = {
         c: WorkPlan.from_schedule(

@@ -4,6 +4,7 @@ runs (hand-worked errors: relative for times and depths, absolute for a trend), 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 
@@ -49,6 +50,17 @@ def test_the_paper_s_measured_paddings_bound_its_gain(bench) -> None:
     assert bench.table_4a_ratio(1.0, 0.0, 32) < 126 / 106
     # a per-sequence share can only shrink it: (1 / (32 x 0.678) + 1) / (1 / (32 x 0.776) + 1)
     assert bench.table_4a_ratio(1.0, 1.0, 32) == pytest.approx((1 / (32 * 0.678) + 1) / (1 / (32 * 0.776) + 1))
+
+
+def test_later_visits_keep_each_prompt_s_effect_and_draw_the_samples_again(bench) -> None:
+    first = bench.lengths_with_mean(400, 3000.0, seed=1)
+    visits = bench.lengths_with_mean(400, 3000.0, seed=1, visits=3)
+    assert visits.shape == (3, 400, bench.N)
+    assert (visits[0] == first).all() and not (visits[1] == visits[0]).all()  # visit 0 as before, then new draws
+    # the prompt effect (sigma 0.75) outweighs a mean of 8 samples' noise (0.4 / sqrt 8): prompt means correlate
+    means = np.log(visits.mean(axis=2))
+    assert np.corrcoef(means[0], means[1])[0, 1] > 0.9 and np.corrcoef(means[1], means[2])[0, 1] > 0.9
+    assert abs(visits[1].mean() / visits[0].mean() - 1) < 0.05  # at the first visit's median
 
 
 @pytest.mark.parametrize("actors", ["6", "0"])

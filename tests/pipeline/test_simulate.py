@@ -670,3 +670,13 @@ def test_the_probe_s_spread_gives_the_simulated_range(inputs: tuple[Params, simu
     probe.write_text(json.dumps(record))
     metrics = simulate.run(measured, replace(paths, sharing_probe=probe, out_dir=tmp_path / "p"), NullTracker())
     assert "simulate/C0/mean_iteration_time_s_probe_low" not in metrics
+
+
+def test_the_workload_draws_a_visit_per_pass_over_the_prompts() -> None:
+    # 200 steps x 16 prompts over 2,000 prompts = 1.6 passes -> 2, and 2 more: 4 visits; 3,200 over 3,200 -> 1 + 2
+    base = {"runtime": {"iterations": 200, "global_batch_prompts": 16}}
+    assert simulate.visits(_params(base), 2000) == 4
+    assert simulate.visits(_params(base), 3200) == 3
+    shorter = deep_merge(base, {"simulate": {"iterations": 10}})  # 160 prompts: one pass
+    assert simulate.visits(_params(shorter), 2000) == 3
+    assert simulate.visits(_params(base), 0) == 1

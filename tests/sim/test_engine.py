@@ -494,3 +494,35 @@ def test_bad_workload_and_resources_raise():
             Resources(cores=2, trainer_threads=threads)
     with pytest.raises(ValueError, match="threads_per_actor"):
         Resources(threads_per_actor=0)
+
+
+def test_a_prompt_s_later_visits_generate_the_workload_s_revisits():
+    # 2 minibatches of 2 prompts, 4 steps of one minibatch: two passes. First visits 4 tokens a sample, later ones 6:
+    # 2 prompts x 2 samples x 4 = 16 tokens a minibatch in pass 1, x 6 = 24 in pass 2
+    plan = make_plan(2, 2, k=1)
+    ids = plan.prompt_ids()
+    work = Workload.from_arrays(ids, np.full((4, 2), 4), np.full(4, 3), 16, revisits=np.full((1, 4, 2), 6))
+    r = simulate(plan, work, FixedGen(1.0), FixedTrain(1.0), one_actor(iterations=4))
+    assert column(r, "tokens")[:4] == [16, 16, 24, 24]
+    # without revisits every visit generates the first visit's lengths again
+    same = simulate(plan, make_workload(plan), FixedGen(1.0), FixedTrain(1.0), one_actor(iterations=4))
+    assert column(same, "tokens")[:4] == [16, 16, 16, 16]
+    # partial rollouts: a later visit's responses (12 tokens) pass the budget of 8 and are continued to their own
+    # final lengths, not the first visit's: 2 x 2 x 12 = 48 tokens a minibatch
+    cut = Workload.from_arrays(ids, np.full((4, 2), 4), np.full(4, 3), 16, revisits=np.full((1, 4, 2), 12))
+    partial = one_actor(iterations=4, partial={"enabled": True, "token_budget": 8})
+    r = simulate(plan, cut, FixedGen(1.0), FixedTrain(1.0), partial)
+    assert column(r, "tokens")[:4] == [16, 16, 48, 48]
+
+
+def test_visit_lengths_cycle_through_the_revisits():
+    revisits = np.stack([np.full((2, 1), 5), np.full((2, 1), 7)])
+    work = Workload.from_arrays(["a", "b"], np.array([[1], [2]]), np.zeros(2), 16, revisits=revisits)
+    # visit 0: lengths; 1: revisits[0]; 2: revisits[1]; 3: revisits[0] again
+    np.testing.assert_array_equal(work.visit_lengths([0, 1, 1, 0], [0, 1, 2, 3]), [[1], [5], [7], [5]])
+    plain = Workload.from_arrays(["a", "b"], np.array([[1], [2]]), np.zeros(2), 16)
+    np.testing.assert_array_equal(plain.visit_lengths([1, 0], [5, 2]), [[2], [1]])  # no revisits: the first visit
+    with pytest.raises(ValueError, match=r"revisits must be \(V, P, n\) with \(P, n\) = \(2, 1\)"):
+        Workload.from_arrays(["a", "b"], np.array([[1], [2]]), np.zeros(2), 16, revisits=np.zeros((1, 2, 3)))
+    with pytest.raises(ValueError, match=">= 0"):
+        Workload.from_arrays(["a", "b"], np.array([[1], [2]]), np.zeros(2), 16, revisits=np.full((1, 2, 1), -1))

@@ -1,4 +1,5 @@
-"""Length model: sigma recovery on synthetic profiles, sampling determinism, caps, mean correction, validation.
+"""Length model: sigma recovery on synthetic profiles, sampling determinism, caps, mean correction, validation, and
+the later visits of a prompt (hand-worked: what persists from one visit to the next and what is drawn again).
 
 Run: ``.venv/bin/python -m pytest tests/sim/test_lengths.py -q``.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asp.sim.lengths import LengthModel, fit_length_model, sample_lengths
+from asp.sim.lengths import EmpiricalLengthModel, LengthModel, fit_length_model, sample_lengths
 
 TRUE = LengthModel(sigma_prompt=0.3, sigma_sample=0.5, bias=-0.045, max_new_tokens=1_000_000)
 
@@ -103,3 +104,41 @@ def test_fit_rejects_bad_inputs():
         fit_length_model(pred, pred, lengths[:2], index[1:3], 64)
     with pytest.raises(ValueError, match="n_samples"):
         sample_lengths(TRUE, pred, 0, np.random.default_rng(0))
+
+
+def test_a_later_visit_keeps_the_prompt_effect_and_draws_the_samples_again():
+    expected = np.array([10.0, 200.0, 3000.0])
+    first = sample_lengths(TRUE, expected, 4, np.random.default_rng(7))
+    v = TRUE.sample_visits(expected, 4, 3, np.random.default_rng(7), np.random.default_rng(1))
+    assert v.shape == (3, 3, 4) and v.dtype == np.int32
+    np.testing.assert_array_equal(v[0], first)  # visit 0 is `sample` on the same generator
+    assert not np.array_equal(v[1], v[0]) and not np.array_equal(v[2], v[1])
+    # no within-prompt spread: every visit is the prompt's level exp(log c + bias + u), the same each time
+    flat = LengthModel(sigma_prompt=0.5, sigma_sample=0.0, bias=0.0, max_new_tokens=10**6)
+    v = flat.sample_visits(expected, 4, 3, np.random.default_rng(7), np.random.default_rng(1))
+    assert (v == v[0]).all() and not (v[0] == np.rint(expected)[:, None]).all()
+    with pytest.raises(ValueError, match="visits must be an integer >= 1"):
+        TRUE.sample_visits(expected, 4, 0, np.random.default_rng(7), np.random.default_rng(1))
+
+
+def test_an_empirical_later_visit_keeps_the_row_s_level_and_takes_deviations_from_its_neighbours():
+    # rows (calibrated 10, 20, 40): level 1 with no spread, level 1 with samples 0.5 / 1.5, level 2 with no spread
+    ratios = np.array([[1.0, 1.0, 1.0, 1.0], [0.5, 1.5, 0.5, 1.5], [2.0, 2.0, 2.0, 2.0]])
+    alone = EmpiricalLengthModel(np.array([10.0, 20.0, 40.0]), ratios, neighbors=1, max_new_tokens=1000)
+    c = np.array([10.0, 20.0, 40.0])
+    first = alone.sample(c, 4, np.random.default_rng(3))
+    v = alone.sample_visits(c, 4, 4, np.random.default_rng(3), np.random.default_rng(5))
+    np.testing.assert_array_equal(v[0], first)
+    assert (v[:, 0] == 10).all()  # one neighbour, its own row: level 1, every deviation 1
+    assert set(np.unique(v[1:, 1])) <= {10, 30}  # level 1 x deviations 0.5 / 1.5 of 20 tokens
+    assert (v[:, 2] == 80).all()  # level 2 x deviation 1 x 40
+    # two neighbours: the prompt at calibrated 10 keeps row 0's level 1 (its row at visit 0: a draw may take row 1,
+    # whose level is 1 too) and takes deviations from rows 0 and 1: 0.5, 1, 1.5 of 10 tokens
+    pair = EmpiricalLengthModel(np.array([10.0, 20.0, 40.0]), ratios, neighbors=2, max_new_tokens=1000)
+    v = pair.sample_visits(np.full(200, 10.0), 4, 3, np.random.default_rng(3), np.random.default_rng(5))
+    assert set(np.unique(v[1:])) == {5, 10, 15}
+    # the level persists: a prompt next to the level-2 row, whose draw took that row, stays at twice its length
+    v = pair.sample_visits(np.full(200, 40.0), 4, 2, np.random.default_rng(3), np.random.default_rng(5))
+    took_level_2 = (v[0] == 80).all(axis=1)
+    assert took_level_2.any() and (~took_level_2).any()
+    assert set(np.unique(v[1][took_level_2])) <= {40, 80, 120} and v[1][took_level_2].mean() > 70

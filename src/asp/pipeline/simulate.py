@@ -37,6 +37,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 import re
 import sys
 from collections.abc import Iterable
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
     from asp.sim.lengths import EmpiricalLengthModel, LengthModel
     from asp.sim.presets import TimeModelPreset
 
+VISIT_STREAM = 0x5EED  # the random stream of the prompts' later visits (`workload`), apart from their first
 # the Table 4(b) columns and the simulator's own, as reported per condition
 REPORTED = (
     "runtime/summary/mean_iteration_time_s",
@@ -430,13 +432,29 @@ def condition_plans(params: Params, paths: Paths, preds: pd.DataFrame, calibrati
 
 
 def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: CalibrationMap | None) -> Workload:
-    """Realized lengths of every predicted prompt, sampled once (seeded) so every condition sees the same."""
+    """Realized lengths of every predicted prompt at each of its visits (`visits`), sampled once (seeded) so every
+    condition sees the same. A later visit keeps the prompt's own level and draws its samples again
+    (`sample_visits`): a policy sampling a prompt again does not repeat its lengths, which a history-aware pass
+    (``runtime.history``) would otherwise know exactly."""
     predicted = preds["predicted_length"].to_numpy(np.float64)
-    expected = calibration(predicted) if calibration is not None else predicted
-    rng = np.random.default_rng(params.common.seed)
-    lengths = models.lengths.sample(np.asarray(expected, np.float64), params.runtime.sampling.n_samples, rng)
+    expected = np.asarray(calibration(predicted) if calibration is not None else predicted, np.float64)
+    rng, later = np.random.default_rng(params.common.seed), np.random.default_rng([params.common.seed, VISIT_STREAM])
+    n = params.runtime.sampling.n_samples
+    drawn = models.lengths.sample_visits(expected, n, visits(params, len(preds)), rng, later)
     tokens = np.full(len(preds), round(models.prompt_tokens), np.int64)
-    return Workload.from_arrays(preds["prompt_id"].tolist(), lengths, tokens, params.runtime.sampling.max_new_tokens)
+    return Workload.from_arrays(
+        preds["prompt_id"].tolist(), drawn[0], tokens, params.runtime.sampling.max_new_tokens, revisits=drawn[1:]
+    )
+
+
+def visits(params: Params, prompts: int) -> int:
+    """How many visits of each prompt to draw: the passes the simulated run makes over `prompts` (trainer steps x
+    ``runtime.global_batch_prompts``), and two more for what is in flight and generated again (a prompt visited more
+    often meets its later visits' lengths again, in turn)."""
+    steps = params.simulate.iterations or params.runtime.iterations
+    if not steps or prompts <= 0:
+        return 1
+    return math.ceil(steps * params.runtime.global_batch_prompts / prompts) + 2
 
 
 def control_settings(params: Params, condition: str) -> ControlSettings:

@@ -120,6 +120,8 @@ class _Sim:
         self.ps_last = 0.0
         self.train_busy = 0.0
         self.last_tick = 0.0
+        self.visits: dict[Any, int] = {}  # prompt -> first calls made of it so far (`Workload.revisits`)
+        self.task_lengths: dict[int, np.ndarray] = {}  # partial rollouts: task -> its responses' final lengths
 
     # ---- event plumbing --------------------------------------------------------------------------------
     def push(self, at: float, kind: str, payload: Any) -> None:
@@ -195,16 +197,18 @@ class _Sim:
         (prefilled again: no prefix cache is modelled)."""
         w, budget = self.workload, item.budget
         if item.is_continuation:
-            n = self.cfg.n_samples
             index = [w.index[r.prompt_id] for r in item.rows]
-            final = np.asarray([w.lengths[i, r.sample % n] for i, r in zip(index, item.rows, strict=True)], np.int64)
+            final = np.asarray([self.task_lengths[r.task_id].flat[r.sample] for r in item.rows], np.int64)
             done = np.asarray([r.generated for r in item.rows], np.int64)
             new = final - done if budget is None else np.minimum(final - done, budget)
             return new.reshape(-1, 1), w.prompt_tokens[index] + done, final.reshape(-1, 1)
         rows = [w.index[p] for p in item.prompt_ids]
-        lengths = w.lengths[rows]
+        visits = [self.visits.get(p, 0) for p in item.prompt_ids]  # a task sent again is generated again
+        self.visits.update((p, v + 1) for p, v in zip(item.prompt_ids, visits, strict=True))
+        lengths = w.visit_lengths(rows, visits)
         if budget is None or budget >= w.max_new_tokens:
             return lengths, w.prompt_tokens[rows], None
+        self.task_lengths[item.task_id] = lengths  # what its continuations go on to (row r.sample of the task)
         return np.minimum(lengths, budget), w.prompt_tokens[rows], lengths
 
     def on_decode(self, job: _Job) -> None:

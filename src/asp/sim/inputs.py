@@ -20,20 +20,31 @@ class Workload:
 
     Attributes:
         index: prompt id -> row of `lengths` / `prompt_tokens`.
-        lengths: (P, n) int response lengths of the n samples of each prompt (tokens).
+        lengths: (P, n) int response lengths of the n samples of each prompt (tokens): its first visit.
         prompt_tokens: (P,) int prompt lengths (tokens).
         max_new_tokens: the response cap (samples at it count as truncated).
+        revisits: (V, P, n) int lengths of the later visits of each prompt (a run of several passes over the prompts,
+            or a task generated again): visit v >= 1 is ``revisits[(v - 1) % V]``. Empty (V = 0): every visit
+            generates `lengths` again, which hands a history-aware pass (``runtime.history``) the exact lengths it
+            will meet, where a policy samples a prompt afresh.
     """
 
     index: Mapping[Any, int]
     lengths: np.ndarray
     prompt_tokens: np.ndarray
     max_new_tokens: int
+    revisits: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), np.int32))
 
     @classmethod
     def from_arrays(
-        cls, prompt_ids: Sequence[Any], lengths: np.ndarray, prompt_tokens: np.ndarray, max_new_tokens: int
+        cls,
+        prompt_ids: Sequence[Any],
+        lengths: np.ndarray,
+        prompt_tokens: np.ndarray,
+        max_new_tokens: int,
+        revisits: np.ndarray | None = None,
     ) -> Workload:
+        """A workload of `prompt_ids` (see the attributes); `revisits` None: no later visits of their own."""
         ids = list(prompt_ids)
         lengths, prompt_tokens = np.asarray(lengths), np.asarray(prompt_tokens)
         if lengths.ndim != 2 or lengths.shape[0] != len(ids) or np.shape(prompt_tokens) != (len(ids),):
@@ -41,11 +52,27 @@ class Workload:
                 f"workload needs lengths (P, n) and prompt_tokens (P,) for {len(ids)} prompts, got "
                 f"{lengths.shape} and {np.shape(prompt_tokens)}"
             )
-        if lengths.size and (lengths.min() < 0 or prompt_tokens.min() < 0):
+        later = np.zeros((0, *lengths.shape), np.int32) if revisits is None else np.asarray(revisits)
+        if later.ndim != 3 or later.shape[1:] != lengths.shape:
+            raise ValueError(f"workload revisits must be (V, P, n) with (P, n) = {lengths.shape}, got {later.shape}")
+        if (lengths.size and (lengths.min() < 0 or prompt_tokens.min() < 0)) or (later.size and later.min() < 0):
             raise ValueError("workload lengths and prompt tokens must be >= 0")
         return cls(
-            {p: i for i, p in enumerate(ids)}, np.asarray(lengths, np.int32), np.asarray(prompt_tokens), max_new_tokens
+            {p: i for i, p in enumerate(ids)},
+            np.asarray(lengths, np.int32),
+            np.asarray(prompt_tokens),
+            max_new_tokens,
+            np.asarray(later, np.int32),
         )
+
+    def visit_lengths(self, rows: Sequence[int], visits: Sequence[int]) -> np.ndarray:
+        """(k, n) lengths of the prompts at `rows`, each at its own visit (0 = the first; see `revisits`)."""
+        rows_a, visits_a = np.asarray(rows, np.int64), np.asarray(visits, np.int64)
+        out = self.lengths[rows_a]
+        if len(self.revisits):
+            later = visits_a > 0
+            out[later] = self.revisits[(visits_a[later] - 1) % len(self.revisits), rows_a[later]]
+        return out
 
 
 @dataclass(frozen=True)

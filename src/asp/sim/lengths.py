@@ -69,6 +69,16 @@ class LengthModel:
         """`sample_lengths` with this model: int32 (P, n)."""
         return sample_lengths(self, expected, n_samples, rng)
 
+    def sample_visits(
+        self, expected: np.ndarray, n_samples: int, visits: int, rng: np.random.Generator, later: np.random.Generator
+    ) -> np.ndarray:
+        """int32 (V, P, n): the lengths of `visits` visits of each prompt. Visit 0 is `sample` on `rng`; a later
+        visit keeps each prompt's effect u_p (a long prompt stays long) and draws its samples' e_pj again from
+        `later`, as a policy sampling the same prompt again does."""
+        c = _positive_1d("expected", expected)
+        u, first = _draw(self, c, n_samples, rng)
+        return np.stack([first, *(_lengths(self, c, u, n_samples, later) for _ in range(1, _visits(visits)))])
+
     def mean_factor(self) -> float:
         """E[L / c] before the cap: exp(bias + sigma_prompt^2 / 2) (1 for a well calibrated predictor)."""
         return math.exp(self.bias + self.sigma_prompt**2 / 2)
@@ -195,10 +205,21 @@ def sample_lengths(model: LengthModel, expected: np.ndarray, n_samples: int, rng
     Returns:
         int32 [P, n] lengths in [1, model.max_new_tokens].
     """
-    c = _positive_1d("expected", expected)
+    return _draw(model, _positive_1d("expected", expected), n_samples, rng)[1]
+
+
+def _draw(
+    model: LengthModel, c: np.ndarray, n_samples: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """(the prompt effects u [P], the lengths [P, n]) of `sample_lengths`."""
     if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 1:
         raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
     u = rng.standard_normal(c.size, dtype=np.float32) * np.float32(model.sigma_prompt)
+    return u, _lengths(model, c, u, n_samples, rng)
+
+
+def _lengths(model: LengthModel, c: np.ndarray, u: np.ndarray, n_samples: int, rng: np.random.Generator) -> np.ndarray:
+    """int32 [P, n] lengths of prompts with expected lengths `c` and prompt effects `u`, fresh sample effects."""
     log_len = rng.standard_normal((c.size, int(n_samples)), dtype=np.float32)
     log_len *= np.float32(model.sigma_sample)
     base = np.log(c) + model.bias - model.sigma_sample**2 / 2 + u
@@ -206,6 +227,12 @@ def sample_lengths(model: LengthModel, expected: np.ndarray, n_samples: int, rng
     np.minimum(log_len, np.float32(math.log(model.max_new_tokens) + 1.0), out=log_len)  # no overflow in exp
     out = np.rint(np.exp(log_len))
     return np.clip(out, 1, model.max_new_tokens).astype(np.int32)
+
+
+def _visits(visits: int) -> int:
+    if isinstance(visits, bool) or not isinstance(visits, int | np.integer) or visits < 1:
+        raise ValueError(f"visits must be an integer >= 1, got {visits!r}")
+    return int(visits)
 
 
 @dataclass(frozen=True)
@@ -252,17 +279,51 @@ class EmpiricalLengthModel:
         row's samples with replacement.
         """
         c = _positive_1d("expected", expected)
+        return self._at(c, *self._rows_cols(c, n_samples, rng))
+
+    def sample_visits(
+        self, expected: np.ndarray, n_samples: int, visits: int, rng: np.random.Generator, later: np.random.Generator
+    ) -> np.ndarray:
+        """int32 (V, P, n): the lengths of `visits` visits of each prompt. Visit 0 is `sample` on `rng`. A later
+        visit keeps each prompt's level (its held-out row's mean ratio: a long prompt stays long) and draws each
+        sample's deviation from that level afresh, from `later`: a random sample of a random row among the same
+        nearest `neighbors`, over that row's mean. The profile holds only m samples a prompt, so drawing the row's own
+        samples again would hand the next visit nearly the same lengths, where a policy sampling a prompt again
+        does not repeat them."""
+        c = _positive_1d("expected", expected)
+        rows, cols = self._rows_cols(c, n_samples, rng)
+        level = self.ratios.mean(axis=1)
+        lo, k = self._window(c)
+        m = self.ratios.shape[1]
+
+        def again() -> np.ndarray:
+            other = lo[:, None] + later.integers(0, k, size=cols.shape)
+            shape = self.ratios[other, later.integers(0, m, size=cols.shape)] / np.maximum(level[other], 1e-12)
+            lengths = level[rows][:, None] * shape * c[:, None]
+            return np.clip(np.rint(lengths), 1, self.max_new_tokens).astype(np.int32)
+
+        return np.stack([self._at(c, rows, cols), *(again() for _ in range(1, _visits(visits)))])
+
+    def _window(self, c: np.ndarray) -> tuple[np.ndarray, int]:
+        """The first of each prompt's `neighbors` nearest held-out rows, and how many there are."""
+        h = self.ratios.shape[0]
+        k = min(int(self.neighbors), h)
+        return np.clip(np.searchsorted(self.calibrated, c) - k // 2, 0, h - k), k
+
+    def _rows_cols(self, c: np.ndarray, n_samples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Each prompt's held-out row (among its nearest `neighbors`) and the columns of its n samples."""
         if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 1:
             raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
-        h, m = self.ratios.shape
-        k = min(int(self.neighbors), h)
-        centre = np.searchsorted(self.calibrated, c)
-        lo = np.clip(centre - k // 2, 0, h - k)
+        m = self.ratios.shape[1]
+        lo, k = self._window(c)
         rows = lo + rng.integers(0, k, size=c.size)
         if n_samples <= m:
             cols = (rng.integers(0, m, size=(c.size, 1)) + np.arange(n_samples)) % m
         else:
             cols = rng.integers(0, m, size=(c.size, int(n_samples)))
+        return rows, cols
+
+    def _at(self, c: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         lengths = self.ratios[rows[:, None], cols] * c[:, None]
         return np.clip(np.rint(lengths), 1, self.max_new_tokens).astype(np.int32)
 
