@@ -103,11 +103,11 @@ def planner_best(ids, predicted, work, gen, train, tu_devices: int) -> tuple[str
     return layout, metrics["planner/objective_s"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="h100-qwen3-8b")
     parser.add_argument("--no-planner", action="store_true", help="skip the planner column (faster)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     preset = get_preset(args.preset)
     ids, predicted, work, plans = setup()
     print(f"Preset {preset.name}: {preset.description}. Mean length {work.lengths.mean():,.0f}, cap {CAP}.\n")
@@ -125,7 +125,8 @@ def main() -> None:
         hist = iter_s(plans["C4"], work, gen, train, settings("C4", history=HistoryParams(enabled=True)))
         lagged = iter_s(plans["C4"], work, gen, train, settings("C4", queue={"q_max": 4 * BATCH, "max_policy_lag": 2}))
         partial = iter_s(plans["C4"], work, gen, train, settings(
-            "C4", max_policy_lag=2, partial=PartialParams(enabled=True, token_budget=1024)))  # fmt: skip
+            "C4", queue={"q_max": 4 * BATCH, "max_policy_lag": 2},
+            partial=PartialParams(enabled=True, token_budget=1024)))  # fmt: skip
         sync = iter_s(plans["C4"], work, gen, train, settings("C4", mode="sync"))
         values = [change(c0, c4), change(c4, hist), change(lagged, partial), change(sync, c4)]
         for key, v in zip(cols[2:6], values, strict=True):
