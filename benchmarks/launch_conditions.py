@@ -12,6 +12,7 @@ the Table 4(b) setting below (simulated trainer, 0.5 s steps, 30 iterations of 1
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -75,7 +76,10 @@ def main(conditions: list[str], iterations: int | None = None) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    steps = int(args[args.index("--iterations") + 1]) if "--iterations" in args else None
-    names = [a for i, a in enumerate(args) if a != "--iterations" and (i == 0 or args[i - 1] != "--iterations")]
-    main(names or ["C0", "C4"], steps)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("conditions", nargs="*", help="schedule conditions, of C0-C4 (default C0 C4)")
+    parser.add_argument("--iterations", type=int, default=None, help="trainer steps (default the setting's 30)")
+    args = parser.parse_args()
+    if bad := [c for c in args.conditions if c not in ("C0", "C1", "C2", "C3", "C4")]:
+        parser.error(f"unknown condition {bad[0]!r}: give some of C0 C1 C2 C3 C4")
+    main(args.conditions or ["C0", "C4"], args.iterations)
