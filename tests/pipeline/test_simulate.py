@@ -680,3 +680,4 @@ def test_the_workload_draws_a_visit_per_pass_over_the_prompts() -> None:
     shorter = deep_merge(base, {"simulate": {"iterations": 10}})  # 160 prompts: one pass
     assert simulate.visits(_params(shorter), 2000) == 3
     assert simulate.visits(_params(base), 0) == 1
+    assert simulate.visits(_params(base), 10) == simulate.MAX_VISITS  # 320 passes: cycled through 32

@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     from asp.sim.presets import TimeModelPreset
 
 VISIT_STREAM = 0x5EED  # the random stream of the prompts' later visits (`workload`), apart from their first
+MAX_VISITS = 32  # visits drawn per prompt at most (`visits`): a run of more passes cycles through them
 # the Table 4(b) columns and the simulator's own, as reported per condition
 REPORTED = (
     "runtime/summary/mean_iteration_time_s",
@@ -449,12 +450,12 @@ def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: C
 
 def visits(params: Params, prompts: int) -> int:
     """How many visits of each prompt to draw: the passes the simulated run makes over `prompts` (trainer steps x
-    ``runtime.global_batch_prompts``), and two more for what is in flight and generated again (a prompt visited more
-    often meets its later visits' lengths again, in turn)."""
+    ``runtime.global_batch_prompts``), and two more for what is in flight and generated again, at most `MAX_VISITS`
+    (a prompt visited more often meets its later visits' lengths again, in turn)."""
     steps = params.simulate.iterations or params.runtime.iterations
     if not steps or prompts <= 0:
         return 1
-    return math.ceil(steps * params.runtime.global_batch_prompts / prompts) + 2
+    return min(math.ceil(steps * params.runtime.global_batch_prompts / prompts) + 2, MAX_VISITS)
 
 
 def control_settings(params: Params, condition: str) -> ControlSettings:
