@@ -71,15 +71,22 @@ def assumed_generation_model() -> GenerationTimeModel:
     )
 
 
-def synthetic_workload(n_prompts: int, seed: int = 0) -> tuple[np.ndarray, Workload]:
-    """(prompt ids, workload) of `n_prompts` prompts with N_SAMPLES synthetic lengths each (module docstring)."""
+def synthetic_workload(n_prompts: int, seed: int = 0, visits: int = 1) -> tuple[np.ndarray, Workload]:
+    """(prompt ids, workload) of `n_prompts` prompts with N_SAMPLES synthetic lengths each (module docstring); with
+    `visits` > 1 a prompt's later visits keep its median and draw its samples again (`Workload.revisits`)."""
     rng = np.random.default_rng([seed, 0xB5])
     medians = np.log(2500.0) + 0.75 * rng.standard_normal(n_prompts)
-    lengths = np.exp(medians[:, None] + 0.4 * rng.standard_normal((n_prompts, N_SAMPLES)))
-    lengths = np.clip(np.round(lengths), 16, CAP).astype(np.int32)
+
+    def draw(r: np.random.Generator) -> np.ndarray:
+        lengths = np.exp(medians[:, None] + 0.4 * r.standard_normal((n_prompts, N_SAMPLES)))
+        return np.clip(np.round(lengths), 16, CAP).astype(np.int32)
+
+    lengths = draw(rng)
     prompt_tokens = np.clip(np.round(rng.lognormal(np.log(150.0), 0.5, n_prompts)), 20, 1024).astype(np.int32)
+    later = np.random.default_rng([seed, 0xB5, 1])
+    revisits = np.stack([draw(later) for _ in range(1, visits)]) if visits > 1 else None
     ids = np.arange(n_prompts)
-    return ids, Workload.from_arrays(ids, lengths, prompt_tokens, max_new_tokens=CAP)
+    return ids, Workload.from_arrays(ids, lengths, prompt_tokens, max_new_tokens=CAP, revisits=revisits)
 
 
 def runtime_config(iterations: int | None) -> ControlSettings:

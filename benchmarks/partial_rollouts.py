@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -190,10 +191,12 @@ def sim(
     preset = get_preset(time_model) if time_model else None
     gen, train = (preset.gen, preset.train) if preset else (assumed_generation_model(), TRAIN)
     model = f"the published-source preset {preset.name}" if preset else "continuous-batching model (assumed)"
-    ids, work = synthetic_workload(n_prompts)
+    cfg0, sched = gpu_settings(iterations, {"enabled": False}, budget, lag)
+    # a prompt visited again (a later pass, or generated again after a drop) draws its samples again
+    visits = math.ceil(iterations * cfg0.global_batch_prompts / n_prompts) + 2
+    ids, work = synthetic_workload(n_prompts, visits=visits)
     true_mean = work.lengths.mean(axis=1)
     predicted, _ = perturb_predictions(true_mean, TAU, seed=0)
-    cfg0, sched = gpu_settings(iterations, {"enabled": False}, budget, lag)
     print(
         f"\n## (sim) GPU preset layout: {cfg0.generation_units} GUs x {cfg0.actors_per_unit} actors, batch "
         f"{cfg0.global_batch_prompts} x n={cfg0.n_samples}, cap {cfg0.max_new_tokens}, q_max {cfg0.q_max}, "
