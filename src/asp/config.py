@@ -573,8 +573,8 @@ class PartialParams(_Params):
     oldest_first: Bool = Field(
         True,
         description="Under a lag bound (max_policy_lag), continue the responses of the oldest held minibatch first, "
-        "so long responses finish before they are too old to train (measured: fewer long prompts dropped, "
-        "docs/partial.md); false: continuation_order alone.",
+        "so long responses finish before they are too old to train (measured at a simulated GPU layout: no "
+        "consistent gain, docs/partial.md); false: continuation_order alone.",
     )
 
 
