@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -186,6 +185,7 @@ def sim(
     from asp.control.plan import WorkPlan
     from asp.schedule import condition_schedule, kendall_tau, perturb_predictions
     from asp.sim.engine import simulate
+    from asp.sim.inputs import visits_needed
     from asp.sim.presets import get_preset
 
     preset = get_preset(time_model) if time_model else None
@@ -193,8 +193,7 @@ def sim(
     model = f"the published-source preset {preset.name}" if preset else "continuous-batching model (assumed)"
     cfg0, sched = gpu_settings(iterations, {"enabled": False}, budget, lag)
     # a prompt visited again (a later pass, or generated again after a drop) draws its samples again
-    visits = math.ceil(iterations * cfg0.global_batch_prompts / n_prompts) + 2
-    ids, work = synthetic_workload(n_prompts, visits=visits)
+    ids, work = synthetic_workload(n_prompts, visits=visits_needed(iterations, cfg0.global_batch_prompts, n_prompts))
     true_mean = work.lengths.mean(axis=1)
     predicted, _ = perturb_predictions(true_mean, TAU, seed=0)
     print(

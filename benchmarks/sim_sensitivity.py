@@ -43,20 +43,21 @@ from asp.runtime.config import RuntimeConfig  # noqa: E402
 from asp.schedule import condition_schedule, perturb_predictions  # noqa: E402
 from asp.sim.engine import Workload, simulate  # noqa: E402
 from asp.sim.evaluate import make_evaluator  # noqa: E402
+from asp.sim.inputs import visits_needed  # noqa: E402
 from asp.sim.planner import Cluster, Grid, Limits, search_layout  # noqa: E402
 from asp.sim.presets import SENSITIVITY_GRID, get_preset, scaled_models  # noqa: E402
 
 CAP, N, BATCH, B, KAPPA, K = 8192, 8, 64, 8, 2, 6
 PROMPTS, ITERATIONS, MEAN, TAU = 1536, 60, 4000.0, 0.6
-VISITS = 5  # 60 x 64 prompts = 2.5 passes over 1,536, and what is in flight or generated again
 ITER = "runtime/summary/mean_iteration_time_s_excl_first"
 
 
 def setup(seed: int = 0):
-    visits = lengths_with_mean(PROMPTS, MEAN, seed, visits=VISITS)  # a later pass samples each prompt again
-    lengths = visits[0]
+    # 60 steps x 64 prompts: 2.5 passes over 1,536; a later pass samples each prompt again
+    drawn = lengths_with_mean(PROMPTS, MEAN, seed, visits=visits_needed(ITERATIONS, BATCH, PROMPTS))
+    lengths = drawn[0]
     ids = np.arange(PROMPTS)
-    work = Workload.from_arrays(ids, lengths, np.full(PROMPTS, 150, np.int32), max_new_tokens=CAP, revisits=visits[1:])
+    work = Workload.from_arrays(ids, lengths, np.full(PROMPTS, 150, np.int32), max_new_tokens=CAP, revisits=drawn[1:])
     predicted, _ = perturb_predictions(lengths.mean(axis=1), TAU, seed=seed)
     plans = {
         c: WorkPlan.from_schedule(

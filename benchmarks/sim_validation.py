@@ -77,13 +77,13 @@ from asp.io import read_json, write_json
 from asp.pipeline import simulate as stage
 from asp.sim.sharing import CpuSharing
 from asp.sim.timemodel import TrainingTimeModel
-from asp.steps.launch_check import token_split
+from asp.steps.launch_check import with_token_split
 
 # the rows every table has (measured / simulated / error)
 ROWS_COMMON = {
     "mean_iteration_time_s": "mean iteration time (s)",
     "generation_time_mean_s": "generation time / minibatch (s)",
-    "tokens_per_minibatch": "generated tokens / minibatch",  # generation time's two factors (`token_split`)
+    "tokens_per_minibatch": "generated tokens / minibatch",  # generation time's two factors (`with_token_split`)
     "generation_time_per_token_s": "generation time / token (s)",
     "train_step_mean_s": "training time / step (s)",
     "generation_utilization": "generation utilisation (Σ generation time / (actors × wall))",
@@ -261,18 +261,13 @@ def error(measured: float, sim: float) -> str:
 
 def measured_values(runs: list[dict[str, float]], key: str) -> list[float]:
     """``runtime/summary/<key>`` of each repeated measured run of one setting (nan where a run lacks it)."""
-    return [float(with_split(r).get(f"runtime/summary/{key}", float("nan"))) for r in runs]
-
-
-def with_split(metrics: dict[str, float]) -> dict[str, float]:
-    """A run's ``runtime/summary/...`` with generation time per minibatch's two factors added (`token_split`)."""
-    return {**metrics, **token_split(metrics)}
+    return [float(with_token_split(r).get(f"runtime/summary/{key}", float("nan"))) for r in runs]
 
 
 def cell(measured: list[dict[str, float]] | None, sim: dict[str, float], key: str) -> str:
     """'measured | simulated | error' (or '- | simulated | -' with --simulate-only); several repeated runs give
     their mean, with their range in brackets, and the error against the mean."""
-    s = float(with_split(sim).get(f"runtime/summary/{key}", float("nan")))
+    s = float(with_token_split(sim).get(f"runtime/summary/{key}", float("nan")))
     if not measured:
         return f"- | {s:.4g} | -"
     values = measured_values(measured, key)

@@ -17,6 +17,7 @@ from asp.config import Params, deep_merge, validate_params
 from asp.errors import UserError
 from asp.pipeline import simulate
 from asp.schedule import build_schedule, schedule_to_frame
+from asp.sim.inputs import MAX_DRAWN_VISITS
 from asp.steps.launch_check import launch_errors
 from asp.steps.paths import rebase
 from asp.tracking import NullTracker
@@ -680,4 +681,4 @@ def test_the_workload_draws_a_visit_per_pass_over_the_prompts() -> None:
     shorter = deep_merge(base, {"simulate": {"iterations": 10}})  # 160 prompts: one pass
     assert simulate.visits(_params(shorter), 2000) == 3
     assert simulate.visits(_params(base), 0) == 1
-    assert simulate.visits(_params(base), 10) == simulate.MAX_VISITS  # 320 passes: cycled through 32
+    assert simulate.visits(_params(base), 10) == MAX_DRAWN_VISITS  # 320 passes: cycled through 32

@@ -37,7 +37,6 @@ import copy
 import functools
 import hashlib
 import json
-import math
 import re
 import sys
 from collections.abc import Iterable
@@ -58,6 +57,7 @@ from asp.plots.sim import timeline_figure
 from asp.predictor.calibration import CALIBRATION_FOLDS, cross_fit_calibration
 from asp.runtime.config import RuntimeConfig
 from asp.sim.engine import Resources, Workload, simulate
+from asp.sim.inputs import visits_needed
 from asp.sim.lengths import fit_empirical_length_model, fit_length_model
 from asp.sim.presets import FIT, SENSITIVITY_GRID, get_preset, scaled_models
 from asp.sim.sharing import (
@@ -88,7 +88,6 @@ if TYPE_CHECKING:
     from asp.sim.presets import TimeModelPreset
 
 VISIT_STREAM = 0x5EED  # the random stream of the prompts' later visits (`workload`), apart from their first
-MAX_VISITS = 32  # visits drawn per prompt at most (`visits`): a run of more passes cycles through them
 # the Table 4(b) columns and the simulator's own, as reported per condition
 REPORTED = (
     "runtime/summary/mean_iteration_time_s",
@@ -449,13 +448,10 @@ def workload(params: Params, models: Models, preds: pd.DataFrame, calibration: C
 
 
 def visits(params: Params, prompts: int) -> int:
-    """How many visits of each prompt to draw: the passes the simulated run makes over `prompts` (trainer steps x
-    ``runtime.global_batch_prompts``), and two more for what is in flight and generated again, at most `MAX_VISITS`
-    (a prompt visited more often meets its later visits' lengths again, in turn)."""
+    """How many visits of each of `prompts` prompts the simulated run draws (`asp.sim.inputs.visits_needed`: its
+    trainer steps of ``runtime.global_batch_prompts``)."""
     steps = params.simulate.iterations or params.runtime.iterations
-    if not steps or prompts <= 0:
-        return 1
-    return min(math.ceil(steps * params.runtime.global_batch_prompts / prompts) + 2, MAX_VISITS)
+    return visits_needed(steps, params.runtime.global_batch_prompts, prompts)
 
 
 def control_settings(params: Params, condition: str) -> ControlSettings:

@@ -13,6 +13,17 @@ import numpy as np
 
 from asp.sim.sharing import ContentionTable, sharing_rate
 
+MAX_DRAWN_VISITS = 32  # visits drawn per prompt at most (`visits_needed`): a run of more passes cycles through them
+
+
+def visits_needed(steps: int | None, batch_prompts: int, prompts: int) -> int:
+    """How many visits of each of `prompts` prompts to draw for a run of `steps` trainer steps of `batch_prompts`
+    prompts (`Workload.revisits`): its passes over the prompts, and two more for what is in flight and generated
+    again, at most `MAX_DRAWN_VISITS`; 1 without steps or prompts."""
+    if not steps or prompts <= 0:
+        return 1
+    return min(math.ceil(steps * batch_prompts / prompts) + 2, MAX_DRAWN_VISITS)
+
 
 @dataclass(frozen=True)
 class Workload:

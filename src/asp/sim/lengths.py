@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from asp.sim.checks import positive_int
+
 
 @dataclass(frozen=True)
 class LengthModel:
@@ -60,10 +62,7 @@ class LengthModel:
             if not math.isfinite(v) or (name != "bias" and v < 0):
                 raise ValueError(f"{name} must be finite{'' if name == 'bias' else ' and >= 0'}, got {value!r}")
             object.__setattr__(self, name, v)
-        cap = self.max_new_tokens
-        if isinstance(cap, bool) or not isinstance(cap, int | np.integer) or cap < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {cap!r}")
-        object.__setattr__(self, "max_new_tokens", int(cap))
+        object.__setattr__(self, "max_new_tokens", positive_int("max_new_tokens", self.max_new_tokens))
 
     def sample(self, expected: np.ndarray, n_samples: int, rng: np.random.Generator) -> np.ndarray:
         """`sample_lengths` with this model: int32 (P, n)."""
@@ -77,7 +76,8 @@ class LengthModel:
         `later`, as a policy sampling the same prompt again does."""
         c = _positive_1d("expected", expected)
         u, first = _draw(self, c, n_samples, rng)
-        return np.stack([first, *(_lengths(self, c, u, n_samples, later) for _ in range(1, _visits(visits)))])
+        again = (_lengths(self, c, u, n_samples, later) for _ in range(1, positive_int("visits", visits)))
+        return np.stack([first, *again])
 
     def mean_factor(self) -> float:
         """E[L / c] before the cap: exp(bias + sigma_prompt^2 / 2) (1 for a well calibrated predictor)."""
@@ -212,10 +212,9 @@ def _draw(
     model: LengthModel, c: np.ndarray, n_samples: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """(the prompt effects u [P], the lengths [P, n]) of `sample_lengths`."""
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 1:
-        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    n = positive_int("n_samples", n_samples)
     u = rng.standard_normal(c.size, dtype=np.float32) * np.float32(model.sigma_prompt)
-    return u, _lengths(model, c, u, n_samples, rng)
+    return u, _lengths(model, c, u, n, rng)
 
 
 def _lengths(model: LengthModel, c: np.ndarray, u: np.ndarray, n_samples: int, rng: np.random.Generator) -> np.ndarray:
@@ -227,12 +226,6 @@ def _lengths(model: LengthModel, c: np.ndarray, u: np.ndarray, n_samples: int, r
     np.minimum(log_len, np.float32(math.log(model.max_new_tokens) + 1.0), out=log_len)  # no overflow in exp
     out = np.rint(np.exp(log_len))
     return np.clip(out, 1, model.max_new_tokens).astype(np.int32)
-
-
-def _visits(visits: int) -> int:
-    if isinstance(visits, bool) or not isinstance(visits, int | np.integer) or visits < 1:
-        raise ValueError(f"visits must be an integer >= 1, got {visits!r}")
-    return int(visits)
 
 
 @dataclass(frozen=True)
@@ -299,10 +292,9 @@ class EmpiricalLengthModel:
         def again() -> np.ndarray:
             other = lo[:, None] + later.integers(0, k, size=cols.shape)
             shape = self.ratios[other, later.integers(0, m, size=cols.shape)] / np.maximum(level[other], 1e-12)
-            lengths = level[rows][:, None] * shape * c[:, None]
-            return np.clip(np.rint(lengths), 1, self.max_new_tokens).astype(np.int32)
+            return self._capped(level[rows][:, None] * shape * c[:, None])
 
-        return np.stack([self._at(c, rows, cols), *(again() for _ in range(1, _visits(visits)))])
+        return np.stack([self._at(c, rows, cols), *(again() for _ in range(1, positive_int("visits", visits)))])
 
     def _window(self, c: np.ndarray) -> tuple[np.ndarray, int]:
         """The first of each prompt's `neighbors` nearest held-out rows, and how many there are."""
@@ -312,19 +304,21 @@ class EmpiricalLengthModel:
 
     def _rows_cols(self, c: np.ndarray, n_samples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Each prompt's held-out row (among its nearest `neighbors`) and the columns of its n samples."""
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 1:
-            raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+        n = positive_int("n_samples", n_samples)
         m = self.ratios.shape[1]
         lo, k = self._window(c)
         rows = lo + rng.integers(0, k, size=c.size)
-        if n_samples <= m:
-            cols = (rng.integers(0, m, size=(c.size, 1)) + np.arange(n_samples)) % m
+        if n <= m:
+            cols = (rng.integers(0, m, size=(c.size, 1)) + np.arange(n)) % m
         else:
-            cols = rng.integers(0, m, size=(c.size, int(n_samples)))
+            cols = rng.integers(0, m, size=(c.size, n))
         return rows, cols
 
     def _at(self, c: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        lengths = self.ratios[rows[:, None], cols] * c[:, None]
+        return self._capped(self.ratios[rows[:, None], cols] * c[:, None])
+
+    def _capped(self, lengths: np.ndarray) -> np.ndarray:
+        """int32 `lengths` rounded and held in [1, max_new_tokens]."""
         return np.clip(np.rint(lengths), 1, self.max_new_tokens).astype(np.int32)
 
     def to_dict(self) -> dict[str, Any]:

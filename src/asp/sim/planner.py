@@ -29,17 +29,11 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any, Protocol
 
-import numpy as np
+from asp.sim.checks import positive_int
 
 Evaluate = Callable[["Candidate"], Mapping[str, float]]
 ITER_TIME = "runtime/summary/mean_iteration_time_s_excl_first"
 ITER_TIME_ALL = "runtime/summary/mean_iteration_time_s"
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 def amdahl_factor(devices: int, min_devices: int, serial_fraction: float) -> float:
@@ -73,7 +67,7 @@ class Cluster:
 
     def __post_init__(self) -> None:
         for name in ("devices", "devices_per_actor", "tu_min_devices", "devices_per_node"):
-            _positive_int(f"cluster.{name}", getattr(self, name))
+            positive_int(f"cluster.{name}", getattr(self, name))
         s = self.tu_serial_fraction
         if isinstance(s, bool) or not isinstance(s, int | float) or not 0.0 <= s <= 1.0:
             raise ValueError(f"cluster.tu_serial_fraction must be a number in [0, 1], got {s!r}")
@@ -111,7 +105,7 @@ class Candidate:
 
     def __post_init__(self) -> None:
         for name in ("generation_units", "actors_per_unit", "q_max", "b", "k", "tu_devices"):
-            _positive_int(f"candidate.{name}", getattr(self, name))
+            positive_int(f"candidate.{name}", getattr(self, name))
 
     @property
     def actors(self) -> int:
@@ -221,7 +215,7 @@ def b6_heuristic(
     rate = rates.actor_prompts_per_s(b, k)
     if not rate > 0:
         raise ValueError(f"one actor's generation rate must be > 0 prompts/s, got {rate}")
-    step = _positive_int("tu_increment", tu_increment or cluster.devices_per_node)
+    step = positive_int("tu_increment", tu_increment or cluster.devices_per_node)
 
     def consume(tu: int) -> float:
         return tu_prompts_per_s(cluster, rates, tu)

@@ -4,6 +4,7 @@ for `asp simulate`'s check against the last launch (`asp.cli.simulate`) and the 
 
     launch_errors(simulated, measured)  # [(key, label, measured, simulated, (simulated - measured) / measured)]
     token_split(metrics)                # generation time per minibatch = tokens per minibatch x time per token
+    with_token_split(metrics)           # the metrics with those two added
 
 Tests: tests/pipeline/test_simulate.py, tests/pipeline/test_sim_check.py.
 """
@@ -47,6 +48,11 @@ def token_split(metrics: Mapping[str, float], prefix: str = SUMMARY) -> dict[str
     return {prefix + "tokens_per_minibatch": tokens, prefix + "generation_time_per_token_s": gen / tokens}
 
 
+def with_token_split(metrics: Mapping[str, float], prefix: str = SUMMARY) -> dict[str, float]:
+    """`metrics` with `token_split`'s two factors added (pure)."""
+    return {**metrics, **token_split(metrics, prefix)}
+
+
 def launch_errors(
     simulated: Mapping[str, float],
     measured: Mapping[str, float],
@@ -56,8 +62,7 @@ def launch_errors(
     """(key, label, measured, simulated, relative error) for each of `keys` (of `CHECKED`) that both hold: measured
     as ``runtime/summary/<key>``, simulated as ``<simulated_prefix><key>`` (a simulated run's own metrics by default;
     the simulate stage's file has ``simulate/<condition>/<key>``); error NaN where measured is 0."""
-    measured = {**measured, **token_split(measured)}
-    simulated = {**simulated, **token_split(simulated, simulated_prefix)}
+    measured, simulated = with_token_split(measured), with_token_split(simulated, simulated_prefix)
     rows = []
     for key in keys:
         m, s = measured.get(SUMMARY + key), simulated.get(simulated_prefix + key)
